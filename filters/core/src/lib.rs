@@ -1,0 +1,18 @@
+//! The Tollgate filter's logic, apart from the host.
+//!
+//! Everything the filter decides lives here in plain Rust: parsing and validating the plugin
+//! configuration ([`config`]), finding, hashing and stripping the API key ([`key`]), and the
+//! per-request state machine ([`filter`]) that talks to Envoy only through the [`filter::Host`]
+//! trait. The cdylib in `filters/tollgate` implements that trait over proxy-wasm host calls and
+//! does nothing else, so this crate is tested natively (through a mock host) and on wasm32 under
+//! wasm-bindgen-test.
+//!
+//! Invariant: nothing here panics outside tests (a panic aborts the Wasm VM and every request on
+//! that worker); the crate denies `unwrap`, `expect` and `panic`.
+
+pub mod config;
+pub mod filter;
+pub mod key;
+
+/// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
+pub mod mock;

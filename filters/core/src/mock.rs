@@ -1,0 +1,103 @@
+//! `MockHost`: an in-memory [`Host`] that records what the filter did, for tests.
+
+use crate::filter::{CallSpec, Host, LogLevel, Metric};
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+pub struct MockHost {
+    pub request_headers: Vec<(String, String)>,
+    pub response_headers: Vec<(String, String)>,
+    pub client_ip: Option<String>,
+    pub calls: Vec<CallSpec>,
+    pub dispatch_error: Option<String>,
+    pub reply: Option<Reply>,
+    pub metrics: HashMap<Metric, u64>,
+    pub logs: Vec<(LogLevel, String)>,
+}
+
+impl MockHost {
+    pub fn new() -> MockHost {
+        MockHost::default().with_header(":method", "GET").with_header(":path", "/").with_header(":authority", "api.test")
+    }
+    pub fn with_header(mut self, name: &str, value: &str) -> MockHost {
+        self.remove_request_header(name);
+        self.request_headers.push((name.to_string(), value.to_string()));
+        self
+    }
+    pub fn with_dispatch_error(mut self, e: &str) -> MockHost {
+        self.dispatch_error = Some(e.to_string());
+        self
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.request_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+    pub fn count_of(&self, m: Metric) -> u64 {
+        self.metrics.get(&m).copied().unwrap_or(0)
+    }
+    /// Every byte the filter let out of the host: headers, call bodies, replies and logs.
+    pub fn everything_sent(&self) -> String {
+        let mut s = String::new();
+        for (n, v) in self.request_headers.iter().chain(self.response_headers.iter()) {
+            s.push_str(&format!("{n}: {v}\n"));
+        }
+        for c in &self.calls {
+            s.push_str(&String::from_utf8_lossy(&c.body));
+        }
+        if let Some(r) = &self.reply {
+            s.push_str(&String::from_utf8_lossy(&r.body));
+        }
+        for (_, l) in &self.logs {
+            s.push_str(l);
+        }
+        s
+    }
+}
+
+impl Host for MockHost {
+    fn request_headers(&self) -> Vec<(String, String)> {
+        self.request_headers.clone()
+    }
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.header(name).map(str::to_string)
+    }
+    fn set_request_header(&mut self, name: &str, value: &str) {
+        self.remove_request_header(name);
+        self.request_headers.push((name.to_string(), value.to_string()));
+    }
+    fn remove_request_header(&mut self, name: &str) {
+        self.request_headers.retain(|(n, _)| n != name);
+    }
+    fn add_response_header(&mut self, name: &str, value: &str) {
+        self.response_headers.push((name.to_string(), value.to_string()));
+    }
+    fn client_ip(&self) -> Option<String> {
+        self.client_ip.clone()
+    }
+    fn dispatch(&mut self, call: CallSpec) -> Result<u32, String> {
+        if let Some(e) = &self.dispatch_error {
+            return Err(e.clone());
+        }
+        self.calls.push(call);
+        Ok(self.calls.len() as u32)
+    }
+    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.reply = Some(Reply {
+            status,
+            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
+            body: body.to_vec(),
+        });
+    }
+    fn count(&mut self, metric: Metric) {
+        *self.metrics.entry(metric).or_insert(0) += 1;
+    }
+    fn log(&mut self, level: LogLevel, message: &str) {
+        self.logs.push((level, message.to_string()));
+    }
+}

@@ -1,0 +1,163 @@
+//! The filter's behaviour through a mock host. The same tests run natively and, on
+//! wasm32-unknown-unknown, under wasm-bindgen-test (node): the logic is what ships in the .wasm.
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+use std::rc::Rc;
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::filter::{Action, AuthFilter, DenyReason, Metric};
+use tollgate_filter_core::key::hash_key;
+use tollgate_filter_core::mock::MockHost;
+use tollgate_wire::DecideRequest;
+
+const KEY: &str = "tg_secret_key_123";
+
+fn filter(config: &str) -> AuthFilter {
+    AuthFilter::new(Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()))
+}
+
+fn allow_body() -> &'static [u8] {
+    br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","responseHeaders":[{"name":"x-rl","value":"9"}]}"#
+}
+
+#[test]
+fn missing_key_is_denied_locally_without_a_callout() {
+    let mut host = MockHost::new();
+    let mut f = filter("{}");
+    assert_eq!(f.on_request_headers(&mut host), Action::Pause);
+    assert!(host.calls.is_empty());
+    let reply = host.reply.clone().unwrap();
+    assert_eq!(reply.status, 401);
+    assert_eq!(reply.body, br#"{"error":"missing_key","message":"an API key is required"}"#);
+    assert!(reply.headers.contains(&("content-type".into(), "application/json".into())));
+    assert_eq!(host.count_of(Metric::Denied(DenyReason::of("missing_key"))), 1);
+}
+
+#[test]
+fn key_is_hashed_stripped_and_never_leaves_the_filter() {
+    let mut host = MockHost::new()
+        .with_header(":path", &format!("/v1/chat?api_key={KEY}&x=1"))
+        .with_header("x-api-key", KEY)
+        .with_header("authorization", &format!("Bearer {KEY}"))
+        .with_header("x-request-id", "req-1");
+    host.client_ip = Some("10.1.2.3".into());
+    let mut f = filter("{}");
+    assert_eq!(f.on_request_headers(&mut host), Action::Pause);
+    assert_eq!(host.calls.len(), 1);
+    let call = &host.calls[0];
+    assert_eq!(call.cluster, "tollgate_sidecar");
+    assert_eq!(call.timeout.as_millis(), 25);
+    let req: DecideRequest = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(req.key_hash, hash_key(KEY));
+    assert_eq!(req.path, "/v1/chat?x=1");
+    assert_eq!(req.request_id.as_deref(), Some("req-1"));
+    assert_eq!(req.client_ip.as_deref(), Some("10.1.2.3"));
+    assert_eq!(host.header(":path"), Some("/v1/chat?x=1"));
+    assert_eq!(host.header("authorization"), None);
+    assert_eq!(host.header("x-api-key"), None);
+
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+    assert_eq!(f.on_response_headers(&mut host), Action::Continue);
+    assert!(!host.everything_sent().contains(KEY), "raw key leaked: {}", host.everything_sent());
+}
+
+#[test]
+fn allow_sets_identity_headers_and_response_headers() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter("{}");
+    f.on_request_headers(&mut host);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+    assert_eq!(host.header("x-tollgate-tenant"), Some("acme"));
+    assert_eq!(host.header("x-tollgate-key-id"), Some("key_7"));
+    assert_eq!(host.header("x-tollgate-plan"), Some("gold"));
+    f.on_response_headers(&mut host);
+    assert_eq!(host.response_headers, vec![("x-rl".to_string(), "9".to_string())]);
+    assert_eq!(host.count_of(Metric::Allowed), 1);
+}
+
+#[test]
+fn client_supplied_internal_headers_are_stripped_first() {
+    let mut host = MockHost::new()
+        .with_header("x-tollgate-tenant", "evil")
+        .with_header("x-tollgate-anything", "x")
+        .with_header("x-other", "kept");
+    let mut f = filter("{}");
+    f.on_request_headers(&mut host); // no key: denied, but the strip happened first
+    assert_eq!(host.header("x-tollgate-tenant"), None);
+    assert_eq!(host.header("x-tollgate-anything"), None);
+    assert_eq!(host.header("x-other"), Some("kept"));
+}
+
+#[test]
+fn sidecar_deny_becomes_a_json_reply_with_its_status_and_code() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter("{}");
+    f.on_request_headers(&mut host);
+    let body = br#"{"verdict":"deny","status":401,"error":"revoked_key","message":"this key was revoked"}"#;
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), body), Action::Pause);
+    let reply = host.reply.clone().unwrap();
+    assert_eq!(reply.status, 401);
+    assert_eq!(reply.body, br#"{"error":"revoked_key","message":"this key was revoked"}"#);
+    assert_eq!(host.count_of(Metric::Denied(DenyReason::of("revoked_key"))), 1);
+    assert_eq!(host.header("x-tollgate-tenant"), None);
+}
+
+#[test]
+fn sidecar_failures_fail_closed_by_default() {
+    for (status, body) in [(Some(503), &b""[..]), (Some(504), b""), (Some(500), b"oops"), (Some(200), b"{bad"), (None, b"")] {
+        let mut host = MockHost::new().with_header("x-api-key", KEY);
+        let mut f = filter("{}");
+        f.on_request_headers(&mut host);
+        assert_eq!(f.on_sidecar_response(&mut host, 1, status, body), Action::Pause, "{status:?}");
+        let reply = host.reply.clone().unwrap();
+        assert_eq!(reply.status, 503);
+        assert!(String::from_utf8_lossy(&reply.body).contains("sidecar_unavailable"));
+        assert_eq!(host.count_of(Metric::SidecarError), 1);
+        assert_eq!(host.count_of(Metric::FailedClosed), 1);
+    }
+}
+
+#[test]
+fn sidecar_failures_fail_open_when_configured() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY).with_header("x-tollgate-degraded", "spoof");
+    let mut f = filter(r#"{"failureMode":"open"}"#);
+    f.on_request_headers(&mut host);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(504), b""), Action::Continue);
+    assert!(host.reply.is_none());
+    assert_eq!(host.header("x-tollgate-degraded"), Some("sidecar_unavailable"));
+    assert_eq!(host.header("x-tollgate-tenant"), None);
+    assert_eq!(host.header("x-api-key"), None);
+    assert_eq!(host.count_of(Metric::FailedOpen), 1);
+}
+
+#[test]
+fn dispatch_error_applies_the_failure_mode_at_once() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY).with_dispatch_error("BadArgument");
+    let mut f = filter("{}");
+    assert_eq!(f.on_request_headers(&mut host), Action::Pause);
+    assert_eq!(host.reply.clone().unwrap().status, 503);
+    let mut host = MockHost::new().with_header("x-api-key", KEY).with_dispatch_error("BadArgument");
+    let mut f = filter(r#"{"failureMode":"open"}"#);
+    assert_eq!(f.on_request_headers(&mut host), Action::Continue);
+}
+
+#[test]
+fn a_response_with_another_token_is_ignored() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter("{}");
+    f.on_request_headers(&mut host);
+    assert_eq!(f.on_sidecar_response(&mut host, 99, Some(200), allow_body()), Action::Pause);
+    assert_eq!(host.header("x-tollgate-tenant"), None);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+}
+
+#[test]
+fn every_metric_has_a_distinct_name() {
+    let names: Vec<String> = Metric::all().into_iter().map(|m| m.name()).collect();
+    let mut dedup = names.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(names.len(), dedup.len());
+    assert!(names.contains(&"tollgate.requests.denied.unknown_key".to_string()));
+}

@@ -1,0 +1,132 @@
+//! The filter ↔ sidecar wire protocol (version 1).
+//!
+//! One request pays at most one callout: the filter sends a single [`DecideRequest`] to
+//! `POST /v1/decide` and applies the [`DecideResponse`] it gets back. Authentication is all the
+//! decision holds today; limits, quotas and routing add fields to the same call (never a second
+//! call), so both sides follow the *tolerant reader* rule: unknown fields are ignored, new fields
+//! are optional with defaults. A breaking change gets a new path (`/v2/decide`).
+//!
+//! Invariant: the raw API key never appears here. The filter sends `key_hash`, the lowercase hex
+//! sha256 of the key, and nothing from which the key could be recovered.
+
+use serde::{Deserialize, Serialize};
+
+/// Path of the decision endpoint on the sidecar.
+pub const DECIDE_PATH: &str = "/v1/decide";
+
+/// What the filter asks about one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecideRequest {
+    /// Lowercase hex sha256 of the API key (64 characters).
+    pub key_hash: String,
+    pub method: String,
+    pub authority: String,
+    /// The request path as it goes upstream: the API-key query parameter already removed.
+    pub path: String,
+    /// Envoy's `x-request-id`, when present (reservations and usage events key on it later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The downstream peer address as Envoy saw it (not a client-supplied header).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ip: Option<String>,
+}
+
+/// A header to add, as a name/value pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub name: String,
+    pub value: String,
+}
+
+impl Header {
+    pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
+        Header { name: name.into(), value: value.into() }
+    }
+}
+
+/// The sidecar's verdict on one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "camelCase")]
+pub enum DecideResponse {
+    /// Let the request through, tagged with the caller's identity.
+    #[serde(rename_all = "camelCase")]
+    Allow {
+        tenant: String,
+        key_id: String,
+        plan: String,
+        /// Extra headers for the upstream request (beyond tenant and key id).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        request_headers: Vec<Header>,
+        /// Headers for the downstream response (e.g. rate-limit headers, later).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        response_headers: Vec<Header>,
+    },
+    /// Answer locally with `status` and `{"error": code, "message": message}`.
+    #[serde(rename_all = "camelCase")]
+    Deny {
+        status: u16,
+        /// A stable machine-readable code, one of [`codes`] or one added later.
+        error: String,
+        message: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        response_headers: Vec<Header>,
+    },
+}
+
+/// Stable error codes carried in JSON error bodies and in deny-reason metrics.
+pub mod codes {
+    /// No API key in any configured source (decided by the filter, no callout).
+    pub const MISSING_KEY: &str = "missing_key";
+    /// The key's hash is not known.
+    pub const UNKNOWN_KEY: &str = "unknown_key";
+    /// The key was revoked.
+    pub const REVOKED_KEY: &str = "revoked_key";
+    /// The key is past its expiry time.
+    pub const EXPIRED_KEY: &str = "expired_key";
+    /// The sidecar did not answer in time or answered with an error (fail-closed).
+    pub const SIDECAR_UNAVAILABLE: &str = "sidecar_unavailable";
+    /// Every deny code this version knows, for per-reason metrics.
+    pub const ALL_DENY: &[&str] = &[MISSING_KEY, UNKNOWN_KEY, REVOKED_KEY, EXPIRED_KEY];
+}
+
+/// The JSON body of every error reply, from the filter or the sidecar.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_round_trips_with_camel_case_tag() {
+        let r = DecideResponse::Allow {
+            tenant: "acme".into(),
+            key_id: "key_1".into(),
+            plan: "free".into(),
+            request_headers: vec![],
+            response_headers: vec![],
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"verdict":"allow","tenant":"acme","keyId":"key_1","plan":"free"}"#);
+        assert_eq!(serde_json::from_str::<DecideResponse>(&s).unwrap(), r);
+    }
+
+    #[test]
+    fn readers_tolerate_unknown_fields() {
+        let s = r#"{"verdict":"deny","status":401,"error":"unknown_key","message":"m","future":1}"#;
+        match serde_json::from_str::<DecideResponse>(s).unwrap() {
+            DecideResponse::Deny { status, error, .. } => {
+                assert_eq!(status, 401);
+                assert_eq!(error, codes::UNKNOWN_KEY);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let q = r#"{"keyHash":"ab","method":"GET","authority":"a","path":"/","later":true}"#;
+        let req: DecideRequest = serde_json::from_str(q).unwrap();
+        assert_eq!(req.request_id, None);
+    }
+}

@@ -1,0 +1,189 @@
+//! Sidecar configuration: a TOML file plus `TOLLGATE_SIDECAR_*` environment overrides.
+//!
+//! Unknown fields are refused (a typo must not silently fall back to a default). Nested fields
+//! are reached from the environment with `__`: `TOLLGATE_SIDECAR_REDIS__URL=redis://…`.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Prefix of environment overrides.
+pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address of the filter-facing HTTP server (decisions, `/metrics`, `/healthz`). Loopback.
+    pub listen: SocketAddr,
+    pub redis: RedisConfig,
+    pub cache: CacheConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `redis://host:port/db` (or `rediss://`). One node today; the client is redis-rs, which also
+    /// speaks Cluster and Sentinel.
+    pub url: String,
+    /// Deadline for one Redis command on the request path. Keep it under the filter's timeout so
+    /// the sidecar still answers (from cache, or "unavailable") before Envoy gives up.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Deadline for (re)connecting.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// While Redis is unreachable, reconnects are attempted at most this often; requests in
+    /// between fail fast instead of queueing on a dead connection.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// How long a key lookup (found or not) is answered locally without asking Redis. This bounds
+    /// how long a revocation takes to apply.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// While Redis is unreachable, a cached answer up to this old is still used.
+    #[serde(with = "humantime_serde")]
+    pub stale_grace: Duration,
+    /// Bound on cached entries (a flood of random keys cannot grow memory past it).
+    pub max_entries: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A `tracing` filter directive, e.g. `info` or `tollgate_sidecar=debug`.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            redis: RedisConfig::default(),
+            cache: CacheConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379".into(),
+            timeout: Duration::from_millis(15),
+            connect_timeout: Duration::from_millis(250),
+            reconnect_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { ttl: Duration::from_millis(500), stale_grace: Duration::from_secs(60), max_entries: 100_000 }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { format: LogFormat::Json, level: "info".into() }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Parse(#[from] Box<figment::Error>),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Defaults, then the file (if given), then `TOLLGATE_SIDECAR_*` from the environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Invalid(format!("config file {} does not exist", path.display())));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        fig = fig.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        Self::from_figment(fig)
+    }
+
+    /// Parses TOML text alone (no environment), for tests and `--check-config` diagnostics.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        Self::from_figment(Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text)))
+    }
+
+    fn from_figment(fig: Figment) -> Result<Config, ConfigError> {
+        let config: Config = fig.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if !(self.redis.url.starts_with("redis://") || self.redis.url.starts_with("rediss://")) {
+            return bad("redis.url: must start with redis:// or rediss://");
+        }
+        if redis::Client::open(self.redis.url.as_str()).is_err() {
+            return bad("redis.url: not a valid Redis URL");
+        }
+        if self.redis.timeout.is_zero() || self.redis.connect_timeout.is_zero() {
+            return bad("redis.timeout and redis.connect_timeout: must be above zero");
+        }
+        if self.cache.max_entries == 0 {
+            return bad("cache.max_entries: must be at least 1");
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return bad("log.level: not a tracing filter directive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_file_overrides() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c, Config::default());
+        let c = Config::from_toml("listen = \"127.0.0.1:7000\"\n[redis]\ntimeout = \"40ms\"\n[cache]\nttl = \"2s\"").unwrap();
+        assert_eq!(c.listen.port(), 7000);
+        assert_eq!(c.redis.timeout, Duration::from_millis(40));
+        assert_eq!(c.cache.ttl, Duration::from_secs(2));
+        assert_eq!(c.redis.url, RedisConfig::default().url);
+    }
+
+    #[test]
+    fn unknown_and_bad_fields_are_refused_by_name() {
+        let err = Config::from_toml("[redis]\nurll = \"x\"").unwrap_err().to_string();
+        assert!(err.contains("urll"), "{err}");
+        let err = Config::from_toml("[redis]\nurl = \"http://x\"").unwrap_err().to_string();
+        assert!(err.contains("redis.url"), "{err}");
+        let err = Config::from_toml("[redis]\ntimeout = \"soon\"").unwrap_err().to_string();
+        assert!(err.contains("timeout"), "{err}");
+        let err = Config::from_toml("[cache]\nmax_entries = 0").unwrap_err().to_string();
+        assert!(err.contains("max_entries"), "{err}");
+    }
+}

@@ -1,0 +1,69 @@
+//! Tollgate's sidecar: decides requests for the Envoy filter from Redis, manages API keys, and
+//! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
+
+pub mod apikey;
+pub mod cache;
+pub mod config;
+pub mod decide;
+pub mod keys;
+pub mod metrics;
+pub mod server;
+pub mod store;
+
+use config::Config;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A bound, not yet serving sidecar.
+pub struct Sidecar {
+    listener: tokio::net::TcpListener,
+    state: Arc<server::AppState>,
+}
+
+impl Sidecar {
+    /// Binds the listener (port 0 picks a free one) and prepares the store; does not need Redis
+    /// to be up.
+    pub async fn bind(config: &Config) -> Result<Sidecar, Error> {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Bind { addr: config.listen, source })?;
+        let store = store::Store::new(&config.redis)?;
+        let state = Arc::new(server::AppState {
+            decider: decide::Decider::new(store.clone(), &config.cache),
+            store,
+            prometheus: metrics::handle(),
+        });
+        Ok(Sidecar { listener, state })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting and drains in-flight requests.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+        tracing::info!(addr = %self.local_addr(), "tollgate sidecar listening");
+        axum::serve(self.listener, server::router(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(Error::Serve)?;
+        tracing::info!("tollgate sidecar stopped");
+        Ok(())
+    }
+}
+
+/// Binds and serves until `shutdown`.
+pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+    Sidecar::bind(config).await?.serve(shutdown).await
+}

@@ -1,0 +1,194 @@
+//! `tollgate-sidecar`: run the sidecar, check a configuration, or manage API keys.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use tollgate_sidecar::apikey::{self, KeyRecord};
+use tollgate_sidecar::config::{Config, LogFormat};
+use tollgate_sidecar::decide::unix_now;
+use tollgate_sidecar::keys::Id;
+use tollgate_sidecar::store::Store;
+
+#[derive(Parser)]
+#[command(name = "tollgate-sidecar", version, about = "Tollgate sidecar: decisions for the Envoy filter")]
+struct Cli {
+    /// Configuration file (TOML). Environment overrides: TOLLGATE_SIDECAR_<FIELD>, nested with __.
+    #[arg(long, global = true, env = "TOLLGATE_SIDECAR_CONFIG")]
+    config: Option<PathBuf>,
+    /// Validate the configuration, print it, and exit.
+    #[arg(long)]
+    check_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Manage API keys (stored as sha256 hashes only).
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysAction {
+    /// Issue a key. The raw key is printed once, alone on the last line.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        plan: String,
+        /// Lifetime, e.g. "30d" or "12h"; default: never expires.
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// Revoke a key by its id.
+    Revoke { key_id: String },
+    /// List keys (never their hashes or raw values).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    if cli.check_config {
+        println!("configuration OK");
+        println!("{config:#?}");
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        None => {
+            init_logging(&config);
+            runtime.block_on(async {
+                tollgate_sidecar::run(&config, shutdown_signal()).await.context("sidecar failed")
+            })
+        }
+        Some(Command::Keys { action }) => runtime.block_on(keys(&config, action)),
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::new(&config.log.level);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown signal received; draining");
+}
+
+fn parse_id(what: &str, s: &str) -> Result<Id> {
+    Id::parse(s).with_context(|| format!("--{what} '{s}': use 1-64 of letters, digits, '_', '-', '.'"))
+}
+
+async fn keys(config: &Config, action: KeysAction) -> Result<()> {
+    let store = Store::new(&config.redis)?;
+    match action {
+        KeysAction::Create { tenant, plan, expires_in } => {
+            let tenant = parse_id("tenant", &tenant)?;
+            let plan = parse_id("plan", &plan)?;
+            let now = unix_now();
+            let expires_at = match expires_in {
+                Some(s) => {
+                    let d = humantime::parse_duration(&s).with_context(|| format!("--expires-in '{s}'"))?;
+                    if d.is_zero() {
+                        bail!("--expires-in must be above zero");
+                    }
+                    Some(now + d.as_secs().max(1))
+                }
+                None => None,
+            };
+            let issued = apikey::issue(tenant, plan, now, expires_at);
+            store.create_key(&issued.hash, &issued.record).await.context("storing the key in Redis")?;
+            let r = &issued.record;
+            println!("key id:  {}", r.key_id);
+            println!("tenant:  {}", r.tenant);
+            println!("plan:    {}", r.plan);
+            println!("expires: {}", fmt_time(r.expires_at));
+            println!("The raw key is shown only now; store it safely:");
+            println!("{}", issued.raw);
+        }
+        KeysAction::Revoke { key_id } => {
+            let id = parse_id("key-id", &key_id)?;
+            let r = store.revoke_key(&id, unix_now()).await.with_context(|| format!("revoking {id}"))?;
+            println!("revoked {} (tenant {})", r.key_id, r.tenant);
+        }
+        KeysAction::List { tenant, json } => {
+            let tenant = tenant.map(|t| parse_id("tenant", &t)).transpose()?;
+            let records = store.list_keys(tenant.as_ref()).await.context("listing keys")?;
+            if json {
+                for r in &records {
+                    println!("{}", record_json(r));
+                }
+            } else {
+                println!("{:<22} {:<16} {:<12} {:<8} {:<20} {:<20}", "KEY ID", "TENANT", "PLAN", "STATUS", "CREATED", "EXPIRES");
+                for r in &records {
+                    println!(
+                        "{:<22} {:<16} {:<12} {:<8} {:<20} {:<20}",
+                        r.key_id.as_str(),
+                        r.tenant.as_str(),
+                        r.plan.as_str(),
+                        r.status.as_str(),
+                        fmt_time(Some(r.created_at)),
+                        fmt_time(r.expires_at)
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fmt_time(t: Option<u64>) -> String {
+    match t {
+        None => "never".into(),
+        Some(s) => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)).to_string(),
+    }
+}
+
+fn record_json(r: &KeyRecord) -> String {
+    serde_json::json!({
+        "keyId": r.key_id.as_str(),
+        "tenant": r.tenant.as_str(),
+        "plan": r.plan.as_str(),
+        "status": r.status.as_str(),
+        "createdAt": r.created_at,
+        "expiresAt": r.expires_at,
+        "revokedAt": r.revoked_at,
+    })
+    .to_string()
+}

@@ -1,0 +1,36 @@
+//! Metric names and the Prometheus recorder. Metrics go through the `metrics` facade; `/metrics`
+//! renders them in Prometheus text format.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+/// Decisions, labelled `outcome` (allow | deny | unavailable) and `reason` (a deny code, or `ok`).
+pub const DECISIONS: &str = "tollgate_sidecar_decisions_total";
+/// Key-lookup cache results, labelled `result` (fresh | stale | miss).
+pub const CACHE: &str = "tollgate_sidecar_key_cache_total";
+/// Redis command latency in seconds, labelled `op`.
+pub const REDIS_SECONDS: &str = "tollgate_sidecar_redis_seconds";
+/// Redis command errors, labelled `op` and `kind` (transient | other).
+pub const REDIS_ERRORS: &str = "tollgate_sidecar_redis_errors_total";
+/// Audit lines written for revoked/expired key use.
+pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder once and returns its handle (later calls reuse it, so
+/// several sidecars in one test process share it).
+pub fn handle() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0];
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(REDIS_SECONDS.to_string()), &buckets)
+                .map(|b| b.build_recorder())
+                .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+            let handle = recorder.handle();
+            // Fails only if another recorder is installed already; then ours just stays empty.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}

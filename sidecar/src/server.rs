@@ -1,0 +1,65 @@
+//! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter, `GET /metrics`
+//! (Prometheus text) and `GET /healthz`.
+//!
+//! Replies on `/v1/decide`: 200 with a `DecideResponse` (allow or deny), 400 when the request is
+//! malformed, 503 when no decision can be made now. The filter treats anything but a 200 as a
+//! sidecar failure and applies its configured failure mode.
+
+use crate::decide::{DecideError, Decider};
+use crate::store::Store;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::Arc;
+use tollgate_wire::{DecideRequest, ErrorBody, DECIDE_PATH};
+
+pub struct AppState {
+    pub decider: Decider,
+    pub store: Store,
+    pub prometheus: PrometheusHandle,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route(DECIDE_PATH, post(decide))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_text))
+        .with_state(state)
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn error(status: StatusCode, code: &str, message: String) -> Response {
+    let body = serde_json::to_vec(&ErrorBody { error: code.into(), message }).unwrap_or_default();
+    json(status, body)
+}
+
+async fn decide(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req: DecideRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid decision request: {e}")),
+    };
+    match state.decider.decide(&req).await {
+        Ok(resp) => match serde_json::to_vec(&resp) {
+            Ok(b) => json(StatusCode::OK, b),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+        },
+        Err(DecideError::BadRequest(m)) => error(StatusCode::BAD_REQUEST, "bad_request", m),
+        Err(DecideError::Unavailable(m)) => error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", m),
+    }
+}
+
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    let redis = if state.store.is_up() { "up" } else { "down" };
+    json(StatusCode::OK, format!(r#"{{"status":"ok","redis":"{redis}"}}"#).into_bytes())
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.prometheus.render()).into_response()
+}

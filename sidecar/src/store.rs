@@ -1,0 +1,280 @@
+//! The Redis side: one multiplexed connection (redis-rs `ConnectionManager`) with a deadline on
+//! every command, fail-fast while Redis is unreachable, and the API-key store operations.
+//!
+//! Failure policy: a command that errors or misses its deadline returns [`StoreError`] at once,
+//! with `is_transient()` telling callers whether retrying (or serving stale) makes sense. While
+//! Redis is down, reconnects are attempted at most once per `reconnect_interval`; requests in
+//! between fail immediately instead of piling up. "Down" and "back" are logged once, on the
+//! transition, never per request.
+
+use crate::apikey::{KeyRecord, KeyStatus};
+use crate::config::RedisConfig;
+use crate::keys::{ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, AuthFailKey, Id, KeyHash, API_KEY_ID_PATTERN, AUTH_FAIL_TTL_SECS};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncCommands;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("redis is unreachable: {0}")]
+    Unreachable(String),
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("malformed record: {0}")]
+    Malformed(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+impl StoreError {
+    /// Timeouts and connection trouble may pass; a malformed record or a missing key will not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) | StoreError::Unreachable(_) => true,
+            StoreError::Redis(e) => {
+                e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_io_error()
+            }
+            StoreError::Malformed(_) | StoreError::NotFound(_) => false,
+        }
+    }
+}
+
+struct ConnState {
+    conn: Option<ConnectionManager>,
+    last_attempt: Option<Instant>,
+}
+
+/// A shared handle on Redis. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    client: redis::Client,
+    config: RedisConfig,
+    state: Arc<Mutex<ConnState>>,
+    up: Arc<AtomicBool>,
+}
+
+impl Store {
+    /// Does not connect: the first command does (so the sidecar starts while Redis is down).
+    pub fn new(config: &RedisConfig) -> Result<Store, StoreError> {
+        let client = redis::Client::open(config.url.as_str())?;
+        Ok(Store {
+            client,
+            config: config.clone(),
+            state: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
+            up: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    /// Whether the last command reached Redis.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+        let mut state = self.state.lock().await;
+        if let Some(c) = &state.conn {
+            return Ok(c.clone());
+        }
+        if let Some(at) = state.last_attempt {
+            if at.elapsed() < self.config.reconnect_interval {
+                return Err(StoreError::Unreachable("waiting before the next connection attempt".into()));
+            }
+        }
+        state.last_attempt = Some(Instant::now());
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.config.connect_timeout))
+            .set_response_timeout(Some(self.config.timeout.max(Duration::from_millis(1))))
+            .set_number_of_retries(1)
+            .set_max_delay(self.config.reconnect_interval);
+        let attempt = tokio::time::timeout(
+            self.config.connect_timeout,
+            ConnectionManager::new_with_config(self.client.clone(), cfg),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(conn)) => {
+                state.conn = Some(conn.clone());
+                Ok(conn)
+            }
+            Ok(Err(e)) => {
+                self.mark(false, &e.to_string());
+                Err(StoreError::Unreachable(e.to_string()))
+            }
+            Err(_) => {
+                self.mark(false, "connect timed out");
+                Err(StoreError::Timeout(self.config.connect_timeout))
+            }
+        }
+    }
+
+    fn mark(&self, up: bool, why: &str) {
+        let was = self.up.swap(up, Ordering::Relaxed);
+        if was && !up {
+            tracing::warn!(reason = why, "redis went down");
+        } else if !was && up {
+            tracing::info!("redis is back");
+        }
+    }
+
+    /// Runs one command with the configured deadline, recording latency and errors.
+    async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.run_with_deadline(op, self.config.timeout, f).await
+    }
+
+    async fn run_with_deadline<T, F, Fut>(&self, op: &'static str, deadline: Duration, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let started = Instant::now();
+        let result = match self.connection().await {
+            Ok(conn) => match tokio::time::timeout(deadline, f(conn)).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(StoreError::Redis(e)),
+                Err(_) => Err(StoreError::Timeout(deadline)),
+            },
+            Err(e) => Err(e),
+        };
+        metrics::histogram!(crate::metrics::REDIS_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => self.mark(true, ""),
+            Err(e) if e.is_transient() => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "transient").increment(1);
+                self.mark(false, &e.to_string());
+            }
+            Err(_) => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "other").increment(1);
+            }
+        }
+        result
+    }
+
+    /// The record of a key hash, or `None` when there is none.
+    pub async fn lookup(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
+        let key = ApiKeyRecordKey::new(hash);
+        let map: HashMap<String, String> = self.run("hgetall", |mut c| async move { c.hgetall(key).await }).await?;
+        KeyRecord::from_fields(&map).map_err(StoreError::Malformed)
+    }
+
+    /// `SET apikey:authfail:{keyId} 1 EX 3600 NX`: true when this caller should write the audit
+    /// line (the first failure of the hour for this key).
+    pub async fn claim_auth_failure_audit(&self, key_id: &Id) -> Result<bool, StoreError> {
+        let key = AuthFailKey::new(key_id);
+        let opts = redis::SetOptions::default()
+            .conditional_set(redis::ExistenceCheck::NX)
+            .with_expiration(redis::SetExpiry::EX(AUTH_FAIL_TTL_SECS));
+        let set: Option<String> = self.run("set_authfail", |mut c| async move { c.set_options(key, 1, opts).await }).await?;
+        Ok(set.is_some())
+    }
+
+    // ---- admin path (generous deadlines: a person or a script is waiting, not a request) ----
+
+    const ADMIN_DEADLINE: Duration = Duration::from_secs(5);
+
+    /// Stores a new key: the record, its id mapping and the tenant index, in one MULTI.
+    pub async fn create_key(&self, hash: &KeyHash, record: &KeyRecord) -> Result<(), StoreError> {
+        let rec_key = ApiKeyRecordKey::new(hash);
+        let id_key = ApiKeyIdKey::new(&record.key_id);
+        let idx_key = ApiKeyIndexKey::new(&record.tenant);
+        let fields = record.to_fields();
+        let hash_s = hash.as_str().to_string();
+        let key_id = record.key_id.to_string();
+        self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
+            redis::pipe()
+                .atomic()
+                .hset_multiple(rec_key, &fields)
+                .ignore()
+                .set(id_key, hash_s)
+                .ignore()
+                .sadd(idx_key, key_id)
+                .ignore()
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// Marks a key revoked. Returns the updated record.
+    pub async fn revoke_key(&self, key_id: &Id, now: u64) -> Result<KeyRecord, StoreError> {
+        let hash = self.hash_of(key_id).await?;
+        let rec_key = ApiKeyRecordKey::new(&hash);
+        self.run_with_deadline("revoke_key", Self::ADMIN_DEADLINE, |mut c| async move {
+            c.hset_multiple::<_, _, _, ()>(
+                rec_key,
+                &[("status", KeyStatus::Revoked.as_str().to_string()), ("revoked_at", now.to_string())],
+            )
+            .await
+        })
+        .await?;
+        self.lookup_admin(&hash).await?.ok_or_else(|| StoreError::NotFound(key_id.to_string()))
+    }
+
+    async fn hash_of(&self, key_id: &Id) -> Result<KeyHash, StoreError> {
+        let id_key = ApiKeyIdKey::new(key_id);
+        let h: Option<String> = self.run_with_deadline("get_key_id", Self::ADMIN_DEADLINE, |mut c| async move { c.get(id_key).await }).await?;
+        let h = h.ok_or_else(|| StoreError::NotFound(format!("no key with id {key_id}")))?;
+        KeyHash::parse(&h).ok_or_else(|| StoreError::Malformed(format!("apikey-id:{key_id} holds no key hash")))
+    }
+
+    async fn lookup_admin(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
+        let key = ApiKeyRecordKey::new(hash);
+        let map: HashMap<String, String> =
+            self.run_with_deadline("hgetall", Self::ADMIN_DEADLINE, |mut c| async move { c.hgetall(key).await }).await?;
+        KeyRecord::from_fields(&map).map_err(StoreError::Malformed)
+    }
+
+    /// The records of one tenant's keys, or of every key, sorted by creation time.
+    pub async fn list_keys(&self, tenant: Option<&Id>) -> Result<Vec<KeyRecord>, StoreError> {
+        let ids: Vec<Id> = match tenant {
+            Some(t) => {
+                let idx = ApiKeyIndexKey::new(t);
+                let members: Vec<String> =
+                    self.run_with_deadline("smembers", Self::ADMIN_DEADLINE, |mut c| async move { c.smembers(idx).await }).await?;
+                members.iter().filter_map(|m| Id::parse(m)).collect()
+            }
+            None => {
+                let names: Vec<String> = self
+                    .run_with_deadline("scan", Self::ADMIN_DEADLINE, |mut c| async move {
+                        let mut it = c.scan_match::<_, String>(API_KEY_ID_PATTERN).await?;
+                        let mut out = Vec::new();
+                        while let Some(n) = futures_next(&mut it).await {
+                            out.push(n);
+                        }
+                        Ok(out)
+                    })
+                    .await?;
+                names.iter().filter_map(|n| ApiKeyIdKey::key_id_of(n)).collect()
+            }
+        };
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let hash = self.hash_of(&id).await?;
+            if let Some(r) = self.lookup_admin(&hash).await? {
+                out.push(r);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at, &a.key_id).cmp(&(b.created_at, &b.key_id)));
+        Ok(out)
+    }
+}
+
+async fn futures_next<T: redis::FromRedisValue + Unpin + Send>(it: &mut redis::AsyncIter<'_, T>) -> Option<T> {
+    loop {
+        match it.next_item().await {
+            Some(Ok(v)) => return Some(v),
+            Some(Err(_)) => continue,
+            None => return None,
+        }
+    }
+}
