@@ -1,0 +1,46 @@
+//! An upstream that echoes what it received as JSON: `{"method", "path", "headers": [[n, v]…]}`.
+//! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use std::future::Future;
+
+/// What the echo upstream saw.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Echoed {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Echoed {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+async fn echo(req: Request) -> Response {
+    let echoed = Echoed {
+        method: req.method().to_string(),
+        path: req.uri().path_and_query().map_or("/".to_string(), |p| p.to_string()),
+        headers: req
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect(),
+    };
+    let body = serde_json::to_vec(&echoed).unwrap_or_default();
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .unwrap_or_default()
+}
+
+/// Serves the echo on `listener` until `shutdown` completes.
+pub async fn serve(listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let app = axum::Router::new().fallback(echo);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}

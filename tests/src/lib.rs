@@ -1,0 +1,530 @@
+//! The functional-test harness: RAII guards for real processes (Redis, the sidecar, Envoy) and
+//! in-process servers (an echo upstream, a black hole), each on its own free port.
+//!
+//! Rules: readiness is polled with a deadline, never assumed after a sleep; every guard kills its
+//! process on drop; when a test panics, each guard prints its process's log so the failure
+//! explains itself. Binaries come from `TOLLGATE_*` variables (set by build.sh) or default to the
+//! workspace's build outputs.
+
+pub mod echo;
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub use echo::Echoed;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+fn bin(var: &str, default: PathBuf) -> PathBuf {
+    std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
+}
+
+pub fn envoy_bin() -> PathBuf {
+    bin("TOLLGATE_ENVOY_BIN", root().join(".tollgate/tools/venv/lib/python3.11/site-packages/envoy/_bin/envoy"))
+}
+pub fn wasm_path() -> PathBuf {
+    bin("TOLLGATE_WASM", root().join("target/wasm32-wasip1/release/tollgate_filter.wasm"))
+}
+pub fn sidecar_bin() -> PathBuf {
+    bin("TOLLGATE_SIDECAR_BIN", root().join("target/release/tollgate-sidecar"))
+}
+pub fn redis_server_bin() -> PathBuf {
+    bin("TOLLGATE_REDIS_SERVER_BIN", PathBuf::from("redis-server"))
+}
+
+/// A free loopback port, never handed out twice by this process.
+pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind :0");
+        if given.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// Polls `ready` until it returns true or `deadline` passes (then panics naming `what`).
+/// The short pause between polls is the poll interval, not a wait for readiness.
+pub fn poll_until(what: &str, deadline: Duration, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    while !ready() {
+        if start.elapsed() > deadline {
+            panic!("timed out after {deadline:?} waiting for {what}");
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// A child process that is killed on drop and whose log is printed if the test failed.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
+        let out = fs::File::create(&log).expect("create log");
+        let err = out.try_clone().expect("clone log");
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Proc { name: name.to_string(), child: Some(child), log }
+    }
+
+    pub fn log_text(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// The exit status if the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `deadline` for a clean exit; returns the exit status.
+    pub fn terminate(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(s)) = c.try_wait() {
+                return Some(s);
+            }
+            if start.elapsed() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let tail: String = log.lines().rev().take(80).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            eprintln!("----- {} log ({}) -----\n{}\n----- end of {} log -----", self.name, self.log.display(), tail, self.name);
+        }
+        self.kill();
+    }
+}
+
+/// A real redis-server on a free port, in its own directory.
+pub struct Redis {
+    pub port: u16,
+    proc: Proc,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut cmd = Command::new(redis_server_bin());
+        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--daemonize", "no"]);
+        let proc = Proc::spawn("redis", cmd, dir.path().join("redis.log"));
+        let r = Redis { port, proc, _dir: dir };
+        poll_until("redis PING", Duration::from_secs(20), || r.ping());
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn ping(&self) -> bool {
+        self.connection().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok()).is_some()
+    }
+
+    pub fn connection(&self) -> Option<redis::Connection> {
+        let client = redis::Client::open(self.url()).ok()?;
+        client.get_connection_with_timeout(Duration::from_secs(2)).ok()
+    }
+
+    /// Stops the server (SIGKILL: an outage, not a shutdown).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Every key name and every value in the database, rendered as text, for leak checks.
+    pub fn dump(&self) -> Vec<String> {
+        let mut c = self.connection().expect("redis connection");
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).expect("KEYS");
+        let mut out = Vec::new();
+        for k in keys {
+            let kind: String = redis::cmd("TYPE").arg(&k).query(&mut c).expect("TYPE");
+            let value: Vec<String> = match kind.as_str() {
+                "string" => vec![redis::cmd("GET").arg(&k).query(&mut c).expect("GET")],
+                "hash" => redis::cmd("HGETALL").arg(&k).query(&mut c).expect("HGETALL"),
+                "set" => redis::cmd("SMEMBERS").arg(&k).query(&mut c).expect("SMEMBERS"),
+                "zset" => redis::cmd("ZRANGE").arg(&k).arg(0).arg(-1).query(&mut c).expect("ZRANGE"),
+                "list" => redis::cmd("LRANGE").arg(&k).arg(0).arg(-1).query(&mut c).expect("LRANGE"),
+                other => vec![format!("<{other}>")],
+            };
+            out.push(k);
+            out.extend(value);
+        }
+        out
+    }
+
+    /// Panics if any key or value contains one of `raw_keys`.
+    pub fn assert_no_raw_keys(&self, raw_keys: &[&str]) {
+        let dump = self.dump();
+        assert!(!dump.is_empty(), "expected some keys in Redis");
+        for raw in raw_keys {
+            assert!(!raw.is_empty());
+            for item in &dump {
+                assert!(!item.contains(raw), "a raw API key is stored in Redis: {item}");
+            }
+        }
+    }
+}
+
+/// A key issued through `tollgate-sidecar keys create`.
+#[derive(Debug, Clone)]
+pub struct IssuedKey {
+    pub id: String,
+    pub raw: String,
+}
+
+/// The real sidecar binary, configured through its environment.
+pub struct Sidecar {
+    pub port: u16,
+    env: Vec<(String, String)>,
+    proc: Proc,
+    _dir: tempfile::TempDir,
+}
+
+impl Sidecar {
+    /// Starts a sidecar on a free port talking to `redis_url`; `extra` are more
+    /// `TOLLGATE_SIDECAR_*` settings. Waits for `/healthz`.
+    pub fn start(redis_url: &str, extra: &[(&str, &str)]) -> Sidecar {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut env = vec![
+            ("TOLLGATE_SIDECAR_LISTEN".to_string(), format!("127.0.0.1:{port}")),
+            ("TOLLGATE_SIDECAR_REDIS__URL".to_string(), redis_url.to_string()),
+            // Generous on a noisy 2-core machine; tests that need a short one say so.
+            ("TOLLGATE_SIDECAR_REDIS__TIMEOUT".to_string(), "500ms".to_string()),
+            ("TOLLGATE_SIDECAR_LOG__FORMAT".to_string(), "text".to_string()),
+            ("TOLLGATE_SIDECAR_LOG__LEVEL".to_string(), "info,tollgate_sidecar=debug".to_string()),
+        ];
+        for (k, v) in extra {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.to_string(), v.to_string()));
+        }
+        let mut cmd = Command::new(sidecar_bin());
+        cmd.env_remove("TOLLGATE_SIDECAR_CONFIG").envs(env.iter().map(|(k, v)| (k, v)));
+        let proc = Proc::spawn("sidecar", cmd, dir.path().join("sidecar.log"));
+        let s = Sidecar { port, env, proc, _dir: dir };
+        let url = s.url("/healthz");
+        poll_until("sidecar /healthz", Duration::from_secs(20), || get(&url, &[]).status == 200);
+        s
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// Runs `tollgate-sidecar <args>` with this sidecar's configuration.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(sidecar_bin())
+            .env_remove("TOLLGATE_SIDECAR_CONFIG")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .args(args)
+            .output()
+            .expect("run tollgate-sidecar")
+    }
+
+    /// `keys create`; the raw key is the last line of stdout, the id is on the `key id:` line.
+    pub fn create_key(&self, tenant: &str, plan: &str, extra: &[&str]) -> IssuedKey {
+        let mut args = vec!["keys", "create", "--tenant", tenant, "--plan", plan];
+        args.extend_from_slice(extra);
+        let out = self.cli(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "keys create failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        let raw = stdout.lines().last().unwrap_or_default().trim().to_string();
+        let id = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("key id:"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        assert!(raw.starts_with("tg_") && id.starts_with("key_"), "unexpected keys create output: {stdout}");
+        IssuedKey { id, raw }
+    }
+
+    pub fn revoke_key(&self, id: &str) {
+        let out = self.cli(&["keys", "revoke", id]);
+        assert!(out.status.success(), "keys revoke failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    pub fn terminate(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        self.proc.terminate(deadline)
+    }
+
+    pub fn log_text(&self) -> String {
+        self.proc.log_text()
+    }
+}
+
+/// An in-process server on its own runtime thread, stopped on drop.
+pub struct InProcess {
+    pub port: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The echo upstream (see [`echo`]).
+pub fn start_echo() -> InProcess {
+    start_in_process(|listener, stop| async move {
+        let _ = echo::serve(listener, async move {
+            let _ = stop.await;
+        })
+        .await;
+    })
+}
+
+/// A server that accepts connections and never answers: a hung sidecar.
+pub fn start_black_hole() -> InProcess {
+    start_in_process(|listener, stop| async move {
+        let mut held = Vec::new();
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                Ok((s, _)) = listener.accept() => held.push(s),
+            }
+        }
+    })
+}
+
+fn start_in_process<F, Fut>(f: F) -> InProcess
+where
+    F: FnOnce(tokio::net::TcpListener, tokio::sync::oneshot::Receiver<()>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let std_listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    std_listener.set_nonblocking(true).expect("nonblocking");
+    let port = std_listener.local_addr().expect("addr").port();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+            f(listener, rx).await;
+        });
+    });
+    InProcess { port, stop: Some(tx), thread: Some(thread) }
+}
+
+/// How to start an Envoy.
+pub struct EnvoyOptions {
+    pub upstream_port: u16,
+    pub sidecar_port: u16,
+    /// The plugin configuration JSON (see docs/configuration.md).
+    pub plugin_config: String,
+    pub concurrency: u32,
+    /// `envoy/tollgate.yaml.tmpl` (default) or `envoy/baseline.yaml.tmpl`.
+    pub template: &'static str,
+}
+
+impl EnvoyOptions {
+    pub fn new(upstream_port: u16, sidecar_port: u16) -> EnvoyOptions {
+        EnvoyOptions {
+            upstream_port,
+            sidecar_port,
+            plugin_config: "{}".into(),
+            concurrency: 1,
+            template: "envoy/tollgate.yaml.tmpl",
+        }
+    }
+    pub fn plugin_config(mut self, json: &str) -> Self {
+        self.plugin_config = json.to_string();
+        self
+    }
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = n;
+        self
+    }
+}
+
+/// Fills `${NAME}` placeholders of an Envoy template.
+pub fn render_template(template: &str, vars: &[(&str, String)]) -> String {
+    let mut out = template.to_string();
+    for (k, v) in vars {
+        out = out.replace(&format!("${{{k}}}"), v);
+    }
+    assert!(!out.contains("${"), "unfilled placeholder in envoy template");
+    out
+}
+
+/// A real Envoy loading the Tollgate .wasm.
+pub struct Envoy {
+    pub port: u16,
+    pub admin_port: u16,
+    proc: Proc,
+    _dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy and waits for admin `/ready`; panics (printing the log) if it does not come up.
+    pub fn start(opts: EnvoyOptions) -> Envoy {
+        match Envoy::try_start(opts) {
+            Ok(e) => e,
+            Err(why) => panic!("envoy did not start: {why}"),
+        }
+    }
+
+    /// Starts Envoy; `Err` with its log when it exits instead of becoming ready.
+    pub fn try_start(opts: EnvoyOptions) -> Result<Envoy, String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (port, admin_port) = (free_port(), free_port());
+        let template = fs::read_to_string(root().join(opts.template)).expect("read envoy template");
+        let yaml = render_template(
+            &template,
+            &[
+                ("ADMIN_PORT", admin_port.to_string()),
+                ("LISTEN_PORT", port.to_string()),
+                ("UPSTREAM_PORT", opts.upstream_port.to_string()),
+                ("SIDECAR_PORT", opts.sidecar_port.to_string()),
+                ("WASM_PATH", wasm_path().display().to_string()),
+                ("PLUGIN_CONFIG", opts.plugin_config.replace('\'', "''")),
+            ],
+        );
+        let config = dir.path().join("envoy.yaml");
+        fs::write(&config, yaml).expect("write envoy.yaml");
+        let mut cmd = Command::new(envoy_bin());
+        cmd.arg("-c")
+            .arg(&config)
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            .args(["--base-id", &admin_port.to_string(), "--disable-hot-restart"])
+            .args(["-l", "info", "--component-log-level", "wasm:debug"]);
+        let proc = Proc::spawn("envoy", cmd, dir.path().join("envoy.log"));
+        let mut envoy = Envoy { port, admin_port, proc, _dir: dir };
+        let ready_url = format!("http://127.0.0.1:{admin_port}/ready");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = envoy.proc.exited() {
+                let log = envoy.proc.log_text();
+                envoy.proc.child = None;
+                return Err(format!("envoy exited ({status}):\n{log}"));
+            }
+            if get(&ready_url, &[]).status == 200 {
+                return Ok(envoy);
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                return Err(format!("envoy not ready after 60s:\n{}", envoy.proc.log_text()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// The value of a counter from admin `/stats` (0 when absent).
+    pub fn counter(&self, name: &str) -> u64 {
+        let stats = get(&format!("http://127.0.0.1:{}/stats?filter={}", self.admin_port, name), &[]).body;
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn log_text(&self) -> String {
+        self.proc.log_text()
+    }
+}
+
+/// A response, whatever its status.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    /// What the echo upstream saw (panics if the body is not an echo).
+    pub fn echoed(&self) -> Echoed {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not an echo ({e}), status {}: {}", self.status, self.body))
+    }
+}
+
+/// GET `url` with `headers`; connection failures come back as status 0.
+pub fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(15)))
+        .build()
+        .into();
+    let mut req = agent.get(url);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    match req.call() {
+        Ok(mut r) => {
+            let status = r.status().as_u16();
+            let headers = r
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .collect();
+            let body = r.body_mut().read_to_string().unwrap_or_default();
+            Resp { status, headers, body }
+        }
+        Err(e) => Resp { status: 0, headers: vec![], body: e.to_string() },
+    }
+}
