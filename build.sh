@@ -5,6 +5,7 @@
 #   ./build.sh up       deps + build + start Redis, sidecar, demo upstream, Envoy; create a demo key
 #   ./build.sh down     stop exactly what `up` started
 #   ./build.sh test     deps + build + every test tier
+#   ./build.sh bench    deps + build + Envoy alone vs Envoy + Tollgate, interleaved (docs/benchmarks.md)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -96,6 +97,7 @@ case "${1:-build}" in
   build) deps; build ;;
   test) deps; build; run_tests ;;
   up) deps; build; test_env; exec "$ROOT/scripts/up.sh" ;;
+  bench) shift; deps; build; test_env; exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;
-  *) die "unknown command '$1' (build | deps | up | down | test)" ;;
+  *) die "unknown command '$1' (build | deps | up | down | test | bench)" ;;
 esac

@@ -13,6 +13,10 @@ use std::time::Duration;
 /// Prefix of environment overrides.
 pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
 
+/// `TOLLGATE_SIDECAR_*` variables that are not settings: the config file path (read by the CLI),
+/// and the binary path and URL that `.tollgate/demo.env` exports for scripts.
+const NOT_SETTINGS: &[&str] = &["config", "bin", "url"];
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -124,7 +128,11 @@ impl Config {
             }
             fig = fig.merge(Toml::file(path));
         }
-        fig = fig.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        fig = fig.merge(
+            Env::prefixed(ENV_PREFIX)
+                .filter(|k| !NOT_SETTINGS.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)))
+                .split("__"),
+        );
         Self::from_figment(fig)
     }
 
@@ -173,6 +181,22 @@ mod tests {
         assert_eq!(c.redis.timeout, Duration::from_millis(40));
         assert_eq!(c.cache.ttl, Duration::from_secs(2));
         assert_eq!(c.redis.url, RedisConfig::default().url);
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_is_checked_too() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("s.toml", "[redis]\nurl = \"redis://file:1/\"\ntimeout = \"9ms\"")?;
+            jail.set_env("TOLLGATE_SIDECAR_REDIS__URL", "redis://env:2/");
+            jail.set_env("TOLLGATE_SIDECAR_BIN", "/usr/bin/whatever");
+            let c = Config::load(Some(Path::new("s.toml"))).unwrap();
+            assert_eq!(c.redis.url, "redis://env:2/");
+            assert_eq!(c.redis.timeout, Duration::from_millis(9));
+            jail.set_env("TOLLGATE_SIDECAR_REDIS__TIMOUT", "1ms");
+            let err = Config::load(Some(Path::new("s.toml"))).unwrap_err().to_string();
+            assert!(err.contains("timout"), "{err}");
+            Ok(())
+        });
     }
 
     #[test]

@@ -92,6 +92,10 @@ impl Proc {
         s
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The exit status if the process has exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
@@ -139,22 +143,35 @@ impl Drop for Proc {
 pub struct Redis {
     pub port: u16,
     proc: Proc,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Redis {
     pub fn start() -> Redis {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
+        let proc = Self::spawn(port, dir.path());
+        let r = Redis { port, proc, dir };
+        poll_until("redis PING", Duration::from_secs(20), || r.ping());
+        r
+    }
+
+    fn spawn(port: u16, dir: &Path) -> Proc {
         let mut cmd = Command::new(redis_server_bin());
         cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(dir.path())
+            .arg(dir)
             .args(["--daemonize", "no"]);
-        let proc = Proc::spawn("redis", cmd, dir.path().join("redis.log"));
-        let r = Redis { port, proc, _dir: dir };
-        poll_until("redis PING", Duration::from_secs(20), || r.ping());
-        r
+        static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Proc::spawn("redis", cmd, dir.join(format!("redis-{n}.log")))
+    }
+
+    /// Starts the server again on the same port (empty: no persistence), after [`Redis::kill`].
+    pub fn restart(&mut self) {
+        self.proc.kill();
+        self.proc = Self::spawn(self.port, self.dir.path());
+        poll_until("redis PING after restart", Duration::from_secs(20), || self.ping());
     }
 
     pub fn url(&self) -> String {
@@ -298,6 +315,10 @@ impl Sidecar {
     pub fn log_text(&self) -> String {
         self.proc.log_text()
     }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
 }
 
 /// An in-process server on its own runtime thread, stopped on drop.
@@ -370,6 +391,8 @@ pub struct EnvoyOptions {
     pub concurrency: u32,
     /// `envoy/tollgate.yaml.tmpl` (default) or `envoy/baseline.yaml.tmpl`.
     pub template: &'static str,
+    /// Pin Envoy to this CPU (taskset), for benchmarks.
+    pub cpu: Option<u32>,
 }
 
 impl EnvoyOptions {
@@ -380,6 +403,7 @@ impl EnvoyOptions {
             plugin_config: "{}".into(),
             concurrency: 1,
             template: "envoy/tollgate.yaml.tmpl",
+            cpu: None,
         }
     }
     pub fn plugin_config(mut self, json: &str) -> Self {
@@ -388,6 +412,11 @@ impl EnvoyOptions {
     }
     pub fn concurrency(mut self, n: u32) -> Self {
         self.concurrency = n;
+        self
+    }
+    /// Envoy alone (router only): no filter, no sidecar.
+    pub fn baseline(mut self) -> Self {
+        self.template = "envoy/baseline.yaml.tmpl";
         self
     }
 }
@@ -437,7 +466,14 @@ impl Envoy {
         );
         let config = dir.path().join("envoy.yaml");
         fs::write(&config, yaml).expect("write envoy.yaml");
-        let mut cmd = Command::new(envoy_bin());
+        let mut cmd = match opts.cpu {
+            Some(cpu) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", &cpu.to_string()]).arg(envoy_bin());
+                c
+            }
+            None => Command::new(envoy_bin()),
+        };
         cmd.arg("-c")
             .arg(&config)
             .args(["--concurrency", &opts.concurrency.to_string()])
@@ -465,6 +501,10 @@ impl Envoy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
     }
 
     /// The value of a counter from admin `/stats` (0 when absent).

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Starts the demo stack in the background: Redis, the sidecar, the echo upstream and Envoy with
+# the Tollgate filter; issues a demo key; writes .tollgate/demo.env. Called by `./build.sh up`,
+# which installs and builds first and exports TOLLGATE_ENVOY_BIN, TOLLGATE_WASM,
+# TOLLGATE_SIDECAR_BIN. Ports can be changed with the variables below.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUN="$ROOT/.tollgate/run"
+ENVOY_PORT="${TOLLGATE_ENVOY_PORT:-10000}"
+ENVOY_ADMIN_PORT="${TOLLGATE_ENVOY_ADMIN_PORT:-9901}"
+SIDECAR_PORT="${TOLLGATE_SIDECAR_PORT:-9090}"
+UPSTREAM_PORT="${TOLLGATE_UPSTREAM_PORT:-9080}"
+REDIS_PORT="${TOLLGATE_REDIS_PORT:-6380}"
+ECHO_BIN="$ROOT/target/release/tollgate-echo"
+
+"$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
+mkdir -p "$RUN"
+
+for p in "$ENVOY_PORT" "$ENVOY_ADMIN_PORT" "$SIDECAR_PORT" "$UPSTREAM_PORT" "$REDIS_PORT"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "error: port $p is in use; set TOLLGATE_*_PORT (see scripts/up.sh) or stop what uses it" >&2
+    exit 1
+  fi
+done
+
+# Each service runs under its own session leader that stays alive (Envoy gets SIGTERM when the
+# process that started it exits); the leader's pid is the process group that down.sh stops.
+start_bg() {
+  local name="$1"; shift
+  setsid bash -c '"$@" </dev/null >>"'"$RUN/$name.log"'" 2>&1 & wait' _ "$@" </dev/null >/dev/null 2>&1 &
+  echo $! > "$RUN/$name.pgid"
+}
+
+wait_for() {
+  local what="$1" url="$2" tries=0
+  until curl -fsS -o /dev/null "$url" 2>/dev/null; do
+    tries=$((tries + 1))
+    if [ "$tries" -gt 300 ]; then
+      echo "error: $what did not become ready; its log:" >&2
+      tail -n 30 "$RUN/$what.log" >&2 || true
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+
+mkdir -p "$RUN/redis"
+start_bg redis redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save 60 1 --appendonly yes \
+  --dir "$RUN/redis" --daemonize no
+tries=0
+until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
+  tries=$((tries + 1)); [ "$tries" -lt 200 ] || { echo "error: redis did not start" >&2; exit 1; }
+  sleep 0.05
+done
+
+cat > "$RUN/sidecar.toml" <<TOML
+listen = "127.0.0.1:$SIDECAR_PORT"
+[redis]
+url = "redis://127.0.0.1:$REDIS_PORT/"
+TOML
+export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
+start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
+start_bg upstream "$ECHO_BIN" --port "$UPSTREAM_PORT"
+
+plugin='{"sidecar":{"timeout":"25ms"},"failureMode":"closed"}'
+sed -e "s|\${ADMIN_PORT}|$ENVOY_ADMIN_PORT|; s|\${LISTEN_PORT}|$ENVOY_PORT|; s|\${UPSTREAM_PORT}|$UPSTREAM_PORT|" \
+    -e "s|\${SIDECAR_PORT}|$SIDECAR_PORT|; s|\${WASM_PATH}|$TOLLGATE_WASM|; s|\${PLUGIN_CONFIG}|$plugin|" \
+    "$ROOT/envoy/tollgate.yaml.tmpl" > "$RUN/envoy.yaml"
+start_bg envoy "$TOLLGATE_ENVOY_BIN" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart \
+  --base-id "$ENVOY_ADMIN_PORT" -l warning --component-log-level wasm:info
+
+wait_for sidecar "http://127.0.0.1:$SIDECAR_PORT/healthz"
+wait_for upstream "http://127.0.0.1:$UPSTREAM_PORT/"
+wait_for envoy "http://127.0.0.1:$ENVOY_ADMIN_PORT/ready"
+
+key_out="$("$TOLLGATE_SIDECAR_BIN" keys create --tenant demo --plan demo)"
+DEMO_KEY="$(tail -n 1 <<<"$key_out")"
+DEMO_KEY_ID="$(sed -n 's/^key id: *//p' <<<"$key_out")"
+
+cat > "$ROOT/.tollgate/demo.env" <<ENV
+# Written by ./build.sh up — source it: . .tollgate/demo.env
+export TOLLGATE_URL="http://127.0.0.1:$ENVOY_PORT"
+export TOLLGATE_DEMO_KEY="$DEMO_KEY"
+export TOLLGATE_DEMO_KEY_ID="$DEMO_KEY_ID"
+export TOLLGATE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/"
+export TOLLGATE_SIDECAR_URL="http://127.0.0.1:$SIDECAR_PORT"
+export TOLLGATE_ENVOY_ADMIN_URL="http://127.0.0.1:$ENVOY_ADMIN_PORT"
+export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
+export TOLLGATE_SIDECAR_BIN="$TOLLGATE_SIDECAR_BIN"
+ENV
+
+cat <<MSG
+
+Tollgate is up: Envoy on :$ENVOY_PORT (admin :$ENVOY_ADMIN_PORT), sidecar on :$SIDECAR_PORT,
+echo upstream on :$UPSTREAM_PORT, Redis on :$REDIS_PORT. Logs: .tollgate/run/*.log
+
+  . .tollgate/demo.env
+  curl -i -H "Authorization: Bearer \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello      # 200, upstream sees x-tollgate-tenant: demo
+  curl -i \$TOLLGATE_URL/hello                                                     # 401 missing_key
+  curl -i -H "x-api-key: tg_wrong" \$TOLLGATE_URL/hello                            # 401 unknown_key
+  \$TOLLGATE_SIDECAR_BIN keys revoke \$TOLLGATE_DEMO_KEY_ID                          # then the first curl gives 401 revoked_key
+
+Stop everything with ./build.sh down
+MSG

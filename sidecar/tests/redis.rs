@@ -1,0 +1,202 @@
+//! Sidecar integration tests against a real redis-server (started per test on a free port):
+//! the key store, the decision endpoint served in-process, and behaviour across a Redis outage.
+
+use std::time::{Duration, Instant};
+use tollgate_sidecar::apikey::{self, KeyStatus};
+use tollgate_sidecar::config::Config;
+use tollgate_sidecar::keys::Id;
+use tollgate_sidecar::store::{Store, StoreError};
+use tollgate_sidecar::Sidecar;
+use tollgate_tests::{get, poll_until, Redis, Resp};
+use tollgate_wire::{DecideRequest, DecideResponse};
+
+fn config(redis: &Redis) -> Config {
+    let mut c = Config::default();
+    c.listen = "127.0.0.1:0".parse().unwrap();
+    c.redis.url = redis.url();
+    c.redis.timeout = Duration::from_millis(300);
+    c
+}
+
+fn id(s: &str) -> Id {
+    Id::parse(s).unwrap()
+}
+
+struct Running {
+    base: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn start(config: &Config) -> Running {
+        let sidecar = Sidecar::bind(config).await.unwrap();
+        let base = format!("http://{}", sidecar.local_addr());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            sidecar
+                .serve(async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        Running { base, stop: Some(tx), task }
+    }
+
+    async fn decide(&self, key_hash: &str) -> Resp {
+        let body = serde_json::to_string(&DecideRequest {
+            key_hash: key_hash.to_string(),
+            method: "GET".into(),
+            authority: "api".into(),
+            path: "/".into(),
+            request_id: None,
+            client_ip: None,
+        })
+        .unwrap();
+        self.post("/v1/decide", body).await
+    }
+
+    async fn post(&self, path: &str, body: String) -> Resp {
+        let url = format!("{}{}", self.base, path);
+        tokio::task::spawn_blocking(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+            let mut r = agent.post(&url).header("content-type", "application/json").send(body).unwrap();
+            Resp { status: r.status().as_u16(), headers: vec![], body: r.body_mut().read_to_string().unwrap() }
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("drains").unwrap();
+    }
+}
+
+fn verdict(r: &Resp) -> DecideResponse {
+    assert_eq!(r.status, 200, "{}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_store_round_trip_and_store_of_record_keys_have_no_ttl() {
+    let redis = Redis::start();
+    let store = Store::new(&config(&redis).redis).unwrap();
+    let a = apikey::issue(id("acme"), id("gold"), 1_000, None);
+    let b = apikey::issue(id("acme"), id("free"), 2_000, Some(9_999_999_999));
+    let c = apikey::issue(id("other"), id("free"), 3_000, None);
+    for k in [&a, &b, &c] {
+        store.create_key(&k.hash, &k.record).await.unwrap();
+    }
+    assert_eq!(store.lookup(&a.hash).await.unwrap(), Some(a.record.clone()));
+    assert_eq!(store.lookup(&apikey::hash_raw_key("nope")).await.unwrap(), None);
+
+    let acme = store.list_keys(Some(&id("acme"))).await.unwrap();
+    assert_eq!(acme.iter().map(|r| r.key_id.clone()).collect::<Vec<_>>(), vec![a.record.key_id.clone(), b.record.key_id.clone()]);
+    assert_eq!(store.list_keys(None).await.unwrap().len(), 3);
+
+    let revoked = store.revoke_key(&a.record.key_id, 5_000).await.unwrap();
+    assert_eq!(revoked.status, KeyStatus::Revoked);
+    assert_eq!(revoked.revoked_at, Some(5_000));
+    assert!(matches!(store.revoke_key(&id("key_missing"), 1).await, Err(StoreError::NotFound(_))));
+
+    // Store-of-record families carry no TTL (seed 004); the raw keys are nowhere.
+    let mut conn = redis.connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 3 + 3 + 2, "{keys:?}");
+    for k in &keys {
+        let ttl: i64 = redis::cmd("TTL").arg(k).query(&mut conn).unwrap();
+        assert_eq!(ttl, -1, "{k} has a TTL");
+    }
+    redis.assert_no_raw_keys(&[&a.raw, &b.raw, &c.raw]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_failure_audit_is_claimed_once_per_hour() {
+    let redis = Redis::start();
+    let store = Store::new(&config(&redis).redis).unwrap();
+    assert!(store.claim_auth_failure_audit(&id("key_a")).await.unwrap());
+    assert!(!store.claim_auth_failure_audit(&id("key_a")).await.unwrap());
+    assert!(store.claim_auth_failure_audit(&id("key_b")).await.unwrap());
+    let mut conn = redis.connection().unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg("apikey:authfail:key_a").query(&mut conn).unwrap();
+    assert!((3590..=3600).contains(&ttl), "{ttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decide_endpoint_answers_allow_deny_and_bad_requests() {
+    let redis = Redis::start();
+    let cfg = config(&redis);
+    let store = Store::new(&cfg.redis).unwrap();
+    let active = apikey::issue(id("acme"), id("gold"), 1, None);
+    let expired = apikey::issue(id("acme"), id("gold"), 1, Some(2));
+    store.create_key(&active.hash, &active.record).await.unwrap();
+    store.create_key(&expired.hash, &expired.record).await.unwrap();
+    let sc = Running::start(&cfg).await;
+
+    match verdict(&sc.decide(active.hash.as_str()).await) {
+        DecideResponse::Allow { tenant, key_id, plan, .. } => {
+            assert_eq!((tenant.as_str(), plan.as_str()), ("acme", "gold"));
+            assert_eq!(key_id, active.record.key_id.to_string());
+        }
+        other => panic!("{other:?}"),
+    }
+    let code = |v: DecideResponse| match v {
+        DecideResponse::Deny { status, error, .. } => (status, error),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(code(verdict(&sc.decide(expired.hash.as_str()).await)), (401, "expired_key".into()));
+    assert_eq!(code(verdict(&sc.decide(apikey::hash_raw_key("x").as_str()).await)), (401, "unknown_key".into()));
+
+    let r = sc.decide("not-a-hash").await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("keyHash"), "{}", r.body);
+    let r = sc.post("/v1/decide", "{".into()).await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("bad_request"));
+
+    let base = sc.base.clone();
+    let metrics = tokio::task::spawn_blocking(move || get(&format!("{base}/metrics"), &[]).body).await.unwrap();
+    assert!(metrics.contains("tollgate_sidecar_redis_seconds_bucket"), "{metrics}");
+    assert!(metrics.contains(r#"reason="expired_key""#), "{metrics}");
+    sc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_serves_cached_answers_fails_fast_otherwise_and_recovers() {
+    let mut redis = Redis::start();
+    let mut cfg = config(&redis);
+    cfg.cache.ttl = Duration::from_millis(1); // every request goes to Redis unless it is down
+    cfg.redis.timeout = Duration::from_millis(100);
+    let store = Store::new(&cfg.redis).unwrap();
+    let key = apikey::issue(id("acme"), id("gold"), 1, None);
+    store.create_key(&key.hash, &key.record).await.unwrap();
+    let sc = Running::start(&cfg).await;
+    assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { .. }));
+
+    redis.kill();
+    // Seen before: served stale from the cache.
+    assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { .. }));
+    // Never seen: 503 "store_unavailable", well before any client would give up.
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = sc.decide(apikey::hash_raw_key("new").as_str()).await;
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert!(r.body.contains("store_unavailable"));
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    }
+
+    // Redis comes back (empty: no persistence in tests): the sidecar reconnects by itself and the
+    // key is now unknown, which proves the answer came from Redis again.
+    redis.restart();
+    tokio::task::block_in_place(|| poll_until("the sidecar to reach Redis again", Duration::from_secs(10), || {
+        let h = key.hash.as_str().to_string();
+        let base = sc.base.clone();
+        let body = serde_json::json!({"keyHash": h, "method": "GET", "authority": "a", "path": "/"}).to_string();
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut r = agent.post(&format!("{base}/v1/decide")).send(body).unwrap();
+        r.body_mut().read_to_string().unwrap().contains("unknown_key")
+    }));
+    sc.stop().await;
+}
