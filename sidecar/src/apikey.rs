@@ -109,6 +109,7 @@ pub fn verdict(record: Option<&KeyRecord>, now: u64) -> DecideResponse {
             plan: r.plan.to_string(),
             request_headers: vec![],
             response_headers: vec![],
+            cache_for_ms: None,
         },
     }
 }

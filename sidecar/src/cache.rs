@@ -20,7 +20,8 @@ pub struct TtlCache<K, V> {
 /// What a lookup found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup<V> {
-    Fresh(V),
+    /// Within the TTL; the duration is how much of it is left.
+    Fresh(V, Duration),
     /// Older than the TTL but within the stale grace: usable only when the source is down.
     Stale(V),
     Miss,
@@ -37,7 +38,7 @@ impl<K: Hash + Eq + Clone, V: Clone> TtlCache<K, V> {
             Some((v, at)) => {
                 let age = now.saturating_duration_since(*at);
                 if age < self.ttl {
-                    Lookup::Fresh(v.clone())
+                    Lookup::Fresh(v.clone(), self.ttl - age)
                 } else if age < self.stale_grace {
                     Lookup::Stale(v.clone())
                 } else {
@@ -87,7 +88,7 @@ mod tests {
         let c = TtlCache::new(Duration::from_millis(500), Duration::from_secs(60), 10);
         let t0 = Instant::now();
         c.insert("k", 1, t0);
-        assert_eq!(c.get(&"k", t0 + Duration::from_millis(499)), Lookup::Fresh(1));
+        assert_eq!(c.get(&"k", t0 + Duration::from_millis(499)), Lookup::Fresh(1, Duration::from_millis(1)));
         assert_eq!(c.get(&"k", t0 + Duration::from_millis(500)), Lookup::Stale(1));
         assert_eq!(c.get(&"k", t0 + Duration::from_secs(60)), Lookup::Miss);
         assert_eq!(c.get(&"other", t0), Lookup::Miss);
@@ -102,7 +103,7 @@ mod tests {
             assert!(c.len() <= 100);
         }
         // the newest entry is kept
-        assert_eq!(c.get(&9_999, t0 + Duration::from_millis(20)), Lookup::Fresh(9_999));
+        assert!(matches!(c.get(&9_999, t0 + Duration::from_millis(20)), Lookup::Fresh(9_999, _)));
     }
 
     #[test]
@@ -113,7 +114,7 @@ mod tests {
         c.insert("new", 2, t0 + Duration::from_secs(3));
         c.insert("newer", 3, t0 + Duration::from_secs(3));
         assert_eq!(c.get(&"old", t0 + Duration::from_secs(3)), Lookup::Miss);
-        assert_eq!(c.get(&"new", t0 + Duration::from_secs(3)), Lookup::Fresh(2));
-        assert_eq!(c.get(&"newer", t0 + Duration::from_secs(3)), Lookup::Fresh(3));
+        assert_eq!(c.get(&"new", t0 + Duration::from_secs(3)), Lookup::Fresh(2, Duration::from_secs(1)));
+        assert_eq!(c.get(&"newer", t0 + Duration::from_secs(3)), Lookup::Fresh(3, Duration::from_secs(1)));
     }
 }

@@ -26,6 +26,7 @@ pub enum DecideError {
 
 pub struct Decider {
     store: Store,
+    ttl: Duration,
     cache: TtlCache<KeyHash, Option<KeyRecord>>,
     /// Keys audited recently by this process: spares Redis the SET NX on every repeat.
     audited: TtlCache<Id, ()>,
@@ -33,7 +34,12 @@ pub struct Decider {
 
 /// Wall-clock unix seconds.
 pub fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    unix_now_ms() / 1000
+}
+
+/// Wall-clock unix milliseconds.
+pub fn unix_now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Decider {
@@ -41,6 +47,7 @@ impl Decider {
         let audit_window = Duration::from_secs(60);
         Decider {
             store,
+            ttl: cache.ttl,
             cache: TtlCache::new(cache.ttl, cache.stale_grace, cache.max_entries),
             audited: TtlCache::new(audit_window, audit_window, cache.max_entries),
         }
@@ -49,8 +56,19 @@ impl Decider {
     pub async fn decide(&self, req: &DecideRequest) -> Result<DecideResponse, DecideError> {
         let hash = KeyHash::parse(&req.key_hash)
             .ok_or_else(|| DecideError::BadRequest("keyHash must be 64 lowercase hex characters".into()))?;
-        let record = self.record(&hash).await?;
-        let response = apikey::verdict(record.as_ref(), unix_now());
+        let (record, fresh_for) = self.record(&hash).await?;
+        let now_ms = unix_now_ms();
+        let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
+        if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
+            // The filter may reuse the answer while ours is fresh, never past the key's expiry:
+            // a revocation still applies within one cache TTL end to end.
+            let until_expiry = record
+                .as_ref()
+                .and_then(|r| r.expires_at)
+                .map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
+            let ms = (fresh_for.as_millis() as u64).min(until_expiry);
+            *cache_for_ms = (ms > 0).then_some(ms);
+        }
         match &response {
             DecideResponse::Allow { .. } => {
                 metrics::counter!(m::DECISIONS, "outcome" => "allow", "reason" => "ok").increment(1);
@@ -68,23 +86,24 @@ impl Decider {
         Ok(response)
     }
 
-    async fn record(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, DecideError> {
+    /// The record of `hash` and, when it is fresh, how long it stays so.
+    async fn record(&self, hash: &KeyHash) -> Result<(Option<KeyRecord>, Option<Duration>), DecideError> {
         let now = Instant::now();
         let cached = self.cache.get(hash, now);
-        if let Lookup::Fresh(r) = cached {
+        if let Lookup::Fresh(r, left) = cached {
             metrics::counter!(m::CACHE, "result" => "fresh").increment(1);
-            return Ok(r);
+            return Ok((r, Some(left)));
         }
         match self.store.lookup(hash).await {
             Ok(r) => {
                 metrics::counter!(m::CACHE, "result" => "miss").increment(1);
                 self.cache.insert(hash.clone(), r.clone(), now);
-                Ok(r)
+                Ok((r, Some(self.ttl)))
             }
             Err(e) if e.is_transient() => match cached {
                 Lookup::Stale(r) => {
                     metrics::counter!(m::CACHE, "result" => "stale").increment(1);
-                    Ok(r)
+                    Ok((r, None))
                 }
                 _ => {
                     metrics::counter!(m::DECISIONS, "outcome" => "unavailable", "reason" => "redis").increment(1);
@@ -94,7 +113,7 @@ impl Decider {
             Err(e) => {
                 // A malformed record is a store problem, not the caller's: treat as unknown.
                 tracing::debug!(error = %e, "unreadable key record; treating it as unknown");
-                Ok(None)
+                Ok((None, None))
             }
         }
     }
@@ -103,7 +122,7 @@ impl Decider {
     /// say, the line is written anyway. Runs off the request path.
     fn audit(&self, record: &KeyRecord, reason: &'static str) {
         let now = Instant::now();
-        if matches!(self.audited.get(&record.key_id, now), Lookup::Fresh(())) {
+        if matches!(self.audited.get(&record.key_id, now), Lookup::Fresh((), _)) {
             return;
         }
         self.audited.insert(record.key_id.clone(), (), now);

@@ -136,8 +136,11 @@ async fn decide_endpoint_answers_allow_deny_and_bad_requests() {
     let sc = Running::start(&cfg).await;
 
     match verdict(&sc.decide(active.hash.as_str()).await) {
-        DecideResponse::Allow { tenant, key_id, plan, .. } => {
+        DecideResponse::Allow { tenant, key_id, plan, cache_for_ms, .. } => {
             assert_eq!((tenant.as_str(), plan.as_str()), ("acme", "gold"));
+            // The filter may reuse a fresh answer for at most what is left of our cache TTL.
+            let ms = cache_for_ms.expect("a fresh allow is cacheable");
+            assert!(ms > 0 && ms <= cfg.cache.ttl.as_millis() as u64, "{ms}");
             assert_eq!(key_id, active.record.key_id.to_string());
         }
         other => panic!("{other:?}"),
@@ -176,8 +179,8 @@ async fn redis_outage_serves_cached_answers_fails_fast_otherwise_and_recovers() 
     assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { .. }));
 
     redis.kill();
-    // Seen before: served stale from the cache.
-    assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { .. }));
+    // Seen before: served stale from the cache, and not offered for reuse by the filter.
+    assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { cache_for_ms: None, .. }));
     // Never seen: 503 "store_unavailable", well before any client would give up.
     for _ in 0..5 {
         let started = Instant::now();

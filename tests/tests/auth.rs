@@ -51,6 +51,8 @@ fn valid_key_reaches_upstream_with_identity_and_without_the_raw_key() {
         assert!(!everything.contains("evil") && !everything.contains("platinum"), "spoofed header: {everything}");
     }
     assert_eq!(s.envoy.counter("wasmcustom.tollgate.requests.allowed"), 3);
+    // Requests 2 and 3 came within the cache time of the first: answered without a callout.
+    assert_eq!(s.envoy.counter("wasmcustom.tollgate.auth_cache.hits"), 2);
 
     // The sidecar's metrics count the decisions.
     let metrics = get(&s.sidecar.url("/metrics"), &[]).body;
@@ -60,6 +62,26 @@ fn valid_key_reaches_upstream_with_identity_and_without_the_raw_key() {
     assert!(!s.envoy.log_text().contains(&key.raw));
     assert!(!s.sidecar.log_text().contains(&key.raw));
     s.redis.assert_no_raw_keys(&[&key.raw]);
+}
+
+#[test]
+fn repeated_requests_of_a_key_skip_the_callout_but_revocation_still_applies() {
+    let s = Stack::start(PLUGIN_CLOSED);
+    let key = s.sidecar.create_key("acme", "gold", &[]);
+    let h = [("x-api-key", key.raw.as_str())];
+    for _ in 0..20 {
+        assert_eq!(get(&s.envoy.url("/"), &h).status, 200);
+    }
+    let hits = s.envoy.counter("wasmcustom.tollgate.auth_cache.hits");
+    let calls = 20 - hits;
+    assert!(hits > 0, "no request was answered from the filter's cache");
+    let metrics = get(&s.sidecar.url("/metrics"), &[]).body;
+    let decided: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"tollgate_sidecar_decisions_total{outcome="allow",reason="ok"} "#))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert_eq!(decided, calls, "the sidecar decided exactly the requests that were not cache hits");
 }
 
 #[test]
@@ -126,9 +148,11 @@ fn an_expired_key_is_refused() {
 #[test]
 fn sidecar_killed_fails_closed_or_open_as_configured() {
     let mut s = Stack::start(PLUGIN_CLOSED);
+    let warm = s.sidecar.create_key("acme", "free", &[]);
+    assert_eq!(get(&s.envoy.url("/"), &[("x-api-key", warm.raw.as_str())]).status, 200);
+    // A key the filter has not cached yet, so that its requests need the sidecar.
     let key = s.sidecar.create_key("acme", "free", &[]);
     let h = [("x-api-key", key.raw.as_str())];
-    assert_eq!(get(&s.envoy.url("/"), &h).status, 200);
 
     // A second Envoy on the same sidecar, failing open.
     let upstream = start_echo();

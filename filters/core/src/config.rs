@@ -58,6 +58,8 @@ struct RawConfig {
     failure_mode: FailureMode,
     #[serde(default = "default_key_sources")]
     key_sources: Vec<KeySource>,
+    #[serde(default = "default_auth_cache_max_ttl")]
+    auth_cache_max_ttl: String,
 }
 
 fn default_cluster() -> String {
@@ -71,6 +73,9 @@ fn default_timeout() -> String {
 }
 fn default_failure_mode() -> FailureMode {
     FailureMode::Closed
+}
+fn default_auth_cache_max_ttl() -> String {
+    "500ms".into()
 }
 fn default_key_sources() -> Vec<KeySource> {
     vec![
@@ -92,6 +97,9 @@ pub struct FilterConfig {
     pub failure_mode: FailureMode,
     /// Key sources in the order they are tried. Header names are lowercase.
     pub key_sources: Vec<KeySource>,
+    /// Upper bound on how long an allow answer is reused from the VM-wide cache without a call
+    /// (the sidecar proposes the time; zero disables the cache).
+    pub auth_cache_max_ttl: Duration,
 }
 
 impl Default for FilterConfig {
@@ -102,6 +110,7 @@ impl Default for FilterConfig {
             sidecar_timeout: Duration::from_millis(25),
             failure_mode: FailureMode::Closed,
             key_sources: default_key_sources(),
+            auth_cache_max_ttl: Duration::from_millis(500),
         }
     }
 }
@@ -132,6 +141,11 @@ impl FilterConfig {
         if timeout.is_zero() || timeout > Duration::from_secs(60) {
             return Err(ConfigError("sidecar.timeout: must be between 1ms and 60s".into()));
         }
+        let auth_cache_max_ttl = parse_duration(&raw.auth_cache_max_ttl)
+            .map_err(|e| ConfigError(format!("authCacheMaxTtl: {e}")))?;
+        if auth_cache_max_ttl > Duration::from_secs(60) {
+            return Err(ConfigError("authCacheMaxTtl: must be at most 60s".into()));
+        }
         if raw.sidecar.cluster.trim().is_empty() {
             return Err(ConfigError("sidecar.cluster: must not be empty".into()));
         }
@@ -161,6 +175,7 @@ impl FilterConfig {
             sidecar_timeout: timeout,
             failure_mode: raw.failure_mode,
             key_sources,
+            auth_cache_max_ttl,
         })
     }
 }
@@ -229,6 +244,7 @@ mod tests {
             (br#"{"sidecar":{"timeout":"soon"}}"#, "sidecar.timeout"),
             (br#"{"sidecar":{"timeout":"0ms"}}"#, "sidecar.timeout"),
             (br#"{"keySources":[]}"#, "keySources"),
+            (br#"{"authCacheMaxTtl":"2m"}"#, "authCacheMaxTtl"),
             (br#"{"keySources":[{"type":"header","name":"x-tollgate-tenant"}]}"#, "keySources[0].name"),
             (br#"{"keySources":[{"type":"query","name":"a=b"}]}"#, "keySources[0].name"),
             (b"not json", "expected"),

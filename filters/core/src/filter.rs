@@ -37,6 +37,8 @@ pub enum Metric {
     SidecarError,
     FailedOpen,
     FailedClosed,
+    /// Allowed from the VM-wide auth cache, without a call to the sidecar.
+    AuthCacheHit,
 }
 
 /// A deny reason known to this version, or `Other`.
@@ -61,7 +63,8 @@ impl DenyReason {
 impl Metric {
     /// Every metric, for the adapter to define them once per VM.
     pub fn all() -> Vec<Metric> {
-        let mut v = vec![Metric::Allowed, Metric::SidecarError, Metric::FailedOpen, Metric::FailedClosed];
+        let mut v =
+            vec![Metric::Allowed, Metric::SidecarError, Metric::FailedOpen, Metric::FailedClosed, Metric::AuthCacheHit];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
         v
@@ -74,6 +77,7 @@ impl Metric {
             Metric::SidecarError => "tollgate.sidecar.errors".into(),
             Metric::FailedOpen => "tollgate.requests.failed_open".into(),
             Metric::FailedClosed => "tollgate.requests.failed_closed".into(),
+            Metric::AuthCacheHit => "tollgate.auth_cache.hits".into(),
         }
     }
 }
@@ -108,12 +112,34 @@ pub trait Host {
     fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
     fn count(&mut self, metric: Metric);
     fn log(&mut self, level: LogLevel, message: &str);
+    /// Wall-clock milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+    /// VM-wide shared data (all workers of one Envoy see it).
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>>;
+    fn shared_set(&mut self, key: &str, value: &[u8]);
+}
+
+/// An allow answer kept in shared data under [`auth_cache_key`], reusable until `until_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedAllow {
+    pub until_ms: u64,
+    pub tenant: String,
+    pub key_id: String,
+    pub plan: String,
+    #[serde(default)]
+    pub request_headers: Vec<Header>,
+}
+
+/// The shared-data key of a key hash's cached answer (the hash, never the raw key).
+pub fn auth_cache_key(key_hash: &str) -> String {
+    format!("tollgate.auth.v1.{key_hash}")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Start,
-    Waiting { token: u32 },
+    Waiting { token: u32, key_hash: String },
     Done,
 }
 
@@ -154,8 +180,13 @@ impl AuthFilter {
         let Some(raw_key) = plan.key else {
             return self.deny(host, 401, codes::MISSING_KEY, "an API key is required", &[]);
         };
+        let key_hash = raw_key.hash();
+        if let Some(hit) = self.cached_allow(host, &key_hash) {
+            host.count(Metric::AuthCacheHit);
+            return self.allow(host, hit.tenant, hit.key_id, hit.plan, hit.request_headers, Vec::new());
+        }
         let request = DecideRequest {
-            key_hash: raw_key.hash(),
+            key_hash,
             method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
             authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
             path: upstream_path,
@@ -179,7 +210,7 @@ impl AuthFilter {
         };
         match host.dispatch(call) {
             Ok(token) => {
-                self.state = State::Waiting { token };
+                self.state = State::Waiting { token, key_hash: request.key_hash };
                 Action::Pause
             }
             Err(e) => self.sidecar_failed(host, &format!("cannot call the sidecar: {e}")),
@@ -190,22 +221,31 @@ impl AuthFilter {
     /// when the sidecar is unreachable and 504 on timeout). Returns `Continue` when the adapter
     /// must resume the request.
     pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
-        if self.state != (State::Waiting { token }) {
-            host.log(LogLevel::Debug, "ignoring a call response with an unexpected token");
-            return Action::Pause;
-        }
+        let key_hash = match &self.state {
+            State::Waiting { token: t, key_hash } if *t == token => key_hash.clone(),
+            _ => {
+                host.log(LogLevel::Debug, "ignoring a call response with an unexpected token");
+                return Action::Pause;
+            }
+        };
         self.state = State::Done;
         match interpret(status, body) {
-            Ok(DecideResponse::Allow { tenant, key_id, plan, request_headers, response_headers }) => {
-                host.set_request_header(TENANT_HEADER, &tenant);
-                host.set_request_header(KEY_ID_HEADER, &key_id);
-                host.set_request_header(PLAN_HEADER, &plan);
-                for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
-                    host.set_request_header(&h.name, &h.value);
+            Ok(DecideResponse::Allow { tenant, key_id, plan, request_headers, response_headers, cache_for_ms }) => {
+                let ttl = cache_for_ms.unwrap_or(0).min(self.config.auth_cache_max_ttl.as_millis() as u64);
+                // Only an answer that is the same for every request of this key may be reused.
+                if ttl > 0 && response_headers.is_empty() {
+                    let entry = CachedAllow {
+                        until_ms: host.now_ms().saturating_add(ttl),
+                        tenant: tenant.clone(),
+                        key_id: key_id.clone(),
+                        plan: plan.clone(),
+                        request_headers: request_headers.clone(),
+                    };
+                    if let Ok(bytes) = serde_json::to_vec(&entry) {
+                        host.shared_set(&auth_cache_key(&key_hash), &bytes);
+                    }
                 }
-                self.response_headers = response_headers;
-                host.count(Metric::Allowed);
-                Action::Continue
+                self.allow(host, tenant, key_id, plan, request_headers, response_headers)
             }
             Ok(DecideResponse::Deny { status, error, message, response_headers }) => {
                 let status = if (400..=599).contains(&status) { status } else { 403 };
@@ -215,6 +255,35 @@ impl AuthFilter {
             }
             Err(why) => self.sidecar_failed(host, &why),
         }
+    }
+
+    fn cached_allow(&self, host: &impl Host, key_hash: &str) -> Option<CachedAllow> {
+        if self.config.auth_cache_max_ttl.is_zero() {
+            return None;
+        }
+        let bytes = host.shared_get(&auth_cache_key(key_hash))?;
+        let entry: CachedAllow = serde_json::from_slice(&bytes).ok()?;
+        (entry.until_ms > host.now_ms()).then_some(entry)
+    }
+
+    fn allow(
+        &mut self,
+        host: &mut impl Host,
+        tenant: String,
+        key_id: String,
+        plan: String,
+        request_headers: Vec<Header>,
+        response_headers: Vec<Header>,
+    ) -> Action {
+        host.set_request_header(TENANT_HEADER, &tenant);
+        host.set_request_header(KEY_ID_HEADER, &key_id);
+        host.set_request_header(PLAN_HEADER, &plan);
+        for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
+            host.set_request_header(&h.name, &h.value);
+        }
+        self.response_headers = response_headers;
+        host.count(Metric::Allowed);
+        Action::Continue
     }
 
     /// Adds the headers the decision asked for to the downstream response.

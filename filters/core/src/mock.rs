@@ -20,6 +20,8 @@ pub struct MockHost {
     pub reply: Option<Reply>,
     pub metrics: HashMap<Metric, u64>,
     pub logs: Vec<(LogLevel, String)>,
+    pub now_ms: u64,
+    pub shared: HashMap<String, Vec<u8>>,
 }
 
 impl MockHost {
@@ -30,6 +32,13 @@ impl MockHost {
         self.remove_request_header(name);
         self.request_headers.push((name.to_string(), value.to_string()));
         self
+    }
+    /// A host sharing `other`'s shared data and clock: the next request on the same Envoy.
+    pub fn next_request(other: &MockHost) -> MockHost {
+        let mut h = MockHost::new();
+        h.shared = other.shared.clone();
+        h.now_ms = other.now_ms;
+        h
     }
     pub fn with_dispatch_error(mut self, e: &str) -> MockHost {
         self.dispatch_error = Some(e.to_string());
@@ -55,6 +64,10 @@ impl MockHost {
         }
         for (_, l) in &self.logs {
             s.push_str(l);
+        }
+        for (k, v) in &self.shared {
+            s.push_str(k);
+            s.push_str(&String::from_utf8_lossy(v));
         }
         s
     }
@@ -99,5 +112,14 @@ impl Host for MockHost {
     }
     fn log(&mut self, level: LogLevel, message: &str) {
         self.logs.push((level, message.to_string()));
+    }
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
+        self.shared.get(key).cloned()
+    }
+    fn shared_set(&mut self, key: &str, value: &[u8]) {
+        self.shared.insert(key.to_string(), value.to_vec());
     }
 }

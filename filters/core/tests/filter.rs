@@ -161,3 +161,71 @@ fn every_metric_has_a_distinct_name() {
     assert_eq!(names.len(), dedup.len());
     assert!(names.contains(&"tollgate.requests.denied.unknown_key".to_string()));
 }
+
+fn allow_cacheable(ms: u64) -> Vec<u8> {
+    format!(r#"{{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":{ms}}}"#).into_bytes()
+}
+
+#[test]
+fn a_cacheable_allow_is_reused_without_a_call_until_it_expires() {
+    let mut first = MockHost::new().with_header("x-api-key", KEY);
+    first.now_ms = 1_000;
+    let mut f = filter("{}");
+    f.on_request_headers(&mut first);
+    assert_eq!(f.on_sidecar_response(&mut first, 1, Some(200), &allow_cacheable(300)), Action::Continue);
+    assert!(!first.everything_sent().contains(KEY), "raw key in shared data");
+
+    // Same Envoy, next request, 299 ms later: no call, same identity.
+    let mut second = MockHost::next_request(&first).with_header("x-api-key", KEY).with_header("x-tollgate-tenant", "evil");
+    second.now_ms = 1_299;
+    assert_eq!(filter("{}").on_request_headers(&mut second), Action::Continue);
+    assert!(second.calls.is_empty());
+    assert_eq!(second.header("x-tollgate-tenant"), Some("acme"));
+    assert_eq!(second.header("x-tollgate-key-id"), Some("key_7"));
+    assert_eq!(second.header("x-api-key"), None);
+    assert_eq!(second.count_of(Metric::AuthCacheHit), 1);
+    assert_eq!(second.count_of(Metric::Allowed), 1);
+
+    // At 300 ms the entry has expired: back to the sidecar.
+    let mut third = MockHost::next_request(&first).with_header("x-api-key", KEY);
+    third.now_ms = 1_300;
+    assert_eq!(filter("{}").on_request_headers(&mut third), Action::Pause);
+    assert_eq!(third.calls.len(), 1);
+
+    // Another key is not served from this entry.
+    let mut other = MockHost::next_request(&first).with_header("x-api-key", "another");
+    other.now_ms = 1_100;
+    assert_eq!(filter("{}").on_request_headers(&mut other), Action::Pause);
+}
+
+#[test]
+fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
+    // Capped to authCacheMaxTtl.
+    let mut h = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter(r#"{"authCacheMaxTtl":"100ms"}"#);
+    f.on_request_headers(&mut h);
+    f.on_sidecar_response(&mut h, 1, Some(200), &allow_cacheable(60_000));
+    let mut next = MockHost::next_request(&h).with_header("x-api-key", KEY);
+    next.now_ms = 100;
+    assert_eq!(filter(r#"{"authCacheMaxTtl":"100ms"}"#).on_request_headers(&mut next), Action::Pause);
+
+    // Disabled with 0ms.
+    let mut h = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter(r#"{"authCacheMaxTtl":"0ms"}"#);
+    f.on_request_headers(&mut h);
+    f.on_sidecar_response(&mut h, 1, Some(200), &allow_cacheable(300));
+    assert!(h.shared.is_empty());
+
+    // Not without cacheForMs, not with per-request response headers, never a deny.
+    for body in [
+        allow_body().to_vec(),
+        br#"{"verdict":"allow","tenant":"a","keyId":"k","plan":"p","cacheForMs":300,"responseHeaders":[{"name":"x","value":"1"}]}"#.to_vec(),
+        br#"{"verdict":"deny","status":401,"error":"revoked_key","message":"m"}"#.to_vec(),
+    ] {
+        let mut h = MockHost::new().with_header("x-api-key", KEY);
+        let mut f = filter("{}");
+        f.on_request_headers(&mut h);
+        f.on_sidecar_response(&mut h, 1, Some(200), &body);
+        assert!(h.shared.is_empty(), "cached: {}", String::from_utf8_lossy(&body));
+    }
+}

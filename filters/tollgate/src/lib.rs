@@ -113,6 +113,19 @@ impl Host for EnvoyHost<'_> {
             let _ = hostcalls::increment_metric(*id, 1);
         }
     }
+    fn now_ms(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
+        hostcalls::get_shared_data(key).ok().and_then(|(v, _)| v)
+    }
+    fn shared_set(&mut self, key: &str, value: &[u8]) {
+        // Unconditional: racing writers store equally valid answers; the last one wins.
+        let _ = hostcalls::set_shared_data(key, Some(value), None);
+    }
     fn log(&mut self, level: LogLevel, message: &str) {
         let level = match level {
             LogLevel::Debug => WasmLogLevel::Debug,

@@ -61,6 +61,10 @@ pub enum DecideResponse {
         /// Headers for the downstream response (e.g. rate-limit headers, later).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         response_headers: Vec<Header>,
+        /// The filter may reuse this answer for the same key hash, without a call, for up to this
+        /// many milliseconds. Absent when the answer is per-request (limits, stale data).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_for_ms: Option<u64>,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
@@ -109,6 +113,7 @@ mod tests {
             plan: "free".into(),
             request_headers: vec![],
             response_headers: vec![],
+            cache_for_ms: None,
         };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"verdict":"allow","tenant":"acme","keyId":"key_1","plan":"free"}"#);
