@@ -1,4 +1,5 @@
-//! `tollgate-bench`: Envoy alone vs Envoy + Tollgate, measured in one run, interleaved.
+//! `tollgate-bench`: Envoy alone vs Envoy + Tollgate (auth cache on, and off = one callout per
+//! request), measured in one run, interleaved.
 //!
 //! Every configuration runs against the same in-process echo upstream; Envoy runs with
 //! `--concurrency 1` pinned to CPU 0 and wrk (`-t1`) pinned to CPU 1; the sidecar, Redis and the
@@ -84,10 +85,21 @@ fn main() {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed"}"#)
     });
-    assert_eq!(get(&tollgate.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
+    // The same filter with its auth cache off: one callout per request.
+    let callout = Envoy::start(EnvoyOptions {
+        cpu: Some(0),
+        ..EnvoyOptions::new(upstream.port, sidecar.port)
+            .plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#)
+    });
+    for e in [&tollgate, &callout] {
+        assert_eq!(get(&e.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
+    }
 
-    let configs: [(&str, &Envoy, Option<&str>); 2] =
-        [("envoy-alone", &baseline, None), ("tollgate-auth", &tollgate, Some(key.raw.as_str()))];
+    let configs: [(&str, &Envoy, Option<&str>); 3] = [
+        ("envoy-alone", &baseline, None),
+        ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
+        ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
+    ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
     eprintln!("benchmark: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns}, Envoy --concurrency 1 on CPU 0, wrk on CPU 1");
     for round in 0..rounds {
@@ -109,7 +121,7 @@ fn main() {
                 requests: reqs,
                 non_2xx: non2xx,
             };
-            eprintln!("round {} {:<14} {:>9.0} rps  p50 {:.2} ms  p99 {:.2} ms  non-2xx {}", round + 1, name, s.rps, s.p50_ms, s.p99_ms, s.non_2xx);
+            eprintln!("round {} {:<36} {:>9.0} rps  p50 {:.2} ms  p99 {:.2} ms  non-2xx {}", round + 1, name, s.rps, s.p50_ms, s.p99_ms, s.non_2xx);
             samples[i].push(s);
         }
     }
@@ -161,6 +173,6 @@ fn main() {
     });
     let _ = std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&doc).unwrap_or_default());
     println!("\nwrote .tollgate/bench/summary.json");
-    drop((tollgate, baseline, sidecar, redis, upstream));
+    drop((tollgate, callout, baseline, sidecar, redis, upstream));
 }
 
