@@ -81,6 +81,8 @@ test_env() {
 
 run_tests() {
   test_env
+  log "lint: clippy (filter crates deny unwrap/expect/panic outside tests)"
+  cargo clippy -q --release --workspace --all-targets -- -D warnings
   log "tier 1: native unit tests (filter logic via mock host, sidecar logic)"
   cargo test -q --release -p tollgate-wire -p tollgate-filter-core
   cargo test -q --release -p tollgate-sidecar --lib --bins

@@ -184,6 +184,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
     fn environment_overrides_the_file_and_is_checked_too() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("s.toml", "[redis]\nurl = \"redis://file:1/\"\ntimeout = \"9ms\"")?;

@@ -11,8 +11,7 @@ use tollgate_tests::{get, poll_until, Redis, Resp};
 use tollgate_wire::{DecideRequest, DecideResponse};
 
 fn config(redis: &Redis) -> Config {
-    let mut c = Config::default();
-    c.listen = "127.0.0.1:0".parse().unwrap();
+    let mut c = Config { listen: "127.0.0.1:0".parse().unwrap(), ..Config::default() };
     c.redis.url = redis.url();
     c.redis.timeout = Duration::from_millis(300);
     c

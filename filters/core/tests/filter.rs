@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The filter's behaviour through a mock host. The same tests run natively and, on
 //! wasm32-unknown-unknown, under wasm-bindgen-test (node): the logic is what ships in the .wasm.
 
