@@ -97,6 +97,7 @@ pub fn verdict(record: Option<&KeyRecord>, now: u64) -> DecideResponse {
         status: 401,
         error: code.to_string(),
         message: message.to_string(),
+        limit: None,
         response_headers: vec![],
     };
     match record {
@@ -110,6 +111,7 @@ pub fn verdict(record: Option<&KeyRecord>, now: u64) -> DecideResponse {
             request_headers: vec![],
             response_headers: vec![],
             cache_for_ms: None,
+            ticket: None,
         },
     }
 }

@@ -25,6 +25,8 @@ pub struct Config {
     pub redis: RedisConfig,
     pub cache: CacheConfig,
     pub log: LogConfig,
+    /// Plans by name, each a list of limits (docs/configuration.md). A key's `plan` selects one.
+    pub plans: std::collections::BTreeMap<String, crate::limits::PlanConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +84,7 @@ impl Default for Config {
             redis: RedisConfig::default(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
+            plans: Default::default(),
         }
     }
 }
@@ -161,6 +164,7 @@ impl Config {
         if self.cache.max_entries == 0 {
             return bad("cache.max_entries: must be at least 1");
         }
+        crate::limits::Plans::compile(&self.plans).map_err(ConfigError::Invalid)?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return bad("log.level: not a tracing filter directive");
         }
@@ -198,6 +202,14 @@ mod tests {
             assert!(err.contains("timout"), "{err}");
             Ok(())
         });
+    }
+
+    #[test]
+    fn plans_are_read_and_checked() {
+        let c = Config::from_toml("[[plans.demo.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 10\n").unwrap();
+        assert_eq!(c.plans["demo"].limits[0].limit, 10);
+        let err = Config::from_toml("[[plans.demo.limits]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 0\n").unwrap_err().to_string();
+        assert!(err.contains("plans.demo.limits[0].limit"), "{err}");
     }
 
     #[test]

@@ -1,20 +1,27 @@
-//! The decision path: a filter's [`DecideRequest`] in, a [`DecideResponse`] out.
+//! The decision path: a filter's [`DecideRequest`] in, a [`DecideResponse`] out; and the
+//! completion path that settles what an allowed request held.
 //!
-//! Today a decision is authentication: the key hash is looked up (local cache first, then one
-//! Redis HGETALL) and judged by [`apikey::verdict`]. Limits, quotas and routing will join this
-//! same function so that a request still costs one call and one Redis round trip.
+//! A decision is authentication (the key hash, from the local cache or one Redis HGETALL) and then
+//! every limit of the key's plan in ONE `decide.lua` call. With the key record cached (the usual
+//! case) a decision costs one Redis round trip; without limits, none.
 //!
-//! When Redis fails, a cached answer within the stale grace is used; otherwise the decision is
-//! [`DecideError::Unavailable`] and the filter applies its configured failure mode.
+//! Failures: when Redis cannot answer the key lookup, a cached answer within the stale grace is
+//! used, else [`DecideError::Unavailable`] (the filter's failure mode applies). When it cannot
+//! answer the limits, each limit's failure mode applies: any fail-closed limit → 503
+//! `limits_unavailable`; all fail-open → allowed without limit headers.
 
 use crate::apikey::{self, KeyRecord};
 use crate::cache::{Lookup, TtlCache};
+use crate::clock::Clock;
 use crate::config::CacheConfig;
-use crate::keys::{Id, KeyHash};
+use crate::keys::{ConcurrencyKey, Id, KeyHash, ReservationKey, Subject, TokenBudgetKey};
+use crate::limits::{self, LimitFailureMode, Plans, RequestCtx};
 use crate::metrics as m;
-use crate::store::Store;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tollgate_wire::{codes, DecideRequest, DecideResponse};
+use crate::store::{CompleteCall, Store, StoreError};
+use rand::distr::{Alphanumeric, SampleString};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse, Header};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecideError {
@@ -30,26 +37,28 @@ pub struct Decider {
     cache: TtlCache<KeyHash, Option<KeyRecord>>,
     /// Keys audited recently by this process: spares Redis the SET NX on every repeat.
     audited: TtlCache<Id, ()>,
+    /// Shadow denials logged recently, per limit (a log line at most once a minute each).
+    shadow_logged: TtlCache<String, ()>,
+    plans: Plans,
+    clock: Arc<dyn Clock>,
 }
 
 /// Wall-clock unix seconds.
 pub fn unix_now() -> u64 {
-    unix_now_ms() / 1000
-}
-
-/// Wall-clock unix milliseconds.
-pub fn unix_now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    crate::clock::SystemClock.now_ms() / 1000
 }
 
 impl Decider {
-    pub fn new(store: Store, cache: &CacheConfig) -> Decider {
-        let audit_window = Duration::from_secs(60);
+    pub fn new(store: Store, cache: &CacheConfig, plans: Plans, clock: Arc<dyn Clock>) -> Decider {
+        let minute = Duration::from_secs(60);
         Decider {
             store,
             ttl: cache.ttl,
             cache: TtlCache::new(cache.ttl, cache.stale_grace, cache.max_entries),
-            audited: TtlCache::new(audit_window, audit_window, cache.max_entries),
+            audited: TtlCache::new(minute, minute, cache.max_entries),
+            shadow_logged: TtlCache::new(minute, minute, 10_000),
+            plans,
+            clock,
         }
     }
 
@@ -57,17 +66,20 @@ impl Decider {
         let hash = KeyHash::parse(&req.key_hash)
             .ok_or_else(|| DecideError::BadRequest("keyHash must be 64 lowercase hex characters".into()))?;
         let (record, fresh_for) = self.record(&hash).await?;
-        let now_ms = unix_now_ms();
+        let now_ms = self.clock.now_ms();
         let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
-        if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
-            // The filter may reuse the answer while ours is fresh, never past the key's expiry:
-            // a revocation still applies within one cache TTL end to end.
-            let until_expiry = record
-                .as_ref()
-                .and_then(|r| r.expires_at)
-                .map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
-            let ms = (fresh_for.as_millis() as u64).min(until_expiry);
-            *cache_for_ms = (ms > 0).then_some(ms);
+        if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
+            let limits = self.plans.limits(r.plan.as_str());
+            if !limits.is_empty() {
+                response = self.limit(r, limits, req, now_ms).await;
+            } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
+                // No limits: the answer is the same for every request of this key, so the filter
+                // may reuse it while ours is fresh — never past the key's expiry: a revocation
+                // still applies within one cache TTL end to end.
+                let until_expiry = r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
+                let ms = (fresh_for.as_millis() as u64).min(until_expiry);
+                *cache_for_ms = (ms > 0).then_some(ms);
+            }
         }
         match &response {
             DecideResponse::Allow { .. } => {
@@ -84,6 +96,90 @@ impl Decider {
             }
         }
         Ok(response)
+    }
+
+    /// Runs every limit of the plan in one script call and turns the reply into the answer.
+    async fn limit(&self, r: &KeyRecord, limits: &[limits::Limit], req: &DecideRequest, now_ms: u64) -> DecideResponse {
+        let request_id = req
+            .request_id
+            .as_deref()
+            .and_then(Id::parse)
+            .unwrap_or_else(|| Id::parse(&Alphanumeric.sample_string(&mut rand::rng(), 24)).expect("alphanumeric id"));
+        let ctx = RequestCtx {
+            tenant: &r.tenant,
+            key_id: &r.key_id,
+            product: None,
+            client_ip: req.client_ip.as_deref().and_then(|s| s.parse().ok()),
+            headers: &req.headers,
+            request_id: &request_id,
+            now_ms,
+            token_estimate: None,
+        };
+        let inv = limits::invocation(limits, &ctx);
+        let verdict = match self.store.run_decide(&inv).await {
+            Ok(reply) => limits::read_reply(&reply, inv.meta.len()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let allow = |response_headers: Vec<Header>, ticket| DecideResponse::Allow {
+            tenant: r.tenant.to_string(),
+            key_id: r.key_id.to_string(),
+            plan: r.plan.to_string(),
+            request_headers: vec![],
+            response_headers,
+            cache_for_ms: None,
+            ticket,
+        };
+        let verdict = match verdict {
+            Ok(v) => v,
+            Err(why) => {
+                let closed = inv.meta.iter().any(|m| !m.shadow && m.failure_mode == LimitFailureMode::Closed);
+                let mode = if closed { "closed" } else { "open" };
+                metrics::counter!(m::LIMITS_FAILED, "mode" => mode).increment(1);
+                tracing::debug!(error = %why, mode, "limits could not be checked");
+                return if closed {
+                    DecideResponse::Deny {
+                        status: 503,
+                        error: codes::LIMITS_UNAVAILABLE.into(),
+                        message: "rate limits cannot be checked right now".into(),
+                        limit: None,
+                        response_headers: vec![Header::new("retry-after", "1")],
+                    }
+                } else {
+                    allow(vec![], None)
+                };
+            }
+        };
+        for (meta, state) in inv.meta.iter().zip(&verdict.states) {
+            if meta.shadow && state.would_deny {
+                metrics::counter!(m::SHADOW_DENIALS, "limit" => meta.name.clone()).increment(1);
+                let key = format!("{}/{}", r.tenant, meta.name);
+                let now = Instant::now();
+                if !matches!(self.shadow_logged.get(&key, now), Lookup::Fresh(..)) {
+                    self.shadow_logged.insert(key, (), now);
+                    tracing::info!(tenant = %r.tenant, plan = %r.plan, limit = %meta.name, "shadow limit would deny (logged at most once a minute)");
+                }
+            }
+        }
+        match verdict.denied {
+            Some(i) => {
+                let (meta, state) = (&inv.meta[i], &verdict.states[i]);
+                let mut headers = vec![Header::new("retry-after", state.reset_ms.div_ceil(1000).max(1).to_string())];
+                headers.extend(limits::ratelimit_headers(meta, state));
+                DecideResponse::Deny {
+                    status: 429,
+                    error: limits::deny_code(meta.algorithm).into(),
+                    message: format!("limit '{}' exceeded", meta.name),
+                    limit: Some(meta.name.clone()),
+                    response_headers: headers,
+                }
+            }
+            None => {
+                let headers = limits::nearest(&inv.meta, &verdict.states)
+                    .map(|i| limits::ratelimit_headers(&inv.meta[i], &verdict.states[i]).to_vec())
+                    .unwrap_or_default();
+                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id))
+            }
+        }
     }
 
     /// The record of `hash` and, when it is fresh, how long it stays so.
@@ -118,11 +214,63 @@ impl Decider {
         }
     }
 
+    /// Settles one completed request: its token reservations (actual vs reserved) and its
+    /// concurrency slots. Idempotent (a retried report changes nothing twice).
+    pub async fn complete(&self, c: &Completion) -> Result<(), CompleteError> {
+        let t = &c.ticket;
+        let bad = |what: &str| CompleteError::BadTicket(what.to_string());
+        let tenant = Id::parse(&t.tenant).ok_or_else(|| bad("tenant"))?;
+        let request_id = Id::parse(&t.request_id).ok_or_else(|| bad("requestId"))?;
+        let mut slots = Vec::new();
+        for s in &t.slots {
+            let limit = Id::parse(&s.limit).ok_or_else(|| bad("slots.limit"))?;
+            let subject = Subject::parse(&s.subject).ok_or_else(|| bad("slots.subject"))?;
+            slots.push(ConcurrencyKey::new(&tenant, &limit, &subject));
+        }
+        let mut calls = Vec::new();
+        for b in &t.budgets {
+            let limit = Id::parse(&b.limit).ok_or_else(|| bad("budgets.limit"))?;
+            let subject = Subject::parse(&b.subject).ok_or_else(|| bad("budgets.subject"))?;
+            if !(190_001..=999_912).contains(&b.period) {
+                return Err(bad("budgets.period"));
+            }
+            calls.push(CompleteCall {
+                budget: Some((
+                    TokenBudgetKey::new(&tenant, &limit, &subject, b.period),
+                    ReservationKey::new(&tenant, &request_id),
+                )),
+                slot: slots.pop(),
+                // No usage reported: the reservation stands as the charge.
+                actual: c.tokens.unwrap_or(b.reserved),
+                estimate: b.reserved,
+                request_id: request_id.to_string(),
+            });
+        }
+        for slot in slots {
+            calls.push(CompleteCall { budget: None, slot: Some(slot), actual: 0, estimate: 0, request_id: request_id.to_string() });
+        }
+        for call in calls {
+            let (delta, found) = self.store.run_complete(call).await?;
+            let outcome = match found {
+                1 => "reconciled",
+                2 => "duplicate",
+                _ => "expired",
+            };
+            metrics::counter!(m::COMPLETIONS, "outcome" => outcome).increment(1);
+            if delta > 0 {
+                metrics::counter!(m::BUDGET_DELTA, "direction" => "overrun").increment(delta as u64);
+            } else if delta < 0 {
+                metrics::counter!(m::BUDGET_DELTA, "direction" => "refund").increment(delta.unsigned_abs());
+            }
+        }
+        Ok(())
+    }
+
     /// One audit line per key per hour (`apikey:authfail:{keyId}`), fail-open: if Redis cannot
     /// say, the line is written anyway. Runs off the request path.
     fn audit(&self, record: &KeyRecord, reason: &'static str) {
         let now = Instant::now();
-        if matches!(self.audited.get(&record.key_id, now), Lookup::Fresh((), _)) {
+        if matches!(self.audited.get(&record.key_id, now), Lookup::Fresh(..)) {
             return;
         }
         self.audited.insert(record.key_id.clone(), (), now);
@@ -136,4 +284,12 @@ impl Decider {
             }
         });
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompleteError {
+    #[error("invalid ticket field {0}")]
+    BadTicket(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }

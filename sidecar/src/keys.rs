@@ -9,6 +9,18 @@
 //! - `apikey-id:{keyId}` — string, the record's key hash, to find it by id (store of record).
 //! - `apikey-index:{tenant}` — set of key ids of one tenant (store of record; seed 004).
 //! - `apikey:authfail:{keyId}` — string `1`, audit throttle, `SET … EX 3600 NX` (seed 002).
+//!
+//! Limit families (sidecar/lua/decide.lua, complete.lua). Every key of one decision carries the
+//! same hash tag, the tenant (`{acme}`), so one script touches one Cluster slot: the seeds'
+//! `{keyId}`-style placeholders become `{tenant}:…` here (docs/redis-keys.md says so per row).
+//! - `rl:{tenant}:{limit}:{subject}:{bucket}` — fixed window counter, TTL 2 × window (seed 004).
+//! - `rate:{tenant}:{limit}:{subject}:{bucket}` — sliding-window counter, TTL 2 × window (seed 003).
+//! - `q:rps:{tenant}:{limit}:{subject}` — token bucket hash (tokens, ts), TTL 2 × refill time (seed 000).
+//! - `rl:api|auth:{tenant}:{limit}:{subject}` — sliding log zset, PEXPIRE window (seed 002).
+//! - `q:tokens:{tenant}:{limit}:{subject}:{yyyyMM}` — monthly token counter, 40 days (seed 000).
+//! - `q:reserved:{tenant}:{requestId}` — a request's token reservation, 5 minutes (seed 000).
+//! - `q:conc:{tenant}:{limit}:{subject}` — in-flight zset scored by start ms, PEXPIRE slot timeout
+//!   (seed 000 has a Set; a scored zset lets the script prune slots whose completion never came).
 
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 use std::fmt;
@@ -88,6 +100,134 @@ redis_key!(
     AuthFailKey
 );
 
+redis_key!(
+    /// `rl:{tenant}:{limit}:{subject}:{bucket}` — fixed-window counter.
+    FixedWindowKey
+);
+redis_key!(
+    /// `rate:{tenant}:{limit}:{subject}:{bucket}` — sliding-window counter bucket.
+    SlidingWindowKey
+);
+redis_key!(
+    /// `q:rps:{tenant}:{limit}:{subject}` — token bucket hash.
+    TokenBucketKey
+);
+redis_key!(
+    /// `rl:api:{tenant}:{limit}:{subject}` or `rl:auth:…` — sliding log zset.
+    SlidingLogKey
+);
+redis_key!(
+    /// `q:tokens:{tenant}:{limit}:{subject}:{yyyyMM}` — monthly token counter.
+    TokenBudgetKey
+);
+redis_key!(
+    /// `q:reserved:{tenant}:{requestId}` — a pending token reservation.
+    ReservationKey
+);
+redis_key!(
+    /// `q:conc:{tenant}:{limit}:{subject}` — in-flight request ids scored by start time.
+    ConcurrencyKey
+);
+
+/// What a limit counts per: a key, the tenant, a product, a client IP, a header value.
+/// Always a safe key segment (no spaces, braces or colons-free guarantees are not needed after
+/// the hash tag, but length and charset are bounded).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Subject(String);
+
+impl Subject {
+    pub fn key(key_id: &Id) -> Subject {
+        Subject(format!("k.{key_id}"))
+    }
+    pub fn tenant() -> Subject {
+        Subject("t".into())
+    }
+    pub fn product(product: &Id) -> Subject {
+        Subject(format!("p.{product}"))
+    }
+    pub fn ip(ip: std::net::IpAddr) -> Subject {
+        Subject(format!("ip.{ip}"))
+    }
+    /// A header's value; long or unusual values are replaced by their sha256 prefix.
+    pub fn header(name: &str, value: Option<&str>) -> Subject {
+        let v = match value {
+            None => "-".to_string(),
+            Some(v) if v.len() <= 64 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b)) => v.to_string(),
+            Some(v) => {
+                use sha2::{Digest, Sha256};
+                let d = Sha256::digest(v.as_bytes());
+                format!("x{}", d.iter().take(12).map(|b| format!("{b:02x}")).collect::<String>())
+            }
+        };
+        Subject(format!("h.{}.{v}", name.to_ascii_lowercase()))
+    }
+    /// A subject echoed back by the filter in a completion ticket (validated, not trusted).
+    pub fn parse(s: &str) -> Option<Subject> {
+        let ok = !s.is_empty()
+            && s.len() <= 160
+            && s.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'{' | b'}'));
+        ok.then(|| Subject(s.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The tenant's hash tag: every limit key of one decision shares it (one Cluster slot).
+fn tag(tenant: &Id) -> String {
+    format!("{{{tenant}}}")
+}
+
+impl FixedWindowKey {
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, bucket: u64) -> Self {
+        Self(format!("rl:{}:{limit}:{}:{bucket}", tag(tenant), subject.as_str()))
+    }
+}
+
+impl SlidingWindowKey {
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, bucket: u64) -> Self {
+        Self(format!("rate:{}:{limit}:{}:{bucket}", tag(tenant), subject.as_str()))
+    }
+}
+
+impl TokenBucketKey {
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject) -> Self {
+        Self(format!("q:rps:{}:{limit}:{}", tag(tenant), subject.as_str()))
+    }
+}
+
+impl SlidingLogKey {
+    /// `auth_class`: the credential-route bucket (`rl:auth:`) instead of `rl:api:`.
+    pub fn new(auth_class: bool, tenant: &Id, limit: &Id, subject: &Subject) -> Self {
+        let class = if auth_class { "auth" } else { "api" };
+        Self(format!("rl:{class}:{}:{limit}:{}", tag(tenant), subject.as_str()))
+    }
+}
+
+impl TokenBudgetKey {
+    /// `period` is `yyyyMM`.
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, period: u32) -> Self {
+        Self(format!("q:tokens:{}:{limit}:{}:{period:06}", tag(tenant), subject.as_str()))
+    }
+}
+
+impl ReservationKey {
+    pub fn new(tenant: &Id, request_id: &Id) -> Self {
+        Self(format!("q:reserved:{}:{request_id}", tag(tenant)))
+    }
+}
+
+impl ConcurrencyKey {
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject) -> Self {
+        Self(format!("q:conc:{}:{limit}:{}", tag(tenant), subject.as_str()))
+    }
+}
+
+/// TTL of [`TokenBudgetKey`]: 40 days (seed 000).
+pub const TOKEN_BUDGET_TTL_MS: u64 = 40 * 24 * 3600 * 1000;
+/// TTL of [`ReservationKey`]: 5 minutes, set on every write (seed 000).
+pub const RESERVATION_TTL_MS: u64 = 5 * 60 * 1000;
+
 /// TTL of [`AuthFailKey`]: one audit line per key per hour (seed 002).
 pub const AUTH_FAIL_TTL_SECS: u64 = 3600;
 
@@ -136,6 +276,33 @@ mod tests {
         assert_eq!(ApiKeyIndexKey::new(&t).as_str(), "apikey-index:acme");
         assert_eq!(AuthFailKey::new(&id).as_str(), "apikey:authfail:key_0123");
         assert_eq!(ApiKeyIdKey::key_id_of("apikey-id:key_0123"), Some(id));
+    }
+
+    #[test]
+    fn golden_limit_formats_share_the_tenant_tag() {
+        let t = Id::parse("acme").unwrap();
+        let l = Id::parse("per-min").unwrap();
+        let k = Subject::key(&Id::parse("key_1").unwrap());
+        assert_eq!(FixedWindowKey::new(&t, &l, &k, 29_000_000).as_str(), "rl:{acme}:per-min:k.key_1:29000000");
+        assert_eq!(SlidingWindowKey::new(&t, &l, &Subject::tenant(), 7).as_str(), "rate:{acme}:per-min:t:7");
+        assert_eq!(TokenBucketKey::new(&t, &l, &k).as_str(), "q:rps:{acme}:per-min:k.key_1");
+        assert_eq!(SlidingLogKey::new(false, &t, &l, &Subject::ip("10.0.0.1".parse().unwrap())).as_str(), "rl:api:{acme}:per-min:ip.10.0.0.1");
+        assert_eq!(SlidingLogKey::new(true, &t, &l, &k).as_str(), "rl:auth:{acme}:per-min:k.key_1");
+        assert_eq!(TokenBudgetKey::new(&t, &l, &k, 202611).as_str(), "q:tokens:{acme}:per-min:k.key_1:202611");
+        assert_eq!(ReservationKey::new(&t, &Id::parse("req-1").unwrap()).as_str(), "q:reserved:{acme}:req-1");
+        assert_eq!(ConcurrencyKey::new(&t, &l, &k).as_str(), "q:conc:{acme}:per-min:k.key_1");
+        assert_eq!(Subject::product(&Id::parse("chat").unwrap()).as_str(), "p.chat");
+    }
+
+    #[test]
+    fn header_subjects_are_bounded() {
+        assert_eq!(Subject::header("X-User", Some("u-1")).as_str(), "h.x-user.u-1");
+        assert_eq!(Subject::header("x-user", None).as_str(), "h.x-user.-");
+        let long = Subject::header("x-user", Some(&"a b{".repeat(100)));
+        assert!(long.as_str().len() < 40 && !long.as_str().contains('{'), "{}", long.as_str());
+        assert!(Subject::parse("k.key_1").is_some());
+        assert!(Subject::parse("a{b}").is_none());
+        assert!(Subject::parse("a b").is_none());
     }
 
     #[test]

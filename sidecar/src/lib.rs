@@ -3,9 +3,11 @@
 
 pub mod apikey;
 pub mod cache;
+pub mod clock;
 pub mod config;
 pub mod decide;
 pub mod keys;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod store;
@@ -23,6 +25,8 @@ pub enum Error {
     Store(#[from] store::StoreError),
     #[error("server: {0}")]
     Serve(std::io::Error),
+    #[error("configuration: {0}")]
+    Config(String),
 }
 
 /// A bound, not yet serving sidecar.
@@ -35,12 +39,22 @@ impl Sidecar {
     /// Binds the listener (port 0 picks a free one) and prepares the store; does not need Redis
     /// to be up.
     pub async fn bind(config: &Config) -> Result<Sidecar, Error> {
+        Self::bind_with_clock(config, std::sync::Arc::new(clock::SystemClock)).await
+    }
+
+    /// As [`Sidecar::bind`], with the clock the limits use (tests drive a `ManualClock`).
+    pub async fn bind_with_clock(config: &Config, clock: Arc<dyn clock::Clock>) -> Result<Sidecar, Error> {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
         let store = store::Store::new(&config.redis)?;
         let state = Arc::new(server::AppState {
-            decider: decide::Decider::new(store.clone(), &config.cache),
+            decider: decide::Decider::new(
+                store.clone(),
+                &config.cache,
+                limits::Plans::compile(&config.plans).map_err(Error::Config)?,
+                clock,
+            ),
             store,
             prometheus: metrics::handle(),
         });

@@ -12,6 +12,14 @@ pub const CACHE: &str = "tollgate_sidecar_key_cache_total";
 pub const REDIS_SECONDS: &str = "tollgate_sidecar_redis_seconds";
 /// Redis command errors, labelled `op` and `kind` (transient | other).
 pub const REDIS_ERRORS: &str = "tollgate_sidecar_redis_errors_total";
+/// Limit checks Redis could not answer, labelled `mode` (open | closed: what was applied).
+pub const LIMITS_FAILED: &str = "tollgate_sidecar_limits_unavailable_total";
+/// Requests a shadow limit would have denied, labelled `limit`.
+pub const SHADOW_DENIALS: &str = "tollgate_sidecar_shadow_denials_total";
+/// Completion reports settled, labelled `outcome` (reconciled | expired | duplicate).
+pub const COMPLETIONS: &str = "tollgate_sidecar_completions_total";
+/// Tokens moved at reconciliation, labelled `direction` (refund | overrun).
+pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total";
 /// Audit lines written for revoked/expired key use.
 pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 

@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
-use tollgate_wire::{DecideRequest, ErrorBody, DECIDE_PATH};
+use tollgate_wire::{CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
 
 pub struct AppState {
     pub decider: Decider,
@@ -26,6 +26,7 @@ pub struct AppState {
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route(DECIDE_PATH, post(decide))
+        .route(COMPLETIONS_PATH, post(completions))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
         .with_state(state)
@@ -36,7 +37,7 @@ fn json(status: StatusCode, body: Vec<u8>) -> Response {
 }
 
 fn error(status: StatusCode, code: &str, message: String) -> Response {
-    let body = serde_json::to_vec(&ErrorBody { error: code.into(), message }).unwrap_or_default();
+    let body = serde_json::to_vec(&ErrorBody { error: code.into(), message, limit: None }).unwrap_or_default();
     json(status, body)
 }
 
@@ -53,6 +54,30 @@ async fn decide(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Err(DecideError::BadRequest(m)) => error(StatusCode::BAD_REQUEST, "bad_request", m),
         Err(DecideError::Unavailable(m)) => error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", m),
     }
+}
+
+/// Settles a batch of completion reports. 200 when every report is settled (or refused as
+/// invalid, which retrying cannot fix); 503 when Redis failed, so the filter retries the batch —
+/// settling is idempotent, so reports already settled are not counted twice.
+async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let batch: CompletionBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid completion batch: {e}")),
+    };
+    let mut invalid = 0usize;
+    for c in &batch.completions {
+        match state.decider.complete(c).await {
+            Ok(()) => {}
+            Err(crate::decide::CompleteError::BadTicket(what)) => {
+                invalid += 1;
+                tracing::debug!(field = %what, "refused a completion with an invalid ticket");
+            }
+            Err(crate::decide::CompleteError::Store(e)) => {
+                return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string());
+            }
+        }
+    }
+    json(StatusCode::OK, format!(r#"{{"settled":{},"invalid":{invalid}}}"#, batch.completions.len() - invalid).into_bytes())
 }
 
 async fn healthz(State(state): State<Arc<AppState>>) -> Response {

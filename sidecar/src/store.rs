@@ -9,7 +9,26 @@
 
 use crate::apikey::{KeyRecord, KeyStatus};
 use crate::config::RedisConfig;
-use crate::keys::{ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, AuthFailKey, Id, KeyHash, API_KEY_ID_PATTERN, AUTH_FAIL_TTL_SECS};
+use crate::keys::{
+    ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, AuthFailKey, ConcurrencyKey, Id, KeyHash, ReservationKey, TokenBudgetKey,
+    API_KEY_ID_PATTERN, AUTH_FAIL_TTL_SECS, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS,
+};
+use std::sync::LazyLock;
+
+/// `sidecar/lua/decide.lua`: every limit of a request, check-all-then-take-all.
+static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../lua/decide.lua")));
+/// `sidecar/lua/complete.lua`: settle a reservation, free a slot.
+static COMPLETE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../lua/complete.lua")));
+
+/// One `complete.lua` call.
+#[derive(Debug, Clone)]
+pub struct CompleteCall {
+    pub budget: Option<(TokenBudgetKey, ReservationKey)>,
+    pub slot: Option<ConcurrencyKey>,
+    pub actual: u64,
+    pub estimate: u64,
+    pub request_id: String,
+}
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands;
 use std::collections::HashMap;
@@ -177,6 +196,48 @@ impl Store {
         let set: Option<String> = self.run("set_authfail", |mut c| async move { c.set_options(key, 1, opts).await }).await?;
         Ok(set.is_some())
     }
+
+    /// Runs `decide.lua` for all of a request's limits: one round trip.
+    pub async fn run_decide(&self, inv: &crate::limits::Invocation) -> Result<Vec<i64>, StoreError> {
+        let keys = inv.keys.clone();
+        let args = inv.args.clone();
+        self.run("decide_lua", |mut c| async move {
+            let mut call = DECIDE_SCRIPT.prepare_invoke();
+            for k in &keys {
+                call.key(k);
+            }
+            for a in &args {
+                call.arg(a);
+            }
+            call.invoke_async(&mut c).await
+        })
+        .await
+    }
+
+    /// Runs `complete.lua` for one budget reservation and/or one concurrency slot.
+    pub async fn run_complete(&self, call: CompleteCall) -> Result<(i64, i64), StoreError> {
+        self.run_with_deadline("complete_lua", Self::BATCH_DEADLINE, |mut c| async move {
+            let mut inv = COMPLETE_SCRIPT.prepare_invoke();
+            if let Some((counter, reservation)) = &call.budget {
+                inv.key(counter.as_str()).key(reservation.as_str());
+            }
+            if let Some(slot) = &call.slot {
+                inv.key(slot.as_str());
+            }
+            inv.arg(call.actual)
+                .arg(call.estimate)
+                .arg(&call.request_id)
+                .arg(TOKEN_BUDGET_TTL_MS)
+                .arg(if call.budget.is_some() { "1" } else { "0" })
+                .arg(if call.slot.is_some() { "1" } else { "0" })
+                .arg(RESERVATION_TTL_MS);
+            let (delta, found): (i64, i64) = inv.invoke_async(&mut c).await?;
+            Ok((delta, found))
+        })
+        .await
+    }
+
+    const BATCH_DEADLINE: Duration = Duration::from_secs(2);
 
     // ---- admin path (generous deadlines: a person or a script is waiting, not a request) ----
 

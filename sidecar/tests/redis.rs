@@ -51,6 +51,7 @@ impl Running {
             path: "/".into(),
             request_id: None,
             client_ip: None,
+            headers: vec![],
         })
         .unwrap();
         self.post("/v1/decide", body).await

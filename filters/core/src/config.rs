@@ -60,6 +60,29 @@ struct RawConfig {
     key_sources: Vec<KeySource>,
     #[serde(default = "default_auth_cache_max_ttl")]
     auth_cache_max_ttl: String,
+    #[serde(default)]
+    forward_headers: Vec<String>,
+    #[serde(default = "default_token_usage")]
+    token_usage: TokenUsage,
+    #[serde(default = "default_flush_interval")]
+    completion_flush_interval: String,
+}
+
+/// Where the tokens a request used come from, for token budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TokenUsage {
+    /// `usage.total_tokens` of the JSON (or SSE) response body.
+    ResponseJson,
+    /// Not read: the reservation (estimate) stands as the charge.
+    None,
+}
+
+fn default_token_usage() -> TokenUsage {
+    TokenUsage::ResponseJson
+}
+fn default_flush_interval() -> String {
+    "100ms".into()
 }
 
 fn default_cluster() -> String {
@@ -100,6 +123,12 @@ pub struct FilterConfig {
     /// Upper bound on how long an allow answer is reused from the VM-wide cache without a call
     /// (the sidecar proposes the time; zero disables the cache).
     pub auth_cache_max_ttl: Duration,
+    /// Request headers whose values are sent with the decision (for header-subject limits).
+    pub forward_headers: Vec<String>,
+    /// Read `usage.total_tokens` from responses of requests holding a token reservation.
+    pub token_usage_from_response: bool,
+    /// How often each worker flushes its completion reports.
+    pub completion_flush_interval: Duration,
 }
 
 impl Default for FilterConfig {
@@ -111,6 +140,9 @@ impl Default for FilterConfig {
             failure_mode: FailureMode::Closed,
             key_sources: default_key_sources(),
             auth_cache_max_ttl: Duration::from_millis(500),
+            forward_headers: Vec::new(),
+            token_usage_from_response: true,
+            completion_flush_interval: Duration::from_millis(100),
         }
     }
 }
@@ -146,6 +178,17 @@ impl FilterConfig {
         if auth_cache_max_ttl > Duration::from_secs(60) {
             return Err(ConfigError("authCacheMaxTtl: must be at most 60s".into()));
         }
+        let completion_flush_interval = parse_duration(&raw.completion_flush_interval)
+            .map_err(|e| ConfigError(format!("completionFlushInterval: {e}")))?;
+        if completion_flush_interval < Duration::from_millis(10) || completion_flush_interval > Duration::from_secs(10) {
+            return Err(ConfigError("completionFlushInterval: must be between 10ms and 10s".into()));
+        }
+        let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
+        for (i, h) in raw.forward_headers.iter().enumerate() {
+            let h = h.to_ascii_lowercase();
+            check_header_name(&h).map_err(|e| ConfigError(format!("forwardHeaders[{i}]: {e}")))?;
+            forward_headers.push(h);
+        }
         if raw.sidecar.cluster.trim().is_empty() {
             return Err(ConfigError("sidecar.cluster: must not be empty".into()));
         }
@@ -176,6 +219,9 @@ impl FilterConfig {
             failure_mode: raw.failure_mode,
             key_sources,
             auth_cache_max_ttl,
+            forward_headers,
+            token_usage_from_response: raw.token_usage == TokenUsage::ResponseJson,
+            completion_flush_interval,
         })
     }
 }
@@ -245,6 +291,9 @@ mod tests {
             (br#"{"sidecar":{"timeout":"0ms"}}"#, "sidecar.timeout"),
             (br#"{"keySources":[]}"#, "keySources"),
             (br#"{"authCacheMaxTtl":"2m"}"#, "authCacheMaxTtl"),
+            (br#"{"completionFlushInterval":"1ms"}"#, "completionFlushInterval"),
+            (br#"{"forwardHeaders":["x-tollgate-user"]}"#, "forwardHeaders[0]"),
+            (br#"{"tokenUsage":"sometimes"}"#, "unknown variant"),
             (br#"{"keySources":[{"type":"header","name":"x-tollgate-tenant"}]}"#, "keySources[0].name"),
             (br#"{"keySources":[{"type":"query","name":"a=b"}]}"#, "keySources[0].name"),
             (b"not json", "expected"),

@@ -9,7 +9,12 @@ use crate::config::{FailureMode, FilterConfig, INTERNAL_HEADER_PREFIX};
 use crate::key;
 use std::rc::Rc;
 use std::time::Duration;
-use tollgate_wire::{codes, DecideRequest, DecideResponse, ErrorBody, Header, DECIDE_PATH};
+use crate::completions::CompletionQueue;
+use std::cell::RefCell;
+use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse, ErrorBody, Header, Ticket, DECIDE_PATH};
+
+/// Largest response body kept to read token usage from (larger ones report no usage).
+pub const MAX_USAGE_BODY: usize = 1 << 20;
 
 /// Header for the upstream: the tenant of the key.
 pub const TENANT_HEADER: &str = "x-tollgate-tenant";
@@ -117,6 +122,10 @@ pub trait Host {
     /// VM-wide shared data (all workers of one Envoy see it).
     fn shared_get(&self, key: &str) -> Option<Vec<u8>>;
     fn shared_set(&mut self, key: &str, value: &[u8]);
+    /// A response header (lowercase name), e.g. `:status`.
+    fn response_header(&self, name: &str) -> Option<String>;
+    /// `size` bytes of the response body chunk being processed, from `start`.
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
 }
 
 /// An allow answer kept in shared data under [`auth_cache_key`], reusable until `until_ms`.
@@ -148,11 +157,25 @@ pub struct AuthFilter {
     config: Rc<FilterConfig>,
     state: State,
     response_headers: Vec<Header>,
+    /// Held until the request completes, then reported through `completions`.
+    ticket: Option<Ticket>,
+    status: u16,
+    /// The response body so far, kept only when the ticket holds a token reservation.
+    body: Option<Vec<u8>>,
+    completions: Rc<RefCell<CompletionQueue>>,
 }
 
 impl AuthFilter {
-    pub fn new(config: Rc<FilterConfig>) -> AuthFilter {
-        AuthFilter { config, state: State::Start, response_headers: Vec::new() }
+    pub fn new(config: Rc<FilterConfig>, completions: Rc<RefCell<CompletionQueue>>) -> AuthFilter {
+        AuthFilter {
+            config,
+            state: State::Start,
+            response_headers: Vec::new(),
+            ticket: None,
+            status: 0,
+            body: None,
+            completions,
+        }
     }
 
     pub fn on_request_headers(&mut self, host: &mut impl Host) -> Action {
@@ -192,6 +215,12 @@ impl AuthFilter {
             path: upstream_path,
             request_id: header_in(&headers, "x-request-id").map(str::to_string),
             client_ip: host.client_ip(),
+            headers: self
+                .config
+                .forward_headers
+                .iter()
+                .filter_map(|n| header_in(&headers, n).map(|v| Header::new(n.as_str(), v)))
+                .collect(),
         };
         let body = match serde_json::to_vec(&request) {
             Ok(b) => b,
@@ -230,10 +259,24 @@ impl AuthFilter {
         };
         self.state = State::Done;
         match interpret(status, body) {
-            Ok(DecideResponse::Allow { tenant, key_id, plan, request_headers, response_headers, cache_for_ms }) => {
+            Ok(DecideResponse::Allow {
+                tenant,
+                key_id,
+                plan,
+                request_headers,
+                response_headers,
+                cache_for_ms,
+                ticket,
+            }) => {
+                if let Some(t) = ticket {
+                    if !t.budgets.is_empty() && self.config.token_usage_from_response {
+                        self.body = Some(Vec::new());
+                    }
+                    self.ticket = Some(t);
+                }
                 let ttl = cache_for_ms.unwrap_or(0).min(self.config.auth_cache_max_ttl.as_millis() as u64);
                 // Only an answer that is the same for every request of this key may be reused.
-                if ttl > 0 && response_headers.is_empty() {
+                if ttl > 0 && response_headers.is_empty() && self.ticket.is_none() {
                     let entry = CachedAllow {
                         until_ms: host.now_ms().saturating_add(ttl),
                         tenant: tenant.clone(),
@@ -247,11 +290,13 @@ impl AuthFilter {
                 }
                 self.allow(host, tenant, key_id, plan, request_headers, response_headers)
             }
-            Ok(DecideResponse::Deny { status, error, message, response_headers }) => {
+            Ok(DecideResponse::Deny { status, error, message, limit, response_headers }) => {
                 let status = if (400..=599).contains(&status) { status } else { 403 };
                 let extra: Vec<(&str, &str)> =
                     response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
-                self.deny(host, status, &error, &message, &extra)
+                host.count(Metric::Denied(DenyReason::of(&error)));
+                reply_json(host, status, &error, &message, limit.as_deref(), &extra);
+                Action::Pause
             }
             Err(why) => self.sidecar_failed(host, &why),
         }
@@ -291,12 +336,36 @@ impl AuthFilter {
         for h in std::mem::take(&mut self.response_headers) {
             host.add_response_header(&h.name, &h.value);
         }
+        if self.ticket.is_some() {
+            self.status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        }
         Action::Continue
+    }
+
+    /// Keeps the response body (bounded) when token usage must be read from it. Never pauses:
+    /// streaming responses flow through untouched.
+    pub fn on_response_body(&mut self, host: &mut impl Host, chunk_size: usize) -> Action {
+        if let Some(body) = &mut self.body {
+            if body.len() + chunk_size > MAX_USAGE_BODY {
+                self.body = None;
+            } else if let Some(chunk) = host.response_body(0, chunk_size) {
+                body.extend_from_slice(&chunk);
+            }
+        }
+        Action::Continue
+    }
+
+    /// The request is over (response sent, or the client went away): report what it held.
+    pub fn on_log(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            let tokens = self.body.take().and_then(|b| usage_tokens(&b));
+            self.completions.borrow_mut().push(Completion { ticket, status: self.status, tokens });
+        }
     }
 
     fn deny(&mut self, host: &mut impl Host, status: u16, code: &str, message: &str, extra: &[(&str, &str)]) -> Action {
         host.count(Metric::Denied(DenyReason::of(code)));
-        reply_json(host, status, code, message, extra);
+        reply_json(host, status, code, message, None, extra);
         Action::Pause
     }
 
@@ -306,7 +375,7 @@ impl AuthFilter {
             FailureMode::Closed => {
                 host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
                 host.count(Metric::FailedClosed);
-                reply_json(host, 503, codes::SIDECAR_UNAVAILABLE, "the gateway cannot decide this request now", &[]);
+                reply_json(host, 503, codes::SIDECAR_UNAVAILABLE, "the gateway cannot decide this request now", None, &[]);
                 Action::Pause
             }
             FailureMode::Open => {
@@ -328,8 +397,24 @@ pub fn interpret(status: Option<u16>, body: &[u8]) -> Result<DecideResponse, Str
     }
 }
 
-fn reply_json(host: &mut impl Host, status: u16, code: &str, message: &str, extra: &[(&str, &str)]) {
-    let body = serde_json::to_vec(&ErrorBody { error: code.into(), message: message.into() })
+/// `usage.total_tokens` of a JSON response, or the last `"total_tokens": N` in the body (which
+/// also finds the usage frame of an SSE stream).
+pub fn usage_tokens(body: &[u8]) -> Option<u64> {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        if let Some(n) = v.get("usage").and_then(|u| u.get("total_tokens")).and_then(|t| t.as_u64()) {
+            return Some(n);
+        }
+    }
+    let text = std::str::from_utf8(body).ok()?;
+    let at = text.rfind("\"total_tokens\"")?;
+    let rest = text.get(at + "\"total_tokens\"".len()..)?.trim_start().strip_prefix(':')?.trim_start();
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
+}
+
+fn reply_json(host: &mut impl Host, status: u16, code: &str, message: &str, limit: Option<&str>, extra: &[(&str, &str)]) {
+    let error = ErrorBody { error: code.into(), message: message.into(), limit: limit.map(str::to_string) };
+    let body = serde_json::to_vec(&error)
         .unwrap_or_else(|_| br#"{"error":"internal","message":""}"#.to_vec());
     let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json")];
     headers.extend_from_slice(extra);

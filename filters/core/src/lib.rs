@@ -10,6 +10,7 @@
 //! Invariant: nothing here panics outside tests (a panic aborts the Wasm VM and every request on
 //! that worker); the crate denies `unwrap`, `expect` and `panic`.
 
+pub mod completions;
 pub mod config;
 pub mod filter;
 pub mod key;

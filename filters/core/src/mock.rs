@@ -22,6 +22,10 @@ pub struct MockHost {
     pub logs: Vec<(LogLevel, String)>,
     pub now_ms: u64,
     pub shared: HashMap<String, Vec<u8>>,
+    /// Headers of the upstream response (`:status` …), as the filter reads them.
+    pub upstream_response_headers: Vec<(String, String)>,
+    /// The response body chunk currently being processed.
+    pub response_chunk: Vec<u8>,
 }
 
 impl MockHost {
@@ -121,5 +125,11 @@ impl Host for MockHost {
     }
     fn shared_set(&mut self, key: &str, value: &[u8]) {
         self.shared.insert(key.to_string(), value.to_vec());
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        self.upstream_response_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    }
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        self.response_chunk.get(start..start + size).map(<[u8]>::to_vec)
     }
 }

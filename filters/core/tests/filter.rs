@@ -5,7 +5,9 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
+use std::cell::RefCell;
 use std::rc::Rc;
+use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, DenyReason, Metric};
 use tollgate_filter_core::key::hash_key;
@@ -15,7 +17,11 @@ use tollgate_wire::DecideRequest;
 const KEY: &str = "tg_secret_key_123";
 
 fn filter(config: &str) -> AuthFilter {
-    AuthFilter::new(Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()))
+    filter_with_queue(config, Rc::new(RefCell::new(CompletionQueue::new(100))))
+}
+
+fn filter_with_queue(config: &str, queue: Rc<RefCell<CompletionQueue>>) -> AuthFilter {
+    AuthFilter::new(Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()), queue)
 }
 
 fn allow_body() -> &'static [u8] {
@@ -229,4 +235,79 @@ fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
         f.on_sidecar_response(&mut h, 1, Some(200), &body);
         assert!(h.shared.is_empty(), "cached: {}", String::from_utf8_lossy(&body));
     }
+}
+
+#[test]
+fn a_429_names_the_limit_and_carries_the_sidecars_headers() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter("{}");
+    f.on_request_headers(&mut host);
+    let body = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"slow down","limit":"per-minute",
+        "responseHeaders":[{"name":"retry-after","value":"7"},{"name":"ratelimit","value":"\"per-minute\";r=0;t=7"}]}"#;
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), body), Action::Pause);
+    let reply = host.reply.clone().unwrap();
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.body, br#"{"error":"rate_limited","message":"slow down","limit":"per-minute"}"#);
+    assert!(reply.headers.contains(&("retry-after".into(), "7".into())));
+    assert_eq!(host.count_of(Metric::Denied(DenyReason::of("rate_limited"))), 1);
+}
+
+fn allow_with_ticket() -> &'static [u8] {
+    br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":500,
+        "ticket":{"tenant":"acme","requestId":"req-9","budgets":[{"limit":"tokens","subject":"k.key_7","period":202611,"reserved":1000}]}}"#
+}
+
+#[test]
+fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
+    let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter_with_queue("{}", queue.clone());
+    f.on_request_headers(&mut host);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
+    assert!(host.shared.is_empty(), "an answer holding a ticket is never cached");
+    host.upstream_response_headers = vec![(":status".into(), "200".into())];
+    f.on_response_headers(&mut host);
+    for chunk in [&br#"{"id":"x","usage":{"prompt_tokens":5,"#[..], br#""total_tokens":42}}"#] {
+        host.response_chunk = chunk.to_vec();
+        assert_eq!(f.on_response_body(&mut host, chunk.len()), Action::Continue);
+    }
+    assert!(queue.borrow().is_empty(), "reported only when the request is over");
+    f.on_log();
+    let body = queue.borrow_mut().begin_flush(10).unwrap();
+    let batch: tollgate_wire::CompletionBatch = serde_json::from_slice(&body).unwrap();
+    assert_eq!(batch.completions.len(), 1);
+    let c = &batch.completions[0];
+    assert_eq!(c.status, 200);
+    assert_eq!(c.tokens, Some(42));
+    assert_eq!(c.ticket.request_id, "req-9");
+    assert_eq!(c.ticket.budgets[0].reserved, 1000);
+}
+
+#[test]
+fn requests_without_a_ticket_report_nothing() {
+    let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = filter_with_queue("{}", queue.clone());
+    f.on_request_headers(&mut host);
+    f.on_sidecar_response(&mut host, 1, Some(200), allow_body());
+    f.on_log();
+    assert!(queue.borrow().is_empty());
+}
+
+#[test]
+fn usage_is_read_from_json_and_from_sse_frames() {
+    use tollgate_filter_core::filter::usage_tokens;
+    assert_eq!(usage_tokens(br#"{"usage":{"total_tokens":17}}"#), Some(17));
+    let sse = b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":3,\"total_tokens\": 9}}\n\ndata: [DONE]\n\n";
+    assert_eq!(usage_tokens(sse), Some(9));
+    assert_eq!(usage_tokens(b"no usage here"), None);
+}
+
+#[test]
+fn configured_headers_are_forwarded_for_limit_subjects() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY).with_header("x-user", "u-1");
+    let mut f = filter(r#"{"forwardHeaders":["X-User","x-absent"]}"#);
+    f.on_request_headers(&mut host);
+    let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+    assert_eq!(req.headers, vec![tollgate_wire::Header::new("x-user", "u-1")]);
 }

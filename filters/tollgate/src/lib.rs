@@ -8,10 +8,18 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as WasmAction, ContextType, LogLevel as WasmLogLevel, MetricType};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_wire::COMPLETIONS_PATH;
+
+/// Completion reports a worker keeps while the sidecar is unreachable.
+const MAX_QUEUED_COMPLETIONS: usize = 10_000;
+/// Completion reports per `POST /v1/completions`.
+const MAX_BATCH: usize = 500;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(WasmLogLevel::Info);
@@ -21,13 +29,80 @@ proxy_wasm::main! {{
 /// Metric ids, defined once per VM.
 type Metrics = Rc<HashMap<Metric, u32>>;
 
-#[derive(Default)]
+/// Counters of the completion flusher (not request outcomes, so not in `Metric`).
+#[derive(Default, Clone, Copy)]
+struct FlushMetrics {
+    sent: Option<u32>,
+    dropped: Option<u32>,
+    errors: Option<u32>,
+}
+
 struct Root {
     config: Option<Rc<FilterConfig>>,
     metrics: Metrics,
+    /// This worker's completion reports; HTTP contexts push, the tick flushes.
+    completions: Rc<RefCell<CompletionQueue>>,
+    flush_metrics: FlushMetrics,
+    reported_dropped: u64,
+    in_flight_len: usize,
 }
 
-impl Context for Root {}
+impl Default for Root {
+    fn default() -> Self {
+        Root {
+            config: None,
+            metrics: Rc::default(),
+            completions: Rc::new(RefCell::new(CompletionQueue::new(MAX_QUEUED_COMPLETIONS))),
+            flush_metrics: FlushMetrics::default(),
+            reported_dropped: 0,
+            in_flight_len: 0,
+        }
+    }
+}
+
+fn bump(id: Option<u32>, n: u64) {
+    if let (Some(id), true) = (id, n > 0) {
+        let _ = hostcalls::increment_metric(id, n as i64);
+    }
+}
+
+impl Root {
+    fn flush(&mut self) {
+        let Some(config) = self.config.clone() else { return };
+        let mut queue = self.completions.borrow_mut();
+        bump(self.flush_metrics.dropped, queue.dropped - self.reported_dropped);
+        self.reported_dropped = queue.dropped;
+        let Some(body) = queue.begin_flush(MAX_BATCH) else { return };
+        self.in_flight_len = body.len();
+        let headers = vec![
+            (":method", "POST"),
+            (":path", COMPLETIONS_PATH),
+            (":authority", config.sidecar_authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        // A batch may wait longer than a decision: it is off the request path.
+        let timeout = config.sidecar_timeout.max(std::time::Duration::from_secs(2));
+        if let Err(e) = hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
+            queue.end_flush(false);
+            bump(self.flush_metrics.errors, 1);
+            log::debug!("tollgate: cannot flush completions: {e:?}");
+        }
+    }
+}
+
+impl Context for Root {
+    fn on_http_call_response(&mut self, _token_id: u32, _headers: usize, _body_size: usize, _trailers: usize) {
+        let ok = self.get_http_call_response_header(":status").as_deref() == Some("200");
+        let mut queue = self.completions.borrow_mut();
+        if ok {
+            // The count of reports in the batch is what was taken out of the queue.
+            bump(self.flush_metrics.sent, 1);
+        } else {
+            bump(self.flush_metrics.errors, 1);
+        }
+        queue.end_flush(ok);
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -51,12 +126,25 @@ impl RootContext for Root {
             }
         }
         self.metrics = Rc::new(metrics);
+        let define = |name: &str| hostcalls::define_metric(MetricType::Counter, name).ok();
+        self.flush_metrics = FlushMetrics {
+            sent: define("tollgate.completions.batches_sent"),
+            dropped: define("tollgate.completions.dropped"),
+            errors: define("tollgate.completions.flush_errors"),
+        };
+        if let Some(c) = &self.config {
+            let _ = hostcalls::set_tick_period(c.completion_flush_interval);
+        }
         true
+    }
+
+    fn on_tick(&mut self) {
+        self.flush();
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
-        Some(Box::new(Http { filter: AuthFilter::new(config), metrics: self.metrics.clone() }))
+        Some(Box::new(Http { filter: AuthFilter::new(config, self.completions.clone()), metrics: self.metrics.clone() }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -126,6 +214,12 @@ impl Host for EnvoyHost<'_> {
         // Unconditional: racing writers store equally valid answers; the last one wins.
         let _ = hostcalls::set_shared_data(key, Some(value), None);
     }
+    fn response_header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten()
+    }
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpResponseBody, start, size).ok().flatten()
+    }
     fn log(&mut self, level: LogLevel, message: &str) {
         let level = match level {
             LogLevel::Debug => WasmLogLevel::Debug,
@@ -165,5 +259,14 @@ impl HttpContext for Http {
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
         let mut host = EnvoyHost { metrics: &self.metrics };
         to_wasm(self.filter.on_response_headers(&mut host))
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> WasmAction {
+        let mut host = EnvoyHost { metrics: &self.metrics };
+        to_wasm(self.filter.on_response_body(&mut host, body_size))
+    }
+
+    fn on_log(&mut self) {
+        self.filter.on_log();
     }
 }

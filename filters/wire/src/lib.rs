@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 /// Path of the decision endpoint on the sidecar.
 pub const DECIDE_PATH: &str = "/v1/decide";
+/// Path of the batched completion reports (see [`CompletionBatch`]).
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
 
 /// What the filter asks about one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +32,9 @@ pub struct DecideRequest {
     /// The downstream peer address as Envoy saw it (not a client-supplied header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_ip: Option<String>,
+    /// Values of the request headers the filter is configured to forward (limit subjects).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<Header>,
 }
 
 /// A header to add, as a name/value pair.
@@ -65,6 +70,10 @@ pub enum DecideResponse {
         /// many milliseconds. Absent when the answer is per-request (limits, stale data).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cache_for_ms: Option<u64>,
+        /// What the request holds until it completes (a token reservation, a concurrency slot).
+        /// When present, the filter reports the request's completion with it, batched.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ticket: Option<Ticket>,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
@@ -73,9 +82,63 @@ pub enum DecideResponse {
         /// A stable machine-readable code, one of [`codes`] or one added later.
         error: String,
         message: String,
+        /// The limit that denied, for 429s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         response_headers: Vec<Header>,
     },
+}
+
+/// What an allowed request holds until its completion is reported. Opaque to the filter: it is
+/// echoed back as is; the sidecar validates every field again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ticket {
+    pub tenant: String,
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetHold>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<SlotHold>,
+}
+
+/// A token reservation taken from a monthly budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetHold {
+    pub limit: String,
+    pub subject: String,
+    /// `yyyyMM` of the counter that was charged.
+    pub period: u32,
+    /// Tokens reserved (the estimate).
+    pub reserved: u64,
+}
+
+/// A concurrency slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotHold {
+    pub limit: String,
+    pub subject: String,
+}
+
+/// One finished request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Completion {
+    pub ticket: Ticket,
+    /// The response status the client got.
+    pub status: u16,
+    /// Tokens actually used (`usage.total_tokens` of an LLM response), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+}
+
+/// The body of `POST /v1/completions`: completions batched by the filter (no call per request).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompletionBatch {
+    pub completions: Vec<Completion>,
 }
 
 /// Stable error codes carried in JSON error bodies and in deny-reason metrics.
@@ -90,8 +153,25 @@ pub mod codes {
     pub const EXPIRED_KEY: &str = "expired_key";
     /// The sidecar did not answer in time or answered with an error (fail-closed).
     pub const SIDECAR_UNAVAILABLE: &str = "sidecar_unavailable";
+    /// A rate limit (fixed/sliding window, token bucket, sliding log) is exhausted: 429.
+    pub const RATE_LIMITED: &str = "rate_limited";
+    /// A token budget is exhausted: 429.
+    pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+    /// Too many requests in flight: 429.
+    pub const CONCURRENCY_LIMITED: &str = "concurrency_limited";
+    /// Redis could not answer and a fail-closed limit applies: 503.
+    pub const LIMITS_UNAVAILABLE: &str = "limits_unavailable";
     /// Every deny code this version knows, for per-reason metrics.
-    pub const ALL_DENY: &[&str] = &[MISSING_KEY, UNKNOWN_KEY, REVOKED_KEY, EXPIRED_KEY];
+    pub const ALL_DENY: &[&str] = &[
+        MISSING_KEY,
+        UNKNOWN_KEY,
+        REVOKED_KEY,
+        EXPIRED_KEY,
+        RATE_LIMITED,
+        QUOTA_EXCEEDED,
+        CONCURRENCY_LIMITED,
+        LIMITS_UNAVAILABLE,
+    ];
 }
 
 /// The JSON body of every error reply, from the filter or the sidecar.
@@ -99,6 +179,9 @@ pub mod codes {
 pub struct ErrorBody {
     pub error: String,
     pub message: String,
+    /// The limit that denied (429s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 #[cfg(test)]
@@ -114,6 +197,7 @@ mod tests {
             request_headers: vec![],
             response_headers: vec![],
             cache_for_ms: None,
+            ticket: None,
         };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"verdict":"allow","tenant":"acme","keyId":"key_1","plan":"free"}"#);

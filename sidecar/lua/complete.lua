@@ -1,0 +1,50 @@
+-- complete.lua — reconcile one completed request: settle its token reservation and free its
+-- concurrency slot.
+--
+-- KEYS: when ARGV[5] = '1': KEYS[1] month counter (q:tokens:…), KEYS[2] reservation
+--       (q:reserved:…); then, when ARGV[6] = '1', the in-flight zset (q:conc:…). All keys share
+--       the tenant's hash tag, so the script runs on Redis Cluster.
+-- ARGV[1] actual tokens used
+-- ARGV[2] the estimate that was reserved at decide time
+-- ARGV[3] request id (the slot's member)
+-- ARGV[4] counter TTL in ms (re-applied on write)
+-- ARGV[5] '1' if the request reserved budget, else '0'
+-- ARGV[6] '1' if the request took a concurrency slot, else '0'
+-- ARGV[7] reservation TTL in ms (the settled marker keeps it)
+-- returns {delta charged to the counter, 1 reconciled now | 0 reservation had expired |
+--          2 already settled (a retried report: nothing done)}
+--
+-- Never under-charge: with the reservation present, the counter moves by actual − reserved
+-- (a refund or an overrun). When it already expired (5 min), the estimate stayed charged, so
+-- only an overrun (actual − estimate, if positive) is added; nothing is refunded.
+-- Idempotent: a settled reservation is replaced by the marker 'settled' (same TTL), so a report
+-- delivered twice (the filter retries failed batches) is counted once.
+
+local actual = tonumber(ARGV[1])
+local estimate = tonumber(ARGV[2])
+local delta = 0
+local found = 0
+local k = 1
+if ARGV[5] == '1' then
+  local reserved = redis.call('GET', KEYS[2])
+  if reserved == 'settled' then
+    found = 2
+  elseif reserved then
+    found = 1
+    delta = actual - tonumber(reserved)
+  else
+    delta = math.max(0, actual - estimate)
+  end
+  if found ~= 2 then
+    redis.call('SET', KEYS[2], 'settled', 'PX', tonumber(ARGV[7]))
+  end
+  if delta ~= 0 then
+    redis.call('INCRBY', KEYS[1], delta)
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
+  end
+  k = 3
+end
+if ARGV[6] == '1' then
+  redis.call('ZREM', KEYS[k], ARGV[3])
+end
+return { delta, found }

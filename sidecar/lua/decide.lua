@@ -1,0 +1,152 @@
+-- decide.lua — check every limit of one request, then take from all of them only if all pass.
+--
+-- Atomic: Redis runs the script alone, so check-then-take is never raced, and a denied request
+-- consumes nothing (no limit is touched unless every non-shadow limit passes). Every key this
+-- script writes gets its TTL in the same call (never a key without expiry).
+-- All KEYS share the tenant's hash tag ({tenant}), so the script runs unchanged on Redis Cluster.
+--
+-- KEYS: the limits' keys, in order. Per kind: fixed 1 (counter), sliding 2 (current, previous
+--       bucket), bucket 1 (hash tokens/ts), log 1 (zset), budget 2 (month counter, reservation),
+--       conc 1 (zset of in-flight request ids scored by start ms).
+-- ARGV[1] now_ms (the sidecar's clock, so tests can drive time)
+-- ARGV[2] request id (log/conc member, reservation value owner)
+-- ARGV[3] n, the number of limits
+-- then 6 ARGV per limit i (base = 4 + (i-1)*6):
+--   kind      fixed | sliding | bucket | log | budget | conc
+--   limit     max per window / bucket capacity / monthly budget / max in flight
+--   window_ms window / bucket refill time from empty / reservation TTL / slot timeout
+--   cost      units this request takes (budget: the estimate)
+--   shadow    1 = count would-deny, never block
+--   aux_ms    kind-specific: budget → counter TTL and ms to the period's end (encoded "ttl:reset")
+-- returns {allowed (1|0), denied_index (0 if none), then per limit: remaining, reset_ms, would_deny}
+--   remaining: units left after this request (or now, when denied); reset_ms: ms until the limit
+--   frees up (for a denial: the Retry-After).
+
+local now = tonumber(ARGV[1])
+local rid = ARGV[2]
+local n = tonumber(ARGV[3])
+
+local nkeys = { fixed = 1, sliding = 2, bucket = 1, log = 1, budget = 2, conc = 1 }
+
+local specs = {}
+local k = 1
+for i = 1, n do
+  local b = 4 + (i - 1) * 6
+  local s = {
+    kind = ARGV[b], limit = tonumber(ARGV[b + 1]), window = tonumber(ARGV[b + 2]),
+    cost = tonumber(ARGV[b + 3]), shadow = ARGV[b + 4] == '1', aux = ARGV[b + 5], k = k,
+  }
+  k = k + nkeys[s.kind]
+  specs[i] = s
+end
+
+-- Phase 1: read state and check (writes here only prune entries that already expired).
+local function check(s)
+  local key = KEYS[s.k]
+  if s.kind == 'fixed' then
+    local used = tonumber(redis.call('GET', key) or '0')
+    local reset = s.window - (now % s.window)
+    s.apply = function()
+      redis.call('INCRBY', key, s.cost)
+      redis.call('PEXPIRE', key, 2 * s.window)
+    end
+    return used + s.cost <= s.limit, s.limit - used, reset
+  elseif s.kind == 'sliding' then
+    local cur = tonumber(redis.call('GET', key) or '0')
+    local prev = tonumber(redis.call('GET', KEYS[s.k + 1]) or '0')
+    local elapsed = now % s.window
+    local est = prev * (s.window - elapsed) / s.window + cur
+    local reset = s.window - elapsed
+    local ok = est + s.cost <= s.limit
+    if not ok and prev > 0 and s.limit - cur - s.cost >= 0 then
+      -- the previous bucket's weight falls linearly: wait until it has fallen enough
+      local t = math.ceil(s.window * (1 - (s.limit - cur - s.cost) / prev) - elapsed)
+      if t > 0 and t < reset then reset = t end
+    end
+    s.apply = function()
+      redis.call('INCRBY', key, s.cost)
+      redis.call('PEXPIRE', key, 2 * s.window)
+    end
+    return ok, math.floor(s.limit - est), reset
+  elseif s.kind == 'bucket' then
+    local h = redis.call('HMGET', key, 'tokens', 'ts')
+    local rate = s.limit / s.window -- tokens per ms
+    local tokens = s.limit
+    if h[1] then
+      tokens = math.min(s.limit, tonumber(h[1]) + math.max(0, now - tonumber(h[2])) * rate)
+    end
+    local ok = tokens >= s.cost
+    local reset
+    if ok then reset = math.ceil((s.limit - tokens + s.cost) / rate) else reset = math.ceil((s.cost - tokens) / rate) end
+    s.apply = function()
+      redis.call('HSET', key, 'tokens', tostring(tokens - s.cost), 'ts', now)
+      redis.call('PEXPIRE', key, 2 * s.window)
+    end
+    return ok, math.floor(tokens), reset
+  elseif s.kind == 'log' then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - s.window)
+    local count = redis.call('ZCARD', key)
+    local reset = s.window
+    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if oldest[2] then reset = tonumber(oldest[2]) + s.window - now end
+    s.apply = function()
+      for j = 1, s.cost do
+        redis.call('ZADD', key, now, rid .. ':' .. j)
+      end
+      redis.call('PEXPIRE', key, s.window)
+    end
+    return count + s.cost <= s.limit, s.limit - count, reset
+  elseif s.kind == 'budget' then
+    local used = tonumber(redis.call('GET', key) or '0')
+    local sep = string.find(s.aux, ':', 1, true)
+    local ttl = tonumber(string.sub(s.aux, 1, sep - 1))
+    local reset = tonumber(string.sub(s.aux, sep + 1))
+    s.apply = function()
+      redis.call('INCRBY', key, s.cost)
+      redis.call('PEXPIRE', key, ttl)
+      -- the reservation, with its TTL on this (and every) write
+      redis.call('SET', KEYS[s.k + 1], s.cost, 'PX', s.window)
+    end
+    return used + s.cost <= s.limit, s.limit - used, reset
+  elseif s.kind == 'conc' then
+    -- crash-safe: slots of requests that never completed free themselves after the timeout
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - s.window)
+    local count = redis.call('ZCARD', key)
+    s.apply = function()
+      redis.call('ZADD', key, now, rid)
+      redis.call('PEXPIRE', key, s.window)
+    end
+    return count + 1 <= s.limit, s.limit - count, 1000
+  end
+  return redis.error_reply('unknown limit kind ' .. tostring(s.kind))
+end
+
+local out = { 1, 0 }
+local denied = 0
+for i = 1, n do
+  local s = specs[i]
+  local ok, remaining, reset = check(s)
+  s.ok, s.remaining, s.reset = ok, remaining, reset
+  if not ok and not s.shadow and denied == 0 then denied = i end
+end
+
+-- Phase 2: take from every limit, only when nothing (non-shadow) denied.
+if denied == 0 then
+  for i = 1, n do
+    local s = specs[i]
+    s.apply()
+    s.remaining = s.remaining - s.cost
+  end
+else
+  out[1] = 0
+  out[2] = denied
+end
+for i = 1, n do
+  local s = specs[i]
+  local r = s.remaining
+  if r < 0 then r = 0 end
+  out[#out + 1] = math.floor(r)
+  out[#out + 1] = math.max(0, math.ceil(s.reset))
+  out[#out + 1] = s.ok and 0 or 1
+end
+return out

@@ -1,0 +1,367 @@
+//! The limits engine against a real redis-server, with the clock driven by the test (no sleeps
+//! through windows): each algorithm at its boundaries, denied-consumes-nothing, reservations and
+//! reconciliation, crash-safe concurrency slots, shadow mode, failure modes, one round trip.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_sidecar::apikey;
+use tollgate_sidecar::clock::ManualClock;
+use tollgate_sidecar::config::Config;
+use tollgate_sidecar::decide::Decider;
+use tollgate_sidecar::keys::Id;
+use tollgate_sidecar::limits::Plans;
+use tollgate_sidecar::store::Store;
+use tollgate_tests::{poll_until, Redis};
+use tollgate_wire::{Completion, DecideRequest, DecideResponse, Ticket};
+
+/// 2026-11-29T12:00:00Z — the middle of a minute-aligned hour.
+const T0: u64 = 1_795_953_600_000;
+
+struct Lab {
+    redis: Redis,
+    clock: Arc<ManualClock>,
+    decider: Decider,
+    key_hash: String,
+    req: u32,
+}
+
+impl Lab {
+    fn new(plan_toml: &str) -> Lab {
+        let redis = Redis::start();
+        let mut cfg = Config::from_toml(plan_toml).unwrap();
+        cfg.redis.url = redis.url();
+        cfg.redis.timeout = Duration::from_millis(500);
+        cfg.cache.ttl = Duration::from_secs(600); // the key record stays cached: one round trip per decision
+        let plans = Plans::compile(&cfg.plans).unwrap();
+        let store = Store::new(&cfg.redis).unwrap();
+        let clock = Arc::new(ManualClock::new(T0));
+        let decider = Decider::new(store, &cfg.cache, plans, clock.clone());
+        Lab { redis, clock, decider, key_hash: String::new(), req: 0 }
+    }
+
+    async fn key(mut self, plan: &str) -> Lab {
+        let store = Store::new(&tollgate_sidecar::config::RedisConfig { url: self.redis.url(), ..Default::default() }).unwrap();
+        let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse(plan).unwrap(), 1, None);
+        store.create_key(&issued.hash, &issued.record).await.unwrap();
+        self.key_hash = issued.hash.as_str().to_string();
+        self
+    }
+
+    async fn call(&mut self) -> DecideResponse {
+        self.req += 1;
+        let req = DecideRequest {
+            key_hash: self.key_hash.clone(),
+            method: "GET".into(),
+            authority: "api".into(),
+            path: "/".into(),
+            request_id: Some(format!("req-{}", self.req)),
+            client_ip: Some("10.0.0.1".into()),
+            headers: vec![],
+        };
+        self.decider.decide(&req).await.unwrap()
+    }
+
+    fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.redis.connection().unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut c).unwrap()
+    }
+
+    fn keys(&self, pattern: &str) -> Vec<String> {
+        self.cmd(&["KEYS", pattern])
+    }
+}
+
+fn allowed(r: &DecideResponse) -> bool {
+    matches!(r, DecideResponse::Allow { .. })
+}
+
+/// (status, code, limit, retry-after) of a denial.
+fn denial(r: &DecideResponse) -> (u16, String, Option<String>, Option<u64>) {
+    match r {
+        DecideResponse::Deny { status, error, limit, response_headers, .. } => (
+            *status,
+            error.clone(),
+            limit.clone(),
+            response_headers.iter().find(|h| h.name == "retry-after").map(|h| h.value.parse().unwrap()),
+        ),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn header<'a>(r: &'a DecideResponse, name: &str) -> Option<&'a str> {
+    match r {
+        DecideResponse::Allow { response_headers, .. } | DecideResponse::Deny { response_headers, .. } => {
+            response_headers.iter().find(|h| h.name == name).map(|h| h.value.as_str())
+        }
+    }
+}
+
+fn plan(limits: &str) -> String {
+    format!("[[plans.p.limits]]\n{limits}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_admits_the_limit_then_resets_at_the_boundary() {
+    let mut lab = Lab::new(&plan("name = \"per-min\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"")).key("p").await;
+    lab.clock.set(T0 + 45_000); // 15 s before the window ends
+    for i in 0..3 {
+        let r = lab.call().await;
+        assert!(allowed(&r), "request {i}");
+        assert_eq!(header(&r, "ratelimit"), Some(format!("\"per-min\";r={};t=15", 2 - i).as_str()));
+        assert_eq!(header(&r, "ratelimit-policy"), Some("\"per-min\";q=3;w=60"));
+    }
+    let d = lab.call().await;
+    assert_eq!(denial(&d), (429, "rate_limited".into(), Some("per-min".into()), Some(15)));
+    lab.clock.set(T0 + 59_999);
+    assert!(!allowed(&lab.call().await));
+    lab.clock.set(T0 + 60_000);
+    assert!(allowed(&lab.call().await), "a new window");
+    // seed 004: TTL 120 s for a 60 s window
+    let keys = lab.keys("rl:{acme}:per-min:*");
+    assert_eq!(keys.len(), 2);
+    for k in keys {
+        let ttl: i64 = lab.cmd(&["TTL", &k]);
+        assert!((110..=120).contains(&ttl), "{k} ttl {ttl}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_weights_the_previous_bucket() {
+    let mut lab = Lab::new(&plan("name = \"sw\"\nalgorithm = \"sliding_window\"\nlimit = 10\nwindow = \"60s\"")).key("p").await;
+    lab.clock.set(T0 + 50_000);
+    for _ in 0..10 {
+        assert!(allowed(&lab.call().await));
+    }
+    assert!(!allowed(&lab.call().await));
+    // 30 s into the next bucket the previous one weighs half: 5 estimated, 5 more fit.
+    lab.clock.set(T0 + 90_000);
+    for i in 0..5 {
+        assert!(allowed(&lab.call().await), "request {i}");
+    }
+    let d = lab.call().await;
+    assert_eq!(denial(&d).1, "rate_limited");
+    assert!(denial(&d).3.unwrap() >= 1);
+    // a full window later the old bucket is out of the estimate
+    lab.clock.set(T0 + 180_000);
+    assert!(allowed(&lab.call().await));
+    for k in lab.keys("rate:{acme}:sw:*") {
+        let ttl: i64 = lab.cmd(&["TTL", &k]);
+        assert!((100..=120).contains(&ttl), "{k} ttl {ttl}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_bucket_refills_continuously() {
+    // capacity 5, refilled from empty in 5 s: one token a second
+    let mut lab = Lab::new(&plan("name = \"rps\"\nalgorithm = \"token_bucket\"\nlimit = 5\nwindow = \"5s\"")).key("p").await;
+    for _ in 0..5 {
+        assert!(allowed(&lab.call().await));
+    }
+    let d = lab.call().await;
+    assert_eq!(denial(&d), (429, "rate_limited".into(), Some("rps".into()), Some(1)));
+    lab.clock.advance(999);
+    assert!(!allowed(&lab.call().await));
+    lab.clock.advance(1);
+    assert!(allowed(&lab.call().await));
+    assert!(!allowed(&lab.call().await));
+    lab.clock.advance(60_000);
+    for _ in 0..5 {
+        assert!(allowed(&lab.call().await), "full again, never above capacity");
+    }
+    assert!(!allowed(&lab.call().await));
+    let ttl: i64 = lab.cmd(&["PTTL", "q:rps:{acme}:rps:k.".to_string().as_str()]);
+    assert_eq!(ttl, -2, "sanity: that key name does not exist");
+    let k = &lab.keys("q:rps:{acme}:rps:*")[0];
+    let ttl: i64 = lab.cmd(&["PTTL", k]);
+    assert!((9_000..=10_000).contains(&ttl), "2 × the bucket's window: {ttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_counts_each_request_for_exactly_one_window() {
+    let mut lab = Lab::new(&plan("name = \"log\"\nalgorithm = \"sliding_log\"\nlimit = 3\nwindow = \"10s\"")).key("p").await;
+    for step in [0, 2_000, 4_000] {
+        lab.clock.set(T0 + step);
+        assert!(allowed(&lab.call().await));
+    }
+    lab.clock.set(T0 + 9_999);
+    let d = lab.call().await;
+    assert_eq!(denial(&d).3, Some(1), "the oldest entry leaves the window in 1 ms → Retry-After 1");
+    lab.clock.set(T0 + 10_000);
+    assert!(allowed(&lab.call().await), "the first request left the window");
+    assert!(!allowed(&lab.call().await));
+    let k = &lab.keys("rl:api:{acme}:log:*")[0];
+    let n: i64 = lab.cmd(&["ZCARD", k]);
+    assert_eq!(n, 3, "denied requests are not logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_consumes_nothing_from_any_limit() {
+    let mut lab = Lab::new(
+        "[[plans.p.limits]]\nname = \"big\"\nalgorithm = \"fixed_window\"\nlimit = 100\n\
+         [[plans.p.limits]]\nname = \"small\"\nalgorithm = \"fixed_window\"\nlimit = 2\n\
+         [[plans.p.limits]]\nname = \"bucket\"\nalgorithm = \"token_bucket\"\nlimit = 100\nwindow = \"100s\"",
+    )
+    .key("p")
+    .await;
+    assert!(allowed(&lab.call().await));
+    assert!(allowed(&lab.call().await));
+    for _ in 0..5 {
+        assert_eq!(denial(&lab.call().await).2, Some("small".into()));
+    }
+    let big: String = lab.cmd(&["GET", &lab.keys("rl:{acme}:big:*")[0]]);
+    assert_eq!(big, "2", "the denied requests took nothing from 'big'");
+    let tokens: String = lab.cmd(&["HGET", &lab.keys("q:rps:{acme}:bucket:*")[0], "tokens"]);
+    assert_eq!(tokens, "98");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_decision_is_one_redis_round_trip() {
+    let mut lab = Lab::new(
+        "[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 100\n\
+         [[plans.p.limits]]\nname = \"b\"\nalgorithm = \"sliding_window\"\nlimit = 100\n\
+         [[plans.p.limits]]\nname = \"c\"\nalgorithm = \"sliding_log\"\nlimit = 100\n\
+         [[plans.p.limits]]\nname = \"d\"\nalgorithm = \"token_bucket\"\nlimit = 100",
+    )
+    .key("p")
+    .await;
+    assert!(allowed(&lab.call().await)); // warms the key cache and loads the script
+    let _: () = lab.cmd(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..20 {
+        assert!(allowed(&lab.call().await));
+    }
+    let stats: String = lab.cmd(&["INFO", "commandstats"]);
+    let calls = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    // commandstats also counts the commands run inside the script; the client sent exactly one
+    // EVALSHA per decision and nothing else (the key record came from the sidecar's cache)
+    assert_eq!(calls("evalsha"), 20, "{stats}");
+    assert_eq!(calls("hgetall") + calls("eval") + calls("script"), 0, "{stats}");
+}
+
+fn ticket_of(r: &DecideResponse) -> Ticket {
+    match r {
+        DecideResponse::Allow { ticket: Some(t), .. } => t.clone(),
+        other => panic!("expected an allow with a ticket, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_budget_reserves_then_reconciles_refunds_and_overruns() {
+    let mut lab = Lab::new(&plan("name = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000\nestimate = 400")).key("p").await;
+    let t1 = ticket_of(&lab.call().await);
+    let t2 = ticket_of(&lab.call().await);
+    let d = lab.call().await;
+    assert_eq!(denial(&d).1, "quota_exceeded");
+    let counter = lab.keys("q:tokens:{acme}:tokens:*")[0].clone();
+    assert!(counter.ends_with(":202611"), "{counter}");
+    let used = |lab: &Lab| -> i64 { lab.cmd(&["GET", &counter]) };
+    assert_eq!(used(&lab), 800, "two reservations of 400");
+    let ttl: i64 = lab.cmd(&["TTL", &counter]);
+    assert!(ttl > 39 * 86400 && ttl <= 40 * 86400, "40-day TTL: {ttl}");
+    let res = format!("q:reserved:{{acme}}:{}", t1.request_id);
+    let rttl: i64 = lab.cmd(&["TTL", &res]);
+    assert!((290..=300).contains(&rttl), "5-minute reservation TTL: {rttl}");
+
+    // refund: used 100 of 400
+    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100) }).await.unwrap();
+    assert_eq!(used(&lab), 500);
+    // the same report again (a retried batch) changes nothing
+    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100) }).await.unwrap();
+    assert_eq!(used(&lab), 500);
+    // overrun: used 700 of 400
+    lab.decider.complete(&Completion { ticket: t2, status: 200, tokens: Some(700) }).await.unwrap();
+    assert_eq!(used(&lab), 800);
+    // 800 used: another 400 does not fit, and the denial reserved nothing
+    assert_eq!(denial(&lab.call().await).1, "quota_exceeded");
+    assert_eq!(used(&lab), 800);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreconciled_reservation_stays_charged() {
+    let mut lab = Lab::new(&plan("name = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400")).key("p").await;
+    let a = ticket_of(&lab.call().await);
+    let b = ticket_of(&lab.call().await);
+    let c = ticket_of(&lab.call().await);
+    let counter = lab.keys("q:tokens:{acme}:tokens:*")[0].clone();
+    // the reservations of a and b expire (their completion came too late)
+    for t in [&a, &b] {
+        let _: i64 = lab.cmd(&["PEXPIRE", &format!("q:reserved:{{acme}}:{}", t.request_id), "1"]);
+    }
+    poll_until("reservations to expire", Duration::from_secs(5), || lab.keys("q:reserved:*").len() == 1);
+    // late report of a smaller use: no refund (never under-charge)
+    lab.decider.complete(&Completion { ticket: a, status: 200, tokens: Some(100) }).await.unwrap();
+    let used: i64 = lab.cmd(&["GET", &counter]);
+    assert_eq!(used, 1200);
+    // late report of a larger use: the overrun is still charged
+    lab.decider.complete(&Completion { ticket: b, status: 200, tokens: Some(900) }).await.unwrap();
+    let used: i64 = lab.cmd(&["GET", &counter]);
+    assert_eq!(used, 1700);
+    // a report without usage keeps the reservation as the charge
+    lab.decider.complete(&Completion { ticket: c, status: 502, tokens: None }).await.unwrap();
+    let used: i64 = lab.cmd(&["GET", &counter]);
+    assert_eq!(used, 1700);
+    // every key written carries a TTL
+    for k in lab.keys("q:*") {
+        let ttl: i64 = lab.cmd(&["PTTL", &k]);
+        assert!(ttl > 0, "{k} has no TTL");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_slots_free_on_completion_or_by_themselves() {
+    let mut lab = Lab::new(&plan("name = \"conc\"\nalgorithm = \"concurrency\"\nlimit = 2\nwindow = \"30s\"")).key("p").await;
+    let a = ticket_of(&lab.call().await);
+    let _b = ticket_of(&lab.call().await);
+    assert_eq!(denial(&lab.call().await), (429, "concurrency_limited".into(), Some("conc".into()), Some(1)));
+    lab.decider.complete(&Completion { ticket: a, status: 200, tokens: None }).await.unwrap();
+    let _c = ticket_of(&lab.call().await);
+    assert!(!allowed(&lab.call().await));
+    // b and c never complete (their Envoy crashed): 30 s later their slots are free again
+    lab.clock.advance(29_999);
+    assert!(!allowed(&lab.call().await));
+    lab.clock.advance(2);
+    assert!(allowed(&lab.call().await));
+    assert!(allowed(&lab.call().await));
+    assert!(!allowed(&lab.call().await));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_limit_counts_but_never_blocks() {
+    let mut lab = Lab::new(&plan("name = \"trial\"\nalgorithm = \"fixed_window\"\nlimit = 2\nshadow = true")).key("p").await;
+    for _ in 0..5 {
+        assert!(allowed(&lab.call().await));
+    }
+    let n: String = lab.cmd(&["GET", &lab.keys("rl:{acme}:trial:*")[0]]);
+    assert_eq!(n, "5", "shadow limits still count");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_applies_each_limits_failure_mode_within_the_timeout() {
+    let cfg = "[[plans.open.limits]]\nname = \"o\"\nalgorithm = \"fixed_window\"\nlimit = 5\n\
+               [[plans.closed.limits]]\nname = \"o\"\nalgorithm = \"fixed_window\"\nlimit = 5\n\
+               [[plans.closed.limits]]\nname = \"c\"\nalgorithm = \"token_bucket\"\nlimit = 5\nfailure_mode = \"closed\"";
+    let mut open = Lab::new(cfg).key("open").await;
+    let mut closed = Lab::new(cfg).key("closed").await;
+    assert!(allowed(&open.call().await));
+    assert!(allowed(&closed.call().await));
+    open.redis.kill();
+    closed.redis.kill();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let r = open.call().await;
+        assert!(matches!(&r, DecideResponse::Allow { response_headers, .. } if response_headers.is_empty()), "{r:?}");
+        let r = closed.call().await;
+        assert_eq!(denial(&r).0, 503);
+        assert_eq!(denial(&r).1, "limits_unavailable");
+        assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    }
+}
