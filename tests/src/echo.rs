@@ -1,8 +1,11 @@
 //! An upstream that echoes what it received as JSON: `{"method", "path", "headers": [[n, v]…]}`.
+//! A request header `x-echo-usage: N` adds an LLM-style `"usage": {"total_tokens": N}`.
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use std::future::Future;
@@ -21,7 +24,8 @@ impl Echoed {
     }
 }
 
-async fn echo(req: Request) -> Response {
+async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
+    seen.fetch_add(1, Ordering::SeqCst);
     let echoed = Echoed {
         method: req.method().to_string(),
         path: req.uri().path_and_query().map_or("/".to_string(), |p| p.to_string()),
@@ -31,7 +35,15 @@ async fn echo(req: Request) -> Response {
             .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
             .collect(),
     };
-    let body = serde_json::to_vec(&echoed).unwrap_or_default();
+    let usage: Option<u64> = req.headers().get("x-echo-usage").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    let body = match usage {
+        Some(n) => serde_json::to_vec(&serde_json::json!({
+            "method": echoed.method, "path": echoed.path, "headers": echoed.headers,
+            "usage": {"prompt_tokens": 1, "completion_tokens": n.saturating_sub(1), "total_tokens": n},
+        })),
+        None => serde_json::to_vec(&echoed),
+    }
+    .unwrap_or_default();
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
@@ -41,6 +53,15 @@ async fn echo(req: Request) -> Response {
 
 /// Serves the echo on `listener` until `shutdown` completes.
 pub async fn serve(listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    let app = axum::Router::new().fallback(echo);
+    serve_counted(listener, shutdown, Arc::default()).await
+}
+
+/// As [`serve`], counting the requests that reached the upstream in `seen`.
+pub async fn serve_counted(
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    seen: Arc<AtomicU64>,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().fallback(echo).with_state(seen);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -245,7 +245,14 @@ impl Sidecar {
     /// Starts a sidecar on a free port talking to `redis_url`; `extra` are more
     /// `TOLLGATE_SIDECAR_*` settings. Waits for `/healthz`.
     pub fn start(redis_url: &str, extra: &[(&str, &str)]) -> Sidecar {
+        Self::start_with_config(redis_url, "", extra)
+    }
+
+    /// As [`Sidecar::start`], with a TOML configuration file (e.g. plans) under the environment.
+    pub fn start_with_config(redis_url: &str, toml: &str, extra: &[(&str, &str)]) -> Sidecar {
         let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("sidecar.toml");
+        fs::write(&config_path, toml).expect("write sidecar.toml");
         let port = free_port();
         let mut env = vec![
             ("TOLLGATE_SIDECAR_LISTEN".to_string(), format!("127.0.0.1:{port}")),
@@ -254,13 +261,14 @@ impl Sidecar {
             ("TOLLGATE_SIDECAR_REDIS__TIMEOUT".to_string(), "500ms".to_string()),
             ("TOLLGATE_SIDECAR_LOG__FORMAT".to_string(), "text".to_string()),
             ("TOLLGATE_SIDECAR_LOG__LEVEL".to_string(), "info,tollgate_sidecar=debug".to_string()),
+            ("TOLLGATE_SIDECAR_CONFIG".to_string(), config_path.display().to_string()),
         ];
         for (k, v) in extra {
             env.retain(|(ek, _)| ek != k);
             env.push((k.to_string(), v.to_string()));
         }
         let mut cmd = Command::new(sidecar_bin());
-        cmd.env_remove("TOLLGATE_SIDECAR_CONFIG").envs(env.iter().map(|(k, v)| (k, v)));
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let proc = Proc::spawn("sidecar", cmd, dir.path().join("sidecar.log"));
         let s = Sidecar { port, env, proc, _dir: dir };
         let url = s.url("/healthz");
@@ -275,7 +283,6 @@ impl Sidecar {
     /// Runs `tollgate-sidecar <args>` with this sidecar's configuration.
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(sidecar_bin())
-            .env_remove("TOLLGATE_SIDECAR_CONFIG")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args(args)
             .output()
@@ -341,12 +348,24 @@ impl Drop for InProcess {
 
 /// The echo upstream (see [`echo`]).
 pub fn start_echo() -> InProcess {
-    start_in_process(|listener, stop| async move {
-        let _ = echo::serve(listener, async move {
-            let _ = stop.await;
-        })
+    start_counting_echo().0
+}
+
+/// The echo upstream and the count of requests that reached it.
+pub fn start_counting_echo() -> (InProcess, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = seen.clone();
+    let server = start_in_process(move |listener, stop| async move {
+        let _ = echo::serve_counted(
+            listener,
+            async move {
+                let _ = stop.await;
+            },
+            counter,
+        )
         .await;
-    })
+    });
+    (server, seen)
 }
 
 /// A server that accepts connections and never answers: a hung sidecar.

@@ -1,0 +1,109 @@
+//! Functional tests of the limits engine through a real Envoy: 429s and their headers, exact
+//! admission across two Envoy replicas (each with its own sidecar) sharing one Redis, and token
+//! budgets reconciled from the response's usage through batched completion reports.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tollgate_tests::{get, poll_until, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
+
+const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
+
+#[test]
+fn a_rate_limit_answers_429_with_retry_after_and_ratelimit_headers() {
+    let redis = Redis::start();
+    let sidecar = Sidecar::start_with_config(
+        &redis.url(),
+        "[[plans.demo.limits]]\nname = \"per-minute\"\nalgorithm = \"sliding_log\"\nlimit = 3\nwindow = \"60s\"\n",
+        &[],
+    );
+    let (upstream, seen) = start_counting_echo();
+    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
+    let key = sidecar.create_key("acme", "demo", &[]);
+    let h = [("x-api-key", key.raw.as_str())];
+    for remaining in [2, 1, 0] {
+        let r = get(&envoy.url("/"), &h);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.header("ratelimit-policy"), Some("\"per-minute\";q=3;w=60"));
+        let rl = r.header("ratelimit").unwrap_or_default().to_string();
+        assert!(rl.starts_with(&format!("\"per-minute\";r={remaining};t=")), "{rl}");
+    }
+    let r = get(&envoy.url("/"), &h);
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.json()["error"], "rate_limited");
+    assert_eq!(r.json()["limit"], "per-minute");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert!(r.header("ratelimit").unwrap().starts_with("\"per-minute\";r=0;t="));
+    assert_eq!(seen.load(Ordering::SeqCst), 3, "the denied request never reached the upstream");
+    assert_eq!(envoy.counter("wasmcustom.tollgate.requests.denied.rate_limited"), 1);
+}
+
+#[test]
+fn two_replicas_admit_exactly_the_limit_under_concurrency() {
+    const LIMIT: usize = 40;
+    const REQUESTS: usize = 160;
+    let redis = Redis::start();
+    let plan = format!("[[plans.p.limits]]\nname = \"total\"\nalgorithm = \"sliding_log\"\nlimit = {LIMIT}\nwindow = \"1h\"\n");
+    let (upstream, seen) = start_counting_echo();
+    let a = Sidecar::start_with_config(&redis.url(), &plan, &[]);
+    let b = Sidecar::start_with_config(&redis.url(), &plan, &[]);
+    let envoy_a = Envoy::start(EnvoyOptions::new(upstream.port, a.port).plugin_config(PLUGIN).concurrency(2));
+    let envoy_b = Envoy::start(EnvoyOptions::new(upstream.port, b.port).plugin_config(PLUGIN).concurrency(2));
+    let key = a.create_key("acme", "p", &[]);
+
+    let urls = [envoy_a.url("/"), envoy_b.url("/")];
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|t| {
+                let (urls, key) = (&urls, &key);
+                s.spawn(move || {
+                    (0..REQUESTS / 8).map(|i| get(&urls[(t + i) % 2], &[("x-api-key", key.raw.as_str())]).status).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((ok, limited), (LIMIT, REQUESTS - LIMIT), "statuses: {statuses:?}");
+    assert_eq!(seen.load(Ordering::SeqCst) as usize, LIMIT);
+    let admitted_a = envoy_a.counter("wasmcustom.tollgate.requests.allowed");
+    let admitted_b = envoy_b.counter("wasmcustom.tollgate.requests.allowed");
+    assert_eq!((admitted_a + admitted_b) as usize, LIMIT);
+    assert!(admitted_a > 0 && admitted_b > 0, "both replicas admitted some: {admitted_a} + {admitted_b}");
+}
+
+#[test]
+fn a_token_budget_is_reconciled_with_the_usage_the_upstream_reported() {
+    let redis = Redis::start();
+    let sidecar = Sidecar::start_with_config(
+        &redis.url(),
+        "[[plans.llm.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000\nestimate = 400\n\
+         [[plans.llm.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 1\n",
+        &[],
+    );
+    let (upstream, _) = start_counting_echo();
+    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
+    let key = sidecar.create_key("acme", "llm", &[]);
+    let counter = || -> Option<i64> {
+        let mut c = redis.connection()?;
+        let keys: Vec<String> = redis::cmd("KEYS").arg("q:tokens:*").query(&mut c).ok()?;
+        redis::cmd("GET").arg(keys.first()?).query(&mut c).ok()
+    };
+    let r = get(&envoy.url("/v1/chat"), &[("x-api-key", key.raw.as_str()), ("x-echo-usage", "120")]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    // 400 were reserved; the completion report (batched, no call on the request path) settles
+    // the charge at the 120 tokens used and frees the concurrency slot
+    poll_until("the reservation to be reconciled", Duration::from_secs(10), || counter() == Some(120));
+    let r = get(&envoy.url("/v1/chat"), &[("x-api-key", key.raw.as_str()), ("x-echo-usage", "700")]);
+    assert_eq!(r.status, 200, "the slot was freed by the completion report: {}", r.body);
+    poll_until("the overrun to be charged", Duration::from_secs(10), || counter() == Some(820));
+    // 820 used + 400 estimate > 1000
+    poll_until("the slot to be free again", Duration::from_secs(10), || {
+        let r = get(&envoy.url("/v1/chat"), &[("x-api-key", key.raw.as_str())]);
+        assert_ne!(r.status, 200, "the budget must refuse: {}", r.body);
+        r.status == 429 && r.json()["error"] == "quota_exceeded"
+    });
+    assert!(envoy.counter("wasmcustom.tollgate.completions.batches_sent") >= 2);
+    redis.assert_no_raw_keys(&[&key.raw]);
+}
