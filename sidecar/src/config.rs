@@ -32,9 +32,15 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// `redis://host:port/db` (or `rediss://`). One node today; the client is redis-rs, which also
-    /// speaks Cluster and Sentinel.
+    /// `single` (default: `url`), `cluster` (`nodes` are seed nodes) or `sentinel` (`nodes` are
+    /// the sentinels, `master_name` the monitored master).
+    pub mode: RedisMode,
+    /// `redis://host:port/db` (or `rediss://`), for `single` mode.
     pub url: String,
+    /// Cluster seed nodes or sentinel addresses (`redis://host:port`).
+    pub nodes: Vec<String>,
+    /// The master's name in Sentinel.
+    pub master_name: String,
     /// Deadline for one Redis command on the request path. Keep it under the filter's timeout so
     /// the sidecar still answers (from cache, or "unavailable") before Envoy gives up.
     #[serde(with = "humantime_serde")]
@@ -89,9 +95,20 @@ impl Default for Config {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
+            mode: RedisMode::Single,
+            nodes: Vec::new(),
+            master_name: "mymaster".into(),
             url: "redis://127.0.0.1:6379".into(),
             timeout: Duration::from_millis(15),
             connect_timeout: Duration::from_millis(250),
@@ -158,6 +175,12 @@ impl Config {
         if redis::Client::open(self.redis.url.as_str()).is_err() {
             return bad("redis.url: not a valid Redis URL");
         }
+        if self.redis.mode != RedisMode::Single && self.redis.nodes.is_empty() {
+            return bad("redis.nodes: cluster and sentinel modes need at least one node");
+        }
+        if self.redis.nodes.iter().any(|n| redis::Client::open(n.as_str()).is_err()) {
+            return bad("redis.nodes: not a list of valid Redis URLs");
+        }
         if self.redis.timeout.is_zero() || self.redis.connect_timeout.is_zero() {
             return bad("redis.timeout and redis.connect_timeout: must be above zero");
         }
@@ -220,6 +243,8 @@ mod tests {
         assert!(err.contains("redis.url"), "{err}");
         let err = Config::from_toml("[redis]\ntimeout = \"soon\"").unwrap_err().to_string();
         assert!(err.contains("timeout"), "{err}");
+        let err = Config::from_toml("[redis]\nmode = \"cluster\"").unwrap_err().to_string();
+        assert!(err.contains("redis.nodes"), "{err}");
         let err = Config::from_toml("[cache]\nmax_entries = 0").unwrap_err().to_string();
         assert!(err.contains("max_entries"), "{err}");
     }

@@ -8,7 +8,7 @@
 //! transition, never per request.
 
 use crate::apikey::{KeyRecord, KeyStatus};
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, RedisMode};
 use crate::keys::{
     ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, AuthFailKey, ConcurrencyKey, Id, KeyHash, ReservationKey, TokenBudgetKey,
     API_KEY_ID_PATTERN, AUTH_FAIL_TTL_SECS, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS,
@@ -53,6 +53,11 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// A write reached a replica (a Sentinel failover happened): reconnect to the new master.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
+    }
+
     /// Timeouts and connection trouble may pass; a malformed record or a missing key will not.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -66,14 +71,60 @@ impl StoreError {
 }
 
 struct ConnState {
-    conn: Option<ConnectionManager>,
+    conn: Option<Conn>,
     last_attempt: Option<Instant>,
+}
+
+/// How to reach Redis.
+enum Backend {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+    Sentinel(Mutex<redis::sentinel::SentinelClient>),
+}
+
+/// A connection of any mode. Single mode reconnects by itself (ConnectionManager); cluster and
+/// sentinel connections are dropped on connection errors and made again (for Sentinel that
+/// re-resolves the master, which is how a failover is followed).
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+    Sentinel(redis::aio::MultiplexedConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
+        }
+    }
 }
 
 /// A shared handle on Redis. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    client: redis::Client,
+    backend: Arc<Backend>,
     config: RedisConfig,
     state: Arc<Mutex<ConnState>>,
     up: Arc<AtomicBool>,
@@ -82,13 +133,50 @@ pub struct Store {
 impl Store {
     /// Does not connect: the first command does (so the sidecar starts while Redis is down).
     pub fn new(config: &RedisConfig) -> Result<Store, StoreError> {
-        let client = redis::Client::open(config.url.as_str())?;
+        let backend = match config.mode {
+            RedisMode::Single => Backend::Single(redis::Client::open(config.url.as_str())?),
+            RedisMode::Cluster => Backend::Cluster(
+                redis::cluster::ClusterClientBuilder::new(config.nodes.clone())
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.timeout.max(Duration::from_millis(1)))
+                    .build()?,
+            ),
+            RedisMode::Sentinel => Backend::Sentinel(Mutex::new(redis::sentinel::SentinelClient::build(
+                config.nodes.clone(),
+                config.master_name.clone(),
+                None,
+                redis::sentinel::SentinelServerType::Master,
+            )?)),
+        };
         Ok(Store {
-            client,
+            backend: Arc::new(backend),
             config: config.clone(),
             state: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
             up: Arc::new(AtomicBool::new(true)),
         })
+    }
+
+    async fn connect(&self) -> redis::RedisResult<Conn> {
+        match self.backend.as_ref() {
+            Backend::Single(client) => {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.config.connect_timeout))
+                    .set_response_timeout(Some(self.config.timeout.max(Duration::from_millis(1))))
+                    .set_number_of_retries(1)
+                    .set_max_delay(self.config.reconnect_interval);
+                Ok(Conn::Single(ConnectionManager::new_with_config(client.clone(), cfg).await?))
+            }
+            Backend::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+            Backend::Sentinel(client) => Ok(Conn::Sentinel(client.lock().await.get_async_connection().await?)),
+        }
+    }
+
+    /// Drops a cluster/sentinel connection after a connection error, so the next command makes a
+    /// new one (single mode's ConnectionManager reconnects by itself).
+    async fn forget_connection(&self) {
+        if !matches!(self.backend.as_ref(), Backend::Single(_)) {
+            self.state.lock().await.conn = None;
+        }
     }
 
     /// Whether the last command reached Redis.
@@ -96,7 +184,7 @@ impl Store {
         self.up.load(Ordering::Relaxed)
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+    async fn connection(&self) -> Result<Conn, StoreError> {
         let mut state = self.state.lock().await;
         if let Some(c) = &state.conn {
             return Ok(c.clone());
@@ -107,16 +195,7 @@ impl Store {
             }
         }
         state.last_attempt = Some(Instant::now());
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.config.connect_timeout))
-            .set_response_timeout(Some(self.config.timeout.max(Duration::from_millis(1))))
-            .set_number_of_retries(1)
-            .set_max_delay(self.config.reconnect_interval);
-        let attempt = tokio::time::timeout(
-            self.config.connect_timeout,
-            ConnectionManager::new_with_config(self.client.clone(), cfg),
-        )
-        .await;
+        let attempt = tokio::time::timeout(self.config.connect_timeout, self.connect()).await;
         match attempt {
             Ok(Ok(conn)) => {
                 state.conn = Some(conn.clone());
@@ -145,7 +224,7 @@ impl Store {
     /// Runs one command with the configured deadline, recording latency and errors.
     async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         self.run_with_deadline(op, self.config.timeout, f).await
@@ -153,7 +232,7 @@ impl Store {
 
     async fn run_with_deadline<T, F, Fut>(&self, op: &'static str, deadline: Duration, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let started = Instant::now();
@@ -168,9 +247,10 @@ impl Store {
         metrics::histogram!(crate::metrics::REDIS_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
         match &result {
             Ok(_) => self.mark(true, ""),
-            Err(e) if e.is_transient() => {
+            Err(e) if e.is_transient() || e.is_read_only() => {
                 metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "transient").increment(1);
                 self.mark(false, &e.to_string());
+                self.forget_connection().await;
             }
             Err(_) => {
                 metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "other").increment(1);
@@ -243,7 +323,10 @@ impl Store {
 
     const ADMIN_DEADLINE: Duration = Duration::from_secs(5);
 
-    /// Stores a new key: the record, its id mapping and the tenant index, in one MULTI.
+    /// Stores a new key: the record, its id mapping and the tenant index — in one MULTI where a
+    /// single node holds all three keys. On Cluster they live in different slots, so the writes
+    /// go one by one in dependency order (record first: the id and the index only ever point at a
+    /// record that exists).
     pub async fn create_key(&self, hash: &KeyHash, record: &KeyRecord) -> Result<(), StoreError> {
         let rec_key = ApiKeyRecordKey::new(hash);
         let id_key = ApiKeyIdKey::new(&record.key_id);
@@ -251,19 +334,28 @@ impl Store {
         let fields = record.to_fields();
         let hash_s = hash.as_str().to_string();
         let key_id = record.key_id.to_string();
-        self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
-            redis::pipe()
-                .atomic()
-                .hset_multiple(rec_key, &fields)
-                .ignore()
-                .set(id_key, hash_s)
-                .ignore()
-                .sadd(idx_key, key_id)
-                .ignore()
-                .query_async::<()>(&mut c)
-                .await
-        })
-        .await
+        if matches!(self.backend.as_ref(), Backend::Cluster(_)) {
+            self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
+                c.hset_multiple::<_, _, _, ()>(rec_key, &fields).await?;
+                c.set::<_, _, ()>(id_key, hash_s).await?;
+                c.sadd::<_, _, ()>(idx_key, key_id).await
+            })
+            .await
+        } else {
+            self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
+                redis::pipe()
+                    .atomic()
+                    .hset_multiple(rec_key, &fields)
+                    .ignore()
+                    .set(id_key, hash_s)
+                    .ignore()
+                    .sadd(idx_key, key_id)
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await
+        }
     }
 
     /// Marks a key revoked. Returns the updated record.

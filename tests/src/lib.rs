@@ -587,3 +587,168 @@ pub fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
         Err(e) => Resp { status: 0, headers: vec![], body: e.to_string() },
     }
 }
+
+/// The `redis-cli` next to the configured `redis-server` (or on PATH).
+fn redis_cli_bin() -> PathBuf {
+    let server = redis_server_bin();
+    match server.parent() {
+        Some(dir) if dir.join("redis-cli").exists() => dir.join("redis-cli"),
+        _ => PathBuf::from("redis-cli"),
+    }
+}
+
+fn sync_conn(port: u16) -> Option<redis::Connection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?.get_connection_with_timeout(Duration::from_secs(2)).ok()
+}
+
+fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    let mut c = sync_conn(port)?;
+    let info: String = redis::cmd("INFO").arg(section).query(&mut c).ok()?;
+    info.lines().find_map(|l| l.strip_prefix(&format!("{field}:"))).map(|v| v.trim().to_string())
+}
+
+/// A real 3-master Redis Cluster (no replicas), each node on its own ports and directory.
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    _procs: Vec<Proc>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut ports = Vec::new();
+        let mut procs = Vec::new();
+        for i in 0..3 {
+            let (port, bus) = (free_port(), free_port());
+            let node_dir = dir.path().join(format!("n{i}"));
+            fs::create_dir_all(&node_dir).expect("node dir");
+            let mut cmd = Command::new(redis_server_bin());
+            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-port", &bus.to_string(), "--daemonize", "no"])
+                .arg("--dir")
+                .arg(&node_dir);
+            procs.push(Proc::spawn(&format!("redis-cluster-{i}"), cmd, node_dir.join("redis.log")));
+            ports.push(port);
+        }
+        for &p in &ports {
+            poll_until("cluster node PING", Duration::from_secs(20), || {
+                sync_conn(p).and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok()).is_some()
+            });
+        }
+        let out = Command::new(redis_cli_bin())
+            .args(["--cluster", "create"])
+            .args(ports.iter().map(|p| format!("127.0.0.1:{p}")))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        for &p in &ports {
+            poll_until("cluster_state:ok", Duration::from_secs(30), || {
+                info_field_cluster(p).as_deref() == Some("ok")
+            });
+        }
+        RedisCluster { ports, _procs: procs, _dir: dir }
+    }
+
+    pub fn nodes(&self) -> Vec<String> {
+        self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect()
+    }
+}
+
+fn info_field_cluster(port: u16) -> Option<String> {
+    let mut c = sync_conn(port)?;
+    let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("cluster_state:")).map(|v| v.trim().to_string())
+}
+
+/// A real Sentinel setup: a master, a replica and three sentinels monitoring `mymaster`.
+pub struct RedisSentinel {
+    pub master_port: u16,
+    pub replica_port: u16,
+    pub sentinel_ports: Vec<u16>,
+    _procs: Vec<Proc>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisSentinel {
+    pub fn start() -> RedisSentinel {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (master_port, replica_port) = (free_port(), free_port());
+        let mut procs = Vec::new();
+        for (name, port, extra) in [
+            ("redis-master", master_port, vec!["--repl-diskless-sync-delay".to_string(), "0".to_string()]),
+            ("redis-replica", replica_port, vec!["--replicaof".to_string(), "127.0.0.1".to_string(), master_port.to_string()]),
+        ] {
+            let d = dir.path().join(name);
+            fs::create_dir_all(&d).expect("dir");
+            let mut cmd = Command::new(redis_server_bin());
+            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+                .args(["--daemonize", "no"])
+                .args(&extra)
+                .arg("--dir")
+                .arg(&d);
+            procs.push(Proc::spawn(name, cmd, d.join("redis.log")));
+        }
+        poll_until("the replica to sync", Duration::from_secs(30), || {
+            info_field(replica_port, "replication", "master_link_status").as_deref() == Some("up")
+        });
+        let mut sentinel_ports = Vec::new();
+        for i in 0..3 {
+            let port = free_port();
+            let d = dir.path().join(format!("sentinel-{i}"));
+            fs::create_dir_all(&d).expect("dir");
+            let conf = d.join("sentinel.conf");
+            fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\nsentinel resolve-hostnames no\n\
+                     sentinel monitor mymaster 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds mymaster 2000\nsentinel failover-timeout mymaster 10000\n",
+                    d.display()
+                ),
+            )
+            .expect("sentinel.conf");
+            let mut cmd = Command::new(redis_server_bin());
+            cmd.arg(&conf).arg("--sentinel");
+            procs.push(Proc::spawn(&format!("sentinel-{i}"), cmd, d.join("sentinel.log")));
+            sentinel_ports.push(port);
+        }
+        let s = RedisSentinel { master_port, replica_port, sentinel_ports, _procs: procs, _dir: dir };
+        for &p in &s.sentinel_ports {
+            poll_until("sentinels to know each other and the replica", Duration::from_secs(30), || {
+                let Some(mut c) = sync_conn(p) else { return false };
+                let others: Vec<redis::Value> =
+                    redis::cmd("SENTINEL").arg("SENTINELS").arg("mymaster").query(&mut c).unwrap_or_default();
+                let replicas: Vec<redis::Value> =
+                    redis::cmd("SENTINEL").arg("REPLICAS").arg("mymaster").query(&mut c).unwrap_or_default();
+                others.len() == 2 && !replicas.is_empty()
+            });
+        }
+        s
+    }
+
+    pub fn sentinels(&self) -> Vec<String> {
+        self.sentinel_ports.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect()
+    }
+
+    /// The port Sentinel names as master now.
+    pub fn master(&self) -> Option<u16> {
+        let mut c = sync_conn(self.sentinel_ports[0])?;
+        let (_, port): (String, u16) =
+            redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg("mymaster").query(&mut c).ok()?;
+        Some(port)
+    }
+
+    /// `SENTINEL FAILOVER`, then waits until the replica is a writable master.
+    pub fn failover(&self) {
+        let mut c = sync_conn(self.sentinel_ports[0]).expect("sentinel connection");
+        let _: () = redis::cmd("SENTINEL").arg("FAILOVER").arg("mymaster").query(&mut c).expect("SENTINEL FAILOVER");
+        poll_until("the replica to become master", Duration::from_secs(30), || {
+            self.master() == Some(self.replica_port)
+                && info_field(self.replica_port, "replication", "role").as_deref() == Some("master")
+        });
+    }
+}

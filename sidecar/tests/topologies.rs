@@ -1,0 +1,97 @@
+//! The same key store and limit scripts on a real 3-master Redis Cluster and through Sentinel
+//! (master + replica + 3 sentinels), including following a Sentinel failover.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_sidecar::apikey;
+use tollgate_sidecar::clock::ManualClock;
+use tollgate_sidecar::config::{Config, RedisConfig, RedisMode};
+use tollgate_sidecar::decide::Decider;
+use tollgate_sidecar::keys::Id;
+use tollgate_sidecar::limits::Plans;
+use tollgate_sidecar::store::Store;
+use tollgate_tests::{RedisCluster, RedisSentinel};
+use tollgate_wire::{Completion, DecideRequest, DecideResponse};
+
+/// Every algorithm in one plan: one script call touching 8 keys, all in the tenant's slot.
+const ALL_LIMITS: &str = "\
+[[plans.all.limits]]\nname = \"fw\"\nalgorithm = \"fixed_window\"\nlimit = 3\n\
+[[plans.all.limits]]\nname = \"sw\"\nalgorithm = \"sliding_window\"\nlimit = 100\n\
+[[plans.all.limits]]\nname = \"tb\"\nalgorithm = \"token_bucket\"\nlimit = 100\n\
+[[plans.all.limits]]\nname = \"log\"\nalgorithm = \"sliding_log\"\nlimit = 100\nsubject = \"client_ip\"\n\
+[[plans.all.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 10\n\
+[[plans.all.limits]]\nname = \"conc\"\nalgorithm = \"concurrency\"\nlimit = 10\n";
+
+fn decider(redis: RedisConfig) -> (Decider, Store) {
+    let mut cfg = Config::from_toml(ALL_LIMITS).unwrap();
+    cfg.redis = RedisConfig { timeout: Duration::from_secs(2), connect_timeout: Duration::from_secs(2), ..redis };
+    let store = Store::new(&cfg.redis).unwrap();
+    let clock = Arc::new(ManualClock::new(1_795_953_600_000));
+    (Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock), store)
+}
+
+fn request(hash: &str, n: u32) -> DecideRequest {
+    DecideRequest {
+        key_hash: hash.to_string(),
+        method: "GET".into(),
+        authority: "a".into(),
+        path: "/".into(),
+        request_id: Some(format!("r-{n}")),
+        client_ip: Some("10.1.1.1".into()),
+        headers: vec![],
+    }
+}
+
+/// Issues a key, makes 3 allowed decisions and a 4th denied by the fixed window, and settles
+/// the first request's reservation and slot.
+async fn exercise(decider: &Decider, store: &Store) {
+    let key = apikey::issue(Id::parse("acme").unwrap(), Id::parse("all").unwrap(), 1, None);
+    store.create_key(&key.hash, &key.record).await.unwrap();
+    let mut tickets = Vec::new();
+    for n in 0..3 {
+        match decider.decide(&request(key.hash.as_str(), n)).await.unwrap() {
+            DecideResponse::Allow { ticket: Some(t), .. } => tickets.push(t),
+            other => panic!("decision {n}: {other:?}"),
+        }
+    }
+    match decider.decide(&request(key.hash.as_str(), 3)).await.unwrap() {
+        DecideResponse::Deny { status: 429, limit: Some(l), .. } => assert_eq!(l, "fw"),
+        other => panic!("expected the fixed window to deny: {other:?}"),
+    }
+    decider.complete(&Completion { ticket: tickets.remove(0), status: 200, tokens: Some(4) }).await.unwrap();
+    let listed = store.list_keys(Some(&Id::parse("acme").unwrap())).await.unwrap();
+    assert!(listed.iter().any(|r| r.key_id == key.record.key_id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripts_run_unchanged_on_a_three_master_cluster() {
+    let cluster = RedisCluster::start();
+    let (decider, store) = decider(RedisConfig { mode: RedisMode::Cluster, nodes: cluster.nodes(), ..Default::default() });
+    exercise(&decider, &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_connects_through_sentinel_and_follows_a_failover() {
+    let sentinel = RedisSentinel::start();
+    let (decider, store) =
+        decider(RedisConfig { mode: RedisMode::Sentinel, nodes: sentinel.sentinels(), ..Default::default() });
+    exercise(&decider, &store).await;
+
+    sentinel.failover();
+    // The old connection points at a replica now (READONLY) or was dropped; the store reconnects
+    // through Sentinel to the new master. Writes succeed again within the failover's own time.
+    let key = apikey::issue(Id::parse("acme").unwrap(), Id::parse("all").unwrap(), 1, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match store.create_key(&key.hash, &key.record).await {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert!(e.is_transient() || e.is_read_only(), "unexpected error: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await; // poll interval
+            }
+            Err(e) => panic!("no writable master after the failover: {e}"),
+        }
+    }
+    assert!(matches!(decider.decide(&request(key.hash.as_str(), 99)).await.unwrap(), DecideResponse::Allow { .. }));
+    assert_eq!(sentinel.master(), Some(sentinel.replica_port));
+}
