@@ -57,6 +57,14 @@ cat > "$RUN/sidecar.toml" <<TOML
 listen = "127.0.0.1:$SIDECAR_PORT"
 [redis]
 url = "redis://127.0.0.1:$REDIS_PORT/"
+
+# The demo plan: small enough to hit by hand.
+[[plans.demo.limits]]
+name = "per-minute"
+algorithm = "sliding_log"
+subject = "key"
+limit = 10
+window = "60s"
 TOML
 export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
 start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
@@ -98,6 +106,9 @@ echo upstream on :$UPSTREAM_PORT, Redis on :$REDIS_PORT. Logs: .tollgate/run/*.l
   curl -i -H "Authorization: Bearer \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello      # 200, upstream sees x-tollgate-tenant: demo
   curl -i \$TOLLGATE_URL/hello                                                     # 401 missing_key
   curl -i -H "x-api-key: tg_wrong" \$TOLLGATE_URL/hello                            # 401 unknown_key
+  for i in \$(seq 11); do curl -s -o /dev/null -w '%{http_code} ' -H "x-api-key: \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello; done; echo
+                                                  # the demo plan allows 10 a minute: ten 200s, then 429
+  curl -i -H "x-api-key: \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello                # 429 rate_limited, Retry-After, RateLimit headers
   \$TOLLGATE_SIDECAR_BIN keys revoke \$TOLLGATE_DEMO_KEY_ID                          # then the first curl gives 401 revoked_key
 
 Stop everything with ./build.sh down

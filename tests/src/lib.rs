@@ -213,6 +213,25 @@ impl Redis {
         out
     }
 
+    /// Seed 004's invariant: every key carries a TTL, except the store-of-record families
+    /// (`apikey:{sha256}`, `apikey-id:`, `apikey-index:`). Returns how many keys were checked.
+    pub fn assert_ttl_invariant(&self) -> usize {
+        let mut c = self.connection().expect("redis connection");
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).expect("KEYS");
+        for k in &keys {
+            let store_of_record = k.starts_with("apikey-id:")
+                || k.starts_with("apikey-index:")
+                || (k.starts_with("apikey:") && !k.starts_with("apikey:authfail:"));
+            let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).expect("PTTL");
+            if store_of_record {
+                assert_eq!(ttl, -1, "store-of-record key {k} must not expire");
+            } else {
+                assert!(ttl > 0, "key {k} has no TTL ({ttl})");
+            }
+        }
+        keys.len()
+    }
+
     /// Panics if any key or value contains one of `raw_keys`.
     pub fn assert_no_raw_keys(&self, raw_keys: &[&str]) {
         let dump = self.dump();

@@ -133,6 +133,7 @@ fn a_revoked_key_is_refused_within_one_second() {
     let ttl: i64 = redis::cmd("TTL").arg(&throttle).query(&mut c).unwrap();
     assert!(ttl > 3500 && ttl <= 3600, "authfail TTL {ttl}");
     s.redis.assert_no_raw_keys(&[&key.raw, &other.raw]);
+    s.redis.assert_ttl_invariant();
 }
 
 #[test]

@@ -36,6 +36,7 @@ fn a_rate_limit_answers_429_with_retry_after_and_ratelimit_headers() {
     assert!(r.header("ratelimit").unwrap().starts_with("\"per-minute\";r=0;t="));
     assert_eq!(seen.load(Ordering::SeqCst), 3, "the denied request never reached the upstream");
     assert_eq!(envoy.counter("wasmcustom.tollgate.requests.denied.rate_limited"), 1);
+    assert!(redis.assert_ttl_invariant() >= 4);
 }
 
 #[test]
@@ -71,6 +72,7 @@ fn two_replicas_admit_exactly_the_limit_under_concurrency() {
     let admitted_b = envoy_b.counter("wasmcustom.tollgate.requests.allowed");
     assert_eq!((admitted_a + admitted_b) as usize, LIMIT);
     assert!(admitted_a > 0 && admitted_b > 0, "both replicas admitted some: {admitted_a} + {admitted_b}");
+    redis.assert_ttl_invariant();
 }
 
 #[test]
@@ -106,4 +108,6 @@ fn a_token_budget_is_reconciled_with_the_usage_the_upstream_reported() {
     });
     assert!(envoy.counter("wasmcustom.tollgate.completions.batches_sent") >= 2);
     redis.assert_no_raw_keys(&[&key.raw]);
+    // counters, reservations (settled markers) and slot sets all expire; key records do not
+    assert!(redis.assert_ttl_invariant() >= 6);
 }
