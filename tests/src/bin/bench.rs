@@ -1,5 +1,6 @@
-//! `tollgate-bench`: Envoy alone vs Envoy + Tollgate (auth cache on, and off = one callout per
-//! request), measured in one run, interleaved.
+//! `tollgate-bench`: Envoy alone vs Envoy + Tollgate (auth cache on; off = one callout per
+//! request; auth + one exact rate limit = one callout and one EVALSHA per request), measured in
+//! one run, interleaved.
 //!
 //! Every configuration runs against the same in-process echo upstream; Envoy runs with
 //! `--concurrency 1` pinned to CPU 0 and wrk (`-t1`) pinned to CPU 1; the sidecar, Redis and the
@@ -20,6 +21,7 @@ struct Sample {
     envoy_cpu_us_per_req: f64,
     sidecar_cpu_us_per_req: f64,
     redis_cmds_per_req: f64,
+    redis_scripts_per_req: f64,
     requests: u64,
     non_2xx: u64,
 }
@@ -39,13 +41,19 @@ fn cpu_us(pid: Option<u32>) -> f64 {
     ticks * 1_000_000.0 / 100.0 // USER_HZ = 100 on Linux
 }
 
-fn redis_calls(redis: &Redis) -> f64 {
-    let Some(mut c) = redis.connection() else { return 0.0 };
+/// (all commands, EVALSHA calls) from `INFO commandstats`. Commands run inside a script count
+/// in the first figure too; the second is the number of script round trips.
+fn redis_calls(redis: &Redis) -> (f64, f64) {
+    let Some(mut c) = redis.connection() else { return (0.0, 0.0) };
     let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap_or_default();
-    info.lines()
+    let calls = |l: &str| l.split("calls=").nth(1)?.split(',').next()?.parse::<f64>().ok();
+    let all = info
+        .lines()
         .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<f64>().ok())
-        .sum()
+        .filter_map(calls)
+        .sum();
+    let evalsha = info.lines().filter(|l| l.starts_with("cmdstat_evalsha:")).filter_map(calls).sum();
+    (all, evalsha)
 }
 
 fn wrk(url: &str, key: Option<&str>, secs: u64, conns: u64) -> (f64, f64, f64, f64, u64, u64) {
@@ -78,8 +86,14 @@ fn main() {
 
     let upstream = start_echo();
     let redis = Redis::start();
-    let sidecar = Sidecar::start(&redis.url(), &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")]);
+    // "limited": one rate limit that never runs out, so every request pays the full limit path.
+    let sidecar = Sidecar::start_with_config(
+        &redis.url(),
+        "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n",
+        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+    );
     let key = sidecar.create_key("bench", "bench", &[]);
+    let limited_key = sidecar.create_key("bench", "limited", &[]);
     let baseline = Envoy::start(EnvoyOptions { cpu: Some(0), ..EnvoyOptions::new(upstream.port, 0).baseline() });
     let tollgate = Envoy::start(EnvoyOptions {
         cpu: Some(0),
@@ -95,10 +109,11 @@ fn main() {
         assert_eq!(get(&e.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
     }
 
-    let configs: [(&str, &Envoy, Option<&str>); 3] = [
+    let configs: [(&str, &Envoy, Option<&str>); 4] = [
         ("envoy-alone", &baseline, None),
         ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
         ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
+        ("tollgate-auth+rate-limit", &tollgate, Some(limited_key.raw.as_str())),
     ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
     eprintln!("benchmark: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns}, Envoy --concurrency 1 on CPU 0, wrk on CPU 1");
@@ -117,7 +132,8 @@ fn main() {
                 p999_ms: p999,
                 envoy_cpu_us_per_req: (e1 - e0) / n,
                 sidecar_cpu_us_per_req: if key.is_some() { (s1 - s0) / n } else { 0.0 },
-                redis_cmds_per_req: if key.is_some() { (r1 - r0) / n } else { 0.0 },
+                redis_cmds_per_req: if key.is_some() { (r1.0 - r0.0) / n } else { 0.0 },
+                redis_scripts_per_req: if key.is_some() { (r1.1 - r0.1) / n } else { 0.0 },
                 requests: reqs,
                 non_2xx: non2xx,
             };
@@ -130,8 +146,8 @@ fn main() {
     let base_rps = mean(&samples[0], |s| s.rps);
     let base_p50 = mean(&samples[0], |s| s.p50_ms);
     let base_p99 = mean(&samples[0], |s| s.p99_ms);
-    println!("\n| configuration | throughput (rps) | vs Envoy alone | p50 ms | p99 ms | p99.9 ms | Envoy CPU µs/req | sidecar CPU µs/req | Redis cmds/req |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("\n| configuration | throughput (rps) | vs Envoy alone | p50 ms | p99 ms | p99.9 ms | Envoy CPU µs/req | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut summary = Vec::new();
     for (i, (name, _, _)) in configs.iter().enumerate() {
         let v = &samples[i];
@@ -148,11 +164,12 @@ fn main() {
             "envoy_cpu_us_per_req": mean(v, |s| s.envoy_cpu_us_per_req),
             "sidecar_cpu_us_per_req": mean(v, |s| s.sidecar_cpu_us_per_req),
             "redis_cmds_per_req": mean(v, |s| s.redis_cmds_per_req),
+            "redis_scripts_per_req": mean(v, |s| s.redis_scripts_per_req),
             "non_2xx": v.iter().map(|s| s.non_2xx).sum::<u64>(),
             "rounds": v,
         });
         println!(
-            "| {} | {:.0} | {:.2}× | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.3} |",
+            "| {} | {:.0} | {:.2}× | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.3} | {:.3} |",
             name,
             rps,
             rps / base_rps,
@@ -161,7 +178,8 @@ fn main() {
             mean(v, |s| s.p999_ms),
             mean(v, |s| s.envoy_cpu_us_per_req),
             mean(v, |s| s.sidecar_cpu_us_per_req),
-            mean(v, |s| s.redis_cmds_per_req)
+            mean(v, |s| s.redis_cmds_per_req),
+            mean(v, |s| s.redis_scripts_per_req)
         );
         summary.push(row);
     }
