@@ -113,7 +113,7 @@ impl Decider {
             headers: &req.headers,
             request_id: &request_id,
             now_ms,
-            token_estimate: None,
+            token_estimate: req.token_estimate.filter(|n| *n > 0),
         };
         let inv = limits::invocation(limits, &ctx);
         let verdict = match self.store.run_decide(&inv).await {

@@ -57,6 +57,7 @@ impl Lab {
             request_id: Some(format!("req-{}", self.req)),
             client_ip: Some("10.0.0.1".into()),
             headers: vec![],
+            token_estimate: None,
         };
         self.decider.decide(&req).await.unwrap()
     }

@@ -52,6 +52,7 @@ impl Running {
             request_id: None,
             client_ip: None,
             headers: vec![],
+            token_estimate: None,
         })
         .unwrap();
         self.post("/v1/decide", body).await

@@ -39,6 +39,7 @@ fn request(hash: &str, n: u32) -> DecideRequest {
         request_id: Some(format!("r-{n}")),
         client_ip: Some("10.1.1.1".into()),
         headers: vec![],
+        token_estimate: None,
     }
 }
 

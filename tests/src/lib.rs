@@ -581,18 +581,30 @@ impl Resp {
     }
 }
 
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(15))).build().into()
+}
+
 /// GET `url` with `headers`; connection failures come back as status 0.
 pub fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(15)))
-        .build()
-        .into();
-    let mut req = agent.get(url);
+    let mut req = agent().get(url);
     for (n, v) in headers {
         req = req.header(*n, *v);
     }
-    match req.call() {
+    into_resp(req.call())
+}
+
+/// POST `body` to `url` with `headers`; connection failures come back as status 0.
+pub fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Resp {
+    let mut req = agent().post(url);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    into_resp(req.send(body))
+}
+
+fn into_resp(result: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Resp {
+    match result {
         Ok(mut r) => {
             let status = r.status().as_u16();
             let headers = r

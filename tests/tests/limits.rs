@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tollgate_tests::{get, poll_until, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
+use tollgate_tests::{get, poll_until, post, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
 
 const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
 
@@ -85,7 +85,29 @@ fn a_token_budget_is_reconciled_with_the_usage_the_upstream_reported() {
         &[],
     );
     let (upstream, _) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
+    let envoy = Envoy::start(
+        EnvoyOptions::new(upstream.port, sidecar.port)
+            .plugin_config(r#"{"sidecar":{"timeout":"2s"},"tokenEstimateField":"max_tokens"}"#),
+    );
+    let key = sidecar.create_key("acme", "llm", &[]);
+    // The estimate comes from the request: 2000 tokens cannot fit a 1000 budget...
+    let json = [("x-api-key", key.raw.as_str()), ("content-type", "application/json")];
+    let r = post(&envoy.url("/v1/chat"), &json, r#"{"model":"m","max_tokens":2000}"#);
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.json()["error"], "quota_exceeded");
+    // ...while 300 do: the buffered POST goes on to the upstream after the decision.
+    let r = post(&envoy.url("/v1/chat"), &json, r#"{"model":"m","max_tokens":300}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    poll_until("the 300-token reservation to be settled", Duration::from_secs(10), || {
+        let mut c = redis.connection().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("q:tokens:*").query(&mut c).unwrap();
+        // no usage in that response: the reservation (300) stands as the charge
+        keys.first().map(|k| redis::cmd("GET").arg(k).query::<i64>(&mut c).unwrap()) == Some(300)
+            && redis::cmd("KEYS").arg("q:reserved:*").query::<Vec<String>>(&mut c).unwrap().iter().all(|k| {
+                redis::cmd("GET").arg(k).query::<String>(&mut c).unwrap() == "settled"
+            })
+    });
+    let _: () = redis::cmd("FLUSHALL").query(&mut redis.connection().unwrap()).unwrap();
     let key = sidecar.create_key("acme", "llm", &[]);
     let counter = || -> Option<i64> {
         let mut c = redis.connection()?;

@@ -66,6 +66,8 @@ struct RawConfig {
     token_usage: TokenUsage,
     #[serde(default = "default_flush_interval")]
     completion_flush_interval: String,
+    #[serde(default)]
+    token_estimate_field: Option<String>,
 }
 
 /// Where the tokens a request used come from, for token budgets.
@@ -129,6 +131,9 @@ pub struct FilterConfig {
     pub token_usage_from_response: bool,
     /// How often each worker flushes its completion reports.
     pub completion_flush_interval: Duration,
+    /// A top-level field of a JSON request body that tells the tokens a request may use (e.g.
+    /// `max_tokens`). When set, JSON requests with a body are decided once the body is in.
+    pub token_estimate_field: Option<String>,
 }
 
 impl Default for FilterConfig {
@@ -143,6 +148,7 @@ impl Default for FilterConfig {
             forward_headers: Vec::new(),
             token_usage_from_response: true,
             completion_flush_interval: Duration::from_millis(100),
+            token_estimate_field: None,
         }
     }
 }
@@ -222,6 +228,10 @@ impl FilterConfig {
             forward_headers,
             token_usage_from_response: raw.token_usage == TokenUsage::ResponseJson,
             completion_flush_interval,
+            token_estimate_field: match raw.token_estimate_field {
+                Some(f) if f.is_empty() => return Err(ConfigError("tokenEstimateField: must not be empty".into())),
+                other => other,
+            },
         })
     }
 }

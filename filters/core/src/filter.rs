@@ -126,6 +126,8 @@ pub trait Host {
     fn response_header(&self, name: &str) -> Option<String>;
     /// `size` bytes of the response body chunk being processed, from `start`.
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
+    /// `size` bytes of the (buffered) request body, from `start`.
+    fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
 }
 
 /// An allow answer kept in shared data under [`auth_cache_key`], reusable until `until_ms`.
@@ -148,6 +150,8 @@ pub fn auth_cache_key(key_hash: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Start,
+    /// The decision needs the request body (token estimate); the call is ready but for it.
+    AwaitingBody { request: DecideRequest },
     Waiting { token: u32, key_hash: String },
     Done,
 }
@@ -178,7 +182,8 @@ impl AuthFilter {
         }
     }
 
-    pub fn on_request_headers(&mut self, host: &mut impl Host) -> Action {
+    /// `end_of_stream`: the request has no body.
+    pub fn on_request_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Action {
         if self.state != State::Start {
             return Action::Continue;
         }
@@ -221,7 +226,38 @@ impl AuthFilter {
                 .iter()
                 .filter_map(|n| header_in(&headers, n).map(|v| Header::new(n.as_str(), v)))
                 .collect(),
+            token_estimate: None,
         };
+        let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
+        if self.config.token_estimate_field.is_some() && json_body {
+            // Decided when the body is in (Envoy buffers it meanwhile).
+            self.state = State::AwaitingBody { request };
+            return Action::Pause;
+        }
+        self.call_sidecar(host, request)
+    }
+
+    /// The request body, for the token estimate. Returns `Pause` until the whole body is in.
+    pub fn on_request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
+        if !matches!(self.state, State::AwaitingBody { .. }) {
+            return if matches!(self.state, State::Waiting { .. }) { Action::Pause } else { Action::Continue };
+        }
+        if !end_of_stream && body_size <= MAX_USAGE_BODY {
+            return Action::Pause;
+        }
+        let State::AwaitingBody { mut request } = std::mem::replace(&mut self.state, State::Done) else {
+            return Action::Continue;
+        };
+        if let (Some(field), true) = (&self.config.token_estimate_field, body_size <= MAX_USAGE_BODY) {
+            request.token_estimate = host
+                .request_body(0, body_size)
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v.get(field.as_str()).and_then(serde_json::Value::as_u64));
+        }
+        self.call_sidecar(host, request)
+    }
+
+    fn call_sidecar(&mut self, host: &mut impl Host, request: DecideRequest) -> Action {
         let body = match serde_json::to_vec(&request) {
             Ok(b) => b,
             Err(e) => return self.sidecar_failed(host, &format!("cannot encode decision request: {e}")),

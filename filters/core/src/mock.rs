@@ -26,6 +26,8 @@ pub struct MockHost {
     pub upstream_response_headers: Vec<(String, String)>,
     /// The response body chunk currently being processed.
     pub response_chunk: Vec<u8>,
+    /// The buffered request body.
+    pub request_body: Vec<u8>,
 }
 
 impl MockHost {
@@ -131,5 +133,8 @@ impl Host for MockHost {
     }
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         self.response_chunk.get(start..start + size).map(<[u8]>::to_vec)
+    }
+    fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        self.request_body.get(start..start + size).map(<[u8]>::to_vec)
     }
 }

@@ -32,7 +32,7 @@ fn allow_body() -> &'static [u8] {
 fn missing_key_is_denied_locally_without_a_callout() {
     let mut host = MockHost::new();
     let mut f = filter("{}");
-    assert_eq!(f.on_request_headers(&mut host), Action::Pause);
+    assert_eq!(f.on_request_headers(&mut host, true), Action::Pause);
     assert!(host.calls.is_empty());
     let reply = host.reply.clone().unwrap();
     assert_eq!(reply.status, 401);
@@ -50,7 +50,7 @@ fn key_is_hashed_stripped_and_never_leaves_the_filter() {
         .with_header("x-request-id", "req-1");
     host.client_ip = Some("10.1.2.3".into());
     let mut f = filter("{}");
-    assert_eq!(f.on_request_headers(&mut host), Action::Pause);
+    assert_eq!(f.on_request_headers(&mut host, true), Action::Pause);
     assert_eq!(host.calls.len(), 1);
     let call = &host.calls[0];
     assert_eq!(call.cluster, "tollgate_sidecar");
@@ -73,7 +73,7 @@ fn key_is_hashed_stripped_and_never_leaves_the_filter() {
 fn allow_sets_identity_headers_and_response_headers() {
     let mut host = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter("{}");
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
     assert_eq!(host.header("x-tollgate-tenant"), Some("acme"));
     assert_eq!(host.header("x-tollgate-key-id"), Some("key_7"));
@@ -90,7 +90,7 @@ fn client_supplied_internal_headers_are_stripped_first() {
         .with_header("x-tollgate-anything", "x")
         .with_header("x-other", "kept");
     let mut f = filter("{}");
-    f.on_request_headers(&mut host); // no key: denied, but the strip happened first
+    f.on_request_headers(&mut host, true); // no key: denied, but the strip happened first
     assert_eq!(host.header("x-tollgate-tenant"), None);
     assert_eq!(host.header("x-tollgate-anything"), None);
     assert_eq!(host.header("x-other"), Some("kept"));
@@ -100,7 +100,7 @@ fn client_supplied_internal_headers_are_stripped_first() {
 fn sidecar_deny_becomes_a_json_reply_with_its_status_and_code() {
     let mut host = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter("{}");
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     let body = br#"{"verdict":"deny","status":401,"error":"revoked_key","message":"this key was revoked"}"#;
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), body), Action::Pause);
     let reply = host.reply.clone().unwrap();
@@ -115,7 +115,7 @@ fn sidecar_failures_fail_closed_by_default() {
     for (status, body) in [(Some(503), &b""[..]), (Some(504), b""), (Some(500), b"oops"), (Some(200), b"{bad"), (None, b"")] {
         let mut host = MockHost::new().with_header("x-api-key", KEY);
         let mut f = filter("{}");
-        f.on_request_headers(&mut host);
+        f.on_request_headers(&mut host, true);
         assert_eq!(f.on_sidecar_response(&mut host, 1, status, body), Action::Pause, "{status:?}");
         let reply = host.reply.clone().unwrap();
         assert_eq!(reply.status, 503);
@@ -129,7 +129,7 @@ fn sidecar_failures_fail_closed_by_default() {
 fn sidecar_failures_fail_open_when_configured() {
     let mut host = MockHost::new().with_header("x-api-key", KEY).with_header("x-tollgate-degraded", "spoof");
     let mut f = filter(r#"{"failureMode":"open"}"#);
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(504), b""), Action::Continue);
     assert!(host.reply.is_none());
     assert_eq!(host.header("x-tollgate-degraded"), Some("sidecar_unavailable"));
@@ -142,18 +142,18 @@ fn sidecar_failures_fail_open_when_configured() {
 fn dispatch_error_applies_the_failure_mode_at_once() {
     let mut host = MockHost::new().with_header("x-api-key", KEY).with_dispatch_error("BadArgument");
     let mut f = filter("{}");
-    assert_eq!(f.on_request_headers(&mut host), Action::Pause);
+    assert_eq!(f.on_request_headers(&mut host, true), Action::Pause);
     assert_eq!(host.reply.clone().unwrap().status, 503);
     let mut host = MockHost::new().with_header("x-api-key", KEY).with_dispatch_error("BadArgument");
     let mut f = filter(r#"{"failureMode":"open"}"#);
-    assert_eq!(f.on_request_headers(&mut host), Action::Continue);
+    assert_eq!(f.on_request_headers(&mut host, true), Action::Continue);
 }
 
 #[test]
 fn a_response_with_another_token_is_ignored() {
     let mut host = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter("{}");
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     assert_eq!(f.on_sidecar_response(&mut host, 99, Some(200), allow_body()), Action::Pause);
     assert_eq!(host.header("x-tollgate-tenant"), None);
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
@@ -178,14 +178,14 @@ fn a_cacheable_allow_is_reused_without_a_call_until_it_expires() {
     let mut first = MockHost::new().with_header("x-api-key", KEY);
     first.now_ms = 1_000;
     let mut f = filter("{}");
-    f.on_request_headers(&mut first);
+    f.on_request_headers(&mut first, true);
     assert_eq!(f.on_sidecar_response(&mut first, 1, Some(200), &allow_cacheable(300)), Action::Continue);
     assert!(!first.everything_sent().contains(KEY), "raw key in shared data");
 
     // Same Envoy, next request, 299 ms later: no call, same identity.
     let mut second = MockHost::next_request(&first).with_header("x-api-key", KEY).with_header("x-tollgate-tenant", "evil");
     second.now_ms = 1_299;
-    assert_eq!(filter("{}").on_request_headers(&mut second), Action::Continue);
+    assert_eq!(filter("{}").on_request_headers(&mut second, true), Action::Continue);
     assert!(second.calls.is_empty());
     assert_eq!(second.header("x-tollgate-tenant"), Some("acme"));
     assert_eq!(second.header("x-tollgate-key-id"), Some("key_7"));
@@ -196,13 +196,13 @@ fn a_cacheable_allow_is_reused_without_a_call_until_it_expires() {
     // At 300 ms the entry has expired: back to the sidecar.
     let mut third = MockHost::next_request(&first).with_header("x-api-key", KEY);
     third.now_ms = 1_300;
-    assert_eq!(filter("{}").on_request_headers(&mut third), Action::Pause);
+    assert_eq!(filter("{}").on_request_headers(&mut third, true), Action::Pause);
     assert_eq!(third.calls.len(), 1);
 
     // Another key is not served from this entry.
     let mut other = MockHost::next_request(&first).with_header("x-api-key", "another");
     other.now_ms = 1_100;
-    assert_eq!(filter("{}").on_request_headers(&mut other), Action::Pause);
+    assert_eq!(filter("{}").on_request_headers(&mut other, true), Action::Pause);
 }
 
 #[test]
@@ -210,16 +210,16 @@ fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
     // Capped to authCacheMaxTtl.
     let mut h = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter(r#"{"authCacheMaxTtl":"100ms"}"#);
-    f.on_request_headers(&mut h);
+    f.on_request_headers(&mut h, true);
     f.on_sidecar_response(&mut h, 1, Some(200), &allow_cacheable(60_000));
     let mut next = MockHost::next_request(&h).with_header("x-api-key", KEY);
     next.now_ms = 100;
-    assert_eq!(filter(r#"{"authCacheMaxTtl":"100ms"}"#).on_request_headers(&mut next), Action::Pause);
+    assert_eq!(filter(r#"{"authCacheMaxTtl":"100ms"}"#).on_request_headers(&mut next, true), Action::Pause);
 
     // Disabled with 0ms.
     let mut h = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter(r#"{"authCacheMaxTtl":"0ms"}"#);
-    f.on_request_headers(&mut h);
+    f.on_request_headers(&mut h, true);
     f.on_sidecar_response(&mut h, 1, Some(200), &allow_cacheable(300));
     assert!(h.shared.is_empty());
 
@@ -231,7 +231,7 @@ fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
     ] {
         let mut h = MockHost::new().with_header("x-api-key", KEY);
         let mut f = filter("{}");
-        f.on_request_headers(&mut h);
+        f.on_request_headers(&mut h, true);
         f.on_sidecar_response(&mut h, 1, Some(200), &body);
         assert!(h.shared.is_empty(), "cached: {}", String::from_utf8_lossy(&body));
     }
@@ -241,7 +241,7 @@ fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
 fn a_429_names_the_limit_and_carries_the_sidecars_headers() {
     let mut host = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter("{}");
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     let body = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"slow down","limit":"per-minute",
         "responseHeaders":[{"name":"retry-after","value":"7"},{"name":"ratelimit","value":"\"per-minute\";r=0;t=7"}]}"#;
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), body), Action::Pause);
@@ -262,7 +262,7 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
     let mut host = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter_with_queue("{}", queue.clone());
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
     assert!(host.shared.is_empty(), "an answer holding a ticket is never cached");
     host.upstream_response_headers = vec![(":status".into(), "200".into())];
@@ -288,7 +288,7 @@ fn requests_without_a_ticket_report_nothing() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
     let mut host = MockHost::new().with_header("x-api-key", KEY);
     let mut f = filter_with_queue("{}", queue.clone());
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     f.on_sidecar_response(&mut host, 1, Some(200), allow_body());
     f.on_log();
     assert!(queue.borrow().is_empty());
@@ -307,7 +307,54 @@ fn usage_is_read_from_json_and_from_sse_frames() {
 fn configured_headers_are_forwarded_for_limit_subjects() {
     let mut host = MockHost::new().with_header("x-api-key", KEY).with_header("x-user", "u-1");
     let mut f = filter(r#"{"forwardHeaders":["X-User","x-absent"]}"#);
-    f.on_request_headers(&mut host);
+    f.on_request_headers(&mut host, true);
     let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
     assert_eq!(req.headers, vec![tollgate_wire::Header::new("x-user", "u-1")]);
+}
+
+#[test]
+fn the_token_estimate_is_read_from_the_json_body_before_deciding() {
+    let cfg = r#"{"tokenEstimateField":"max_tokens"}"#;
+    let mut host = MockHost::new()
+        .with_header(":method", "POST")
+        .with_header("content-type", "application/json")
+        .with_header("x-api-key", KEY);
+    let mut f = filter(cfg);
+    assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
+    assert!(host.calls.is_empty(), "no decision before the body is in");
+    host.request_body = br#"{"model":"m","max_tokens":256,"messages":[]}"#.to_vec();
+    assert_eq!(f.on_request_body(&mut host, 10, false), Action::Pause);
+    let n = host.request_body.len();
+    assert_eq!(f.on_request_body(&mut host, n, true), Action::Pause);
+    let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+    assert_eq!(req.token_estimate, Some(256));
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+
+    // no such field, or not JSON: decided without an estimate
+    let mut host = MockHost::new().with_header("content-type", "application/json").with_header("x-api-key", KEY);
+    let mut f = filter(cfg);
+    f.on_request_headers(&mut host, false);
+    host.request_body = b"not json".to_vec();
+    f.on_request_body(&mut host, 8, true);
+    let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+    assert_eq!(req.token_estimate, None);
+
+    // without the option, or without a JSON body, the decision does not wait
+    let mut host = MockHost::new().with_header("content-type", "application/json").with_header("x-api-key", KEY);
+    assert_eq!(filter("{}").on_request_headers(&mut host, false), Action::Pause);
+    assert_eq!(host.calls.len(), 1);
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    filter(cfg).on_request_headers(&mut host, true);
+    assert_eq!(host.calls.len(), 1);
+}
+
+#[test]
+fn a_body_arriving_while_the_decision_is_pending_is_held_back() {
+    let mut host = MockHost::new().with_header(":method", "POST").with_header("x-api-key", KEY);
+    let mut f = filter("{}");
+    assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
+    // the decision is still out: the body must not let the request through
+    assert_eq!(f.on_request_body(&mut host, 5, false), Action::Pause);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+    assert_eq!(f.on_request_body(&mut host, 5, true), Action::Continue);
 }

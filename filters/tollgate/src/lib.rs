@@ -214,6 +214,9 @@ impl Host for EnvoyHost<'_> {
         // Unconditional: racing writers store equally valid answers; the last one wins.
         let _ = hostcalls::set_shared_data(key, Some(value), None);
     }
+    fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, size).ok().flatten()
+    }
     fn response_header(&self, name: &str) -> Option<String> {
         hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten()
     }
@@ -251,9 +254,14 @@ impl Context for Http {
 }
 
 impl HttpContext for Http {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
         let mut host = EnvoyHost { metrics: &self.metrics };
-        to_wasm(self.filter.on_request_headers(&mut host))
+        to_wasm(self.filter.on_request_headers(&mut host, end_of_stream))
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
+        let mut host = EnvoyHost { metrics: &self.metrics };
+        to_wasm(self.filter.on_request_body(&mut host, body_size, end_of_stream))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {

@@ -35,6 +35,9 @@ pub struct DecideRequest {
     /// Values of the request headers the filter is configured to forward (limit subjects).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<Header>,
+    /// Tokens the request says it may use (e.g. `max_tokens` of a JSON body), for budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_estimate: Option<u64>,
 }
 
 /// A header to add, as a name/value pair.
