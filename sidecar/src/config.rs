@@ -25,6 +25,8 @@ pub struct Config {
     pub redis: RedisConfig,
     pub cache: CacheConfig,
     pub log: LogConfig,
+    /// Circuit-breaker hints (`[breaker]`, see crate::hints).
+    pub breaker: crate::hints::BreakerConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +84,7 @@ impl Default for Config {
             redis: RedisConfig::default(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
+            breaker: Default::default(),
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod apikey;
 pub mod cache;
 pub mod config;
 pub mod decide;
+pub mod hints;
 pub mod keys;
 pub mod metrics;
 pub mod server;
@@ -43,6 +44,7 @@ impl Sidecar {
             decider: decide::Decider::new(store.clone(), &config.cache),
             store,
             prometheus: metrics::handle(),
+            hints: hints::Hints::new(&config.breaker),
         });
         Ok(Sidecar { listener, state })
     }

@@ -60,6 +60,8 @@ struct RawConfig {
     key_sources: Vec<KeySource>,
     #[serde(default = "default_auth_cache_max_ttl")]
     auth_cache_max_ttl: String,
+    #[serde(default)]
+    breakers: crate::breaker_config::RawBreakers,
 }
 
 fn default_cluster() -> String {
@@ -100,6 +102,8 @@ pub struct FilterConfig {
     /// Upper bound on how long an allow answer is reused from the VM-wide cache without a call
     /// (the sidecar proposes the time; zero disables the cache).
     pub auth_cache_max_ttl: Duration,
+    /// Circuit breakers per upstream target (none unless configured).
+    pub breakers: crate::breaker_config::BreakerConfig,
 }
 
 impl Default for FilterConfig {
@@ -111,6 +115,7 @@ impl Default for FilterConfig {
             failure_mode: FailureMode::Closed,
             key_sources: default_key_sources(),
             auth_cache_max_ttl: Duration::from_millis(500),
+            breakers: Default::default(),
         }
     }
 }
@@ -176,6 +181,7 @@ impl FilterConfig {
             failure_mode: raw.failure_mode,
             key_sources,
             auth_cache_max_ttl,
+            breakers: crate::breaker_config::BreakerConfig::compile(raw.breakers)?,
         })
     }
 }

@@ -4,6 +4,10 @@
 //! refuses the config, when it is invalid) and defines the filter's stats. Each request gets an
 //! [`Http`] context whose `EnvoyHost` implements `tollgate_filter_core::filter::Host` over
 //! proxy-wasm host calls; every decision is taken by `AuthFilter` in the core crate.
+//!
+//! Circuit breakers: after authentication lets a request through, `BreakerGuard` admits it,
+//! sends it to a fallback, or replies 503; it records the outcome in the response headers. The
+//! root context runs the core's `HintPoller` on its tick (one elected root context per Envoy).
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -12,6 +16,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(WasmLogLevel::Info);
@@ -21,13 +26,35 @@ proxy_wasm::main! {{
 /// Metric ids, defined once per VM.
 type Metrics = Rc<HashMap<Metric, u32>>;
 
+/// Per-target breaker counter ids by name, defined once per VM.
+type Named = Rc<HashMap<String, u32>>;
+
 #[derive(Default)]
 struct Root {
     config: Option<Rc<FilterConfig>>,
     metrics: Metrics,
+    named: Named,
+    poller: Option<HintPoller>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token_id: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        let status = self.get_http_call_response_header(":status").and_then(|s| s.parse::<u16>().ok());
+        let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if let Some(p) = self.poller.as_mut() {
+            p.on_call_response(&mut host, token_id, status, &body);
+        }
+    }
+}
+
+/// A random identity for this VM in the hint poller's lease.
+fn vm_identity() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(EnvoyHost { metrics: &HashMap::new(), named: &HashMap::new() }.now_ms());
+    h.finish()
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -51,12 +78,44 @@ impl RootContext for Root {
             }
         }
         self.metrics = Rc::new(metrics);
+        if let Some(config) = self.config.clone() {
+            let mut named = HashMap::new();
+            for name in config.breakers.metric_names() {
+                match hostcalls::define_metric(MetricType::Counter, &name) {
+                    Ok(id) => {
+                        named.insert(name, id);
+                    }
+                    Err(e) => log::warn!("tollgate: cannot define metric {name}: {e:?}"),
+                }
+            }
+            self.named = Rc::new(named);
+            let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+            for t in &config.breakers.targets {
+                breaker::init(&mut host, &breaker::shared_key(&t.name));
+            }
+            if config.breakers.shares_hints() {
+                self.poller = Some(HintPoller::new(config.clone(), vm_identity()));
+                self.set_tick_period(config.breakers.hints.poll_interval);
+            }
+        }
         true
+    }
+
+    fn on_tick(&mut self) {
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if let Some(p) = self.poller.as_mut() {
+            p.on_tick(&mut host);
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
-        Some(Box::new(Http { filter: AuthFilter::new(config), metrics: self.metrics.clone() }))
+        Some(Box::new(Http {
+            filter: AuthFilter::new(config.clone()),
+            guard: BreakerGuard::new(config),
+            metrics: self.metrics.clone(),
+            named: self.named.clone(),
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -66,12 +125,15 @@ impl RootContext for Root {
 
 struct Http {
     filter: AuthFilter,
+    guard: BreakerGuard,
     metrics: Metrics,
+    named: Named,
 }
 
 /// The Host trait over proxy-wasm host calls for the current HTTP context.
 struct EnvoyHost<'a> {
     metrics: &'a HashMap<Metric, u32>,
+    named: &'a HashMap<String, u32>,
 }
 
 impl Host for EnvoyHost<'_> {
@@ -134,6 +196,31 @@ impl Host for EnvoyHost<'_> {
         };
         let _ = hostcalls::log(level, message);
     }
+    fn shared_get_cas(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), breaker::SharedSetError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(proxy_wasm::types::Status::CasMismatch) => Err(breaker::SharedSetError::CasMismatch),
+            Err(e) => Err(breaker::SharedSetError::Other(format!("{e:?}"))),
+        }
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten()
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
+    }
+    fn clear_route_cache(&mut self) {
+        // Envoy's foreign function; harmless if header mutation already cleared it.
+        let _ = hostcalls::call_foreign_function("clear_route_cache", None);
+    }
+    fn count_named(&mut self, name: &str) {
+        if let Some(id) = self.named.get(name) {
+            let _ = hostcalls::increment_metric(*id, 1);
+        }
+    }
 }
 
 fn to_wasm(action: Action) -> WasmAction {
@@ -149,8 +236,10 @@ impl Context for Http {
             .get_http_call_response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
         let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
-        let mut host = EnvoyHost { metrics: &self.metrics };
-        if self.filter.on_sidecar_response(&mut host, token_id, status, &body) == Action::Continue {
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if self.filter.on_sidecar_response(&mut host, token_id, status, &body) == Action::Continue
+            && self.guard.on_request(&mut host) == Action::Continue
+        {
             self.resume_http_request();
         }
     }
@@ -158,12 +247,21 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics };
-        to_wasm(self.filter.on_request_headers(&mut host))
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        match self.filter.on_request_headers(&mut host) {
+            Action::Continue => to_wasm(self.guard.on_request(&mut host)),
+            Action::Pause => WasmAction::Pause,
+        }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics };
-        to_wasm(self.filter.on_response_headers(&mut host))
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        self.filter.on_response_headers(&mut host);
+        to_wasm(self.guard.on_response(&mut host))
+    }
+
+    fn on_log(&mut self) {
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        self.guard.on_done(&mut host);
     }
 }
