@@ -27,6 +27,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Plans by name, each a list of limits (docs/configuration.md). A key's `plan` selects one.
     pub plans: std::collections::BTreeMap<String, crate::limits::PlanConfig>,
+    /// Circuit-breaker hints (`[breaker]`, see crate::hints).
+    pub breaker: crate::hints::BreakerConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,6 +93,7 @@ impl Default for Config {
             cache: CacheConfig::default(),
             log: LogConfig::default(),
             plans: Default::default(),
+            breaker: Default::default(),
         }
     }
 }

@@ -316,3 +316,61 @@ mod tests {
         assert!(Id::parse("tenant-1.prod_x").is_some());
     }
 }
+
+// ---- circuit-breaker hints (seed 000, ADR-004: fast-open only) ----
+
+/// `cb:hint:{provider}:{model}` — string, JSON `{"replica","openedAtMs"}`, TTL
+/// [`BREAKER_HINT_TTL_SECS`] (`SET … EX`): an advisory hint that a replica's breaker for this
+/// provider/model opened. Other replicas may only use it to open their own breaker sooner; it
+/// is never evidence for closing one. Provider and model are validated (no `:`), so the key parses
+/// back unambiguously. Written by the sidecar on the filter's report; listed by SCAN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerHintKey(String);
+
+/// TTL of [`BreakerHintKey`] (seed 000): 30 seconds.
+pub const BREAKER_HINT_TTL_SECS: u64 = 30;
+
+/// Pattern matching every [`BreakerHintKey`] (for listing with SCAN).
+pub const BREAKER_HINT_PATTERN: &str = "cb:hint:*";
+
+impl BreakerHintKey {
+    /// `None` unless provider and model pass `tollgate_wire::breaker::valid_hint_part`.
+    pub fn new(provider: &str, model: &str) -> Option<Self> {
+        use tollgate_wire::breaker::valid_hint_part;
+        (valid_hint_part(provider) && valid_hint_part(model)).then(|| Self(format!("cb:hint:{provider}:{model}")))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// Provider and model back from a key name found by SCAN.
+    pub fn parse(name: &str) -> Option<(String, String)> {
+        let (provider, model) = name.strip_prefix("cb:hint:")?.split_once(':')?;
+        Self::new(provider, model).map(|_| (provider.to_string(), model.to_string()))
+    }
+}
+
+impl ToRedisArgs for BreakerHintKey {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(self.0.as_bytes())
+    }
+}
+
+impl ToSingleRedisArg for BreakerHintKey {}
+
+#[cfg(test)]
+mod breaker_hint_key_tests {
+    use super::*;
+
+    #[test]
+    fn golden_format() {
+        let k = BreakerHintKey::new("openai", "gpt-4o").unwrap();
+        assert_eq!(k.as_str(), "cb:hint:openai:gpt-4o");
+        assert_eq!(BreakerHintKey::parse("cb:hint:openai:gpt-4o"), Some(("openai".into(), "gpt-4o".into())));
+        assert_eq!(BreakerHintKey::new("meta", "llama/3.1-8b").unwrap().as_str(), "cb:hint:meta:llama/3.1-8b");
+        assert!(BreakerHintKey::new("a:b", "m").is_none());
+        assert!(BreakerHintKey::new("p", "").is_none());
+        assert!(BreakerHintKey::parse("cb:hint:p:m:x").is_none());
+        assert!(BreakerHintKey::parse("apikey:x").is_none());
+        assert_eq!(BREAKER_HINT_TTL_SECS, 30);
+    }
+}

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod clock;
 pub mod config;
 pub mod decide;
+pub mod hints;
 pub mod keys;
 pub mod limits;
 pub mod metrics;
@@ -57,6 +58,7 @@ impl Sidecar {
             ),
             store,
             prometheus: metrics::handle(),
+            hints: hints::Hints::new(&config.breaker),
         });
         Ok(Sidecar { listener, state })
     }

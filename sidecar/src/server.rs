@@ -21,6 +21,8 @@ pub struct AppState {
     pub decider: Decider,
     pub store: Store,
     pub prometheus: PrometheusHandle,
+    /// Circuit-breaker hints (crate::hints).
+    pub hints: crate::hints::Hints,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -29,6 +31,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(COMPLETIONS_PATH, post(completions))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
+        .route(tollgate_wire::breaker::HINTS_PATH, get(crate::hints::list).post(crate::hints::record))
         .with_state(state)
 }
 

@@ -222,7 +222,7 @@ impl Store {
     }
 
     /// Runs one command with the configured deadline, recording latency and errors.
-    async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StoreError>
+    pub(crate) async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -230,7 +230,7 @@ impl Store {
         self.run_with_deadline(op, self.config.timeout, f).await
     }
 
-    async fn run_with_deadline<T, F, Fut>(&self, op: &'static str, deadline: Duration, f: F) -> Result<T, StoreError>
+    pub(crate) async fn run_with_deadline<T, F, Fut>(&self, op: &'static str, deadline: Duration, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,

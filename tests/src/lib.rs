@@ -431,6 +431,8 @@ pub struct EnvoyOptions {
     pub template: &'static str,
     /// Pin Envoy to this CPU (taskset), for benchmarks.
     pub cpu: Option<u32>,
+    /// More `${NAME}` placeholders for templates that have them (e.g. `FALLBACK_PORT`).
+    pub vars: Vec<(&'static str, String)>,
 }
 
 impl EnvoyOptions {
@@ -442,6 +444,7 @@ impl EnvoyOptions {
             concurrency: 1,
             template: "envoy/tollgate.yaml.tmpl",
             cpu: None,
+            vars: Vec::new(),
         }
     }
     pub fn plugin_config(mut self, json: &str) -> Self {
@@ -491,17 +494,16 @@ impl Envoy {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, admin_port) = (free_port(), free_port());
         let template = fs::read_to_string(root().join(opts.template)).expect("read envoy template");
-        let yaml = render_template(
-            &template,
-            &[
-                ("ADMIN_PORT", admin_port.to_string()),
-                ("LISTEN_PORT", port.to_string()),
-                ("UPSTREAM_PORT", opts.upstream_port.to_string()),
-                ("SIDECAR_PORT", opts.sidecar_port.to_string()),
-                ("WASM_PATH", wasm_path().display().to_string()),
-                ("PLUGIN_CONFIG", opts.plugin_config.replace('\'', "''")),
-            ],
-        );
+        let mut vars = vec![
+            ("ADMIN_PORT", admin_port.to_string()),
+            ("LISTEN_PORT", port.to_string()),
+            ("UPSTREAM_PORT", opts.upstream_port.to_string()),
+            ("SIDECAR_PORT", opts.sidecar_port.to_string()),
+            ("WASM_PATH", wasm_path().display().to_string()),
+            ("PLUGIN_CONFIG", opts.plugin_config.replace('\'', "''")),
+        ];
+        vars.extend(opts.vars.iter().cloned());
+        let yaml = render_template(&template, &vars);
         let config = dir.path().join("envoy.yaml");
         fs::write(&config, yaml).expect("write envoy.yaml");
         let mut cmd = match opts.cpu {
@@ -783,3 +785,6 @@ impl RedisSentinel {
         });
     }
 }
+/// An upstream that fails on command and counts what it sees (circuit-breaker tests).
+pub mod flaky;
+pub use flaky::{start_flaky, Flaky};

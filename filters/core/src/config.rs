@@ -68,6 +68,8 @@ struct RawConfig {
     completion_flush_interval: String,
     #[serde(default)]
     token_estimate_field: Option<String>,
+    #[serde(default)]
+    breakers: crate::breaker_config::RawBreakers,
 }
 
 /// Where the tokens a request used come from, for token budgets.
@@ -134,6 +136,8 @@ pub struct FilterConfig {
     /// A top-level field of a JSON request body that tells the tokens a request may use (e.g.
     /// `max_tokens`). When set, JSON requests with a body are decided once the body is in.
     pub token_estimate_field: Option<String>,
+    /// Circuit breakers per upstream target (none unless configured).
+    pub breakers: crate::breaker_config::BreakerConfig,
 }
 
 impl Default for FilterConfig {
@@ -149,6 +153,7 @@ impl Default for FilterConfig {
             token_usage_from_response: true,
             completion_flush_interval: Duration::from_millis(100),
             token_estimate_field: None,
+            breakers: Default::default(),
         }
     }
 }
@@ -232,6 +237,7 @@ impl FilterConfig {
                 Some(f) if f.is_empty() => return Err(ConfigError("tokenEstimateField: must not be empty".into())),
                 other => other,
             },
+            breakers: crate::breaker_config::BreakerConfig::compile(raw.breakers)?,
         })
     }
 }

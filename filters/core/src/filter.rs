@@ -128,6 +128,18 @@ pub trait Host {
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
     /// `size` bytes of the (buffered) request body, from `start`.
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
+
+    // ---- circuit breakers (crate::breaker, crate::breaker_guard, crate::breaker_hints) ----
+    /// Shared data with its CAS token (`(None, None)` when absent).
+    fn shared_get_cas(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes only if the value still has token `cas` (`None`: unconditional).
+    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), crate::breaker::SharedSetError>;
+    /// An Envoy attribute, e.g. `["xds", "cluster_name"]` or `["response", "code_details"]`.
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// Makes Envoy pick the route again (after the filter changed a header routes match on).
+    fn clear_route_cache(&mut self);
+    /// Increments a counter known by name only at configuration time (per-target stats).
+    fn count_named(&mut self, name: &str);
 }
 
 /// An allow answer kept in shared data under [`auth_cache_key`], reusable until `until_ms`.

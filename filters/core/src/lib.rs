@@ -17,3 +17,10 @@ pub mod key;
 
 /// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
 pub mod mock;
+
+/// Circuit breakers: the state machine ([`breaker`]), its configuration ([`breaker_config`]), the
+/// per-request guard ([`breaker_guard`]) and the hint poller ([`breaker_hints`]).
+pub mod breaker;
+pub mod breaker_config;
+pub mod breaker_guard;
+pub mod breaker_hints;

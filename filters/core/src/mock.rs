@@ -1,5 +1,6 @@
 //! `MockHost`: an in-memory [`Host`] that records what the filter did, for tests.
 
+use crate::breaker::SharedSetError;
 use crate::filter::{CallSpec, Host, LogLevel, Metric};
 use std::collections::HashMap;
 
@@ -22,12 +23,21 @@ pub struct MockHost {
     pub logs: Vec<(LogLevel, String)>,
     pub now_ms: u64,
     pub shared: HashMap<String, Vec<u8>>,
-    /// Headers of the upstream response (`:status` …), as the filter reads them.
-    pub upstream_response_headers: Vec<(String, String)>,
     /// The response body chunk currently being processed.
     pub response_chunk: Vec<u8>,
     /// The buffered request body.
     pub request_body: Vec<u8>,
+    /// CAS token of each shared-data value: bumped on every write, like Envoy's.
+    pub cas: HashMap<String, u32>,
+    /// Writes "another worker" makes just before this host's next CAS write (each one makes that
+    /// write fail with a mismatch, as a concurrent update would).
+    pub interfere: Vec<(String, Vec<u8>)>,
+    /// Headers of the response being filtered, as the upstream (or Envoy) sent them.
+    pub upstream_response: Vec<(String, String)>,
+    /// Envoy attributes by dotted path, e.g. `xds.cluster_name`.
+    pub properties: HashMap<String, Vec<u8>>,
+    pub route_cache_clears: u32,
+    pub named_metrics: HashMap<String, u64>,
 }
 
 impl MockHost {
@@ -43,8 +53,20 @@ impl MockHost {
     pub fn next_request(other: &MockHost) -> MockHost {
         let mut h = MockHost::new();
         h.shared = other.shared.clone();
+        h.cas = other.cas.clone();
         h.now_ms = other.now_ms;
         h
+    }
+    pub fn with_property(mut self, path: &str, value: &str) -> MockHost {
+        self.properties.insert(path.to_string(), value.as_bytes().to_vec());
+        self
+    }
+    /// The counter named `name` (see [`Host::count_named`]).
+    pub fn named(&self, name: &str) -> u64 {
+        self.named_metrics.get(name).copied().unwrap_or(0)
+    }
+    fn bump(&mut self, key: &str) {
+        *self.cas.entry(key.to_string()).or_insert(0) += 1;
     }
     pub fn with_dispatch_error(mut self, e: &str) -> MockHost {
         self.dispatch_error = Some(e.to_string());
@@ -127,9 +149,41 @@ impl Host for MockHost {
     }
     fn shared_set(&mut self, key: &str, value: &[u8]) {
         self.shared.insert(key.to_string(), value.to_vec());
+        self.bump(key);
+    }
+    fn shared_get_cas(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.shared.get(key) {
+            Some(v) => (Some(v.clone()), Some(self.cas.get(key).copied().unwrap_or(0))),
+            None => (None, None),
+        }
+    }
+    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedSetError> {
+        if !self.interfere.is_empty() {
+            let (k, v) = self.interfere.remove(0);
+            self.shared.insert(k.clone(), v);
+            self.bump(&k);
+        }
+        // Like Envoy: a token is checked only when given and the key exists.
+        if let (Some(cas), true) = (cas, self.shared.contains_key(key)) {
+            if self.cas.get(key).copied().unwrap_or(0) != cas {
+                return Err(SharedSetError::CasMismatch);
+            }
+        }
+        self.shared.insert(key.to_string(), value.to_vec());
+        self.bump(key);
+        Ok(())
     }
     fn response_header(&self, name: &str) -> Option<String> {
-        self.upstream_response_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+        self.upstream_response.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.properties.get(&path.join(".")).cloned()
+    }
+    fn clear_route_cache(&mut self) {
+        self.route_cache_clears += 1;
+    }
+    fn count_named(&mut self, name: &str) {
+        *self.named_metrics.entry(name.to_string()).or_insert(0) += 1;
     }
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         self.response_chunk.get(start..start + size).map(<[u8]>::to_vec)

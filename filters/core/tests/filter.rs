@@ -265,7 +265,7 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
     f.on_request_headers(&mut host, true);
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
     assert!(host.shared.is_empty(), "an answer holding a ticket is never cached");
-    host.upstream_response_headers = vec![(":status".into(), "200".into())];
+    host.upstream_response = vec![(":status".into(), "200".into())];
     f.on_response_headers(&mut host);
     for chunk in [&br#"{"id":"x","usage":{"prompt_tokens":5,"#[..], br#""total_tokens":42}}"#] {
         host.response_chunk = chunk.to_vec();

@@ -4,6 +4,13 @@
 //! refuses the config, when it is invalid) and defines the filter's stats. Each request gets an
 //! [`Http`] context whose `EnvoyHost` implements `tollgate_filter_core::filter::Host` over
 //! proxy-wasm host calls; every decision is taken by `AuthFilter` in the core crate.
+//!
+//! Circuit breakers: after authentication lets a request through, `BreakerGuard` admits it,
+//! sends it to a fallback, or replies 503; it records the outcome in the response headers. The
+//! root context runs the core's `HintPoller` on its tick (one elected root context per Envoy).
+//!
+//! Completions: requests holding a ticket (token reservation, concurrency slot) push a report to
+//! the worker's `CompletionQueue`; the root context flushes it on every tick as one batch.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -14,6 +21,7 @@ use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
 use tollgate_wire::COMPLETIONS_PATH;
 
 /// Completion reports a worker keeps while the sidecar is unreachable.
@@ -29,6 +37,9 @@ proxy_wasm::main! {{
 /// Metric ids, defined once per VM.
 type Metrics = Rc<HashMap<Metric, u32>>;
 
+/// Per-target breaker counter ids by name, defined once per VM.
+type Named = Rc<HashMap<String, u32>>;
+
 /// Counters of the completion flusher (not request outcomes, so not in `Metric`).
 #[derive(Default, Clone, Copy)]
 struct FlushMetrics {
@@ -37,14 +48,26 @@ struct FlushMetrics {
     errors: Option<u32>,
 }
 
+fn bump(id: Option<u32>, n: u64) {
+    if let (Some(id), true) = (id, n > 0) {
+        let _ = hostcalls::increment_metric(id, n as i64);
+    }
+}
+
 struct Root {
     config: Option<Rc<FilterConfig>>,
     metrics: Metrics,
+    named: Named,
+    poller: Option<HintPoller>,
+    /// When the hint poller last ran (it runs every `poll_interval`; the tick is faster when
+    /// completions need flushing).
+    last_poll_ms: u64,
     /// This worker's completion reports; HTTP contexts push, the tick flushes.
     completions: Rc<RefCell<CompletionQueue>>,
     flush_metrics: FlushMetrics,
     reported_dropped: u64,
-    in_flight_len: usize,
+    /// The token of the completion batch in flight.
+    flush_token: Option<u32>,
 }
 
 impl Default for Root {
@@ -52,28 +75,25 @@ impl Default for Root {
         Root {
             config: None,
             metrics: Rc::default(),
+            named: Rc::default(),
+            poller: None,
+            last_poll_ms: 0,
             completions: Rc::new(RefCell::new(CompletionQueue::new(MAX_QUEUED_COMPLETIONS))),
             flush_metrics: FlushMetrics::default(),
             reported_dropped: 0,
-            in_flight_len: 0,
+            flush_token: None,
         }
     }
 }
 
-fn bump(id: Option<u32>, n: u64) {
-    if let (Some(id), true) = (id, n > 0) {
-        let _ = hostcalls::increment_metric(id, n as i64);
-    }
-}
-
 impl Root {
+    /// Sends this worker's waiting completion reports as one batch (one in flight at a time).
     fn flush(&mut self) {
         let Some(config) = self.config.clone() else { return };
         let mut queue = self.completions.borrow_mut();
         bump(self.flush_metrics.dropped, queue.dropped - self.reported_dropped);
         self.reported_dropped = queue.dropped;
         let Some(body) = queue.begin_flush(MAX_BATCH) else { return };
-        self.in_flight_len = body.len();
         let headers = vec![
             (":method", "POST"),
             (":path", COMPLETIONS_PATH),
@@ -82,26 +102,41 @@ impl Root {
         ];
         // A batch may wait longer than a decision: it is off the request path.
         let timeout = config.sidecar_timeout.max(std::time::Duration::from_secs(2));
-        if let Err(e) = hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
-            queue.end_flush(false);
-            bump(self.flush_metrics.errors, 1);
-            log::debug!("tollgate: cannot flush completions: {e:?}");
+        match hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
+            Ok(token) => self.flush_token = Some(token),
+            Err(e) => {
+                queue.end_flush(false);
+                bump(self.flush_metrics.errors, 1);
+                log::debug!("tollgate: cannot flush completions: {e:?}");
+            }
         }
     }
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, _token_id: u32, _headers: usize, _body_size: usize, _trailers: usize) {
-        let ok = self.get_http_call_response_header(":status").as_deref() == Some("200");
-        let mut queue = self.completions.borrow_mut();
-        if ok {
-            // The count of reports in the batch is what was taken out of the queue.
-            bump(self.flush_metrics.sent, 1);
-        } else {
-            bump(self.flush_metrics.errors, 1);
+    fn on_http_call_response(&mut self, token_id: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        let status = self.get_http_call_response_header(":status").and_then(|s| s.parse::<u16>().ok());
+        if self.flush_token == Some(token_id) {
+            self.flush_token = None;
+            let ok = status == Some(200);
+            bump(if ok { self.flush_metrics.sent } else { self.flush_metrics.errors }, 1);
+            self.completions.borrow_mut().end_flush(ok);
+            return;
         }
-        queue.end_flush(ok);
+        let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if let Some(p) = self.poller.as_mut() {
+            p.on_call_response(&mut host, token_id, status, &body);
+        }
     }
+}
+
+/// A random identity for this VM in the hint poller's lease.
+fn vm_identity() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(EnvoyHost { metrics: &HashMap::new(), named: &HashMap::new() }.now_ms());
+    h.finish()
 }
 
 impl RootContext for Root {
@@ -126,25 +161,60 @@ impl RootContext for Root {
             }
         }
         self.metrics = Rc::new(metrics);
-        let define = |name: &str| hostcalls::define_metric(MetricType::Counter, name).ok();
-        self.flush_metrics = FlushMetrics {
-            sent: define("tollgate.completions.batches_sent"),
-            dropped: define("tollgate.completions.dropped"),
-            errors: define("tollgate.completions.flush_errors"),
-        };
-        if let Some(c) = &self.config {
-            let _ = hostcalls::set_tick_period(c.completion_flush_interval);
+        if let Some(config) = self.config.clone() {
+            let mut named = HashMap::new();
+            for name in config.breakers.metric_names() {
+                match hostcalls::define_metric(MetricType::Counter, &name) {
+                    Ok(id) => {
+                        named.insert(name, id);
+                    }
+                    Err(e) => log::warn!("tollgate: cannot define metric {name}: {e:?}"),
+                }
+            }
+            self.named = Rc::new(named);
+            let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+            for t in &config.breakers.targets {
+                breaker::init(&mut host, &breaker::shared_key(&t.name));
+            }
+            if config.breakers.shares_hints() {
+                self.poller = Some(HintPoller::new(config.clone(), vm_identity()));
+            }
+            let define = |name: &str| hostcalls::define_metric(MetricType::Counter, name).ok();
+            self.flush_metrics = FlushMetrics {
+                sent: define("tollgate.completions.batches_sent"),
+                dropped: define("tollgate.completions.dropped"),
+                errors: define("tollgate.completions.flush_errors"),
+            };
+            // One tick drives both: completion flushes every tick, hint polls every poll_interval.
+            let tick = match &self.poller {
+                Some(_) => config.completion_flush_interval.min(config.breakers.hints.poll_interval),
+                None => config.completion_flush_interval,
+            };
+            self.set_tick_period(tick);
         }
         true
     }
 
     fn on_tick(&mut self) {
         self.flush();
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if let (Some(p), Some(config)) = (self.poller.as_mut(), self.config.as_ref()) {
+            let now = host.now_ms();
+            if now.saturating_sub(self.last_poll_ms) + 5 >= config.breakers.hints.poll_interval.as_millis() as u64 {
+                self.last_poll_ms = now;
+                p.on_tick(&mut host);
+            }
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
-        Some(Box::new(Http { filter: AuthFilter::new(config, self.completions.clone()), metrics: self.metrics.clone() }))
+        Some(Box::new(Http {
+            filter: AuthFilter::new(config.clone(), self.completions.clone()),
+            guard: BreakerGuard::new(config),
+            metrics: self.metrics.clone(),
+            named: self.named.clone(),
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -154,12 +224,15 @@ impl RootContext for Root {
 
 struct Http {
     filter: AuthFilter,
+    guard: BreakerGuard,
     metrics: Metrics,
+    named: Named,
 }
 
 /// The Host trait over proxy-wasm host calls for the current HTTP context.
 struct EnvoyHost<'a> {
     metrics: &'a HashMap<Metric, u32>,
+    named: &'a HashMap<String, u32>,
 }
 
 impl Host for EnvoyHost<'_> {
@@ -214,15 +287,6 @@ impl Host for EnvoyHost<'_> {
         // Unconditional: racing writers store equally valid answers; the last one wins.
         let _ = hostcalls::set_shared_data(key, Some(value), None);
     }
-    fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, size).ok().flatten()
-    }
-    fn response_header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten()
-    }
-    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpResponseBody, start, size).ok().flatten()
-    }
     fn log(&mut self, level: LogLevel, message: &str) {
         let level = match level {
             LogLevel::Debug => WasmLogLevel::Debug,
@@ -230,6 +294,37 @@ impl Host for EnvoyHost<'_> {
             LogLevel::Warn => WasmLogLevel::Warn,
         };
         let _ = hostcalls::log(level, message);
+    }
+    fn shared_get_cas(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), breaker::SharedSetError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(proxy_wasm::types::Status::CasMismatch) => Err(breaker::SharedSetError::CasMismatch),
+            Err(e) => Err(breaker::SharedSetError::Other(format!("{e:?}"))),
+        }
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten()
+    }
+    fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, size).ok().flatten()
+    }
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpResponseBody, start, size).ok().flatten()
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
+    }
+    fn clear_route_cache(&mut self) {
+        // Envoy's foreign function; harmless if header mutation already cleared it.
+        let _ = hostcalls::call_foreign_function("clear_route_cache", None);
+    }
+    fn count_named(&mut self, name: &str) {
+        if let Some(id) = self.named.get(name) {
+            let _ = hostcalls::increment_metric(*id, 1);
+        }
     }
 }
 
@@ -246,8 +341,10 @@ impl Context for Http {
             .get_http_call_response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
         let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
-        let mut host = EnvoyHost { metrics: &self.metrics };
-        if self.filter.on_sidecar_response(&mut host, token_id, status, &body) == Action::Continue {
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if self.filter.on_sidecar_response(&mut host, token_id, status, &body) == Action::Continue
+            && self.guard.on_request(&mut host) == Action::Continue
+        {
             self.resume_http_request();
         }
     }
@@ -255,26 +352,36 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics };
-        to_wasm(self.filter.on_request_headers(&mut host, end_of_stream))
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        match self.filter.on_request_headers(&mut host, end_of_stream) {
+            Action::Continue => to_wasm(self.guard.on_request(&mut host)),
+            Action::Pause => WasmAction::Pause,
+        }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics };
-        to_wasm(self.filter.on_request_body(&mut host, body_size, end_of_stream))
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        match self.filter.on_request_body(&mut host, body_size, end_of_stream) {
+            // The guard runs once (it ignores later calls), when authentication lets the request on.
+            Action::Continue => to_wasm(self.guard.on_request(&mut host)),
+            Action::Pause => WasmAction::Pause,
+        }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics };
-        to_wasm(self.filter.on_response_headers(&mut host))
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        self.filter.on_response_headers(&mut host);
+        to_wasm(self.guard.on_response(&mut host))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics };
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
         to_wasm(self.filter.on_response_body(&mut host, body_size))
     }
 
     fn on_log(&mut self) {
+        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        self.guard.on_done(&mut host);
         self.filter.on_log();
     }
 }

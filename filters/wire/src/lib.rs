@@ -222,3 +222,6 @@ mod tests {
         assert_eq!(req.request_id, None);
     }
 }
+
+/// Breaker hints (fast-open only) between the filter and the sidecar.
+pub mod breaker;

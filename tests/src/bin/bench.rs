@@ -1,6 +1,9 @@
 //! `tollgate-bench`: Envoy alone vs Envoy + Tollgate (auth cache on; off = one callout per
 //! request; auth + one exact rate limit = one callout and one EVALSHA per request), measured in
 //! one run, interleaved.
+//! `tollgate-bench`: Envoy alone vs Envoy + Tollgate (auth cache on, and off = one callout per
+//! request; and auth cache on with a circuit breaker on the upstream), measured in one run,
+//! interleaved.
 //!
 //! Every configuration runs against the same in-process echo upstream; Envoy runs with
 //! `--concurrency 1` pinned to CPU 0 and wrk (`-t1`) pinned to CPU 1; the sidecar, Redis and the
@@ -105,15 +108,25 @@ fn main() {
         ..EnvoyOptions::new(upstream.port, sidecar.port)
             .plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#)
     });
-    for e in [&tollgate, &callout] {
+    // The same filter with a circuit breaker guarding the upstream cluster (closed: the request
+    // path reads the breaker's shared state; no callout), and the hint poller ticking.
+    let breaker = Envoy::start(EnvoyOptions {
+        cpu: Some(0),
+        ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(
+            r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed",
+                "breakers":{"targets":[{"name":"bench","cluster":"upstream","provider":"bench","model":"m"}]}}"#,
+        )
+    });
+    for e in [&tollgate, &callout, &breaker] {
         assert_eq!(get(&e.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
     }
 
-    let configs: [(&str, &Envoy, Option<&str>); 4] = [
+    let configs: [(&str, &Envoy, Option<&str>); 5] = [
         ("envoy-alone", &baseline, None),
         ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
         ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
         ("tollgate-auth+rate-limit", &tollgate, Some(limited_key.raw.as_str())),
+        ("tollgate-auth-breaker", &breaker, Some(key.raw.as_str())),
     ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
     eprintln!("benchmark: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns}, Envoy --concurrency 1 on CPU 0, wrk on CPU 1");
@@ -191,6 +204,6 @@ fn main() {
     });
     let _ = std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&doc).unwrap_or_default());
     println!("\nwrote .tollgate/bench/summary.json");
-    drop((tollgate, callout, baseline, sidecar, redis, upstream));
+    drop((tollgate, callout, breaker, baseline, sidecar, redis, upstream));
 }
 

@@ -1,0 +1,188 @@
+//! The per-request side of the circuit breakers: admit or reject a request before it goes
+//! upstream, route it to a fallback target while its own is open, and record its outcome.
+//!
+//! The guard runs after authentication allowed the request. It reads the routed cluster
+//! (`xds.cluster_name`) to find the request's target; a cluster that is no target is not
+//! guarded. Admission reads the target's shared state and writes only when the breaker is not
+//! closed (half-open trial slots), so a request on a closed breaker costs one shared-data read
+//! and no callout. While the target is open, the fallback targets are tried in order: the first
+//! one that admits the request gets it, by the request header [`CLUSTER_HEADER`] that the Envoy
+//! route `cluster_header` action follows (the route cache is cleared after setting it). When none
+//! admits it, the filter replies 503 with `Retry-After`.
+//!
+//! Outcomes are observed in the response headers: an upstream status in the failure set, or an
+//! Envoy local reply (connect failure, reset, timeout: `response.code_details` other than
+//! `via_upstream`) with a 5xx status, is a failure.
+
+use crate::breaker::{self, Admission, Outcome, Transition};
+use crate::breaker_config::{BreakerConfig, Target};
+use crate::config::FilterConfig;
+use crate::filter::{Action, Host, LogLevel};
+use std::rc::Rc;
+use tollgate_wire::ErrorBody;
+
+/// Request header the filter sets to send a request to a fallback target's cluster; Envoy routes
+/// on it (`route: {cluster_header: x-tollgate-cluster}`). Clients cannot set it: the filter strips
+/// the `x-tollgate-*` namespace first.
+pub const CLUSTER_HEADER: &str = "x-tollgate-cluster";
+/// Response header naming the target that served the request.
+pub const TARGET_HEADER: &str = "x-tollgate-target";
+/// Response header on the filter's own 503 while every candidate target is open.
+pub const BREAKER_HEADER: &str = "x-tollgate-breaker";
+/// Error code of that 503.
+pub const BREAKER_OPEN: &str = "upstream_unavailable";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GuardState {
+    Idle,
+    Admitted { target: usize, trial: bool },
+    Done,
+}
+
+/// One request's breaker guard.
+pub struct BreakerGuard {
+    config: Rc<FilterConfig>,
+    state: GuardState,
+}
+
+/// Classifies a response: `status` from `:status`, `details` from `response.code_details`.
+pub fn classify(config: &BreakerConfig, status: Option<u16>, details: Option<&str>) -> Outcome {
+    let Some(status) = status else { return Outcome::Failure };
+    let local_reply = details.is_some_and(|d| d != "via_upstream");
+    if (local_reply && status >= 500) || (!local_reply && config.is_failure_status(status)) {
+        Outcome::Failure
+    } else {
+        Outcome::Success
+    }
+}
+
+/// Counts and logs a transition of `target` (transitions only, never per request).
+pub fn report(host: &mut impl Host, target: &Target, transition: Transition, why: &str) {
+    host.count_named(&target.stat(transition.name()));
+    let level = match transition {
+        Transition::Opened | Transition::OpenedByHint | Transition::Reopened => LogLevel::Warn,
+        Transition::HalfOpened | Transition::Closed => LogLevel::Info,
+    };
+    host.log(level, &format!("tollgate: breaker {} {} ({why})", target.name, transition.name()));
+}
+
+impl BreakerGuard {
+    pub fn new(config: Rc<FilterConfig>) -> BreakerGuard {
+        BreakerGuard { config, state: GuardState::Idle }
+    }
+
+    /// Call when the request may go upstream as far as authentication is concerned. Returns
+    /// `Pause` when the guard replied itself (every candidate open).
+    pub fn on_request(&mut self, host: &mut impl Host) -> Action {
+        if self.state != GuardState::Idle {
+            return Action::Continue;
+        }
+        self.state = GuardState::Done;
+        let b = &self.config.breakers;
+        if b.targets.is_empty() {
+            return Action::Continue;
+        }
+        let Some(cluster) = host.property(&["xds", "cluster_name"]).and_then(|v| String::from_utf8(v).ok()) else {
+            return Action::Continue;
+        };
+        let Some(primary) = b.targets.iter().position(|t| t.cluster == cluster) else {
+            return Action::Continue;
+        };
+        let now = host.now_ms();
+        let mut retry_after_ms = None;
+        let candidates = std::iter::once(primary).chain(b.targets.get(primary).map(|t| t.fallback.clone()).unwrap_or_default());
+        for idx in candidates {
+            let Some(target) = b.targets.get(idx) else { continue };
+            let result = breaker::update(host, &breaker::shared_key(&target.name), |s| {
+                let (admission, changed, transition) = s.admit(&b.policy, now);
+                ((admission, transition), changed)
+            });
+            let admission = match result {
+                Ok((admission, transition)) => {
+                    if let Some(t) = transition {
+                        report(host, target, t, "open time over: letting trials through");
+                    }
+                    admission
+                }
+                Err(e) => {
+                    // Only a breaker that is not closed writes on admission; under that much
+                    // contention, keep the trial bound rather than the request.
+                    host.log(LogLevel::Debug, &format!("tollgate: breaker {}: admission not recorded: {e:?}", target.name));
+                    Admission::Reject { retry_after_ms: 1_000 }
+                }
+            };
+            match admission {
+                Admission::Pass | Admission::Trial => {
+                    if idx != primary {
+                        host.set_request_header(CLUSTER_HEADER, &target.cluster);
+                        host.clear_route_cache();
+                        if let Some(p) = b.targets.get(primary) {
+                            host.count_named(&p.stat("fallback"));
+                        }
+                    }
+                    self.state = GuardState::Admitted { target: idx, trial: admission == Admission::Trial };
+                    return Action::Continue;
+                }
+                Admission::Reject { retry_after_ms: r } => {
+                    retry_after_ms.get_or_insert(r);
+                }
+            }
+        }
+        let Some(target) = b.targets.get(primary) else { return Action::Continue };
+        host.count_named(&target.stat("rejected"));
+        let retry_after = retry_after_ms.unwrap_or(1_000).div_ceil(1_000).max(1).to_string();
+        let body = serde_json::to_vec(&ErrorBody {
+            error: BREAKER_OPEN.into(),
+            message: format!("upstream '{}' is failing; retry later", target.name),
+            limit: None,
+        })
+        .unwrap_or_default();
+        host.send_reply(
+            503,
+            &[("content-type", "application/json"), ("retry-after", &retry_after), (BREAKER_HEADER, "open")],
+            &body,
+        );
+        Action::Pause
+    }
+
+    /// Records the outcome of an admitted request and names the target that served it.
+    pub fn on_response(&mut self, host: &mut impl Host) -> Action {
+        let GuardState::Admitted { target: idx, trial } = self.state else { return Action::Continue };
+        self.state = GuardState::Done;
+        let b = &self.config.breakers;
+        let Some(target) = b.targets.get(idx) else { return Action::Continue };
+        let status = host.response_header(":status").and_then(|s| s.parse::<u16>().ok());
+        let details = host.property(&["response", "code_details"]).and_then(|v| String::from_utf8(v).ok());
+        let outcome = classify(b, status, details.as_deref());
+        let now = host.now_ms();
+        match breaker::update(host, &breaker::shared_key(&target.name), |s| {
+            let (changed, transition) = s.record(&b.policy, now, trial, outcome);
+            (transition, changed)
+        }) {
+            Ok(Some(t)) => {
+                let why = format!(
+                    "status {}{}",
+                    status.map_or("none".to_string(), |s| s.to_string()),
+                    details.as_deref().map(|d| format!(", {d}")).unwrap_or_default()
+                );
+                report(host, target, t, &why);
+            }
+            Ok(None) => {}
+            Err(e) => host.log(LogLevel::Debug, &format!("tollgate: breaker {}: result not recorded: {e:?}", target.name)),
+        }
+        host.add_response_header(TARGET_HEADER, &target.name);
+        Action::Continue
+    }
+
+    /// The request ended. A trial that never saw response headers gives its slot back.
+    pub fn on_done(&mut self, host: &mut impl Host) {
+        let GuardState::Admitted { target: idx, trial } = self.state else { return };
+        self.state = GuardState::Done;
+        if !trial {
+            return;
+        }
+        if let Some(target) = self.config.breakers.targets.get(idx) {
+            let _ = breaker::update(host, &breaker::shared_key(&target.name), |s| ((), s.release_trial()));
+        }
+    }
+}

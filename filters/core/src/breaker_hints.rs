@@ -1,0 +1,176 @@
+//! The hint poller: one root context per Envoy reports local OPEN transitions to the sidecar and
+//! applies other replicas' hints to the shared breaker states.
+//!
+//! `on_tick` fires in every root context (every worker's VM and the main thread's), so each tick
+//! first tries to hold a lease in shared data ([`LEASE_KEY`]: owner and expiry, taken or renewed
+//! by CAS); only the holder works. The holder (1) sends each target's pending local OPEN (the
+//! state's `publish` stamp, set by the request path) as a fire-and-forget
+//! `POST /v1/breaker/hints`, and (2) asks `GET /v1/breaker/hints` for the other replicas' live
+//! hints and applies each to the matching targets ([`crate::breaker::State::apply_hint`]:
+//! closed → open only). The request path never calls out for breakers; it only reads shared data.
+//!
+//! Why the request path does not post the hint itself: a call dispatched from an HTTP context is
+//! cancelled when that stream ends, which is right after the response that tripped the breaker.
+
+use crate::breaker::{self, HintEffect, Transition};
+use crate::breaker_guard::report;
+use crate::config::FilterConfig;
+use crate::filter::{CallSpec, Host, LogLevel};
+use std::rc::Rc;
+use tollgate_wire::breaker::{HintList, HintReport, HINTS_PATH};
+
+/// Shared-data key of the poller lease: owner (u64 LE) then expiry in ms (u64 LE).
+pub const LEASE_KEY: &str = "tollgate.breaker.v1.lease";
+
+/// The poller of one root context.
+pub struct HintPoller {
+    config: Rc<FilterConfig>,
+    /// This VM's identity in the lease (random per VM, non-zero).
+    owner: u64,
+    list_call: Option<(u32, u64)>,
+    posts: Vec<u32>,
+    /// Whether the last exchange with the sidecar failed (log on transitions only).
+    failing: bool,
+}
+
+fn decode_lease(bytes: &[u8]) -> Option<(u64, u64)> {
+    let owner = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
+    let until = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+    Some((owner, until))
+}
+
+impl HintPoller {
+    pub fn new(config: Rc<FilterConfig>, owner: u64) -> HintPoller {
+        HintPoller { config, owner: owner.max(1), list_call: None, posts: Vec::new(), failing: false }
+    }
+
+    /// How long a lease lasts without renewal: a few poll intervals, so a stalled holder is
+    /// replaced quickly but a busy one is not.
+    fn lease_ms(&self) -> u64 {
+        (self.config.breakers.hints.poll_interval.as_millis() as u64).saturating_mul(4).max(1_000)
+    }
+
+    /// Takes or renews the lease; true when this context holds it now.
+    pub fn hold_lease(&self, host: &mut impl Host, now_ms: u64) -> bool {
+        let (bytes, cas) = host.shared_get_cas(LEASE_KEY);
+        if let Some((owner, until)) = bytes.as_deref().and_then(decode_lease) {
+            if owner != self.owner && until > now_ms {
+                return false;
+            }
+        }
+        let mut value = self.owner.to_le_bytes().to_vec();
+        value.extend_from_slice(&now_ms.saturating_add(self.lease_ms()).to_le_bytes());
+        host.shared_set_cas(LEASE_KEY, &value, cas).is_ok()
+    }
+
+    fn call(&self, method: &str, body: Vec<u8>) -> CallSpec {
+        let c = &self.config;
+        let mut headers = vec![
+            (":method".to_string(), method.to_string()),
+            (":path".to_string(), HINTS_PATH.to_string()),
+            (":authority".to_string(), c.sidecar_authority.clone()),
+        ];
+        if !body.is_empty() {
+            headers.push(("content-type".into(), "application/json".into()));
+        }
+        CallSpec { cluster: c.sidecar_cluster.clone(), headers, body, timeout: c.breakers.hints.timeout }
+    }
+
+    fn sidecar_state(&mut self, host: &mut impl Host, ok: bool, why: &str) {
+        if ok && self.failing {
+            host.log(LogLevel::Info, "tollgate: breaker hints: the sidecar answers again");
+        } else if !ok && !self.failing {
+            host.log(LogLevel::Warn, &format!("tollgate: breaker hints not shared for now: {why}"));
+        }
+        self.failing = !ok;
+    }
+
+    /// One tick: if this context holds the lease, report pending opens and ask for hints.
+    pub fn on_tick(&mut self, host: &mut impl Host) {
+        let b = &self.config.breakers;
+        if !b.shares_hints() {
+            return;
+        }
+        let now = host.now_ms();
+        if !self.hold_lease(host, now) {
+            return;
+        }
+        let config = self.config.clone();
+        for target in config.breakers.targets.iter() {
+            let Some((provider, model)) = &target.hint else { continue };
+            let key = breaker::shared_key(&target.name);
+            let pending = breaker::read(host, &key).publish;
+            if pending == 0 {
+                continue;
+            }
+            let report = HintReport { provider: provider.clone(), model: model.clone(), opened_at_ms: pending };
+            let Ok(body) = serde_json::to_vec(&report) else { continue };
+            match host.dispatch(self.call("POST", body)) {
+                Ok(token) => self.posts.push(token),
+                Err(e) => self.sidecar_state(host, false, &format!("cannot call the sidecar: {e}")),
+            }
+            // Sent or not, a report is attempted once: hints are advisory.
+            let _ = breaker::update(host, &key, |s| {
+                let clear = s.publish == pending;
+                if clear {
+                    s.publish = 0;
+                }
+                ((), clear)
+            });
+        }
+        let stale = self.list_call.is_some_and(|(_, at)| now.saturating_sub(at) > 10_000);
+        if self.list_call.is_none() || stale {
+            match host.dispatch(self.call("GET", Vec::new())) {
+                Ok(token) => self.list_call = Some((token, now)),
+                Err(e) => self.sidecar_state(host, false, &format!("cannot call the sidecar: {e}")),
+            }
+        }
+    }
+
+    /// A call response arrived at the root context.
+    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+        if let Some(i) = self.posts.iter().position(|t| *t == token) {
+            self.posts.swap_remove(i);
+            let ok = matches!(status, Some(200..=299));
+            self.sidecar_state(host, ok, &format!("hint report answered {status:?}"));
+            return;
+        }
+        if self.list_call.map(|(t, _)| t) != Some(token) {
+            host.log(LogLevel::Debug, "tollgate: breaker hints: ignoring a response with an unexpected token");
+            return;
+        }
+        self.list_call = None;
+        let list: HintList = match (status, serde_json::from_slice::<HintList>(body)) {
+            (Some(200), Ok(l)) => l,
+            (s, _) => {
+                self.sidecar_state(host, false, &format!("hint list answered {s:?}"));
+                return;
+            }
+        };
+        self.sidecar_state(host, true, "");
+        self.apply(host, &list);
+    }
+
+    /// Applies listed hints to the matching targets.
+    pub fn apply(&self, host: &mut impl Host, list: &HintList) {
+        let b = &self.config.breakers;
+        let now = host.now_ms();
+        for hint in &list.hints {
+            let fp = breaker::hint_fingerprint(&hint.replica, hint.opened_at_ms);
+            for target in b.targets.iter() {
+                if target.hint.as_ref() != Some(&(hint.provider.clone(), hint.model.clone())) {
+                    continue;
+                }
+                let key = breaker::shared_key(&target.name);
+                match breaker::update(host, &key, |s| s.apply_hint(&b.policy, now, fp)) {
+                    Ok(HintEffect::Opened) => {
+                        report(host, target, Transition::OpenedByHint, &format!("hint from replica {}", hint.replica))
+                    }
+                    Ok(HintEffect::Ignored) => host.count_named(&target.stat("hint_ignored")),
+                    Ok(HintEffect::Known) => {}
+                    Err(e) => host.log(LogLevel::Debug, &format!("tollgate: breaker {}: hint not applied: {e:?}", target.name)),
+                }
+            }
+        }
+    }
+}

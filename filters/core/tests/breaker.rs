@@ -1,0 +1,408 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The circuit breakers through a mock host: the state machine, CAS updates under contention,
+//! the per-request guard (admission, fallback, outcome classification) and the hint poller
+//! (lease election, reports, fast-open only). Runs natively and under wasm-bindgen-test.
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+use std::rc::Rc;
+use tollgate_filter_core::breaker::{self, Admission, HintEffect, Outcome, Phase, Policy, State, Transition, UpdateError};
+use tollgate_filter_core::breaker_guard::{BreakerGuard, CLUSTER_HEADER, TARGET_HEADER};
+use tollgate_filter_core::breaker_hints::{HintPoller, LEASE_KEY};
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::filter::{Action, Host};
+use tollgate_filter_core::mock::MockHost;
+use tollgate_wire::breaker::{Hint, HintList, HintReport};
+
+fn policy() -> Policy {
+    Policy {
+        consecutive_failures: 3,
+        failure_ratio_permille: 0,
+        window_ms: 10_000,
+        min_requests: 1,
+        open_ms: 1_000,
+        half_open_trials: 1,
+        trial_timeout_ms: 5_000,
+    }
+}
+
+#[test]
+fn opens_after_consecutive_failures_and_rejects_until_the_open_time_is_over() {
+    let p = policy();
+    let mut s = State::default();
+    assert_eq!(s.admit(&p, 0), (Admission::Pass, false, None), "closed admission writes nothing");
+    assert_eq!(s.record(&p, 10, false, Outcome::Failure), (true, None));
+    assert_eq!(s.record(&p, 20, false, Outcome::Success), (true, None), "a success resets the run");
+    assert_eq!(s.record(&p, 30, false, Outcome::Failure), (true, None));
+    assert_eq!(s.record(&p, 40, false, Outcome::Failure), (true, None));
+    assert_eq!(s.record(&p, 50, false, Outcome::Failure), (true, Some(Transition::Opened)));
+    assert_eq!(s.phase, Phase::Open { until_ms: 1_050 });
+    assert_eq!(s.publish, 50, "a local open is to be reported");
+    assert_eq!(s.admit(&p, 600).0, Admission::Reject { retry_after_ms: 450 });
+    assert_eq!(s.admit(&p, 1_049).0, Admission::Reject { retry_after_ms: 1 });
+    // Late results of requests admitted before the open are no evidence.
+    assert_eq!(s.record(&p, 700, false, Outcome::Success), (false, None));
+    assert_eq!(s.phase, Phase::Open { until_ms: 1_050 });
+}
+
+#[test]
+fn half_open_bounds_trials_success_closes_failure_reopens() {
+    let p = Policy { half_open_trials: 2, ..policy() };
+    let mut s = State::default();
+    for t in 0..3 {
+        s.record(&p, t, false, Outcome::Failure);
+    }
+    assert_eq!(s.admit(&p, 1_002), (Admission::Trial, true, Some(Transition::HalfOpened)));
+    assert_eq!(s.admit(&p, 1_003), (Admission::Trial, true, None));
+    assert_eq!(s.admit(&p, 1_004).0, Admission::Reject { retry_after_ms: 1_000 }, "third trial over the bound");
+    // A non-trial result does not decide.
+    assert_eq!(s.record(&p, 1_005, false, Outcome::Success), (false, None));
+    // A failed trial re-opens for another full period.
+    assert_eq!(s.record(&p, 1_010, true, Outcome::Failure), (true, Some(Transition::Reopened)));
+    assert_eq!(s.phase, Phase::Open { until_ms: 2_010 });
+    assert_eq!(s.publish, 1_010);
+    // Then a successful trial closes.
+    assert_eq!(s.admit(&p, 2_010).0, Admission::Trial);
+    assert_eq!(s.record(&p, 2_020, true, Outcome::Success), (true, Some(Transition::Closed)));
+    assert_eq!(s.phase, Phase::Closed);
+    assert_eq!(s.consecutive, 0);
+}
+
+#[test]
+fn lost_trials_free_their_slot_by_release_or_timeout() {
+    let p = policy();
+    let mut s = State::with_phase(Phase::Open { until_ms: 0 });
+    assert_eq!(s.admit(&p, 10).0, Admission::Trial);
+    assert!(matches!(s.admit(&p, 11).0, Admission::Reject { .. }));
+    assert!(s.release_trial());
+    assert_eq!(s.admit(&p, 12).0, Admission::Trial);
+    // Never released: after trial_timeout the slot is given again.
+    assert!(matches!(s.admit(&p, 4_000).0, Admission::Reject { .. }));
+    assert_eq!(s.admit(&p, 5_012), (Admission::Trial, true, None));
+}
+
+#[test]
+fn failure_ratio_over_the_window_needs_the_minimum_count() {
+    let p = Policy { consecutive_failures: 0, failure_ratio_permille: 500, min_requests: 10, window_ms: 1_000, ..policy() };
+    let mut s = State::default();
+    // 4 failures, 5 successes, interleaved: ratio 0.44, then the 10th result a failure: 0.5.
+    for i in 0..9u64 {
+        let o = if i % 2 == 0 { Outcome::Success } else { Outcome::Failure };
+        assert_eq!(s.record(&p, 100 + i, false, o).1, None);
+    }
+    assert_eq!(s.window(&p, 108), (5, 4));
+    assert_eq!(s.record(&p, 109, false, Outcome::Failure).1, Some(Transition::Opened));
+
+    // Old results leave the window: 9 failures long ago do not count now.
+    let mut s = State::default();
+    for i in 0..9 {
+        s.record(&p, i, false, Outcome::Failure);
+    }
+    assert_eq!(s.window(&p, 5_000), (0, 0));
+    assert_eq!(s.record(&p, 5_000, false, Outcome::Failure).1, None);
+}
+
+#[test]
+fn state_encoding_round_trips_and_rejects_garbage() {
+    let p = policy();
+    let mut s = State::default();
+    s.record(&p, 12_345, false, Outcome::Failure);
+    s.hint_seen = 77;
+    for phase in [Phase::Closed, Phase::Open { until_ms: u64::MAX }, Phase::HalfOpen { since_ms: 9, in_flight: 3 }] {
+        s.phase = phase;
+        let bytes = s.encode();
+        assert_eq!(bytes.len(), breaker::ENCODED_LEN);
+        assert_eq!(State::decode(&bytes), Some(s.clone()));
+    }
+    assert_eq!(State::decode(b""), None);
+    assert_eq!(State::decode(&[9; breaker::ENCODED_LEN]), None);
+    let mut bad_tag = s.encode();
+    bad_tag[1] = 7;
+    assert_eq!(State::decode(&bad_tag), None);
+}
+
+#[test]
+fn hints_only_ever_open_a_closed_breaker_once() {
+    let p = policy();
+    let fp = breaker::hint_fingerprint("replica-a", 1_000);
+    assert_ne!(fp, breaker::hint_fingerprint("replica-b", 1_000));
+    assert_ne!(fp, breaker::hint_fingerprint("replica-a", 1_001));
+
+    // Closed: opens for this replica's own open time.
+    let mut s = State::default();
+    assert_eq!(s.apply_hint(&p, 500, fp), (HintEffect::Opened, true));
+    assert_eq!(s.phase, Phase::Open { until_ms: 1_500 });
+    assert_eq!(s.publish, 0, "a hint-driven open is not reported back");
+    assert_eq!(s.apply_hint(&p, 600, fp), (HintEffect::Known, false));
+
+    // Open: a new hint neither shortens nor extends; half-open: it does not close or re-open.
+    let mut s = State::with_phase(Phase::Open { until_ms: 9_000 });
+    assert_eq!(s.apply_hint(&p, 100, fp), (HintEffect::Ignored, true));
+    assert_eq!(s.phase, Phase::Open { until_ms: 9_000 });
+    let mut s = State::with_phase(Phase::HalfOpen { since_ms: 5, in_flight: 1 });
+    assert_eq!(s.apply_hint(&p, 100, fp).0, HintEffect::Ignored);
+    assert_eq!(s.phase, Phase::HalfOpen { since_ms: 5, in_flight: 1 });
+    // The breaker closes on its own trial; the same hint, still live, does not re-open it.
+    assert_eq!(s.record(&p, 200, true, Outcome::Success).1, Some(Transition::Closed));
+    assert_eq!(s.apply_hint(&p, 300, fp), (HintEffect::Known, false));
+    assert_eq!(s.phase, Phase::Closed);
+    // A newer hint (a new open elsewhere) does.
+    assert_eq!(s.apply_hint(&p, 400, breaker::hint_fingerprint("replica-a", 350)).0, HintEffect::Opened);
+}
+
+#[test]
+fn updates_retry_on_cas_mismatch_and_give_up_when_always_contended() {
+    let key = breaker::shared_key("t");
+    let mut host = MockHost::new();
+    breaker::init(&mut host, &key);
+    let p = policy();
+    // Another worker records two failures between our read and our write.
+    let mut other = State::default();
+    other.record(&p, 1, false, Outcome::Failure);
+    other.record(&p, 2, false, Outcome::Failure);
+    host.interfere.push((key.clone(), other.encode()));
+    let mut attempts = 0;
+    let t = breaker::update(&mut host, &key, |s| {
+        attempts += 1;
+        let (changed, t) = s.record(&p, 3, false, Outcome::Failure);
+        (t, changed)
+    })
+    .unwrap();
+    assert_eq!(attempts, 2, "recomputed on the fresh state");
+    assert_eq!(t, Some(Transition::Opened), "the other worker's failures counted");
+
+    // Always contended: bounded.
+    let mut host = MockHost::new();
+    breaker::init(&mut host, &key);
+    for _ in 0..breaker::MAX_CAS_ATTEMPTS {
+        host.interfere.push((key.clone(), State::default().encode()));
+    }
+    let r = breaker::update(&mut host, &key, |s| ((), s.record(&p, 3, false, Outcome::Failure).0));
+    assert_eq!(r, Err(UpdateError::Contended));
+
+    // init never overwrites.
+    let mut host = MockHost::new();
+    host.shared_set(&key, &other.encode());
+    breaker::init(&mut host, &key);
+    assert_eq!(breaker::read(&host, &key).consecutive, 2);
+}
+
+// ---- the guard ----
+
+const CONFIG: &str = r#"{"breakers":{"consecutiveFailures":2,"openFor":"1s","halfOpenTrials":1,
+  "hints":{"pollInterval":"100ms"},
+  "targets":[{"name":"llm-a","cluster":"cluster_a","provider":"prov","model":"m1","fallback":["llm-b"]},
+             {"name":"llm-b","cluster":"cluster_b"},
+             {"name":"solo","cluster":"cluster_s"}]}}"#;
+
+fn config() -> Rc<FilterConfig> {
+    Rc::new(FilterConfig::parse(CONFIG.as_bytes()).unwrap())
+}
+
+/// One request through the guard on `host`'s shared data, answered with `status`/`details`.
+fn request(shared: &MockHost, cluster: &str, status: u16, details: &str) -> (MockHost, Action) {
+    let mut h = MockHost::next_request(shared).with_property("xds.cluster_name", cluster);
+    let mut g = BreakerGuard::new(config());
+    let a = g.on_request(&mut h);
+    if a == Action::Continue {
+        h.upstream_response.push((":status".into(), status.to_string()));
+        h.properties.insert("response.code_details".into(), details.as_bytes().to_vec());
+        g.on_response(&mut h);
+    }
+    g.on_done(&mut h);
+    (h, a)
+}
+
+#[test]
+fn guard_opens_on_failures_then_replies_503_with_retry_after_without_sending() {
+    let mut h = MockHost::new();
+    h.now_ms = 10_000;
+    let (h1, a) = request(&h, "cluster_s", 500, "via_upstream");
+    assert_eq!(a, Action::Continue);
+    assert_eq!(h1.response_headers, vec![(TARGET_HEADER.to_string(), "solo".to_string())]);
+    let (h2, _) = request(&h1, "cluster_s", 502, "via_upstream");
+    assert_eq!(h2.named("tollgate.breaker.solo.opened"), 1);
+    assert!(h2.logs.iter().any(|(_, l)| l.contains("breaker solo opened")));
+
+    let mut h3 = MockHost::next_request(&h2).with_property("xds.cluster_name", "cluster_s");
+    h3.now_ms = 10_400;
+    let mut g = BreakerGuard::new(config());
+    assert_eq!(g.on_request(&mut h3), Action::Pause);
+    let reply = h3.reply.clone().unwrap();
+    assert_eq!(reply.status, 503);
+    assert!(reply.headers.contains(&("retry-after".into(), "1".into())));
+    assert!(String::from_utf8_lossy(&reply.body).contains("upstream_unavailable"));
+    assert_eq!(h3.named("tollgate.breaker.solo.rejected"), 1);
+    assert!(h3.logs.is_empty(), "no log line per rejected request");
+}
+
+#[test]
+fn envoy_local_replies_count_as_failures_and_4xx_do_not() {
+    let b = &config().breakers;
+    use tollgate_filter_core::breaker_guard::classify;
+    assert_eq!(classify(b, Some(503), Some("upstream_reset_before_response_started{connection_failure}")), Outcome::Failure);
+    assert_eq!(classify(b, Some(504), Some("upstream_response_timeout")), Outcome::Failure);
+    assert_eq!(classify(b, Some(500), Some("via_upstream")), Outcome::Failure);
+    assert_eq!(classify(b, Some(404), Some("via_upstream")), Outcome::Success);
+    assert_eq!(classify(b, Some(429), Some("via_upstream")), Outcome::Success);
+    assert_eq!(classify(b, None, None), Outcome::Failure);
+    let only_502 = FilterConfig::parse(br#"{"breakers":{"failureStatuses":["502"],"failOn429":true}}"#).unwrap();
+    assert_eq!(classify(&only_502.breakers, Some(500), Some("via_upstream")), Outcome::Success);
+    assert_eq!(classify(&only_502.breakers, Some(429), Some("via_upstream")), Outcome::Failure);
+    // A local reply is a failure whatever the configured set says.
+    assert_eq!(classify(&only_502.breakers, Some(503), Some("upstream_reset_before_response_started{remote_reset}")), Outcome::Failure);
+}
+
+#[test]
+fn unguarded_clusters_and_missing_properties_pass_untouched() {
+    for h in [MockHost::new().with_property("xds.cluster_name", "other"), MockHost::new()] {
+        let mut h = h;
+        let mut g = BreakerGuard::new(config());
+        assert_eq!(g.on_request(&mut h), Action::Continue);
+        g.on_response(&mut h);
+        assert!(h.shared.is_empty() && h.response_headers.is_empty());
+    }
+}
+
+#[test]
+fn while_open_the_fallback_target_serves_and_says_so() {
+    let mut h = MockHost::new();
+    h.now_ms = 1_000;
+    let (h, _) = request(&h, "cluster_a", 500, "via_upstream");
+    let (h, _) = request(&h, "cluster_a", 500, "via_upstream");
+    assert_eq!(h.named("tollgate.breaker.llm-a.opened"), 1);
+
+    let mut f = MockHost::next_request(&h).with_property("xds.cluster_name", "cluster_a");
+    let mut g = BreakerGuard::new(config());
+    assert_eq!(g.on_request(&mut f), Action::Continue);
+    assert_eq!(f.header(CLUSTER_HEADER), Some("cluster_b"));
+    assert_eq!(f.route_cache_clears, 1);
+    assert_eq!(f.named("tollgate.breaker.llm-a.fallback"), 1);
+    f.upstream_response.push((":status".into(), "200".into()));
+    g.on_response(&mut f);
+    assert_eq!(f.response_headers, vec![(TARGET_HEADER.to_string(), "llm-b".to_string())]);
+    // The result is llm-b's, not llm-a's.
+    assert_eq!(breaker::read(&f, &breaker::shared_key("llm-a")).phase, Phase::Open { until_ms: 2_000 });
+}
+
+#[test]
+fn the_trial_bound_holds_across_workers_sharing_the_state() {
+    let h = MockHost::new();
+    let (h, _) = request(&h, "cluster_s", 500, "via_upstream");
+    let (mut h, _) = request(&h, "cluster_s", 500, "via_upstream");
+    h.now_ms = 5_000; // open time over
+    // Worker 1 takes the trial; worker 2 (same shared data) is refused while it is in flight.
+    let mut w1 = MockHost::next_request(&h).with_property("xds.cluster_name", "cluster_s");
+    let mut g1 = BreakerGuard::new(config());
+    assert_eq!(g1.on_request(&mut w1), Action::Continue);
+    assert_eq!(w1.named("tollgate.breaker.solo.half_opened"), 1);
+    let mut w2 = MockHost::next_request(&w1).with_property("xds.cluster_name", "cluster_s");
+    let mut g2 = BreakerGuard::new(config());
+    assert_eq!(g2.on_request(&mut w2), Action::Pause);
+    assert_eq!(w2.reply.as_ref().unwrap().status, 503);
+    // The trial succeeds: closed for everyone.
+    w1.upstream_response.push((":status".into(), "204".into()));
+    g1.on_response(&mut w1);
+    assert_eq!(w1.named("tollgate.breaker.solo.closed"), 1);
+    let (_, a) = request(&w1, "cluster_s", 200, "via_upstream");
+    assert_eq!(a, Action::Continue);
+}
+
+#[test]
+fn a_trial_without_response_headers_gives_its_slot_back() {
+    let mut h = MockHost::new();
+    h.shared_set(&breaker::shared_key("solo"), &State::with_phase(Phase::Open { until_ms: 0 }).encode());
+    h.now_ms = 10;
+    let mut w = MockHost::next_request(&h).with_property("xds.cluster_name", "cluster_s");
+    let mut g = BreakerGuard::new(config());
+    assert_eq!(g.on_request(&mut w), Action::Continue);
+    assert_eq!(breaker::read(&w, &breaker::shared_key("solo")).phase, Phase::HalfOpen { since_ms: 10, in_flight: 1 });
+    g.on_done(&mut w);
+    assert_eq!(breaker::read(&w, &breaker::shared_key("solo")).phase, Phase::HalfOpen { since_ms: 10, in_flight: 0 });
+}
+
+// ---- the hint poller ----
+
+#[test]
+fn one_root_context_holds_the_lease_until_it_expires() {
+    let mut h = MockHost::new();
+    h.now_ms = 1_000;
+    let a = HintPoller::new(config(), 1);
+    let b = HintPoller::new(config(), 2);
+    assert!(a.hold_lease(&mut h, 1_000));
+    assert!(!b.hold_lease(&mut h, 1_050));
+    assert!(a.hold_lease(&mut h, 1_100), "the holder renews");
+    assert!(!b.hold_lease(&mut h, 1_900));
+    assert!(b.hold_lease(&mut h, 2_101), "expired (4 x 100ms, at least 1s): taken over");
+    assert!(!a.hold_lease(&mut h, 2_200));
+    assert_eq!(h.shared.get(LEASE_KEY).map(Vec::len), Some(16));
+}
+
+#[test]
+fn the_lease_holder_reports_local_opens_and_asks_for_hints() {
+    let mut h = MockHost::new();
+    h.now_ms = 1_000;
+    let (mut h, _) = request(&h, "cluster_a", 500, "via_upstream");
+    let (h2, _) = request(&h, "cluster_a", 500, "via_upstream");
+    h = h2;
+    h.calls.clear();
+    let mut p = HintPoller::new(config(), 7);
+    p.on_tick(&mut h);
+    assert_eq!(h.calls.len(), 2, "one report, one list");
+    let post = &h.calls[0];
+    assert!(post.headers.contains(&(":method".into(), "POST".into())));
+    assert!(post.headers.contains(&(":path".into(), "/v1/breaker/hints".into())));
+    let report: HintReport = serde_json::from_slice(&post.body).unwrap();
+    assert_eq!(report, HintReport { provider: "prov".into(), model: "m1".into(), opened_at_ms: 1_000 });
+    assert!(h.calls[1].headers.contains(&(":method".into(), "GET".into())));
+    // Reported once only; the list call is not repeated while one is outstanding.
+    p.on_tick(&mut h);
+    assert_eq!(h.calls.len(), 2);
+    // A non-holder does nothing.
+    let mut other = HintPoller::new(config(), 8);
+    other.on_tick(&mut h);
+    assert_eq!(h.calls.len(), 2);
+}
+
+#[test]
+fn listed_hints_open_only_closed_matching_breakers() {
+    let mut h = MockHost::new();
+    h.now_ms = 50_000;
+    let mut p = HintPoller::new(config(), 7);
+    p.on_tick(&mut h);
+    let list_token = h.calls.len() as u32;
+    let list = HintList {
+        hints: vec![
+            Hint { provider: "prov".into(), model: "m1".into(), replica: "r2".into(), opened_at_ms: 49_000 },
+            Hint { provider: "prov".into(), model: "other".into(), replica: "r2".into(), opened_at_ms: 49_000 },
+        ],
+    };
+    p.on_call_response(&mut h, 999, Some(200), &serde_json::to_vec(&list).unwrap());
+    assert_eq!(h.named("tollgate.breaker.llm-a.opened_by_hint"), 0, "unexpected token ignored");
+    p.on_call_response(&mut h, list_token, Some(200), &serde_json::to_vec(&list).unwrap());
+    assert_eq!(h.named("tollgate.breaker.llm-a.opened_by_hint"), 1);
+    assert_eq!(breaker::read(&h, &breaker::shared_key("llm-a")).phase, Phase::Open { until_ms: 51_000 });
+    assert_eq!(breaker::read(&h, &breaker::shared_key("llm-b")).phase, Phase::Closed);
+    // The same hint again changes nothing (open time not extended).
+    h.now_ms = 50_500;
+    p.apply(&mut h, &list);
+    assert_eq!(breaker::read(&h, &breaker::shared_key("llm-a")).phase, Phase::Open { until_ms: 51_000 });
+    assert_eq!(h.named("tollgate.breaker.llm-a.opened_by_hint"), 1);
+}
+
+#[test]
+fn sidecar_trouble_is_logged_once_per_transition() {
+    let mut h = MockHost::new();
+    let mut p = HintPoller::new(config(), 7);
+    for _ in 0..3 {
+        p.on_tick(&mut h);
+        let t = h.calls.len() as u32;
+        p.on_call_response(&mut h, t, Some(503), b"");
+    }
+    assert_eq!(h.logs.iter().filter(|(_, l)| l.contains("not shared")).count(), 1);
+    p.on_tick(&mut h);
+    let t = h.calls.len() as u32;
+    p.on_call_response(&mut h, t, Some(200), br#"{"hints":[]}"#);
+    assert_eq!(h.logs.iter().filter(|(_, l)| l.contains("answers again")).count(), 1);
+}

@@ -1,0 +1,192 @@
+//! Circuit-breaker hints shared between replicas (seed 000, ADR-004: fast-open only).
+//!
+//! `POST /v1/breaker/hints` (a `HintReport` from the filter's elected poller, sent on a local
+//! OPEN transition) stores `cb:hint:{provider}:{model}` = `{"replica","openedAtMs"}` with
+//! `SET … EX ttl` (30 s by default). `GET /v1/breaker/hints` lists the live hints of *other*
+//! replicas (this sidecar's own are left out): SCAN `cb:hint:*`, then the values. Listing by SCAN
+//! rather than pub/sub: nothing is lost while a listener reconnects, expiry is Redis's TTL, and
+//! the keyspace of hints is tiny (one key per provider/model); the filter asks at most a few
+//! times a second per Envoy.
+//!
+//! Redis trouble never becomes an error for the filter: a report is answered 202 (accepted, not
+//! shared) and a list is answered empty; the store logs "redis went down / is back" on the
+//! transition only.
+
+use crate::keys::{BreakerHintKey, BREAKER_HINT_PATTERN, BREAKER_HINT_TTL_SECS};
+use crate::server::AppState;
+use crate::store::{Store, StoreError};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_wire::breaker::{Hint, HintList, HintReport};
+
+/// The `[breaker]` section of the sidecar configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// TTL of a hint (whole seconds, at least 1). Seed 000 fixes 30 s; tests shorten it.
+    #[serde(with = "humantime_serde")]
+    pub hint_ttl: Duration,
+    /// This replica's name in the hints it writes; empty: a random one per process.
+    pub replica: String,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig { hint_ttl: Duration::from_secs(BREAKER_HINT_TTL_SECS), replica: String::new() }
+    }
+}
+
+/// The stored value of a hint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HintValue {
+    replica: String,
+    opened_at_ms: u64,
+}
+
+/// Hint settings of this sidecar.
+pub struct Hints {
+    replica: String,
+    ttl_secs: u64,
+}
+
+/// Deadline of one hint command: off the request path, but a poller is waiting.
+const DEADLINE: Duration = Duration::from_millis(250);
+
+impl Hints {
+    pub fn new(config: &BreakerConfig) -> Hints {
+        let replica = if config.replica.is_empty() {
+            format!("sidecar-{:016x}", rand::random::<u64>())
+        } else {
+            config.replica.clone()
+        };
+        Hints { replica, ttl_secs: config.hint_ttl.as_secs().max(1) }
+    }
+
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+}
+
+impl Store {
+    /// `SET cb:hint:{provider}:{model} <value> EX ttl`.
+    pub async fn put_breaker_hint(&self, key: BreakerHintKey, value: String, ttl_secs: u64) -> Result<(), StoreError> {
+        self.run_with_deadline("set_breaker_hint", DEADLINE, |mut c| async move {
+            c.set_ex::<_, _, ()>(key, value, ttl_secs).await
+        })
+        .await
+    }
+
+    /// Every live hint key with its value (SCAN, then one pipelined round of GETs).
+    pub async fn breaker_hints(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        self.run_with_deadline("list_breaker_hints", DEADLINE, |mut c| async move {
+            let mut names: Vec<String> = Vec::new();
+            {
+                let mut it = c.scan_match::<_, String>(BREAKER_HINT_PATTERN).await?;
+                while let Some(n) = it.next_item().await {
+                    if let Ok(n) = n {
+                        names.push(n);
+                    }
+                }
+            }
+            if names.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut pipe = redis::pipe();
+            for n in &names {
+                pipe.get(n);
+            }
+            let values: Vec<Option<String>> = pipe.query_async(&mut c).await?;
+            Ok(names.into_iter().zip(values).collect())
+        })
+        .await
+    }
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// `POST /v1/breaker/hints`: 204 stored, 202 accepted but not shared (Redis trouble), 400 bad.
+pub async fn record(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let report: HintReport = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return json(StatusCode::BAD_REQUEST, format!(r#"{{"error":"bad_request","message":"{e}"}}"#).into_bytes()),
+    };
+    let Some(key) = BreakerHintKey::new(&report.provider, &report.model) else {
+        return json(StatusCode::BAD_REQUEST, br#"{"error":"bad_request","message":"invalid provider or model"}"#.to_vec());
+    };
+    let value = HintValue { replica: state.hints.replica.clone(), opened_at_ms: report.opened_at_ms };
+    let value = serde_json::to_string(&value).unwrap_or_default();
+    match state.store.put_breaker_hint(key, value, state.hints.ttl_secs).await {
+        Ok(()) => {
+            tracing::info!(provider = %report.provider, model = %report.model, "breaker hint recorded");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "breaker hint not shared");
+            StatusCode::ACCEPTED.into_response()
+        }
+    }
+}
+
+/// The hints of other replicas among `(key name, value)` pairs.
+fn others(replica: &str, found: Vec<(String, Option<String>)>) -> Vec<Hint> {
+    found
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let (provider, model) = BreakerHintKey::parse(&name)?;
+            let v: HintValue = serde_json::from_str(&value?).ok()?;
+            (v.replica != replica).then_some(Hint { provider, model, replica: v.replica, opened_at_ms: v.opened_at_ms })
+        })
+        .collect()
+}
+
+/// `GET /v1/breaker/hints`: always 200; empty while Redis is unreachable.
+pub async fn list(State(state): State<Arc<AppState>>) -> Response {
+    let hints = match state.store.breaker_hints().await {
+        Ok(found) => others(&state.hints.replica, found),
+        Err(e) => {
+            tracing::debug!(error = %e, "breaker hints not listed");
+            Vec::new()
+        }
+    };
+    json(StatusCode::OK, serde_json::to_vec(&HintList { hints }).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_and_malformed_hints_are_left_out() {
+        let v = |r: &str| Some(format!(r#"{{"replica":"{r}","openedAtMs":5}}"#));
+        let found = vec![
+            ("cb:hint:p:m".to_string(), v("other")),
+            ("cb:hint:p:n".to_string(), v("me")),
+            ("cb:hint:p:o".to_string(), Some("garbage".into())),
+            ("cb:hint:p:q".to_string(), None),
+            ("cb:hint:bad".to_string(), v("other")),
+        ];
+        assert_eq!(
+            others("me", found),
+            vec![Hint { provider: "p".into(), model: "m".into(), replica: "other".into(), opened_at_ms: 5 }]
+        );
+    }
+
+    #[test]
+    fn replica_names_are_random_unless_configured() {
+        let a = Hints::new(&BreakerConfig::default());
+        let b = Hints::new(&BreakerConfig::default());
+        assert_ne!(a.replica(), b.replica());
+        assert_eq!(a.ttl_secs, 30);
+        let c = Hints::new(&BreakerConfig { hint_ttl: Duration::from_millis(10), replica: "r1".into() });
+        assert_eq!((c.replica(), c.ttl_secs), ("r1", 1));
+    }
+}
