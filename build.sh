@@ -44,7 +44,7 @@ wasm_bindgen_locked_version() {
 
 deps() {
   command -v cargo >/dev/null || die "cargo not found: install Rust (rustup) first"
-  apt_install redis-server redis-sentinel redis-tools wrk python3-venv curl ca-certificates
+  apt_install redis-server redis-sentinel redis-tools postgresql wrk python3-venv curl ca-certificates
   local have_targets; have_targets="$(rustup target list --installed)"
   for t in wasm32-wasip1 wasm32-unknown-unknown; do
     grep -qx "$t" <<<"$have_targets" || { log "rustup target add $t"; rustup target add "$t"; }

@@ -7,6 +7,7 @@
 //! workspace's build outputs.
 
 pub mod echo;
+pub mod postgres;
 
 use std::collections::HashSet;
 use std::fs;

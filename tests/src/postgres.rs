@@ -1,0 +1,116 @@
+//! A real PostgreSQL server (Debian's `postgresql` package) on a free port, in its own data
+//! directory, for tests. As root the server runs as the `postgres` user (PostgreSQL refuses root).
+//! Stopped on drop; [`Postgres::stop`] / [`Postgres::start_again`] simulate an outage.
+
+use crate::{free_port, poll_until};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// The directory of `initdb` and `pg_ctl` (`TOLLGATE_PG_BIN`, else the newest under
+/// /usr/lib/postgresql).
+pub fn pg_bin_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("TOLLGATE_PG_BIN") {
+        return PathBuf::from(p);
+    }
+    let mut versions: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).filter(|p| p.join("pg_ctl").exists()).collect())
+        .unwrap_or_default();
+    versions.sort();
+    versions.pop().unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
+/// Runs a PostgreSQL tool, as the `postgres` user when we are root.
+fn pg_tool(tool: &str, args: &[&str]) -> Output {
+    let bin = pg_bin_dir().join(tool);
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    cmd.args(args).stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("cannot run {tool}: {e}"))
+}
+
+pub struct Postgres {
+    pub port: u16,
+    data: PathBuf,
+    log: PathBuf,
+    running: bool,
+    _dir: tempfile::TempDir,
+}
+
+impl Postgres {
+    pub fn start() -> Postgres {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // the postgres user must reach and own its directory
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        let root = dir.path().join("pg");
+        fs::create_dir_all(&root).expect("pg dir");
+        if is_root() {
+            let ok = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&root).status().map(|s| s.success());
+            assert_eq!(ok.ok(), Some(true), "chown postgres {}", root.display());
+        }
+        let data = root.join("data");
+        let out = pg_tool("initdb", &["-D", &data.to_string_lossy(), "-A", "trust", "-U", "postgres", "--no-sync"]);
+        assert!(out.status.success(), "initdb failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let mut pg = Postgres { port: free_port(), log: root.join("postgres.log"), data, running: false, _dir: dir };
+        pg.start_again();
+        pg
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        let mut all = vec!["-D", self.data.to_str().unwrap_or_default()];
+        all.extend_from_slice(args);
+        pg_tool("pg_ctl", &all)
+    }
+
+    /// Starts the server (again) on the same port and data.
+    pub fn start_again(&mut self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off",
+            self.port,
+            self.data.parent().unwrap_or(Path::new("/tmp")).display()
+        );
+        let out = self.ctl(&["-o", &opts, "-l", self.log.to_str().unwrap_or_default(), "-w", "-t", "60", "start"]);
+        assert!(out.status.success(), "pg_ctl start failed: {}\n{}", String::from_utf8_lossy(&out.stderr), self.log_text());
+        self.running = true;
+        let port = self.port;
+        poll_until("postgres to accept connections", Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    /// Stops the server (fast shutdown): an outage.
+    pub fn stop(&mut self) {
+        if self.running {
+            let _ = self.ctl(&["-m", "immediate", "-w", "stop"]);
+            self.running = false;
+        }
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("----- postgres log -----\n{}\n----- end of postgres log -----", self.log_text());
+        }
+        self.stop();
+    }
+}
