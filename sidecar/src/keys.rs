@@ -374,3 +374,48 @@ mod breaker_hint_key_tests {
         assert_eq!(BREAKER_HINT_TTL_SECS, 30);
     }
 }
+
+// ---- usage meter (issue 6; seed 004's `usage:<subject>:<day>`) ----
+
+/// `usage:{tenant}:{yyyyMMdd}` — hash of counters (`ok`, `4xx`, `5xx`, `denied`, `aborted`,
+/// `tokens`), TTL [`USAGE_METER_TTL_MS`] (35 days, seed 004), refreshed on every write. A fast,
+/// approximate per-day view of a tenant's usage (a batch the filter re-sends may count twice;
+/// the key may be evicted): billing reads the PostgreSQL rollup, and readers of a day take the
+/// larger of the two (seed 004). The tenant is the hash tag, like the limit keys, so a script
+/// may read a tenant's days together with its limits on Cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageMeterKey(String);
+
+/// TTL of [`UsageMeterKey`]: 35 days (seed 004).
+pub const USAGE_METER_TTL_MS: u64 = 35 * 24 * 3600 * 1000;
+
+impl UsageMeterKey {
+    /// `day` is `yyyyMMdd` (8 digits), else `None`.
+    pub fn new(tenant: &Id, day: &str) -> Option<Self> {
+        (day.len() == 8 && day.bytes().all(|b| b.is_ascii_digit())).then(|| Self(format!("usage:{}:{day}", tag(tenant))))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl ToRedisArgs for UsageMeterKey {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(self.0.as_bytes())
+    }
+}
+
+impl ToSingleRedisArg for UsageMeterKey {}
+
+#[cfg(test)]
+mod usage_meter_key_tests {
+    use super::*;
+
+    #[test]
+    fn golden_format() {
+        let t = Id::parse("acme").unwrap();
+        assert_eq!(UsageMeterKey::new(&t, "20261129").unwrap().as_str(), "usage:{acme}:20261129");
+        assert!(UsageMeterKey::new(&t, "2026-11-29").is_none());
+        assert_eq!(USAGE_METER_TTL_MS, 3_024_000_000);
+    }
+}

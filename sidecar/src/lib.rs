@@ -7,11 +7,14 @@ pub mod clock;
 pub mod config;
 pub mod decide;
 pub mod hints;
+pub mod kafka;
 pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod spool;
 pub mod store;
+pub mod usage;
 
 use config::Config;
 use std::future::Future;
@@ -28,6 +31,8 @@ pub enum Error {
     Serve(std::io::Error),
     #[error("configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Usage(#[from] usage::UsageError),
 }
 
 /// A bound, not yet serving sidecar.
@@ -49,16 +54,22 @@ impl Sidecar {
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
         let store = store::Store::new(&config.redis)?;
+        let usage = match config.usage.enabled {
+            true => Some(Arc::new(usage::Usage::start(&config.usage, store.clone())?)),
+            false => None,
+        };
         let state = Arc::new(server::AppState {
             decider: decide::Decider::new(
                 store.clone(),
                 &config.cache,
                 limits::Plans::compile(&config.plans).map_err(Error::Config)?,
                 clock,
-            ),
+            )
+            .with_usage(usage.clone()),
             store,
             prometheus: metrics::handle(),
             hints: hints::Hints::new(&config.breaker),
+            usage,
         });
         Ok(Sidecar { listener, state })
     }
@@ -67,13 +78,16 @@ impl Sidecar {
         self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
-    /// Serves until `shutdown` completes, then stops accepting and drains in-flight requests.
+    /// Serves until `shutdown` completes, then stops accepting and drains in-flight requests;
+    /// then seals the usage spool and lets the shipper send what it can (`usage.shutdown_grace`).
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
         tracing::info!(addr = %self.local_addr(), "tollgate sidecar listening");
-        axum::serve(self.listener, server::router(self.state))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(Error::Serve)?;
+        let usage = self.state.usage.clone();
+        let served = axum::serve(self.listener, server::router(self.state)).with_graceful_shutdown(shutdown).await;
+        if let Some(u) = usage {
+            u.shutdown().await;
+        }
+        served.map_err(Error::Serve)?;
         tracing::info!("tollgate sidecar stopped");
         Ok(())
     }

@@ -15,6 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
+use tollgate_wire::usage::{UsageAck, UsageBatch, USAGE_PATH};
 use tollgate_wire::{CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
 
 pub struct AppState {
@@ -23,12 +24,15 @@ pub struct AppState {
     pub prometheus: PrometheusHandle,
     /// Circuit-breaker hints (crate::hints).
     pub hints: crate::hints::Hints,
+    /// Usage metering (crate::usage), when enabled.
+    pub usage: Option<Arc<crate::usage::Usage>>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route(DECIDE_PATH, post(decide))
         .route(COMPLETIONS_PATH, post(completions))
+        .route(USAGE_PATH, post(usage))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
         .route(tollgate_wire::breaker::HINTS_PATH, get(crate::hints::list).post(crate::hints::record))
@@ -81,6 +85,43 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
         }
     }
     json(StatusCode::OK, format!(r#"{{"settled":{},"invalid":{invalid}}}"#, batch.completions.len() - invalid).into_bytes())
+}
+
+/// Takes a batch of usage events: 200 [`UsageAck`] once the valid ones are durable in the spool
+/// (the filter may forget the batch); invalid events are refused for good and counted. 503 when
+/// the spool cannot take them now (full, disk error): the filter keeps the batch and retries.
+/// 404 when metering is off here.
+async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Some(usage) = &state.usage else {
+        return error(StatusCode::NOT_FOUND, "usage_disabled", "usage metering is not enabled on this sidecar".into());
+    };
+    let batch: UsageBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid usage batch: {e}")),
+    };
+    let total = batch.events.len();
+    let valid: Vec<_> = batch
+        .events
+        .into_iter()
+        .filter(|e| match crate::usage::invalid_reason(e) {
+            None => true,
+            Some(field) => {
+                tracing::debug!(field, "refused a usage event");
+                false
+            }
+        })
+        .collect();
+    let invalid = (total - valid.len()) as u64;
+    if invalid > 0 {
+        metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "invalid").increment(invalid);
+    }
+    match usage.accept(&valid).await {
+        Ok(()) => {
+            let ack = UsageAck { accepted: valid.len() as u64, invalid };
+            json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "usage_unavailable", e.to_string()),
+    }
 }
 
 async fn healthz(State(state): State<Arc<AppState>>) -> Response {

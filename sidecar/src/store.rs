@@ -319,6 +319,25 @@ impl Store {
 
     const BATCH_DEADLINE: Duration = Duration::from_secs(2);
 
+    /// Adds usage counts to the per-day meters (`HINCRBY` each field, then `PEXPIRE` 35 days):
+    /// one pipeline per batch, off the request path.
+    pub async fn meter_usage(&self, incs: Vec<(crate::keys::UsageMeterKey, Vec<(&'static str, i64)>)>) -> Result<(), StoreError> {
+        if incs.is_empty() {
+            return Ok(());
+        }
+        self.run_with_deadline("meter_usage", Self::BATCH_DEADLINE, |mut c| async move {
+            let mut pipe = redis::pipe();
+            for (key, fields) in &incs {
+                for (field, n) in fields {
+                    pipe.hincr(key, *field, *n).ignore();
+                }
+                pipe.pexpire(key, crate::keys::USAGE_METER_TTL_MS as i64).ignore();
+            }
+            pipe.query_async::<()>(&mut c).await
+        })
+        .await
+    }
+
     // ---- admin path (generous deadlines: a person or a script is waiting, not a request) ----
 
     const ADMIN_DEADLINE: Duration = Duration::from_secs(5);

@@ -6,25 +6,58 @@
 //! batch is in flight per worker; a failed batch goes back to the front of the queue. The queue is
 //! bounded: past `max_queued` the oldest reports are dropped and counted — a dropped report leaves
 //! its reservation charged (never an under-charge) and its slot to expire by timeout.
+//!
+//! The same [`BatchQueue`] carries usage events ([`UsageQueue`], `POST /v1/usage`): there a
+//! dropped event is an event lost to billing, so it is counted (`tollgate.usage.dropped`) and the
+//! queue is sized for a sidecar outage of a few minutes.
 
 use std::collections::VecDeque;
-use tollgate_wire::{Completion, CompletionBatch};
+use tollgate_wire::usage::UsageEvent;
+use tollgate_wire::Completion;
+#[cfg(doc)]
+use tollgate_wire::{usage::UsageBatch, CompletionBatch};
 
+/// What a queue carries: how a batch of items becomes a request body (the JSON of
+/// [`CompletionBatch`] or [`UsageBatch`]).
+pub trait BatchItem: Sized + serde::Serialize {
+    /// The batch body's field holding the items.
+    const FIELD: &'static str;
+    fn encode(batch: &[Self]) -> Option<Vec<u8>> {
+        let mut body = serde_json::Map::new();
+        body.insert(Self::FIELD.into(), serde_json::to_value(batch).ok()?);
+        serde_json::to_vec(&body).ok()
+    }
+}
+
+impl BatchItem for Completion {
+    const FIELD: &'static str = "completions";
+}
+
+impl BatchItem for UsageEvent {
+    const FIELD: &'static str = "events";
+}
+
+/// A bounded queue of items sent in batches, one batch in flight at a time.
 #[derive(Debug)]
-pub struct CompletionQueue {
-    pending: VecDeque<Completion>,
-    in_flight: Option<Vec<Completion>>,
+pub struct BatchQueue<T> {
+    pending: VecDeque<T>,
+    in_flight: Option<Vec<T>>,
     max_queued: usize,
-    /// Reports dropped because the queue was full.
+    /// Items dropped because the queue was full (or refused for good by the sidecar).
     pub dropped: u64,
 }
 
-impl CompletionQueue {
-    pub fn new(max_queued: usize) -> CompletionQueue {
-        CompletionQueue { pending: VecDeque::new(), in_flight: None, max_queued: max_queued.max(1), dropped: 0 }
+/// Completion reports (settle reservations, free slots).
+pub type CompletionQueue = BatchQueue<Completion>;
+/// Usage events (billing).
+pub type UsageQueue = BatchQueue<UsageEvent>;
+
+impl<T: BatchItem> BatchQueue<T> {
+    pub fn new(max_queued: usize) -> BatchQueue<T> {
+        BatchQueue { pending: VecDeque::new(), in_flight: None, max_queued: max_queued.max(1), dropped: 0 }
     }
 
-    pub fn push(&mut self, c: Completion) {
+    pub fn push(&mut self, c: T) {
         self.pending.push_back(c);
         self.trim();
     }
@@ -56,17 +89,24 @@ impl CompletionQueue {
             return None;
         }
         let n = self.pending.len().min(max_batch.max(1));
-        let batch: Vec<Completion> = self.pending.drain(..n).collect();
-        let body = CompletionBatch { completions: batch };
-        match serde_json::to_vec(&body) {
-            Ok(bytes) => {
-                self.in_flight = Some(body.completions);
+        let batch: Vec<T> = self.pending.drain(..n).collect();
+        match T::encode(&batch) {
+            Some(bytes) => {
+                self.in_flight = Some(batch);
                 Some(bytes)
             }
-            Err(_) => {
-                self.dropped += body.completions.len() as u64;
+            None => {
+                self.dropped += batch.len() as u64;
                 None
             }
+        }
+    }
+
+    /// The sidecar refused the in-flight batch for good (retrying cannot help): it is dropped
+    /// and counted.
+    pub fn discard_in_flight(&mut self) {
+        if let Some(batch) = self.in_flight.take() {
+            self.dropped += batch.len() as u64;
         }
     }
 
@@ -88,7 +128,8 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use tollgate_wire::Ticket;
+    use tollgate_wire::usage::UsageBatch;
+    use tollgate_wire::{CompletionBatch, Ticket};
 
     fn c(id: &str) -> Completion {
         Completion {
@@ -129,5 +170,33 @@ mod tests {
         assert_eq!(q.len(), 3);
         assert_eq!(q.dropped, 2);
         assert_eq!(ids(&q.begin_flush(10).unwrap()), ["2", "3", "4"]);
+    }
+
+    #[test]
+    fn a_refused_batch_is_dropped_and_counted() {
+        let mut q = UsageQueue::new(10);
+        for i in 0..3 {
+            q.push(UsageEvent {
+                id: i.to_string(),
+                tenant: "t".into(),
+                key_id: "k".into(),
+                plan: "p".into(),
+                method: "GET".into(),
+                authority: "a".into(),
+                path: "/".into(),
+                status: 200,
+                start_ms: 1,
+                duration_ms: 0,
+                tokens: None,
+                request_bytes: None,
+                response_bytes: None,
+                denied: None,
+            });
+        }
+        let body = q.begin_flush(2).unwrap();
+        let b: UsageBatch = serde_json::from_slice(&body).unwrap();
+        assert_eq!(b.events.len(), 2);
+        q.discard_in_flight();
+        assert_eq!((q.dropped, q.len(), q.in_flight()), (2, 1, false));
     }
 }

@@ -70,6 +70,50 @@ struct RawConfig {
     token_estimate_field: Option<String>,
     #[serde(default)]
     breakers: crate::breaker_config::RawBreakers,
+    #[serde(default)]
+    usage: RawUsage,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawUsage {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default = "default_usage_flush_interval")]
+    flush_interval: String,
+    #[serde(default = "default_usage_max_queued")]
+    max_queued: usize,
+}
+
+impl Default for RawUsage {
+    fn default() -> Self {
+        RawUsage { enabled: false, flush_interval: default_usage_flush_interval(), max_queued: default_usage_max_queued() }
+    }
+}
+
+fn default_usage_flush_interval() -> String {
+    "1s".into()
+}
+fn default_usage_max_queued() -> usize {
+    50_000
+}
+
+/// Usage metering (issue 6): what the filter records and how it sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageConfig {
+    /// Record a usage event for every request with an identity and send them to the sidecar.
+    pub enabled: bool,
+    /// How often each worker sends its batched events (`POST /v1/usage`).
+    pub flush_interval: Duration,
+    /// Events a worker keeps while the sidecar cannot take them; past it the oldest are dropped
+    /// and counted (`tollgate.usage.dropped`).
+    pub max_queued: usize,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig { enabled: false, flush_interval: Duration::from_secs(1), max_queued: default_usage_max_queued() }
+    }
 }
 
 /// Where the tokens a request used come from, for token budgets.
@@ -138,6 +182,8 @@ pub struct FilterConfig {
     pub token_estimate_field: Option<String>,
     /// Circuit breakers per upstream target (none unless configured).
     pub breakers: crate::breaker_config::BreakerConfig,
+    /// Usage metering (off unless configured).
+    pub usage: UsageConfig,
 }
 
 impl Default for FilterConfig {
@@ -154,6 +200,7 @@ impl Default for FilterConfig {
             completion_flush_interval: Duration::from_millis(100),
             token_estimate_field: None,
             breakers: Default::default(),
+            usage: UsageConfig::default(),
         }
     }
 }
@@ -193,6 +240,14 @@ impl FilterConfig {
             .map_err(|e| ConfigError(format!("completionFlushInterval: {e}")))?;
         if completion_flush_interval < Duration::from_millis(10) || completion_flush_interval > Duration::from_secs(10) {
             return Err(ConfigError("completionFlushInterval: must be between 10ms and 10s".into()));
+        }
+        let usage_flush_interval = parse_duration(&raw.usage.flush_interval)
+            .map_err(|e| ConfigError(format!("usage.flushInterval: {e}")))?;
+        if usage_flush_interval < Duration::from_millis(10) || usage_flush_interval > Duration::from_secs(60) {
+            return Err(ConfigError("usage.flushInterval: must be between 10ms and 60s".into()));
+        }
+        if raw.usage.max_queued == 0 || raw.usage.max_queued > 1_000_000 {
+            return Err(ConfigError("usage.maxQueued: must be between 1 and 1000000".into()));
         }
         let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
         for (i, h) in raw.forward_headers.iter().enumerate() {
@@ -238,6 +293,11 @@ impl FilterConfig {
                 other => other,
             },
             breakers: crate::breaker_config::BreakerConfig::compile(raw.breakers)?,
+            usage: UsageConfig {
+                enabled: raw.usage.enabled,
+                flush_interval: usage_flush_interval,
+                max_queued: raw.usage.max_queued,
+            },
         })
     }
 }
@@ -312,12 +372,22 @@ mod tests {
             (br#"{"tokenUsage":"sometimes"}"#, "unknown variant"),
             (br#"{"keySources":[{"type":"header","name":"x-tollgate-tenant"}]}"#, "keySources[0].name"),
             (br#"{"keySources":[{"type":"query","name":"a=b"}]}"#, "keySources[0].name"),
+            (br#"{"usage":{"flushInterval":"5ms"}}"#, "usage.flushInterval"),
+            (br#"{"usage":{"maxQueued":0}}"#, "usage.maxQueued"),
+            (br#"{"usage":{"enable":true}}"#, "unknown field"),
             (b"not json", "expected"),
         ];
         for (input, needle) in cases {
             let err = FilterConfig::parse(input).unwrap_err();
             assert!(err.to_string().contains(needle), "{err} should mention {needle}");
         }
+    }
+
+    #[test]
+    fn usage_is_off_by_default_and_configurable() {
+        assert!(!FilterConfig::default().usage.enabled);
+        let c = FilterConfig::parse(br#"{"usage":{"enabled":true,"flushInterval":"200ms","maxQueued":10}}"#).unwrap();
+        assert_eq!(c.usage, UsageConfig { enabled: true, flush_interval: Duration::from_millis(200), max_queued: 10 });
     }
 
     #[test]

@@ -10,7 +10,9 @@ use crate::key;
 use std::rc::Rc;
 use std::time::Duration;
 use crate::completions::CompletionQueue;
+use crate::usage::{int_property, Meter};
 use std::cell::RefCell;
+use tollgate_wire::usage::{event_path, UsageEvent};
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse, ErrorBody, Header, Ticket, DECIDE_PATH};
 
 /// Largest response body kept to read token usage from (larger ones report no usage).
@@ -179,6 +181,20 @@ pub struct AuthFilter {
     /// The response body so far, kept only when the ticket holds a token reservation.
     body: Option<Vec<u8>>,
     completions: Rc<RefCell<CompletionQueue>>,
+    /// The worker's usage meter, when metering is on.
+    meter: Option<Rc<RefCell<Meter>>>,
+    /// What a usage event needs from the request (recorded only when metering is on).
+    request: Option<RequestInfo>,
+    /// Tenant, key id and plan of a request let through with an identity (metering only).
+    identity: Option<(String, String, String)>,
+}
+
+#[derive(Debug, Clone)]
+struct RequestInfo {
+    method: String,
+    authority: String,
+    path: String,
+    start_ms: u64,
 }
 
 impl AuthFilter {
@@ -191,7 +207,18 @@ impl AuthFilter {
             status: 0,
             body: None,
             completions,
+            meter: None,
+            request: None,
+            identity: None,
         }
+    }
+
+    /// Meters this request into `meter` (when the configuration enables usage metering).
+    pub fn with_meter(mut self, meter: Rc<RefCell<Meter>>) -> AuthFilter {
+        if self.config.usage.enabled {
+            self.meter = Some(meter);
+        }
+        self
     }
 
     /// `end_of_stream`: the request has no body.
@@ -217,6 +244,14 @@ impl AuthFilter {
             }
             None => path,
         };
+        if self.meter.is_some() {
+            self.request = Some(RequestInfo {
+                method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
+                authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
+                path: event_path(&upstream_path),
+                start_ms: host.now_ms(),
+            });
+        }
         let Some(raw_key) = plan.key else {
             return self.deny(host, 401, codes::MISSING_KEY, "an API key is required", &[]);
         };
@@ -374,6 +409,9 @@ impl AuthFilter {
         for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
             host.set_request_header(&h.name, &h.value);
         }
+        if self.request.is_some() {
+            self.identity = Some((tenant, key_id, plan));
+        }
         self.response_headers = response_headers;
         host.count(Metric::Allowed);
         Action::Continue
@@ -384,8 +422,15 @@ impl AuthFilter {
         for h in std::mem::take(&mut self.response_headers) {
             host.add_response_header(&h.name, &h.value);
         }
-        if self.ticket.is_some() {
+        if self.ticket.is_some() || self.identity.is_some() {
             self.status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        }
+        // Metering reads token usage from LLM-style responses too (JSON or an SSE stream).
+        if self.identity.is_some() && self.body.is_none() && self.config.token_usage_from_response {
+            let content_type = host.response_header("content-type").unwrap_or_default();
+            if content_type.contains("json") || content_type.contains("event-stream") {
+                self.body = Some(Vec::new());
+            }
         }
         Action::Continue
     }
@@ -403,11 +448,34 @@ impl AuthFilter {
         Action::Continue
     }
 
-    /// The request is over (response sent, or the client went away): report what it held.
-    pub fn on_log(&mut self) {
+    /// The request is over (response sent, or the client went away): report what it held, and
+    /// meter it.
+    pub fn on_log(&mut self, host: &impl Host) {
+        let tokens = self.body.take().and_then(|b| usage_tokens(&b));
         if let Some(ticket) = self.ticket.take() {
-            let tokens = self.body.take().and_then(|b| usage_tokens(&b));
             self.completions.borrow_mut().push(Completion { ticket, status: self.status, tokens });
+        }
+        if let (Some(meter), Some(request), Some((tenant, key_id, plan))) =
+            (&self.meter, self.request.take(), self.identity.take())
+        {
+            let mut meter = meter.borrow_mut();
+            let event = UsageEvent {
+                id: meter.next_id(),
+                tenant,
+                key_id,
+                plan,
+                method: request.method,
+                authority: request.authority,
+                path: request.path,
+                status: self.status,
+                start_ms: request.start_ms,
+                duration_ms: host.now_ms().saturating_sub(request.start_ms),
+                tokens,
+                request_bytes: int_property(host.property(&["request", "total_size"])),
+                response_bytes: int_property(host.property(&["response", "total_size"])),
+                denied: None,
+            };
+            meter.record(event);
         }
     }
 

@@ -14,6 +14,8 @@ pub mod completions;
 pub mod config;
 pub mod filter;
 pub mod key;
+/// Usage metering: event ids and the per-worker queue of usage events.
+pub mod usage;
 
 /// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
 pub mod mock;

@@ -11,6 +11,9 @@
 //!
 //! Completions: requests holding a ticket (token reservation, concurrency slot) push a report to
 //! the worker's `CompletionQueue`; the root context flushes it on every tick as one batch.
+//!
+//! Usage (when `usage.enabled`): every request with an identity pushes a usage event to the
+//! worker's `Meter`; the root context sends it as `POST /v1/usage` every `usage.flushInterval`.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -21,7 +24,9 @@ use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_filter_core::usage::{self, Meter};
 use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
+use tollgate_wire::usage::USAGE_PATH;
 use tollgate_wire::COMPLETIONS_PATH;
 
 /// Completion reports a worker keeps while the sidecar is unreachable.
@@ -68,6 +73,15 @@ struct Root {
     reported_dropped: u64,
     /// The token of the completion batch in flight.
     flush_token: Option<u32>,
+    /// This worker's usage events (metering on): HTTP contexts record, the tick sends.
+    meter: Rc<RefCell<Meter>>,
+    usage_metrics: FlushMetrics,
+    usage_reported_dropped: u64,
+    /// The token of the usage batch in flight.
+    usage_token: Option<u32>,
+    last_usage_flush_ms: u64,
+    /// Set while the sidecar refuses usage for good (404: metering off there), to log once.
+    usage_refused: bool,
 }
 
 impl Default for Root {
@@ -82,6 +96,12 @@ impl Default for Root {
             flush_metrics: FlushMetrics::default(),
             reported_dropped: 0,
             flush_token: None,
+            meter: Rc::new(RefCell::new(Meter::new(1, 0))),
+            usage_metrics: FlushMetrics::default(),
+            usage_reported_dropped: 0,
+            usage_token: None,
+            last_usage_flush_ms: 0,
+            usage_refused: false,
         }
     }
 }
@@ -113,9 +133,74 @@ impl Root {
     }
 }
 
+impl Root {
+    /// Sends this worker's usage events as one batch (one in flight at a time). The events stay
+    /// queued until the sidecar answers 200 (spooled): a failed or timed-out batch is sent again,
+    /// and the billing consumer counts each event id once.
+    fn flush_usage(&mut self) {
+        let Some(config) = self.config.clone() else { return };
+        let mut meter = self.meter.borrow_mut();
+        bump(self.usage_metrics.dropped, meter.queue.dropped - self.usage_reported_dropped);
+        self.usage_reported_dropped = meter.queue.dropped;
+        let Some(body) = meter.queue.begin_flush(usage::MAX_BATCH) else { return };
+        let headers = vec![
+            (":method", "POST"),
+            (":path", USAGE_PATH),
+            (":authority", config.sidecar_authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        // The sidecar answers once the batch is on disk (an fsync): allow it a few seconds.
+        let timeout = std::time::Duration::from_secs(5);
+        match hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
+            Ok(token) => self.usage_token = Some(token),
+            Err(e) => {
+                meter.queue.end_flush(false);
+                bump(self.usage_metrics.errors, 1);
+                log::debug!("tollgate: cannot send usage: {e:?}");
+            }
+        }
+    }
+
+    fn on_usage_response(&mut self, status: Option<u16>) {
+        self.usage_token = None;
+        let mut meter = self.meter.borrow_mut();
+        match status {
+            Some(200) => {
+                bump(self.usage_metrics.sent, 1);
+                meter.queue.end_flush(true);
+                if self.usage_refused {
+                    self.usage_refused = false;
+                    log::info!("tollgate: the sidecar takes usage events again");
+                }
+            }
+            // Not metering there, or a batch it can never read: retrying cannot help.
+            Some(400) | Some(404) => {
+                meter.queue.discard_in_flight();
+                bump(self.usage_metrics.errors, 1);
+                if !self.usage_refused {
+                    self.usage_refused = true;
+                    log::warn!("tollgate: the sidecar refused usage events ({status:?}); they are dropped and counted");
+                }
+            }
+            _ => {
+                bump(self.usage_metrics.errors, 1);
+                meter.queue.end_flush(false);
+            }
+        }
+        let dropped = meter.queue.dropped;
+        drop(meter);
+        bump(self.usage_metrics.dropped, dropped - self.usage_reported_dropped);
+        self.usage_reported_dropped = dropped;
+    }
+}
+
 impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, _headers: usize, body_size: usize, _trailers: usize) {
         let status = self.get_http_call_response_header(":status").and_then(|s| s.parse::<u16>().ok());
+        if self.usage_token == Some(token_id) {
+            self.on_usage_response(status);
+            return;
+        }
         if self.flush_token == Some(token_id) {
             self.flush_token = None;
             let ok = status == Some(200);
@@ -131,7 +216,8 @@ impl Context for Root {
     }
 }
 
-/// A random identity for this VM in the hint poller's lease.
+/// A random identity for this VM in the hint poller's lease, and the seed of its usage event
+/// ids. `RandomState` draws its keys from the host's randomness (WASI `random_get`).
 fn vm_identity() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -185,11 +271,23 @@ impl RootContext for Root {
                 dropped: define("tollgate.completions.dropped"),
                 errors: define("tollgate.completions.flush_errors"),
             };
-            // One tick drives both: completion flushes every tick, hint polls every poll_interval.
-            let tick = match &self.poller {
-                Some(_) => config.completion_flush_interval.min(config.breakers.hints.poll_interval),
-                None => config.completion_flush_interval,
-            };
+            if config.usage.enabled {
+                self.meter = Rc::new(RefCell::new(Meter::new(config.usage.max_queued, vm_identity())));
+                self.usage_metrics = FlushMetrics {
+                    sent: define("tollgate.usage.batches_sent"),
+                    dropped: define("tollgate.usage.dropped"),
+                    errors: define("tollgate.usage.flush_errors"),
+                };
+            }
+            // One tick drives all: completion flushes every tick, hint polls every poll_interval,
+            // usage every usage.flush_interval.
+            let mut tick = config.completion_flush_interval;
+            if self.poller.is_some() {
+                tick = tick.min(config.breakers.hints.poll_interval);
+            }
+            if config.usage.enabled {
+                tick = tick.min(config.usage.flush_interval);
+            }
             self.set_tick_period(tick);
         }
         true
@@ -197,6 +295,13 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.flush();
+        if let Some(config) = self.config.clone().filter(|c| c.usage.enabled) {
+            let now = EnvoyHost { metrics: &self.metrics, named: &self.named }.now_ms();
+            if now.saturating_sub(self.last_usage_flush_ms) + 5 >= config.usage.flush_interval.as_millis() as u64 {
+                self.last_usage_flush_ms = now;
+                self.flush_usage();
+            }
+        }
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
         if let (Some(p), Some(config)) = (self.poller.as_mut(), self.config.as_ref()) {
             let now = host.now_ms();
@@ -210,7 +315,7 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
         Some(Box::new(Http {
-            filter: AuthFilter::new(config.clone(), self.completions.clone()),
+            filter: AuthFilter::new(config.clone(), self.completions.clone()).with_meter(self.meter.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),
@@ -382,6 +487,6 @@ impl HttpContext for Http {
     fn on_log(&mut self) {
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
         self.guard.on_done(&mut host);
-        self.filter.on_log();
+        self.filter.on_log(&host);
     }
 }

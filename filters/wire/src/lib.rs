@@ -225,3 +225,6 @@ mod tests {
 
 /// Breaker hints (fast-open only) between the filter and the sidecar.
 pub mod breaker;
+
+/// Usage events (billing-grade metering, issue 6).
+pub mod usage;

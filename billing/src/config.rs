@@ -1,0 +1,162 @@
+//! Billing consumer configuration: a TOML file plus `TOLLGATE_BILLING_*` environment overrides
+//! (`__` for nesting), unknown fields refused.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+pub const ENV_PREFIX: &str = "TOLLGATE_BILLING_";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub postgres: PostgresConfig,
+    /// Most events stored in one transaction.
+    pub batch_max: usize,
+    /// How long a batch waits for more events after its first.
+    #[serde(with = "humantime_serde")]
+    pub batch_wait: Duration,
+    /// How long event ids are kept for deduplication (and as the audit trail). Must outlast the
+    /// topic's retention (7 days), or a replay could count an event again.
+    #[serde(with = "humantime_serde")]
+    pub events_retention: Duration,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    pub topic: String,
+    pub group_id: String,
+    /// Consumer-group session timeout (tansu needs ≤ 6 s for a prompt first join).
+    #[serde(with = "humantime_serde")]
+    pub session_timeout: Duration,
+    /// Further librdkafka properties.
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    /// `postgres://user@host:port/db` (or a key=value connection string).
+    pub url: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `json` or `text`.
+    pub format: String,
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            kafka: KafkaConfig::default(),
+            postgres: PostgresConfig { url: "postgres://postgres@127.0.0.1:5432/postgres".into() },
+            batch_max: 1000,
+            batch_wait: Duration::from_millis(200),
+            events_retention: Duration::from_secs(35 * 24 * 3600),
+            log: LogConfig { format: "json".into(), level: "info".into() },
+        }
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".into(),
+            topic: "usage_events".into(),
+            group_id: "tollgate-billing".into(),
+            session_timeout: Duration::from_secs(6),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        Config::default().postgres
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Config::default().log
+    }
+}
+
+/// Properties the exactly-once bookkeeping depends on.
+const FIXED: &[&str] = &["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"];
+
+impl Config {
+    /// Defaults, then the file (if any), then `TOLLGATE_BILLING_*`.
+    pub fn load(file: Option<&Path>) -> Result<Config, String> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(p) = file {
+            if !p.exists() {
+                return Err(format!("config file {} does not exist", p.display()));
+            }
+            fig = fig.merge(Toml::file(p));
+        }
+        fig = fig.merge(Env::prefixed(ENV_PREFIX).filter(|k| !k.as_str().eq_ignore_ascii_case("config")).split("__"));
+        let c: Config = fig.extract().map_err(|e| e.to_string())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.kafka.brokers.trim().is_empty() || self.kafka.topic.is_empty() || self.kafka.group_id.is_empty() {
+            return Err("kafka.brokers, kafka.topic and kafka.group_id: required".into());
+        }
+        if let Some(k) = self.kafka.properties.keys().find(|k| FIXED.contains(&k.as_str())) {
+            return Err(format!("kafka.properties.{k}: fixed by the billing consumer"));
+        }
+        if self.batch_max == 0 || self.batch_max > 100_000 {
+            return Err("batch_max: between 1 and 100000".into());
+        }
+        if self.events_retention < Duration::from_secs(8 * 24 * 3600) {
+            return Err("events_retention: at least 8 days (longer than the topic's 7-day retention)".into());
+        }
+        if self.postgres.url.is_empty() || self.postgres.url.parse::<tokio_postgres::Config>().is_err() {
+            return Err("postgres.url: not a PostgreSQL connection string".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        let mut c = Config::default();
+        c.kafka.properties.insert("enable.auto.commit".into(), "true".into());
+        assert!(c.validate().unwrap_err().contains("kafka.properties.enable.auto.commit"));
+        let c = Config { events_retention: Duration::from_secs(3600), ..Config::default() };
+        assert!(c.validate().unwrap_err().contains("events_retention"));
+        let c = Config { postgres: PostgresConfig { url: "nope://".into() }, ..Config::default() };
+        assert!(c.validate().unwrap_err().contains("postgres.url"));
+    }
+
+    #[test]
+    fn the_consumer_commits_only_by_hand() {
+        let m: BTreeMap<String, String> = crate::consumer_config(&KafkaConfig::default()).into_iter().collect();
+        assert_eq!(m["enable.auto.commit"], "false");
+        assert_eq!(m["enable.auto.offset.store"], "false");
+        assert_eq!(m["auto.offset.reset"], "earliest");
+        assert_eq!(m["session.timeout.ms"], "6000");
+    }
+}

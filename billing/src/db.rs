@@ -1,0 +1,337 @@
+//! PostgreSQL side of billing: the schema, storing a batch in one transaction (events counted
+//! once by id, the rollup moved only by new ones), pruning.
+//!
+//! Tables (created if missing, `migrate`):
+//! - `usage_events` — one row per event id (primary key): the deduplication set and the audit
+//!   trail, pruned after `events_retention`.
+//! - `usage_daily` — `(day, tenant, key_id)` → `requests_ok`, `requests_4xx`, `requests_5xx`,
+//!   `requests_denied`, `requests_aborted`, `tokens`, `request_bytes`, `response_bytes`. Billing
+//!   reads this (seed 004's `usage_daily`; billable requests are ok + 4xx).
+//! - `usage_rejects` — messages that were not usage events, with where they were read.
+
+use crate::Consumed;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio_postgres::{Client, NoTls};
+use tokio_util::sync::CancellationToken;
+use tollgate_wire::usage::{UsageClass, UsageEvent};
+
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS usage_events (
+    event_id       text PRIMARY KEY,
+    day            date NOT NULL,
+    tenant         text NOT NULL,
+    key_id         text NOT NULL,
+    plan           text NOT NULL,
+    class          text NOT NULL,
+    status         integer NOT NULL,
+    denied         text,
+    method         text NOT NULL,
+    authority      text NOT NULL,
+    path           text NOT NULL,
+    start_ms       bigint NOT NULL,
+    duration_ms    bigint NOT NULL,
+    tokens         bigint,
+    request_bytes  bigint,
+    response_bytes bigint,
+    received_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS usage_events_day ON usage_events (day);
+CREATE TABLE IF NOT EXISTS usage_daily (
+    day              date NOT NULL,
+    tenant           text NOT NULL,
+    key_id           text NOT NULL,
+    requests_ok      bigint NOT NULL DEFAULT 0,
+    requests_4xx     bigint NOT NULL DEFAULT 0,
+    requests_5xx     bigint NOT NULL DEFAULT 0,
+    requests_denied  bigint NOT NULL DEFAULT 0,
+    requests_aborted bigint NOT NULL DEFAULT 0,
+    tokens           bigint NOT NULL DEFAULT 0,
+    request_bytes    bigint NOT NULL DEFAULT 0,
+    response_bytes   bigint NOT NULL DEFAULT 0,
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (day, tenant, key_id)
+);
+CREATE TABLE IF NOT EXISTS usage_rejects (
+    topic       text NOT NULL,
+    "partition" integer NOT NULL,
+    "offset"    bigint NOT NULL,
+    payload     text NOT NULL,
+    reason      text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (topic, "partition", "offset")
+);
+"#;
+
+/// One rollup row's increments.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rollup {
+    pub by_class: [i64; 5],
+    pub tokens: i64,
+    pub request_bytes: i64,
+    pub response_bytes: i64,
+}
+
+fn class_index(c: UsageClass) -> usize {
+    UsageClass::ALL.iter().position(|x| *x == c).unwrap_or(0)
+}
+
+/// The rollup increments of `events`, per `(yyyy-MM-dd, tenant, key_id)`, in key order (the
+/// order rows are locked in).
+pub fn rollup<'a>(events: impl IntoIterator<Item = &'a UsageEvent>) -> BTreeMap<(String, String, String), Rollup> {
+    let mut out: BTreeMap<(String, String, String), Rollup> = BTreeMap::new();
+    for e in events {
+        let r = out.entry((e.day().iso(), e.tenant.clone(), e.key_id.clone())).or_default();
+        r.by_class[class_index(e.class())] += 1;
+        r.tokens += e.tokens.unwrap_or(0) as i64;
+        r.request_bytes += e.request_bytes.unwrap_or(0) as i64;
+        r.response_bytes += e.response_bytes.unwrap_or(0) as i64;
+    }
+    out
+}
+
+/// Decodes a batch: events (first occurrence of each id) and rejects (reason).
+pub fn decode(batch: &[Consumed]) -> (Vec<UsageEvent>, Vec<(&Consumed, String)>) {
+    let mut events: Vec<UsageEvent> = Vec::with_capacity(batch.len());
+    let mut seen = std::collections::HashSet::new();
+    let mut rejects = Vec::new();
+    for m in batch {
+        match serde_json::from_slice::<UsageEvent>(&m.payload) {
+            Ok(e) if e.id.is_empty() || e.tenant.is_empty() => rejects.push((m, "no id or tenant".to_string())),
+            Ok(e) => {
+                if seen.insert(e.id.clone()) {
+                    events.push(e);
+                }
+            }
+            Err(err) => rejects.push((m, err.to_string())),
+        }
+    }
+    (events, rejects)
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stored {
+    pub inserted: u64,
+    pub duplicates: u64,
+    pub rejected: u64,
+}
+
+pub struct Db {
+    client: Client,
+}
+
+impl Db {
+    pub async fn connect(url: &str) -> Result<Db, tokio_postgres::Error> {
+        let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "postgres connection ended");
+            }
+        });
+        Ok(Db { client })
+    }
+
+    /// Connects, retrying with backoff until it works or `stop` (then `None`). Logs once.
+    pub async fn connect_retrying(url: &str, stop: &CancellationToken) -> Option<Db> {
+        let mut backoff = Duration::from_millis(100);
+        let mut logged = false;
+        loop {
+            match Db::connect(url).await {
+                Ok(db) => {
+                    if logged {
+                        tracing::info!("billing: postgres is reachable again");
+                    }
+                    return Some(db);
+                }
+                Err(e) => {
+                    if !logged {
+                        tracing::warn!(error = %e, "billing: cannot reach postgres; retrying");
+                        logged = true;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.cancelled() => return None,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    pub async fn migrate(&self) -> Result<(), tokio_postgres::Error> {
+        self.client.batch_execute(SCHEMA).await
+    }
+
+    /// Stores one consumed batch in one transaction. Events already stored (same id) change
+    /// nothing; the rollup moves only by the events inserted now.
+    pub async fn store(&mut self, topic: &str, batch: &[Consumed]) -> Result<Stored, tokio_postgres::Error> {
+        let (events, rejects) = decode(batch);
+        let tx = self.client.transaction().await?;
+        let mut ids = Vec::with_capacity(events.len());
+        let (mut day, mut tenant, mut key_id, mut plan, mut class) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut status, mut denied, mut method, mut authority, mut path) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut start, mut duration, mut tokens, mut req_b, mut resp_b) = (vec![], vec![], vec![], vec![], vec![]);
+        for e in &events {
+            ids.push(e.id.clone());
+            day.push(e.day().iso());
+            tenant.push(e.tenant.clone());
+            key_id.push(e.key_id.clone());
+            plan.push(e.plan.clone());
+            class.push(e.class().name().to_string());
+            status.push(i32::from(e.status));
+            denied.push(e.denied.clone());
+            method.push(e.method.clone());
+            authority.push(e.authority.clone());
+            path.push(e.path.clone());
+            start.push(e.start_ms as i64);
+            duration.push(e.duration_ms as i64);
+            tokens.push(e.tokens.map(|n| n as i64));
+            req_b.push(e.request_bytes.map(|n| n as i64));
+            resp_b.push(e.response_bytes.map(|n| n as i64));
+        }
+        let rows = tx
+            .query(
+                "INSERT INTO usage_events (event_id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
+                                           start_ms, duration_ms, tokens, request_bytes, response_bytes)
+                 SELECT u.id, u.day::date, u.tenant, u.key_id, u.plan, u.class, u.status, u.denied, u.method, u.authority,
+                        u.path, u.start_ms, u.duration_ms, u.tokens, u.req_b, u.resp_b
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int4[], $8::text[],
+                             $9::text[], $10::text[], $11::text[], $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::int8[])
+                      AS u(id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
+                           start_ms, duration_ms, tokens, req_b, resp_b)
+                 ON CONFLICT (event_id) DO NOTHING
+                 RETURNING event_id",
+                &[
+                    &ids, &day, &tenant, &key_id, &plan, &class, &status, &denied, &method, &authority, &path, &start,
+                    &duration, &tokens, &req_b, &resp_b,
+                ],
+            )
+            .await?;
+        let inserted: std::collections::HashSet<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+        let new_events = events.iter().filter(|e| inserted.contains(&e.id));
+        let increments = rollup(new_events);
+        if !increments.is_empty() {
+            let (mut d, mut t, mut k) = (vec![], vec![], vec![]);
+            let mut cols: [Vec<i64>; 8] = Default::default();
+            for ((day, tenant, key), r) in &increments {
+                d.push(day.clone());
+                t.push(tenant.clone());
+                k.push(key.clone());
+                for (i, n) in r.by_class.iter().enumerate() {
+                    cols[i].push(*n);
+                }
+                cols[5].push(r.tokens);
+                cols[6].push(r.request_bytes);
+                cols[7].push(r.response_bytes);
+            }
+            tx.execute(
+                "INSERT INTO usage_daily AS d (day, tenant, key_id, requests_ok, requests_4xx, requests_5xx, requests_denied,
+                                               requests_aborted, tokens, request_bytes, response_bytes)
+                 SELECT u.day::date, u.tenant, u.key_id, u.ok, u.c4, u.c5, u.dn, u.ab, u.tk, u.rq, u.rs
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
+                             $9::int8[], $10::int8[], $11::int8[]) AS u(day, tenant, key_id, ok, c4, c5, dn, ab, tk, rq, rs)
+                 ON CONFLICT (day, tenant, key_id) DO UPDATE SET
+                     requests_ok = d.requests_ok + EXCLUDED.requests_ok,
+                     requests_4xx = d.requests_4xx + EXCLUDED.requests_4xx,
+                     requests_5xx = d.requests_5xx + EXCLUDED.requests_5xx,
+                     requests_denied = d.requests_denied + EXCLUDED.requests_denied,
+                     requests_aborted = d.requests_aborted + EXCLUDED.requests_aborted,
+                     tokens = d.tokens + EXCLUDED.tokens,
+                     request_bytes = d.request_bytes + EXCLUDED.request_bytes,
+                     response_bytes = d.response_bytes + EXCLUDED.response_bytes,
+                     updated_at = now()",
+                &[&d, &t, &k, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5], &cols[6], &cols[7]],
+            )
+            .await?;
+        }
+        for (m, reason) in &rejects {
+            tx.execute(
+                "INSERT INTO usage_rejects (topic, \"partition\", \"offset\", payload, reason) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT DO NOTHING",
+                &[&topic, &m.partition, &m.offset, &String::from_utf8_lossy(&m.payload).into_owned(), reason],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        let inserted = inserted.len() as u64;
+        Ok(Stored { inserted, duplicates: (batch.len() as u64).saturating_sub(inserted + rejects.len() as u64), rejected: rejects.len() as u64 })
+    }
+
+    /// Deletes event ids older than `retention` (the rollup keeps their counts).
+    pub async fn prune(&self, retention: Duration) -> Result<u64, tokio_postgres::Error> {
+        let days = (retention.as_secs() / 86_400) as i32;
+        self.client.execute("DELETE FROM usage_events WHERE day < current_date - $1::int4", &[&days]).await
+    }
+
+    /// The rollup of one tenant, per day (summed over keys), from `from` to `to` (`yyyy-MM-dd`,
+    /// inclusive): `(day, [ok, 4xx, 5xx, denied, aborted], tokens)`.
+    pub async fn daily(&self, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5], i64)>, tokio_postgres::Error> {
+        let rows = self
+            .client
+            .query(
+                "SELECT day::text, sum(requests_ok)::int8, sum(requests_4xx)::int8, sum(requests_5xx)::int8,
+                        sum(requests_denied)::int8, sum(requests_aborted)::int8, sum(tokens)::int8
+                 FROM usage_daily WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date
+                 GROUP BY day ORDER BY day",
+                &[&tenant, &from, &to],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)], r.get(6)))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: &str, key: &str, status: u16, ms: u64, tokens: Option<u64>) -> UsageEvent {
+        UsageEvent {
+            id: id.into(),
+            tenant: "acme".into(),
+            key_id: key.into(),
+            plan: "p".into(),
+            method: "GET".into(),
+            authority: "a".into(),
+            path: "/".into(),
+            status,
+            start_ms: ms,
+            duration_ms: 0,
+            tokens,
+            request_bytes: Some(10),
+            response_bytes: None,
+            denied: None,
+        }
+    }
+
+    #[test]
+    fn rollup_rows_per_day_tenant_and_key() {
+        let day = 1_764_460_800_000;
+        let events = [ev("a", "k1", 200, day, Some(5)), ev("b", "k1", 500, day + 1, None), ev("c", "k2", 200, day - 1, Some(1))];
+        let r = rollup(&events);
+        let k1 = r[&("2025-11-30".into(), "acme".into(), "k1".into())];
+        assert_eq!(k1.by_class, [1, 0, 1, 0, 0]);
+        assert_eq!((k1.tokens, k1.request_bytes), (5, 20));
+        assert_eq!(r[&("2025-11-29".into(), "acme".into(), "k2".into())].by_class[0], 1);
+    }
+
+    #[test]
+    fn decoding_keeps_the_first_of_an_id_and_rejects_what_is_not_an_event() {
+        let e = serde_json::to_vec(&ev("a", "k", 200, 1, None)).unwrap();
+        let batch = vec![
+            Consumed { partition: 0, offset: 0, payload: e.clone() },
+            Consumed { partition: 0, offset: 1, payload: e },
+            Consumed { partition: 0, offset: 2, payload: b"garbage".to_vec() },
+        ];
+        let (events, rejects) = decode(&batch);
+        assert_eq!(events.len(), 1);
+        assert_eq!(rejects.len(), 1);
+        assert_eq!(rejects[0].0.offset, 2);
+    }
+}

@@ -1,0 +1,195 @@
+//! Tollgate's billing consumer (issue 6): reads usage events from Kafka (`usage_events`) and
+//! keeps, in PostgreSQL, every event once (`usage_events`, keyed by the event id) and the daily
+//! rollup billing reads (`usage_daily`: per day, tenant and key — requests by class, tokens,
+//! bytes). A separate service from the gateway, never on a request path (seed 003).
+//!
+//! Exactly once, from at-least-once: the gateway delivers an event one or more times (retries are
+//! how it loses nothing). Each consumed batch is ONE PostgreSQL transaction: insert the events
+//! `ON CONFLICT (event_id) DO NOTHING`, and add to the rollup only those actually inserted. Kafka
+//! offsets are committed only after that transaction committed, so a crash re-reads a batch and
+//! the event ids make the second pass a no-op. A batch PostgreSQL cannot take is retried (with
+//! backoff) until it can: nothing is skipped. Messages that are not events go to `usage_rejects`
+//! in the same transaction (kept, never dropped).
+//!
+//! Ordering and locks: events are keyed by tenant, so one tenant's events are in one partition
+//! and only one consumer of the group writes a tenant's rollup rows (no cross-consumer deadlocks).
+
+pub mod config;
+pub mod db;
+pub mod report;
+
+use config::Config;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// The consumer's librdkafka configuration: a consumer group, offsets committed by us (after the
+/// PostgreSQL commit), reading from the start of a partition nobody committed yet.
+pub fn consumer_config(c: &config::KafkaConfig) -> Vec<(String, String)> {
+    let mut m: BTreeMap<String, String> = [
+        ("bootstrap.servers", c.brokers.clone()),
+        ("group.id", c.group_id.clone()),
+        ("client.id", "tollgate-billing".into()),
+        ("enable.auto.commit", "false".into()),
+        ("enable.auto.offset.store", "false".into()),
+        ("auto.offset.reset", "earliest".into()),
+        ("session.timeout.ms", c.session_timeout.as_millis().to_string()),
+        ("heartbeat.interval.ms", (c.session_timeout.as_millis() / 3).max(100).to_string()),
+        // a PostgreSQL outage can hold a batch a long time; do not leave the group meanwhile
+        ("max.poll.interval.ms", "3600000".into()),
+        ("enable.partition.eof", "false".into()),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b))
+    .collect();
+    for (k, v) in &c.properties {
+        m.insert(k.clone(), v.clone());
+    }
+    m.into_iter().collect()
+}
+
+/// One message as read: where it was, and its payload.
+#[derive(Debug, Clone)]
+pub struct Consumed {
+    pub partition: i32,
+    pub offset: i64,
+    pub payload: Vec<u8>,
+}
+
+/// Runs the consumer until `shutdown`. Returns an error only for what retrying cannot fix
+/// (bad configuration); PostgreSQL and Kafka outages are waited out.
+pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+    config.validate().map_err(Error::Config)?;
+    let stop = CancellationToken::new();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stop.cancel();
+        });
+    }
+    let mut db = db::Db::connect_retrying(&config.postgres.url, &stop).await;
+    let Some(db_ref) = db.as_mut() else { return Ok(()) };
+    db_ref.migrate().await?;
+
+    let mut cc = ClientConfig::new();
+    for (k, v) in consumer_config(&config.kafka) {
+        cc.set(k, v);
+    }
+    let consumer: StreamConsumer = cc.create()?;
+    consumer.subscribe(&[&config.kafka.topic])?;
+    tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, "billing consumer started");
+
+    let mut last_prune = Instant::now() - Duration::from_secs(3600);
+    let mut db = db.take();
+    loop {
+        let batch = tokio::select! {
+            b = collect(&consumer, config.batch_max, config.batch_wait) => b,
+            _ = stop.cancelled() => break,
+        };
+        if batch.is_empty() {
+            continue;
+        }
+        // Store the batch, however long PostgreSQL takes to come back.
+        let mut backoff = Duration::from_millis(100);
+        let mut logged = false;
+        loop {
+            if db.is_none() {
+                db = db::Db::connect_retrying(&config.postgres.url, &stop).await;
+                if db.is_none() {
+                    return Ok(()); // stopped while waiting
+                }
+            }
+            let Some(d) = db.as_mut() else { continue };
+            match d.store(&config.kafka.topic, &batch).await {
+                Ok(stored) => {
+                    if logged {
+                        tracing::info!("billing: postgres is back");
+                    }
+                    tracing::debug!(read = batch.len(), new = stored.inserted, duplicates = stored.duplicates, rejected = stored.rejected, "batch stored");
+                    break;
+                }
+                Err(e) => {
+                    if !logged {
+                        tracing::warn!(error = %e, "billing: postgres cannot take the batch; retrying until it can");
+                        logged = true;
+                    }
+                    if d.is_closed() {
+                        db = None;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        // offsets not committed: the batch is read again at the next start
+                        _ = stop.cancelled() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        // Only now: the batch is in PostgreSQL.
+        let mut tpl = TopicPartitionList::new();
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        for m in &batch {
+            let e = next.entry(m.partition).or_insert(m.offset + 1);
+            *e = (*e).max(m.offset + 1);
+        }
+        for (p, o) in next {
+            let _ = tpl.add_partition_offset(&config.kafka.topic, p, Offset::Offset(o));
+        }
+        if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+            // e.g. the partition moved to another consumer: it re-reads from the last commit, and
+            // the event ids make that harmless
+            tracing::warn!(error = %e, "billing: offset commit failed (events will be read again, counted once)");
+        }
+        if last_prune.elapsed() > Duration::from_secs(3600) {
+            last_prune = Instant::now();
+            if let Some(d) = db.as_mut() {
+                match d.prune(config.events_retention).await {
+                    Ok(n) if n > 0 => tracing::info!(deleted = n, "billing: pruned event ids past the retention"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "billing: prune failed"),
+                }
+            }
+        }
+    }
+    tracing::info!("billing consumer stopped");
+    Ok(())
+}
+
+/// Up to `max` messages: waits for the first, then takes what arrives within `wait`.
+async fn collect(consumer: &StreamConsumer, max: usize, wait: Duration) -> Vec<Consumed> {
+    let mut out = Vec::new();
+    let first = match consumer.recv().await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::debug!(error = %e, "billing: consumer error");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return out;
+        }
+    };
+    out.push(Consumed { partition: first.partition(), offset: first.offset(), payload: first.payload().unwrap_or_default().to_vec() });
+    drop(first);
+    let until = tokio::time::Instant::now() + wait;
+    while out.len() < max {
+        match tokio::time::timeout_at(until, consumer.recv()).await {
+            Ok(Ok(m)) => out.push(Consumed { partition: m.partition(), offset: m.offset(), payload: m.payload().unwrap_or_default().to_vec() }),
+            Ok(Err(_)) => continue,
+            Err(_) => break,
+        }
+    }
+    out
+}

@@ -1,0 +1,177 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Usage metering in the filter (issue 6), through a mock host: one event per request let through
+//! with an identity, none otherwise; ids made by the filter; tokens, status, sizes and duration.
+//! Runs natively and on wasm32 under wasm-bindgen-test.
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use tollgate_filter_core::completions::CompletionQueue;
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::filter::{Action, AuthFilter};
+use tollgate_filter_core::mock::MockHost;
+use tollgate_filter_core::usage::Meter;
+use tollgate_wire::usage::{UsageBatch, UsageEvent};
+
+const KEY: &str = "tg_secret_key_123";
+const METERED: &str = r#"{"usage":{"enabled":true}}"#;
+
+fn metered(config: &str, meter: &Rc<RefCell<Meter>>) -> AuthFilter {
+    let config = Rc::new(FilterConfig::parse(config.as_bytes()).unwrap());
+    AuthFilter::new(config, Rc::new(RefCell::new(CompletionQueue::new(100)))).with_meter(meter.clone())
+}
+
+fn meter() -> Rc<RefCell<Meter>> {
+    Rc::new(RefCell::new(Meter::new(100, 0xabc)))
+}
+
+fn events(meter: &Rc<RefCell<Meter>>) -> Vec<UsageEvent> {
+    let mut m = meter.borrow_mut();
+    let Some(body) = m.queue.begin_flush(1000) else { return vec![] };
+    m.queue.end_flush(true);
+    serde_json::from_slice::<UsageBatch>(&body).unwrap().events
+}
+
+fn allow() -> &'static [u8] {
+    br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":500}"#
+}
+
+fn respond(f: &mut AuthFilter, host: &mut MockHost, status: &str, content_type: &str, body: &[u8]) {
+    host.upstream_response = vec![(":status".into(), status.into()), ("content-type".into(), content_type.into())];
+    f.on_response_headers(host);
+    host.response_chunk = body.to_vec();
+    f.on_response_body(host, body.len());
+}
+
+#[test]
+fn an_allowed_request_becomes_one_event_when_it_ends() {
+    let m = meter();
+    let mut host = MockHost::new()
+        .with_header(":method", "POST")
+        .with_header(":path", &format!("/v1/chat?api_key={KEY}&x=1"))
+        .with_header("x-request-id", "client-chosen");
+    host.now_ms = 1_764_460_800_000;
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow()), Action::Continue);
+    respond(&mut f, &mut host, "200", "application/json", br#"{"usage":{"total_tokens":42}}"#);
+    host.properties.insert("request.total_size".into(), 120i64.to_le_bytes().to_vec());
+    host.properties.insert("response.total_size".into(), 300i64.to_le_bytes().to_vec());
+    host.now_ms += 35;
+    assert!(m.borrow().queue.is_empty(), "recorded only when the request is over");
+    f.on_log(&host);
+    let e = events(&m);
+    assert_eq!(e.len(), 1);
+    let e = &e[0];
+    assert_eq!(e.id, "0000000000000abc0000000000000001", "the filter's own id, not x-request-id");
+    assert_eq!((e.tenant.as_str(), e.key_id.as_str(), e.plan.as_str()), ("acme", "key_7", "gold"));
+    assert_eq!((e.method.as_str(), e.authority.as_str(), e.path.as_str()), ("POST", "api.test", "/v1/chat"));
+    assert_eq!((e.status, e.start_ms, e.duration_ms), (200, 1_764_460_800_000, 35));
+    assert_eq!((e.tokens, e.request_bytes, e.response_bytes), (Some(42), Some(120), Some(300)));
+    assert_eq!(e.denied, None);
+    let json = serde_json::to_string(e).unwrap();
+    assert!(!json.contains(KEY), "raw key leaked into a usage event: {json}");
+}
+
+#[test]
+fn auth_cache_hits_are_metered_too() {
+    let m = meter();
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    f.on_sidecar_response(&mut host, 1, Some(200), allow());
+    f.on_log(&host);
+    // the same key again on this Envoy: answered from the auth cache, no call
+    let mut host = MockHost::next_request(&host).with_header("x-api-key", KEY);
+    let mut f = metered(METERED, &m);
+    assert_eq!(f.on_request_headers(&mut host, true), Action::Continue);
+    assert!(host.calls.is_empty());
+    respond(&mut f, &mut host, "404", "text/plain", b"nope");
+    f.on_log(&host);
+    let e = events(&m);
+    assert_eq!(e.len(), 2);
+    assert_ne!(e[0].id, e[1].id);
+    assert_eq!((e[1].tenant.as_str(), e[1].status, e[1].tokens), ("acme", 404, None));
+}
+
+#[test]
+fn requests_without_an_identity_are_not_metered() {
+    let m = meter();
+    // no key: the filter's own 401
+    let mut host = MockHost::new();
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    f.on_log(&host);
+    // denied by the sidecar (the sidecar meters its own denials)
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    let deny = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"m","limit":"l"}"#;
+    f.on_sidecar_response(&mut host, 1, Some(200), deny);
+    f.on_log(&host);
+    // the sidecar failed and the filter failed open: nobody to bill
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = metered(r#"{"usage":{"enabled":true},"failureMode":"open"}"#, &m);
+    f.on_request_headers(&mut host, true);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(503), b""), Action::Continue);
+    f.on_log(&host);
+    assert!(events(&m).is_empty());
+}
+
+#[test]
+fn metering_is_off_unless_configured() {
+    let m = meter();
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = metered("{}", &m);
+    f.on_request_headers(&mut host, true);
+    f.on_sidecar_response(&mut host, 1, Some(200), allow());
+    f.on_log(&host);
+    assert!(events(&m).is_empty());
+}
+
+#[test]
+fn a_client_that_goes_away_is_metered_as_aborted() {
+    let m = meter();
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    f.on_sidecar_response(&mut host, 1, Some(200), allow());
+    f.on_log(&host); // no response headers ever came
+    let e = events(&m);
+    assert_eq!(e[0].status, 0);
+    assert_eq!(e[0].class(), tollgate_wire::usage::UsageClass::Aborted);
+}
+
+#[test]
+fn tokens_of_a_streamed_response_are_read_without_holding_it() {
+    let m = meter();
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    f.on_sidecar_response(&mut host, 1, Some(200), allow());
+    host.upstream_response = vec![(":status".into(), "200".into()), ("content-type".into(), "text/event-stream".into())];
+    f.on_response_headers(&mut host);
+    for chunk in [&b"data: {\"choices\":[]}\n\n"[..], b"data: {\"usage\":{\"total_tokens\":7}}\n\ndata: [DONE]\n\n"] {
+        host.response_chunk = chunk.to_vec();
+        assert_eq!(f.on_response_body(&mut host, chunk.len()), Action::Continue, "never held back");
+    }
+    f.on_log(&host);
+    assert_eq!(events(&m)[0].tokens, Some(7));
+}
+
+#[test]
+fn a_full_queue_drops_the_oldest_and_counts_them() {
+    let m = Rc::new(RefCell::new(Meter::new(2, 1)));
+    for _ in 0..3 {
+        let mut host = MockHost::new().with_header("x-api-key", KEY);
+        let mut f = metered(METERED, &m);
+        f.on_request_headers(&mut host, true);
+        f.on_sidecar_response(&mut host, 1, Some(200), allow());
+        f.on_log(&host);
+    }
+    assert_eq!(m.borrow().queue.dropped, 1);
+    let ids: Vec<String> = events(&m).into_iter().map(|e| e.id).collect();
+    assert_eq!(ids, ["00000000000000010000000000000002", "00000000000000010000000000000003"]);
+}

@@ -1,0 +1,235 @@
+//! Usage events (issue 6): one [`UsageEvent`] per request of a known tenant, the unit of billing.
+//!
+//! Path of an event: the filter records every request it let through with an identity (allowed by
+//! the sidecar or by the filter's auth cache) when the request ends, queues it per worker and
+//! sends [`UsageBatch`]es to `POST /v1/usage`; the sidecar also writes one for every request it
+//! denies with a known tenant (429, 401 revoked/expired, 503 limits). The sidecar appends them to
+//! its durable spool before answering, then ships them to Kafka (`usage_events`, keyed by tenant);
+//! the billing consumer rolls them up per day in PostgreSQL.
+//!
+//! Invariants:
+//! - `id` is unique per request and made by the gateway (never taken from a client header), so
+//!   every hop may deliver an event more than once (retries are how nothing is lost) and the
+//!   billing consumer counts each id once.
+//! - The same JSON is the filter→sidecar body and the Kafka message value: readers ignore unknown
+//!   fields, new fields are optional.
+//! - No secret: an event names the key by its id, never its hash or value; `path` carries no query
+//!   string (where an API key may have been).
+
+use serde::{Deserialize, Serialize};
+
+/// Path of the usage endpoint on the sidecar.
+pub const USAGE_PATH: &str = "/v1/usage";
+
+/// Longest `path` kept in an event (longer ones are cut at a character boundary).
+pub const MAX_PATH: usize = 256;
+
+/// One request of a known tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageEvent {
+    /// Unique per request, made by the gateway: the billing consumer's deduplication key.
+    pub id: String,
+    pub tenant: String,
+    pub key_id: String,
+    pub plan: String,
+    pub method: String,
+    pub authority: String,
+    /// The request path without its query string, at most [`MAX_PATH`] bytes.
+    pub path: String,
+    /// The status the client got; 0 when the client went away before a response.
+    pub status: u16,
+    /// When the request arrived (ms since the Unix epoch, the gateway's clock). Its UTC day is the
+    /// day the request is billed on.
+    pub start_ms: u64,
+    /// From arrival to the end of the response (or of the stream).
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// Tokens used (`usage.total_tokens` of an LLM response), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_bytes: Option<u64>,
+    /// The gateway's own refusal (a deny code such as `rate_limited`); absent when the request
+    /// went to the upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied: Option<String>,
+}
+
+/// The body of `POST /v1/usage`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBatch {
+    pub events: Vec<UsageEvent>,
+}
+
+/// The sidecar's answer to a usage batch it took: `accepted` events are durable (spooled),
+/// `invalid` ones were refused for good (retrying cannot fix them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageAck {
+    pub accepted: u64,
+    pub invalid: u64,
+}
+
+/// How an event counts in the rollups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UsageClass {
+    /// Answered by the upstream below 400.
+    Ok,
+    /// Answered by the upstream (or Envoy) with 4xx.
+    ClientError,
+    /// 5xx.
+    ServerError,
+    /// Refused by the gateway itself (limits, revoked key …): not sent upstream.
+    Denied,
+    /// The client went away before any response.
+    Aborted,
+}
+
+impl UsageClass {
+    pub const ALL: [UsageClass; 5] =
+        [UsageClass::Ok, UsageClass::ClientError, UsageClass::ServerError, UsageClass::Denied, UsageClass::Aborted];
+
+    /// The counter's name in the Redis meter and (prefixed `requests_`) in `usage_daily`.
+    pub fn name(self) -> &'static str {
+        match self {
+            UsageClass::Ok => "ok",
+            UsageClass::ClientError => "4xx",
+            UsageClass::ServerError => "5xx",
+            UsageClass::Denied => "denied",
+            UsageClass::Aborted => "aborted",
+        }
+    }
+}
+
+impl UsageEvent {
+    pub fn class(&self) -> UsageClass {
+        if self.denied.is_some() {
+            return UsageClass::Denied;
+        }
+        match self.status {
+            0 => UsageClass::Aborted,
+            1..=399 => UsageClass::Ok,
+            400..=499 => UsageClass::ClientError,
+            _ => UsageClass::ServerError,
+        }
+    }
+
+    /// The UTC day the event is billed on.
+    pub fn day(&self) -> Day {
+        Day::of_ms(self.start_ms)
+    }
+}
+
+/// A UTC calendar day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Day {
+    pub year: i32,
+    pub month: u32,
+    pub day: u32,
+}
+
+impl Day {
+    pub fn of_ms(ms: u64) -> Day {
+        // Howard Hinnant's civil_from_days (proleptic Gregorian).
+        let z = (ms / 86_400_000) as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let year = (yoe + era * 400 + i64::from(month <= 2)) as i32;
+        Day { year, month, day }
+    }
+    /// `yyyyMMdd`, as in Redis meter keys.
+    pub fn compact(self) -> String {
+        format!("{:04}{:02}{:02}", self.year, self.month, self.day)
+    }
+    /// `yyyy-MM-dd`, as PostgreSQL reads a date.
+    pub fn iso(self) -> String {
+        format!("{:04}-{:02}-{:02}", self.year, self.month, self.day)
+    }
+}
+
+/// `path` without its query string, cut to at most [`MAX_PATH`] bytes.
+pub fn event_path(path: &str) -> String {
+    let p = path.split(['?', '#']).next().unwrap_or("");
+    let mut end = p.len().min(MAX_PATH);
+    while !p.is_char_boundary(end) {
+        end -= 1;
+    }
+    p[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event() -> UsageEvent {
+        UsageEvent {
+            id: "0123456789abcdef0000000000000001".into(),
+            tenant: "acme".into(),
+            key_id: "key_1".into(),
+            plan: "gold".into(),
+            method: "POST".into(),
+            authority: "api.test".into(),
+            path: "/v1/chat".into(),
+            status: 200,
+            start_ms: 1_764_460_800_000,
+            duration_ms: 12,
+            tokens: Some(42),
+            request_bytes: None,
+            response_bytes: Some(300),
+            denied: None,
+        }
+    }
+
+    #[test]
+    fn json_is_camel_case_and_tolerant() {
+        let s = serde_json::to_string(&event()).unwrap();
+        assert_eq!(
+            s,
+            r#"{"id":"0123456789abcdef0000000000000001","tenant":"acme","keyId":"key_1","plan":"gold","method":"POST","authority":"api.test","path":"/v1/chat","status":200,"startMs":1764460800000,"durationMs":12,"tokens":42,"responseBytes":300}"#
+        );
+        let with_more = s.replace("\"status\"", "\"later\":[1],\"status\"");
+        assert_eq!(serde_json::from_str::<UsageEvent>(&with_more).unwrap(), event());
+    }
+
+    #[test]
+    fn classes() {
+        let mut e = event();
+        assert_eq!(e.class(), UsageClass::Ok);
+        e.status = 304;
+        assert_eq!(e.class(), UsageClass::Ok);
+        e.status = 404;
+        assert_eq!(e.class(), UsageClass::ClientError);
+        e.status = 503;
+        assert_eq!(e.class(), UsageClass::ServerError);
+        e.status = 0;
+        assert_eq!(e.class(), UsageClass::Aborted);
+        e.status = 429;
+        e.denied = Some("rate_limited".into());
+        assert_eq!(e.class(), UsageClass::Denied);
+    }
+
+    #[test]
+    fn days_are_utc() {
+        assert_eq!(Day::of_ms(0).iso(), "1970-01-01");
+        assert_eq!(Day::of_ms(1_764_460_800_000).compact(), "20251130"); // 2025-11-30T00:00:00Z
+        assert_eq!(Day::of_ms(1_764_460_799_999).iso(), "2025-11-29");
+        assert_eq!(Day::of_ms(951_782_400_000).iso(), "2000-02-29");
+        assert_eq!(Day::of_ms(1_767_225_600_000).iso(), "2026-01-01");
+    }
+
+    #[test]
+    fn paths_lose_their_query_and_are_bounded() {
+        assert_eq!(event_path("/v1/chat?api_key=x&y=1"), "/v1/chat");
+        assert_eq!(event_path("/a#frag"), "/a");
+        let long = format!("/{}", "é".repeat(300));
+        let p = event_path(&long);
+        assert!(p.len() <= MAX_PATH && p.starts_with("/é"));
+    }
+}

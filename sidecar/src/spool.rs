@@ -1,0 +1,378 @@
+//! The usage spool: a durable, append-only journal of usage events on local disk, between the
+//! filter and Kafka.
+//!
+//! Why: a usage event is acknowledged to the filter (which then forgets it) only once it is on
+//! disk, so neither a Kafka outage nor a sidecar crash loses what was acknowledged. Kafka gets
+//! the events from here, in order, and a segment is deleted only when every event in it was
+//! acknowledged by the broker (`acks=all`).
+//!
+//! Layout: `<dir>/<seq:020>.open` is the segment being written (at most one), `<dir>/<seq>.seg`
+//! are sealed segments waiting to be shipped, oldest first. Each line is one event's JSON.
+//!
+//! Invariants:
+//! - `append` returns only after the bytes are `fdatasync`ed (group commit: one sync for every
+//!   append waiting at that moment), and a new segment's directory entry is synced too.
+//! - A crash leaves at most one `.open` segment; opening the spool seals it. A torn last line
+//!   (written, never acknowledged) does not parse and is skipped by readers and counted; the
+//!   filter still holds that batch and sends it again.
+//! - Events may be shipped more than once (a crash between Kafka's ack and the delete); the
+//!   billing consumer counts each event id once.
+//! - The spool is bounded (`max_bytes`): past it `append` fails with [`SpoolError::Full`] and the
+//!   sidecar answers 503, so the filter keeps the events (back-pressure instead of loss).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A segment is sealed once it is this big, whatever its age.
+pub const MAX_SEGMENT_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error("the usage spool is full ({0} bytes)")]
+    Full(u64),
+    #[error("usage spool i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("the usage spool is stopped")]
+    Stopped,
+}
+
+struct OpenSegment {
+    file: File,
+    path: PathBuf,
+    bytes: u64,
+    opened: Instant,
+}
+
+/// The writing side (one per spool directory; used from one thread).
+pub struct SpoolWriter {
+    dir: PathBuf,
+    current: Option<OpenSegment>,
+    next_seq: u64,
+    /// Bytes in the directory (open + sealed segments), shared with the shipper.
+    total: Arc<AtomicU64>,
+    max_bytes: u64,
+}
+
+fn seq_of(path: &Path) -> Option<u64> {
+    path.file_stem()?.to_str()?.parse().ok()
+}
+
+fn with_ext(path: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fs::read_dir(path)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == ext) && seq_of(p).is_some())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_by_key(|p| seq_of(p));
+    out
+}
+
+/// Sealed segments, oldest first.
+pub fn sealed_segments(dir: &Path) -> Vec<PathBuf> {
+    with_ext(dir, "seg")
+}
+
+/// The lines of a segment, skipping (and counting) those that are not complete JSON objects.
+pub fn read_segment(path: &Path) -> io::Result<(Vec<Vec<u8>>, usize)> {
+    let reader = io::BufReader::new(File::open(path)?);
+    let (mut lines, mut bad) = (Vec::new(), 0);
+    for line in reader.split(b'\n') {
+        let line = line?;
+        if line.is_empty() {
+            continue;
+        }
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_ok() {
+            lines.push(line);
+        } else {
+            bad += 1;
+        }
+    }
+    Ok((lines, bad))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl SpoolWriter {
+    /// Opens (creating) the spool directory and seals a segment a crash left open.
+    pub fn open(dir: &Path, max_bytes: u64) -> io::Result<SpoolWriter> {
+        fs::create_dir_all(dir)?;
+        for open in with_ext(dir, "open") {
+            fs::rename(&open, open.with_extension("seg"))?;
+        }
+        let sealed = sealed_segments(dir);
+        let next_seq = sealed.last().and_then(|p| seq_of(p)).map_or(1, |s| s + 1);
+        let total: u64 = sealed.iter().filter_map(|p| fs::metadata(p).ok()).map(|m| m.len()).sum();
+        sync_dir(dir)?;
+        Ok(SpoolWriter {
+            dir: dir.to_path_buf(),
+            current: None,
+            next_seq,
+            total: Arc::new(AtomicU64::new(total)),
+            max_bytes,
+        })
+    }
+
+    /// Bytes held in the spool (shared: the shipper subtracts what it deletes).
+    pub fn total(&self) -> Arc<AtomicU64> {
+        self.total.clone()
+    }
+
+    /// Appends `data` (whole lines) to the open segment; durable only after [`SpoolWriter::sync`].
+    pub fn append(&mut self, data: &[u8]) -> Result<(), SpoolError> {
+        let held = self.total.load(Ordering::Relaxed);
+        if held + data.len() as u64 > self.max_bytes {
+            return Err(SpoolError::Full(held));
+        }
+        if self.current.is_none() {
+            let path = self.dir.join(format!("{:020}.open", self.next_seq));
+            self.next_seq += 1;
+            let file = OpenOptions::new().create_new(true).append(true).open(&path)?;
+            // the new file's directory entry must survive a power loss too
+            sync_dir(&self.dir)?;
+            self.current = Some(OpenSegment { file, path, bytes: 0, opened: Instant::now() });
+        }
+        let Some(seg) = self.current.as_mut() else { return Err(SpoolError::Stopped) };
+        seg.file.write_all(data)?;
+        seg.bytes += data.len() as u64;
+        self.total.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes every appended byte durable.
+    pub fn sync(&mut self) -> io::Result<()> {
+        match &self.current {
+            Some(seg) => seg.file.sync_data(),
+            None => Ok(()),
+        }
+    }
+
+    /// Seals the open segment when it is non-empty and at least `max_age` old (or big): it
+    /// becomes shippable. Returns whether a segment was sealed.
+    pub fn seal_if_due(&mut self, max_age: Duration) -> io::Result<bool> {
+        let due = self
+            .current
+            .as_ref()
+            .is_some_and(|s| s.bytes > 0 && (s.opened.elapsed() >= max_age || s.bytes >= MAX_SEGMENT_BYTES));
+        if due {
+            self.seal()?;
+        }
+        Ok(due)
+    }
+
+    /// Seals the open segment now, if any.
+    pub fn seal(&mut self) -> io::Result<()> {
+        if let Some(seg) = self.current.take() {
+            seg.file.sync_data()?;
+            if seg.bytes == 0 {
+                fs::remove_file(&seg.path)?;
+            } else {
+                fs::rename(&seg.path, seg.path.with_extension("seg"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deletes a shipped segment and gives its bytes back.
+pub fn remove_segment(path: &Path, total: &AtomicU64) -> io::Result<()> {
+    let len = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    fs::remove_file(path)?;
+    let _ = total.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(len)));
+    Ok(())
+}
+
+// ---- the writer thread and its async handle -------------------------------------------------
+
+enum Cmd {
+    Append(Vec<u8>, tokio::sync::oneshot::Sender<Result<(), SpoolError>>),
+    Stop(tokio::sync::oneshot::Sender<()>),
+}
+
+/// A handle on the spool's writer thread. Cheap to clone.
+#[derive(Clone)]
+pub struct Spool {
+    tx: std::sync::mpsc::Sender<Cmd>,
+    total: Arc<AtomicU64>,
+    dir: PathBuf,
+}
+
+impl Spool {
+    /// Opens the spool and starts its writer thread. `sealed` is notified whenever a segment
+    /// becomes shippable; an open segment is sealed once it is `segment_age` old.
+    pub fn start(dir: &Path, max_bytes: u64, segment_age: Duration, sealed: Arc<tokio::sync::Notify>) -> io::Result<Spool> {
+        let mut writer = SpoolWriter::open(dir, max_bytes)?;
+        let total = writer.total();
+        let (tx, rx) = std::sync::mpsc::channel::<Cmd>();
+        std::thread::Builder::new().name("usage-spool".into()).spawn(move || {
+            let tick = (segment_age / 2).max(Duration::from_millis(5));
+            let mut stopped = None;
+            while stopped.is_none() {
+                let mut acks = Vec::new();
+                match rx.recv_timeout(tick) {
+                    Ok(cmd) => {
+                        let mut next = Some(cmd);
+                        // group commit: take every append already waiting, then sync once
+                        while let Some(cmd) = next.take() {
+                            match cmd {
+                                Cmd::Append(data, ack) => {
+                                    let r = writer.append(&data);
+                                    acks.push((ack, r));
+                                }
+                                Cmd::Stop(done) => stopped = Some(done),
+                            }
+                            if stopped.is_none() {
+                                next = rx.try_recv().ok();
+                            }
+                        }
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+                let synced = if acks.iter().any(|(_, r)| r.is_ok()) { writer.sync() } else { Ok(()) };
+                for (ack, r) in acks {
+                    let r = match (&synced, r) {
+                        (Err(e), Ok(())) => Err(SpoolError::Io(io::Error::new(e.kind(), e.to_string()))),
+                        (_, r) => r,
+                    };
+                    let _ = ack.send(r);
+                }
+                if let Err(e) = synced {
+                    tracing::error!(error = %e, "usage spool: sync failed; the batch is refused (the filter retries)");
+                    // a failed fsync may have lost bytes: start a fresh segment
+                    let _ = writer.seal();
+                }
+                match writer.seal_if_due(segment_age) {
+                    Ok(true) => sealed.notify_one(),
+                    Ok(false) => {}
+                    Err(e) => tracing::error!(error = %e, "usage spool: cannot seal a segment"),
+                }
+            }
+            if let Err(e) = writer.seal() {
+                tracing::error!(error = %e, "usage spool: cannot seal the last segment");
+            }
+            sealed.notify_one();
+            if let Some(done) = stopped {
+                let _ = done.send(());
+            }
+        })?;
+        Ok(Spool { tx, total, dir: dir.to_path_buf() })
+    }
+
+    /// Appends whole lines; resolves once they are durable.
+    pub async fn append(&self, data: Vec<u8>) -> Result<(), SpoolError> {
+        let (ack, done) = tokio::sync::oneshot::channel();
+        self.tx.send(Cmd::Append(data, ack)).map_err(|_| SpoolError::Stopped)?;
+        done.await.map_err(|_| SpoolError::Stopped)?
+    }
+
+    /// Seals the open segment and stops the writer thread.
+    pub async fn stop(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.tx.send(Cmd::Stop(done)).is_ok() {
+            let _ = wait.await;
+        }
+    }
+
+    pub fn total(&self) -> Arc<AtomicU64> {
+        self.total.clone()
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(n: std::ops::Range<u32>) -> Vec<u8> {
+        n.map(|i| format!("{{\"id\":\"{i}\"}}\n")).collect::<String>().into_bytes()
+    }
+
+    #[test]
+    fn appends_seal_into_ordered_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = SpoolWriter::open(dir.path(), 1 << 20).unwrap();
+        w.append(&lines(0..2)).unwrap();
+        w.sync().unwrap();
+        assert!(sealed_segments(dir.path()).is_empty(), "an open segment is not shippable");
+        assert!(!w.seal_if_due(Duration::from_secs(60)).unwrap());
+        assert!(w.seal_if_due(Duration::ZERO).unwrap());
+        w.append(&lines(2..3)).unwrap();
+        w.seal().unwrap();
+        let segs = sealed_segments(dir.path());
+        assert_eq!(segs.len(), 2);
+        assert_eq!(read_segment(&segs[0]).unwrap().0.len(), 2);
+        assert_eq!(read_segment(&segs[1]).unwrap().0, vec![b"{\"id\":\"2\"}".to_vec()]);
+        assert_eq!(w.total().load(Ordering::Relaxed), lines(0..3).len() as u64);
+        remove_segment(&segs[0], &w.total()).unwrap();
+        assert_eq!(w.total().load(Ordering::Relaxed), lines(2..3).len() as u64);
+    }
+
+    #[test]
+    fn a_crash_leaves_an_open_segment_that_the_next_open_seals_and_a_torn_line_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = SpoolWriter::open(dir.path(), 1 << 20).unwrap();
+        w.append(&lines(0..3)).unwrap();
+        w.append(b"{\"id\":\"torn").unwrap(); // the crash hit mid-write
+        w.sync().unwrap();
+        drop(w); // no seal: a crash
+        let w = SpoolWriter::open(dir.path(), 1 << 20).unwrap();
+        let segs = sealed_segments(dir.path());
+        assert_eq!(segs.len(), 1);
+        let (good, bad) = read_segment(&segs[0]).unwrap();
+        assert_eq!((good.len(), bad), (3, 1));
+        assert!(w.total().load(Ordering::Relaxed) > 0);
+        // numbering continues after what is there
+        let mut w = w;
+        w.append(&lines(9..10)).unwrap();
+        w.seal().unwrap();
+        let segs = sealed_segments(dir.path());
+        assert_eq!(segs.len(), 2);
+        assert!(seq_of(&segs[1]) > seq_of(&segs[0]));
+    }
+
+    #[test]
+    fn the_spool_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = SpoolWriter::open(dir.path(), 30).unwrap();
+        w.append(&lines(0..2)).unwrap(); // 22 bytes
+        assert!(matches!(w.append(&lines(2..3)), Err(SpoolError::Full(22))));
+    }
+
+    #[tokio::test]
+    async fn the_writer_thread_acknowledges_after_sync_and_seals_by_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let sealed = Arc::new(tokio::sync::Notify::new());
+        let spool = Spool::start(dir.path(), 1 << 20, Duration::from_millis(20), sealed.clone()).unwrap();
+        let appends: Vec<_> = (0..10).map(|i| spool.append(lines(i..i + 1))).collect();
+        for r in futures_join(appends).await {
+            r.unwrap();
+        }
+        // sealed by age, without a stop
+        tokio::time::timeout(Duration::from_secs(10), sealed.notified()).await.unwrap();
+        assert!(!sealed_segments(dir.path()).is_empty());
+        spool.stop().await;
+        let n: usize = sealed_segments(dir.path()).iter().map(|s| read_segment(s).unwrap().0.len()).sum();
+        assert_eq!(n, 10);
+        assert!(matches!(spool.append(lines(0..1)).await, Err(SpoolError::Stopped)));
+    }
+
+    async fn futures_join<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
+        let mut out = Vec::new();
+        for f in fs {
+            out.push(f.await);
+        }
+        out
+    }
+}

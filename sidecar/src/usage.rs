@@ -1,0 +1,360 @@
+//! Usage metering in the sidecar (issue 6): `POST /v1/usage` from the filter, denial events from
+//! the decision path, the durable spool, the Kafka shipper and the Redis meter.
+//!
+//! ```text
+//! filter ──POST /v1/usage──► validate ──► spool (fsync) ──200──► filter forgets the batch
+//!                                           │      └──► meter: HINCRBY usage:{tenant}:{day} (best effort)
+//!  decide (deny) ──event──────────────────► ┘
+//!                                  spool ──shipper──► Kafka usage_events (key = tenant) ──► billing
+//! ```
+//!
+//! Invariants: an event is acknowledged only once durable on disk; the request path never waits
+//! on the spool or Kafka (denials are spooled from a spawned task); every loss is counted
+//! (`tollgate_sidecar_usage_events_total{outcome="lost"}`). The Redis meter is a fast, approximate
+//! view (it may count a re-sent batch twice, and its keys may be evicted); billing reads the
+//! PostgreSQL rollup, which counts each event id once.
+
+use crate::kafka::{KafkaConfig, Shipper};
+use crate::keys::{Id, UsageMeterKey};
+use crate::spool::{Spool, SpoolError};
+use crate::store::Store;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tollgate_wire::usage::{event_path, UsageClass, UsageEvent, MAX_PATH};
+
+/// `[usage]` of the sidecar configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsageConfig {
+    /// Take usage events (`POST /v1/usage`) and meter denials. Off: the endpoint answers 404.
+    pub enabled: bool,
+    /// The spool directory: events wait here, durable, until Kafka has them. Keep it on a
+    /// persistent volume: it is what makes a crash or a Kafka outage lose nothing.
+    pub spool_dir: PathBuf,
+    /// Bound on the spool; past it batches are refused (503) and wait in the filters.
+    pub max_spool_mb: u64,
+    /// How long a spool segment takes events before it is shipped (latency to Kafka).
+    #[serde(with = "humantime_serde")]
+    pub segment_age: Duration,
+    /// Count events per tenant and day in Redis (`usage:{tenant}:{yyyyMMdd}`, 35 days).
+    pub meter: bool,
+    /// On shutdown, how long the shipper may keep sending what is spooled.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    pub kafka: KafkaConfig,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig {
+            enabled: false,
+            spool_dir: PathBuf::from("/var/lib/tollgate/usage-spool"),
+            max_spool_mb: 1024,
+            segment_age: Duration::from_millis(200),
+            meter: true,
+            shutdown_grace: Duration::from_secs(5),
+            kafka: KafkaConfig::default(),
+        }
+    }
+}
+
+impl UsageConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.spool_dir.as_os_str().is_empty() {
+            return Err("usage.spool_dir: required when usage is enabled".into());
+        }
+        if self.max_spool_mb == 0 {
+            return Err("usage.max_spool_mb: at least 1".into());
+        }
+        if self.segment_age < Duration::from_millis(10) || self.segment_age > Duration::from_secs(60) {
+            return Err("usage.segment_age: between 10ms and 60s".into());
+        }
+        self.kafka.validate()
+    }
+}
+
+/// Why an event was refused (never retried: the sender cannot fix it).
+pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
+    let id_ok = (8..=64).contains(&e.id.len()) && e.id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
+    if !id_ok {
+        return Some("id");
+    }
+    if Id::parse(&e.tenant).is_none() {
+        return Some("tenant");
+    }
+    if Id::parse(&e.key_id).is_none() {
+        return Some("keyId");
+    }
+    if Id::parse(&e.plan).is_none() {
+        return Some("plan");
+    }
+    if e.method.is_empty() || e.method.len() > 16 || !e.method.bytes().all(|b| b.is_ascii_alphabetic()) {
+        return Some("method");
+    }
+    if e.authority.len() > 255 || e.authority.bytes().any(|b| b.is_ascii_control()) {
+        return Some("authority");
+    }
+    if e.path.len() > MAX_PATH || e.path.contains(['?', '#']) || e.path.bytes().any(|b| b.is_ascii_control()) {
+        return Some("path");
+    }
+    if e.start_ms == 0 || e.status > 999 {
+        return Some("startMs/status");
+    }
+    None
+}
+
+/// Counters of one tenant on one day.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DayCounts {
+    pub by_class: BTreeMap<UsageClass, i64>,
+    pub tokens: i64,
+}
+
+/// What the Redis meter adds for `events`: per (tenant, `yyyyMMdd`).
+pub fn meter_increments(events: &[UsageEvent]) -> BTreeMap<(String, String), DayCounts> {
+    let mut out: BTreeMap<(String, String), DayCounts> = BTreeMap::new();
+    for e in events {
+        let c = out.entry((e.tenant.clone(), e.day().compact())).or_default();
+        *c.by_class.entry(e.class()).or_insert(0) += 1;
+        c.tokens += e.tokens.unwrap_or(0) as i64;
+    }
+    out
+}
+
+/// JSON lines of `events`, as the spool stores them.
+pub fn encode_lines(events: &[UsageEvent]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(events.len() * 256);
+    for e in events {
+        if serde_json::to_writer(&mut out, e).is_ok() {
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+/// The running usage pipeline of one sidecar.
+pub struct Usage {
+    spool: Spool,
+    store: Store,
+    meter: bool,
+    stop: CancellationToken,
+    shipper: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    #[error("usage: {0}")]
+    Setup(String),
+}
+
+impl Usage {
+    /// Opens the spool and starts the shipper (needs a tokio runtime). Kafka need not be up.
+    pub fn start(config: &UsageConfig, store: Store) -> Result<Usage, UsageError> {
+        let sealed = Arc::new(tokio::sync::Notify::new());
+        let spool = Spool::start(&config.spool_dir, config.max_spool_mb << 20, config.segment_age, sealed.clone())
+            .map_err(|e| UsageError::Setup(format!("spool {}: {e}", config.spool_dir.display())))?;
+        let producer = crate::kafka::producer(&config.kafka).map_err(UsageError::Setup)?;
+        let shipper = Shipper {
+            config: config.kafka.clone(),
+            producer,
+            dir: config.spool_dir.clone(),
+            total: spool.total(),
+            sealed,
+        };
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(shipper.run(stop.clone(), config.shutdown_grace));
+        Ok(Usage { spool, store, meter: config.meter, stop, shipper: tokio::sync::Mutex::new(Some(handle)) })
+    }
+
+    /// Makes `events` (already validated) durable, then meters them. `Ok` means the sender may
+    /// forget them.
+    pub async fn accept(&self, events: &[UsageEvent]) -> Result<(), SpoolError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        self.spool.append(encode_lines(events)).await?;
+        metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "accepted").increment(events.len() as u64);
+        metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
+            .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
+        if self.meter {
+            let incs = meter_increments(events);
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                let incs: Vec<(UsageMeterKey, Vec<(&'static str, i64)>)> = incs
+                    .into_iter()
+                    .filter_map(|((tenant, day), c)| {
+                        let key = UsageMeterKey::new(&Id::parse(&tenant)?, &day)?;
+                        let mut fields: Vec<(&'static str, i64)> = c.by_class.iter().map(|(k, v)| (k.name(), *v)).collect();
+                        if c.tokens > 0 {
+                            fields.push(("tokens", c.tokens));
+                        }
+                        Some((key, fields))
+                    })
+                    .collect();
+                if let Err(e) = store.meter_usage(incs).await {
+                    metrics::counter!(crate::metrics::USAGE_METER_ERRORS).increment(1);
+                    tracing::debug!(error = %e, "usage meter not updated");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Records a denial the sidecar decided, off the request path. A failure to spool it is
+    /// counted as lost (the filter does not hold denials).
+    pub fn record_denial(self: &Arc<Self>, event: UsageEvent) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.accept(std::slice::from_ref(&event)).await {
+                metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "lost").increment(1);
+                tracing::warn!(error = %e, "usage: a denial event could not be spooled");
+            }
+        });
+    }
+
+    /// Seals the spool, lets the shipper make a last pass (bounded by its grace), and waits for it.
+    pub async fn shutdown(&self) {
+        self.spool.stop().await;
+        self.stop.cancel();
+        if let Some(h) = self.shipper.lock().await.take() {
+            let _ = h.await;
+        }
+    }
+}
+
+/// A usage event for a denial of the decision path.
+pub fn denial_event(
+    tenant: &str,
+    key_id: &str,
+    plan: &str,
+    req: &tollgate_wire::DecideRequest,
+    status: u16,
+    code: &str,
+    now_ms: u64,
+) -> UsageEvent {
+    use rand::distr::{Alphanumeric, SampleString};
+    UsageEvent {
+        id: format!("d{}", Alphanumeric.sample_string(&mut rand::rng(), 31)),
+        tenant: tenant.into(),
+        key_id: key_id.into(),
+        plan: plan.into(),
+        method: req.method.chars().take(16).collect(),
+        authority: req.authority.chars().filter(|c| !c.is_control()).take(255).collect(),
+        path: event_path(&req.path).chars().filter(|c| !c.is_control()).collect(),
+        status,
+        start_ms: now_ms,
+        duration_ms: 0,
+        tokens: None,
+        request_bytes: None,
+        response_bytes: None,
+        denied: Some(code.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: &str, tenant: &str, status: u16, start_ms: u64, tokens: Option<u64>) -> UsageEvent {
+        UsageEvent {
+            id: id.into(),
+            tenant: tenant.into(),
+            key_id: "key_1".into(),
+            plan: "gold".into(),
+            method: "GET".into(),
+            authority: "api.test".into(),
+            path: "/v1".into(),
+            status,
+            start_ms,
+            duration_ms: 1,
+            tokens,
+            request_bytes: None,
+            response_bytes: None,
+            denied: None,
+        }
+    }
+
+    const DAY: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
+
+    #[test]
+    fn increments_per_tenant_and_day() {
+        let mut denied = ev("id000004", "acme", 429, DAY + 5, None);
+        denied.denied = Some("rate_limited".into());
+        let events = [
+            ev("id000001", "acme", 200, DAY, Some(10)),
+            ev("id000002", "acme", 404, DAY + 1, Some(5)),
+            ev("id000003", "acme", 200, DAY - 1, None),
+            denied,
+            ev("id000005", "beta", 502, DAY, None),
+        ];
+        let incs = meter_increments(&events);
+        let acme = &incs[&("acme".to_string(), "20251130".to_string())];
+        assert_eq!(acme.by_class[&UsageClass::Ok], 1);
+        assert_eq!(acme.by_class[&UsageClass::ClientError], 1);
+        assert_eq!(acme.by_class[&UsageClass::Denied], 1);
+        assert_eq!(acme.tokens, 15);
+        assert_eq!(incs[&("acme".to_string(), "20251129".to_string())].by_class[&UsageClass::Ok], 1);
+        assert_eq!(incs[&("beta".to_string(), "20251130".to_string())].by_class[&UsageClass::ServerError], 1);
+        assert_eq!(incs.len(), 3);
+    }
+
+    #[test]
+    fn events_are_validated_field_by_field() {
+        let good = ev("0123456789abcdef", "acme", 200, DAY, None);
+        assert_eq!(invalid_reason(&good), None);
+        type Change = Box<dyn Fn(&mut UsageEvent)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(|e| e.id = "short".into()), "id"),
+            (Box::new(|e| e.id = "a b c d e f g h".into()), "id"),
+            (Box::new(|e| e.tenant = "a:b".into()), "tenant"),
+            (Box::new(|e| e.key_id = String::new()), "keyId"),
+            (Box::new(|e| e.plan = "x".repeat(65)), "plan"),
+            (Box::new(|e| e.method = "GET /".into()), "method"),
+            (Box::new(|e| e.path = "/a?key=x".into()), "path"),
+            (Box::new(|e| e.authority = "a\nb".into()), "authority"),
+            (Box::new(|e| e.start_ms = 0), "startMs/status"),
+        ];
+        for (change, reason) in cases {
+            let mut e = good.clone();
+            change(&mut e);
+            assert_eq!(invalid_reason(&e), Some(reason), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn lines_are_one_json_event_each() {
+        let events = [ev("id000001", "acme", 200, DAY, None), ev("id000002", "acme", 200, DAY, None)];
+        let text = String::from_utf8(encode_lines(&events)).unwrap();
+        let back: Vec<UsageEvent> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(back, events);
+    }
+
+    #[test]
+    fn denial_events_have_their_own_ids_and_no_query() {
+        let req = tollgate_wire::DecideRequest {
+            key_hash: "h".into(),
+            method: "POST".into(),
+            authority: "api".into(),
+            path: "/v1/chat?x=1".into(),
+            request_id: Some("client".into()),
+            client_ip: None,
+            headers: vec![],
+            token_estimate: None,
+        };
+        let a = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
+        let b = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
+        assert_ne!(a.id, b.id);
+        assert_eq!(a.path, "/v1/chat");
+        assert_eq!(a.class(), UsageClass::Denied);
+        assert_eq!(invalid_reason(&a), None);
+    }
+}

