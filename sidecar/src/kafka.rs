@@ -208,7 +208,7 @@ enum Health {
 }
 
 impl Shipper {
-    pub async fn run(self, stop: CancellationToken, grace: Duration) {
+    pub async fn run(mut self, stop: CancellationToken, grace: Duration) {
         let mut health = Health::Up;
         let mut backoff = Duration::from_millis(100);
         let mut topic_checked = false;
@@ -245,6 +245,15 @@ impl Shipper {
                     if failure == DeliveryFailure::UnknownTopic {
                         topic_checked = false;
                     }
+                    // An idempotent producer that hit a fatal error (e.g. the broker lost its
+                    // producer state) stays unusable: start a new one; the segment is re-sent.
+                    if let Some((code, why)) = self.producer.client().fatal_error() {
+                        tracing::warn!(%code, why, "usage: the kafka producer failed fatally; starting a new one");
+                        match producer(&self.config) {
+                            Ok(p) => self.producer = p,
+                            Err(e) => tracing::error!(error = %e, "usage: cannot start a new kafka producer"),
+                        }
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = stop.cancelled() => break,
@@ -272,7 +281,7 @@ impl Shipper {
             if let Err(e) = remove_segment(&segment, &self.total) {
                 tracing::error!(error = %e, segment = %segment.display(), "usage: cannot delete a shipped segment (it will be shipped again)");
             }
-            metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "shipped").increment(shipped);
+            metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "delivered").increment(shipped);
         }
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES).set(self.total.load(std::sync::atomic::Ordering::Relaxed) as f64);
         Ok(())
@@ -290,6 +299,7 @@ impl Shipper {
         if bad > 0 {
             // torn lines of a crash: never acknowledged, the filter sent them again
             metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "torn").increment(bad as u64);
+            tracing::warn!(segment = %segment.display(), lines = bad, "usage: skipped torn spool records (a crash mid-write; never acknowledged)");
         }
         #[derive(Deserialize)]
         struct Keyed {

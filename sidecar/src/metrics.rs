@@ -23,13 +23,13 @@ pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total"
 /// Audit lines written for revoked/expired key use.
 pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 
-/// Usage events, labelled `outcome`: accepted (spooled) | invalid (refused for good) | shipped
-/// (acknowledged by Kafka) | lost (a denial that could not be spooled) | torn (a crash's partial
-/// line skipped in the spool).
+/// Usage events, labelled `outcome`: spooled (durable, acknowledged to the filter) | invalid
+/// (refused for good) | delivered (acknowledged by Kafka) | lost (a denial that could not be
+/// spooled) | torn (a crash's partial line skipped in the spool).
 pub const USAGE_EVENTS: &str = "tollgate_sidecar_usage_events_total";
 /// Bytes waiting in the usage spool.
 pub const USAGE_SPOOL_BYTES: &str = "tollgate_sidecar_usage_spool_bytes";
-/// Failed shipping rounds, labelled `kind` (queue_full | transient | unknown_topic | fatal).
+/// Failed delivery rounds (the segment stays spooled and is retried), labelled `kind` (queue_full | transient | unknown_topic | fatal).
 pub const USAGE_KAFKA_ERRORS: &str = "tollgate_sidecar_usage_kafka_errors_total";
 /// Batches the Redis usage meter missed (Redis unavailable).
 pub const USAGE_METER_ERRORS: &str = "tollgate_sidecar_usage_meter_errors_total";

@@ -182,7 +182,7 @@ impl Usage {
             return Ok(());
         }
         self.spool.append(encode_lines(events)).await?;
-        metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "accepted").increment(events.len() as u64);
+        metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "spooled").increment(events.len() as u64);
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
             .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
         if self.meter {

@@ -8,6 +8,10 @@
 
 pub mod echo;
 pub mod postgres;
+/// A real Kafka-compatible broker (tansu) and a topic reader (usage tests).
+pub mod broker;
+/// The billing consumer binary as a guard (usage tests).
+pub mod billing;
 
 use std::collections::HashSet;
 use std::fs;

@@ -112,13 +112,10 @@ pub fn read_topic(brokers: &str, topic: &str, want: usize, deadline: Duration) -
     consumer.assign(&tpl).expect("assign");
     let mut out = Vec::new();
     while out.len() < want && start.elapsed() < deadline {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
-                let value = m.payload().map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
-                out.push((key, value));
-            }
-            Some(Err(_)) | None => {}
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
+            let value = m.payload().map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+            out.push((key, value));
         }
     }
     out

@@ -1,0 +1,163 @@
+//! The sidecar's usage pipeline against real servers (issue 6): the sidecar binary, tansu (a
+//! Kafka-compatible broker) and Redis. `POST /v1/usage` → spool → Kafka, keyed by tenant; a
+//! broker outage and a sidecar crash lose nothing; a torn spool tail is skipped with a warning.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+use tollgate_tests::broker::{partitions_by_key, read_topic, Broker};
+use tollgate_tests::{get, poll_until, post, Redis, Sidecar};
+use tollgate_wire::usage::{UsageAck, UsageBatch, UsageEvent, USAGE_PATH};
+
+const DAY: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
+
+fn config(broker: &Broker, topic: &str, spool: &Path) -> String {
+    format!(
+        "[usage]\nenabled = true\nspool_dir = \"{}\"\nsegment_age = \"50ms\"\n\
+         [usage.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\npartitions = 4\ndelivery_timeout = \"3s\"\n",
+        spool.display(),
+        broker.brokers()
+    )
+}
+
+fn event(tenant: &str, seq: u64) -> UsageEvent {
+    UsageEvent {
+        id: format!("{tenant}-{seq:08}-0123456789"),
+        tenant: tenant.into(),
+        key_id: format!("key_{tenant}"),
+        plan: "gold".into(),
+        method: "GET".into(),
+        authority: "api.test".into(),
+        path: format!("/v1/items/{seq}"),
+        status: if seq.is_multiple_of(10) { 404 } else { 200 },
+        start_ms: DAY + seq,
+        duration_ms: 3,
+        tokens: Some(seq),
+        request_bytes: Some(100),
+        response_bytes: Some(200),
+        denied: None,
+    }
+}
+
+fn send(sidecar: &Sidecar, events: &[UsageEvent]) -> UsageAck {
+    let body = serde_json::to_string(&UsageBatch { events: events.to_vec() }).unwrap();
+    let r = post(&sidecar.url(USAGE_PATH), &[("content-type", "application/json")], &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+fn ids(messages: &[(String, String)]) -> Vec<String> {
+    messages.iter().map(|(_, v)| serde_json::from_str::<UsageEvent>(v).unwrap().id).collect()
+}
+
+#[test]
+fn events_reach_kafka_once_each_keyed_and_ordered_by_tenant() {
+    let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+    let sidecar = Sidecar::start_with_config(&redis.url(), &config(&broker, "usage_a", spool.path()), &[]);
+    let tenants = ["acme", "beta", "gamma"];
+    let mut sent = Vec::new();
+    for seq in 0..40 {
+        for t in tenants {
+            sent.push(event(t, seq));
+        }
+    }
+    for chunk in sent.chunks(25) {
+        assert_eq!(send(&sidecar, chunk), UsageAck { accepted: chunk.len() as u64, invalid: 0 });
+    }
+    let got = read_topic(&broker.brokers(), "usage_a", sent.len(), Duration::from_secs(30));
+    assert_eq!(got.len(), sent.len(), "every event delivered");
+    let unique: HashSet<String> = ids(&got).into_iter().collect();
+    assert_eq!(unique.len(), sent.len(), "none twice");
+    // keyed by tenant; one tenant's events in order (they share a partition)
+    let mut last: HashMap<String, u64> = HashMap::new();
+    for (key, value) in &got {
+        let e: UsageEvent = serde_json::from_str(value).unwrap();
+        assert_eq!(key, &e.tenant);
+        let prev = last.insert(e.tenant.clone(), e.start_ms);
+        assert!(prev.is_none_or(|p| p < e.start_ms), "{} out of order", e.tenant);
+    }
+    let parts = partitions_by_key(&broker.brokers(), "usage_a", sent.len(), Duration::from_secs(30));
+    for t in tenants {
+        assert_eq!(parts[t].len(), 1, "{t} is in one partition: {parts:?}");
+    }
+    // the Redis meter counted the day per tenant (36 ok + 4 404s each)
+    poll_until("the meter", Duration::from_secs(10), || {
+        let mut c = redis.connection().unwrap();
+        let m: HashMap<String, i64> = redis::cmd("HGETALL").arg("usage:{acme}:20251130").query(&mut c).unwrap();
+        m.get("ok") == Some(&36) && m.get("4xx") == Some(&4)
+    });
+    let mut c = redis.connection().unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg("usage:{beta}:20251130").query(&mut c).unwrap();
+    assert!(ttl > 34 * 24 * 3600 * 1000, "35-day TTL: {ttl}");
+    let metrics = get(&sidecar.url("/metrics"), &[]).body;
+    assert!(metrics.contains("tollgate_sidecar_usage_events_total{outcome=\"delivered\"} 120"), "{metrics}");
+    redis.assert_ttl_invariant();
+}
+
+#[test]
+fn a_broker_outage_and_a_sidecar_crash_lose_nothing() {
+    let (redis, mut broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+    let cfg = config(&broker, "usage_b", spool.path());
+    let mut sidecar = Sidecar::start_with_config(&redis.url(), &cfg, &[]);
+    let before: Vec<UsageEvent> = (0..20).map(|i| event("acme", i)).collect();
+    send(&sidecar, &before);
+    assert_eq!(read_topic(&broker.brokers(), "usage_b", 20, Duration::from_secs(30)).len(), 20);
+
+    // the broker goes away (tansu keeps topics in memory: it comes back empty)
+    broker.kill();
+    let during: Vec<UsageEvent> = (20..80u64).map(|i| event(if i.is_multiple_of(2) { "acme" } else { "beta" }, i)).collect();
+    for chunk in during.chunks(10) {
+        assert_eq!(send(&sidecar, chunk).accepted, 10, "acknowledged: spooled on disk");
+    }
+    poll_until("the events to be spooled", Duration::from_secs(10), || {
+        std::fs::read_dir(spool.path()).unwrap().count() > 0
+    });
+    // and the sidecar crashes with a non-empty spool
+    sidecar.kill();
+    broker.restart();
+    let sidecar = Sidecar::start_with_config(&redis.url(), &cfg, &[]);
+    let got = read_topic(&broker.brokers(), "usage_b", during.len(), Duration::from_secs(60));
+    let got_ids: HashSet<String> = ids(&got).into_iter().collect();
+    let want: HashSet<String> = during.iter().map(|e| e.id.clone()).collect();
+    assert_eq!(got_ids, want, "every event of the outage delivered after the restart");
+    assert_eq!(got.len(), want.len(), "no duplicates in this run");
+    poll_until("the spool to drain", Duration::from_secs(20), || {
+        std::fs::read_dir(spool.path()).unwrap().filter_map(|e| e.ok()).all(|e| !e.path().to_string_lossy().ends_with(".seg"))
+    });
+    drop(sidecar);
+}
+
+#[test]
+fn a_torn_spool_tail_is_skipped_with_a_warning() {
+    let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+    // what a crash mid-write leaves: complete records, then half of one, in a segment left open
+    let mut text = String::new();
+    for i in 0..3 {
+        text.push_str(&serde_json::to_string(&event("acme", i)).unwrap());
+        text.push('\n');
+    }
+    text.push_str(&serde_json::to_string(&event("acme", 3)).unwrap()[..40]);
+    std::fs::write(spool.path().join("00000000000000000007.open"), text).unwrap();
+    let sidecar = Sidecar::start_with_config(&redis.url(), &config(&broker, "usage_c", spool.path()), &[]);
+    let got = read_topic(&broker.brokers(), "usage_c", 3, Duration::from_secs(30));
+    assert_eq!(ids(&got), (0..3).map(|i| event("acme", i).id).collect::<Vec<_>>());
+    poll_until("the warning", Duration::from_secs(10), || sidecar.log_text().contains("skipped torn spool records"));
+    // new events go to a later segment and are delivered too
+    send(&sidecar, &[event("acme", 9)]);
+    assert_eq!(read_topic(&broker.brokers(), "usage_c", 4, Duration::from_secs(30)).len(), 4);
+}
+
+#[test]
+fn invalid_events_are_refused_and_metering_off_answers_404() {
+    let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+    let sidecar = Sidecar::start_with_config(&redis.url(), &config(&broker, "usage_d", spool.path()), &[]);
+    let mut bad = event("acme", 1);
+    bad.tenant = "a:b".into();
+    assert_eq!(send(&sidecar, &[event("acme", 0), bad]), UsageAck { accepted: 1, invalid: 1 });
+    let r = post(&sidecar.url(USAGE_PATH), &[], "{not json");
+    assert_eq!(r.status, 400);
+    let off = Sidecar::start(&redis.url(), &[]);
+    let r = post(&off.url(USAGE_PATH), &[], r#"{"events":[]}"#);
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.body.contains("usage_disabled"));
+}
