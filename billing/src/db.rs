@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS usage_events (
     response_bytes bigint,
     received_at    timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX IF NOT EXISTS usage_events_day ON usage_events (day);
+CREATE INDEX IF NOT EXISTS usage_events_received ON usage_events (received_at);
 CREATE TABLE IF NOT EXISTS usage_daily (
     day              date NOT NULL,
     tenant           text NOT NULL,
@@ -128,6 +128,10 @@ impl Db {
                 tracing::debug!(error = %e, "postgres connection ended");
             }
         });
+        // Kafka offsets are committed once our transaction commits: it must be durable by then,
+        // even on a server whose default is `synchronous_commit = off` (found by the outage test:
+        // an immediate shutdown lost the last commits).
+        client.batch_execute("SET synchronous_commit = on").await?;
         Ok(Db { client })
     }
 
@@ -261,10 +265,14 @@ impl Db {
         Ok(Stored { inserted, duplicates: (batch.len() as u64).saturating_sub(inserted + rejects.len() as u64), rejected: rejects.len() as u64 })
     }
 
-    /// Deletes event ids older than `retention` (the rollup keeps their counts).
+    /// Deletes event ids stored longer ago than `retention` (the rollup keeps their counts).
+    /// By when they were *received*, not their day: a message can come again only within the
+    /// topic's retention after it was produced, whatever the event's own timestamp says.
     pub async fn prune(&self, retention: Duration) -> Result<u64, tokio_postgres::Error> {
-        let days = (retention.as_secs() / 86_400) as i32;
-        self.client.execute("DELETE FROM usage_events WHERE day < current_date - $1::int4", &[&days]).await
+        let secs = retention.as_secs() as f64;
+        self.client
+            .execute("DELETE FROM usage_events WHERE received_at < now() - make_interval(secs => $1::float8)", &[&secs])
+            .await
     }
 
     /// The rollup of one tenant, per day (summed over keys), from `from` to `to` (`yyyy-MM-dd`,

@@ -17,18 +17,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// A tenant's usage per day (UTC): the rollup in PostgreSQL and, with --redis, the gateway's
-    /// Redis meter; each day shows the larger of the two (seed 004: the meter is ahead of the
-    /// rollup, the rollup survives the meter's eviction).
-    Report {
+    /// A tenant's usage per day (UTC): each day the larger of the PostgreSQL rollup and, with
+    /// --redis, the gateway's Redis meter (seed 004), and the total.
+    Usage {
         #[arg(long)]
         tenant: String,
-        /// First day, yyyy-MM-dd.
+        /// One day, yyyy-MM-dd.
+        #[arg(long, conflicts_with = "month")]
+        day: Option<String>,
+        /// A month, yyyy-MM (default: the current one).
         #[arg(long)]
-        from: String,
-        /// Last day, yyyy-MM-dd (inclusive).
-        #[arg(long)]
-        to: String,
+        month: Option<String>,
         /// The gateway's Redis (redis://…), to read `usage:{tenant}:{day}`.
         #[arg(long)]
         redis: Option<String>,
@@ -56,7 +55,7 @@ fn main() -> Result<()> {
             }
             runtime.block_on(async { tollgate_billing::run(&config, shutdown_signal()).await.context("billing consumer failed") })
         }
-        Some(Command::Report { tenant, from, to, redis }) => runtime.block_on(report(&config, &tenant, &from, &to, redis.as_deref())),
+        Some(Command::Usage { tenant, day, month, redis }) => runtime.block_on(usage(&config, &tenant, day, month, redis.as_deref())),
     }
 }
 
@@ -74,27 +73,31 @@ async fn shutdown_signal() {
     }
 }
 
-async fn report(config: &Config, tenant: &str, from: &str, to: &str, redis_url: Option<&str>) -> Result<()> {
-    let db = tollgate_billing::db::Db::connect(&config.postgres.url).await.context("connecting to postgres")?;
-    let rows = db.daily(tenant, from, to).await.context("reading usage_daily")?;
-    let mut days: std::collections::BTreeMap<String, ([i64; 5], i64)> =
-        rows.into_iter().map(|(d, c, t)| (d, (c, t))).collect();
-    if let Some(url) = redis_url {
-        let client = redis::Client::open(url).context("redis url")?;
-        let mut conn = client.get_multiplexed_async_connection().await.context("connecting to redis")?;
-        for day in tollgate_billing::report::days(from, to).context("--from/--to must be yyyy-MM-dd")? {
-            let key = format!("usage:{{{tenant}}}:{}", day.replace('-', ""));
-            let m: std::collections::HashMap<String, i64> = redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await?;
-            if m.is_empty() {
-                continue;
-            }
-            let e = days.entry(day).or_default();
-            *e = tollgate_billing::report::larger(*e, &m);
+async fn usage(config: &Config, tenant: &str, day: Option<String>, month: Option<String>, redis_url: Option<&str>) -> Result<()> {
+    use tollgate_billing::report;
+    let (from, to) = match (day, month) {
+        (Some(d), _) => (d.clone(), d),
+        (None, Some(m)) => report::month_days(&m).context("--month must be yyyy-MM")?,
+        (None, None) => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+            let today = tollgate_wire::usage::Day::of_ms(now).iso();
+            report::month_days(&today[..7]).context("current month")?
         }
-    }
+    };
+    let db = tollgate_billing::db::Db::connect(&config.postgres.url).await.context("connecting to postgres")?;
+    let mut conn = match redis_url {
+        Some(url) => Some(redis::Client::open(url).context("redis url")?.get_multiplexed_async_connection().await.context("connecting to redis")?),
+        None => None,
+    };
+    let days = report::usage(&db, conn.as_mut(), tenant, &from, &to).await.map_err(anyhow::Error::msg)?;
     println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}", "DAY", "OK", "4XX", "5XX", "DENIED", "ABORTED", "TOKENS");
-    for (day, (c, t)) in days {
-        println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}", day, c[0], c[1], c[2], c[3], c[4], t);
+    for (day, u) in &days {
+        let c = u.by_class;
+        println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}", day, c[0], c[1], c[2], c[3], c[4], u.tokens);
     }
+    let t = report::month_total(&days);
+    let c = t.by_class;
+    println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}", "TOTAL", c[0], c[1], c[2], c[3], c[4], t.tokens);
+    println!("billable requests (ok + 4xx): {}", t.billable());
     Ok(())
 }

@@ -1,57 +1,177 @@
-//! Reading a tenant's usage per day (the `report` command): the PostgreSQL rollup and the
-//! gateway's Redis meter, each day taken as the larger of the two, field by field (seed 004).
+//! Reading a tenant's usage: per day and per month, each day the larger of the PostgreSQL rollup
+//! and the gateway's Redis meter, field by field (seed 004). The meter is ahead of the rollup
+//! (it counts at the gateway, before Kafka and this consumer); the rollup survives the meter's
+//! eviction or a wiped Redis. So a month's quota read never drops when Redis loses its keys.
 
-use tollgate_wire::usage::UsageClass;
+use crate::db::Db;
+use std::collections::{BTreeMap, HashMap};
+use tollgate_sidecar::keys::{Id, UsageMeterKey};
+use tollgate_wire::usage::{Day, UsageClass};
+
+/// One day's counters: requests by class (in [`UsageClass::ALL`] order) and tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DayUsage {
+    pub by_class: [i64; 5],
+    pub tokens: i64,
+}
+
+impl DayUsage {
+    /// Requests that count against a quota and on the bill: ok + 4xx (seed 004). Gateway denials,
+    /// 5xx and aborted requests do not.
+    pub fn billable(&self) -> i64 {
+        self.by_class[0] + self.by_class[1]
+    }
+
+    /// The larger of two readings, field by field.
+    pub fn max(self, other: DayUsage) -> DayUsage {
+        let mut out = self;
+        for i in 0..5 {
+            out.by_class[i] = out.by_class[i].max(other.by_class[i]);
+        }
+        out.tokens = out.tokens.max(other.tokens);
+        out
+    }
+
+    /// A Redis meter hash (`ok`, `4xx`, `5xx`, `denied`, `aborted`, `tokens`).
+    pub fn from_meter(m: &HashMap<String, i64>) -> DayUsage {
+        let mut d = DayUsage::default();
+        for (i, class) in UsageClass::ALL.iter().enumerate() {
+            d.by_class[i] = m.get(class.name()).copied().unwrap_or(0);
+        }
+        d.tokens = m.get("tokens").copied().unwrap_or(0);
+        d
+    }
+}
+
+/// Each day as the larger of its two readings (a day missing from one side counts as zero).
+pub fn merge(rollup: &BTreeMap<String, DayUsage>, meter: &BTreeMap<String, DayUsage>) -> BTreeMap<String, DayUsage> {
+    let mut out = rollup.clone();
+    for (day, m) in meter {
+        let e = out.entry(day.clone()).or_default();
+        *e = e.max(*m);
+    }
+    out
+}
+
+/// A month's usage for a quota: the sum over its days of max(meter, rollup).
+pub fn month_total(days: &BTreeMap<String, DayUsage>) -> DayUsage {
+    let mut t = DayUsage::default();
+    for d in days.values() {
+        for i in 0..5 {
+            t.by_class[i] += d.by_class[i];
+        }
+        t.tokens += d.tokens;
+    }
+    t
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mm = i64::from(m);
+    let doy = (153 * (if mm > 2 { mm - 3 } else { mm + 9 }) + 2) / 5 + i64::from(d) - 1;
+    era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468
+}
+
+fn parse_day(s: &str) -> Option<i64> {
+    let mut it = s.split('-');
+    let (y, m, d): (i64, u32, u32) = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    if it.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    Some(days_from_civil(y, m, d))
+}
 
 /// Days from `from` to `to` (inclusive, `yyyy-MM-dd`), at most 366.
 pub fn days(from: &str, to: &str) -> Option<Vec<String>> {
-    let parse = |s: &str| -> Option<u64> {
-        let mut it = s.split('-');
-        let (y, m, d): (i64, u32, u32) = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
-        if it.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
-            return None;
-        }
-        // days_from_civil (Howard Hinnant)
-        let y = if m <= 2 { y - 1 } else { y };
-        let era = y.div_euclid(400);
-        let yoe = y.rem_euclid(400);
-        let mm = i64::from(m);
-        let doy = (153 * (if mm > 2 { mm - 3 } else { mm + 9 }) + 2) / 5 + i64::from(d) - 1;
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        u64::try_from(era * 146_097 + doe - 719_468).ok()
-    };
-    let (a, b) = (parse(from)?, parse(to)?);
-    if b < a || b - a > 366 {
+    let (a, b) = (parse_day(from)?, parse_day(to)?);
+    if b < a || b - a > 366 || a < 0 {
         return None;
     }
-    Some((a..=b).map(|d| tollgate_wire::usage::Day::of_ms(d * 86_400_000).iso()).collect())
+    Some((a..=b).map(|d| Day::of_ms(d as u64 * 86_400_000).iso()).collect())
 }
 
-/// The larger of a rollup day and a meter hash, field by field.
-pub fn larger(rollup: ([i64; 5], i64), meter: &std::collections::HashMap<String, i64>) -> ([i64; 5], i64) {
-    let (mut c, mut t) = rollup;
-    for (i, class) in UsageClass::ALL.iter().enumerate() {
-        c[i] = c[i].max(meter.get(class.name()).copied().unwrap_or(0));
+/// First and last day of a month `yyyy-MM`.
+pub fn month_days(month: &str) -> Option<(String, String)> {
+    let (y, m) = month.split_once('-')?;
+    let (y, m): (i64, u32) = (y.parse().ok()?, m.parse().ok()?);
+    if !(1..=12).contains(&m) {
+        return None;
     }
-    t = t.max(meter.get("tokens").copied().unwrap_or(0));
-    (c, t)
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    let last = days_from_civil(ny, nm, 1) - 1;
+    Some((format!("{y:04}-{m:02}-01"), Day::of_ms(u64::try_from(last).ok()? * 86_400_000).iso()))
+}
+
+/// A tenant's usage per day from `from` to `to`: the rollup, merged with the Redis meter when
+/// one is given.
+pub async fn usage(
+    db: &Db,
+    redis: Option<&mut redis::aio::MultiplexedConnection>,
+    tenant: &str,
+    from: &str,
+    to: &str,
+) -> Result<BTreeMap<String, DayUsage>, String> {
+    let range = days(from, to).ok_or("days must be yyyy-MM-dd, from <= to, at most 366 days")?;
+    let rollup: BTreeMap<String, DayUsage> = db
+        .daily(tenant, from, to)
+        .await
+        .map_err(|e| format!("postgres: {e}"))?
+        .into_iter()
+        .map(|(d, c, t)| (d, DayUsage { by_class: c, tokens: t }))
+        .collect();
+    let mut meter = BTreeMap::new();
+    if let Some(conn) = redis {
+        let t = Id::parse(tenant).ok_or("not a tenant id")?;
+        for day in range {
+            let Some(key) = UsageMeterKey::new(&t, &day.replace('-', "")) else { continue };
+            let m: HashMap<String, i64> =
+                redis::cmd("HGETALL").arg(key.as_str()).query_async(conn).await.map_err(|e| format!("redis: {e}"))?;
+            if !m.is_empty() {
+                meter.insert(day, DayUsage::from_meter(&m));
+            }
+        }
+    }
+    Ok(merge(&rollup, &meter))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn d(ok: i64, c4: i64, tokens: i64) -> DayUsage {
+        DayUsage { by_class: [ok, c4, 0, 0, 0], tokens }
+    }
+
     #[test]
-    fn day_ranges() {
+    fn day_ranges_and_months() {
         assert_eq!(days("2025-11-29", "2025-12-01").unwrap(), ["2025-11-29", "2025-11-30", "2025-12-01"]);
         assert_eq!(days("2024-02-28", "2024-03-01").unwrap().len(), 3);
         assert!(days("2025-12-01", "2025-11-01").is_none());
         assert!(days("2025-13-01", "2025-13-02").is_none());
+        assert_eq!(month_days("2024-02").unwrap(), ("2024-02-01".into(), "2024-02-29".into()));
+        assert_eq!(month_days("2025-12").unwrap(), ("2025-12-01".into(), "2025-12-31".into()));
+        assert!(month_days("2025-00").is_none());
     }
 
     #[test]
-    fn each_field_takes_the_larger() {
-        let meter = [("ok".to_string(), 7), ("4xx".to_string(), 1), ("tokens".to_string(), 3)].into_iter().collect();
-        assert_eq!(larger(([5, 2, 0, 0, 0], 10), &meter), ([7, 2, 0, 0, 0], 10));
+    fn each_day_is_the_larger_reading_and_a_wiped_meter_changes_nothing() {
+        let rollup: BTreeMap<String, DayUsage> =
+            [("2025-11-01".to_string(), d(10, 2, 100)), ("2025-11-02".to_string(), d(5, 0, 0))].into();
+        // the meter is ahead today (the rollup lags), behind yesterday (evicted, then restarted)
+        let meter: BTreeMap<String, DayUsage> =
+            [("2025-11-02".to_string(), d(8, 1, 7)), ("2025-11-01".to_string(), d(3, 0, 0))].into();
+        let month = month_total(&merge(&rollup, &meter));
+        assert_eq!(month.by_class[..2], [18, 3]);
+        assert_eq!((month.billable(), month.tokens), (21, 107));
+        // Redis wiped: the quota falls back to the rollup, never to zero
+        assert_eq!(month_total(&merge(&rollup, &BTreeMap::new())).billable(), 17);
+    }
+
+    #[test]
+    fn meter_hashes_are_read_by_class_name() {
+        let m: HashMap<String, i64> = [("ok".into(), 4), ("5xx".into(), 1), ("tokens".into(), 9)].into();
+        assert_eq!(DayUsage::from_meter(&m), DayUsage { by_class: [4, 0, 1, 0, 0], tokens: 9 });
     }
 }

@@ -159,3 +159,44 @@ pub fn partitions_by_key(brokers: &str, topic: &str, want: usize, deadline: Dura
     }
     out
 }
+
+/// Creates `topic` with `partitions` (an existing one is left as it is).
+pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin client");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let t = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let r = rt.block_on(admin.create_topics([&t], &AdminOptions::new())).expect("create topics");
+    for x in r {
+        match x {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => panic!("cannot create {t}: {e}"),
+        }
+    }
+}
+
+/// Produces `(key, value)` messages to `topic` and waits until the broker acknowledged them all.
+pub fn produce(brokers: &str, topic: &str, messages: &[(String, Vec<u8>)]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    for (k, v) in messages {
+        let mut record = BaseRecord::to(topic).key(k.as_bytes()).payload(v.as_slice());
+        loop {
+            match p.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    p.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    p.flush(Duration::from_secs(30)).expect("flush to the broker");
+}
