@@ -52,6 +52,8 @@ pub fn consumer_config(c: &config::KafkaConfig) -> Vec<(String, String)> {
         // a PostgreSQL outage can hold a batch a long time; do not leave the group meanwhile
         ("max.poll.interval.ms", "3600000".into()),
         ("enable.partition.eof", "false".into()),
+        // notice a topic created (or re-created) after we subscribed within seconds, not minutes
+        ("topic.metadata.refresh.interval.ms", "5000".into()),
     ]
     .into_iter()
     .map(|(a, b)| (a.to_string(), b))

@@ -234,6 +234,7 @@ impl Shipper {
                 }
                 Err(failure) => {
                     metrics::counter!(crate::metrics::USAGE_KAFKA_ERRORS, "kind" => failure.as_str()).increment(1);
+                    tracing::debug!(kind = failure.as_str(), "usage: a delivery round failed; retrying");
                     if health == Health::Up {
                         if failure == DeliveryFailure::Fatal {
                             tracing::error!(kind = failure.as_str(), "usage: kafka refuses events; they stay in the spool");
@@ -242,17 +243,21 @@ impl Shipper {
                         }
                         health = Health::Down;
                     }
-                    if failure == DeliveryFailure::UnknownTopic {
-                        topic_checked = false;
-                    }
-                    // An idempotent producer that hit a fatal error (e.g. the broker lost its
-                    // producer state) stays unusable: start a new one; the segment is re-sent.
+                    // A broker that came back empty (or a deleted topic) shows up as timed-out
+                    // deliveries long before "unknown topic": check the topic before each retry.
+                    topic_checked = false;
+                    // The round's events are all still in the spool (a segment is deleted only once
+                    // fully acknowledged), so dropping the producer loses nothing. Start the next
+                    // round with a fresh producer: an idempotent producer keeps
+                    // its producer id and sequence numbers, which a broker that lost its state
+                    // (restarted empty, or a new cluster) never accepts again — found by the
+                    // outage test, where the old producer timed out forever.
                     if let Some((code, why)) = self.producer.client().fatal_error() {
                         tracing::warn!(%code, why, "usage: the kafka producer failed fatally; starting a new one");
-                        match producer(&self.config) {
-                            Ok(p) => self.producer = p,
-                            Err(e) => tracing::error!(error = %e, "usage: cannot start a new kafka producer"),
-                        }
+                    }
+                    match producer(&self.config) {
+                        Ok(p) => self.producer = p,
+                        Err(e) => tracing::error!(error = %e, "usage: cannot start a new kafka producer"),
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}

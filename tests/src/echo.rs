@@ -1,5 +1,6 @@
 //! An upstream that echoes what it received as JSON: `{"method", "path", "headers": [[n, v]…]}`.
-//! A request header `x-echo-usage: N` adds an LLM-style `"usage": {"total_tokens": N}`.
+//! A request header `x-echo-usage: N` adds an LLM-style `"usage": {"total_tokens": N}`;
+//! `x-echo-status: N` answers with that status (usage tests).
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
 use axum::body::Body;
@@ -44,8 +45,15 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         None => serde_json::to_vec(&echoed),
     }
     .unwrap_or_default();
+    let status = req
+        .headers()
+        .get("x-echo-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u16>().ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::OK);
     Response::builder()
-        .status(StatusCode::OK)
+        .status(status)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .unwrap_or_default()
