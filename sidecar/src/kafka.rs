@@ -12,6 +12,7 @@ use crate::spool::{read_segment, remove_segment, sealed_segments};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,9 @@ impl Default for KafkaConfig {
         }
     }
 }
+
+/// The `schema` header of every usage message (docs/usage-events.md).
+pub const SCHEMA: &str = "tollgate.usage.v1";
 
 /// Properties the billing guarantees depend on: not overridable.
 const FIXED: &[&str] = &["enable.idempotence", "acks", "bootstrap.servers", "message.timeout.ms", "delivery.timeout.ms"];
@@ -313,7 +317,9 @@ impl Shipper {
         let mut pending = Vec::with_capacity(lines.len());
         for line in &lines {
             let key = serde_json::from_slice::<Keyed>(line).map(|k| k.tenant).unwrap_or_default();
-            let mut record = FutureRecord::to(&self.config.topic).key(key.as_bytes()).payload(line.as_slice());
+            let headers = OwnedHeaders::new().insert(Header { key: "schema", value: Some(SCHEMA) });
+            let mut record =
+                FutureRecord::to(&self.config.topic).key(key.as_bytes()).payload(line.as_slice()).headers(headers);
             loop {
                 match self.producer.send_result(record) {
                     Ok(delivery) => {

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
-use tollgate_tests::broker::{partitions_by_key, read_topic, Broker};
+use tollgate_tests::broker::{first_header, partitions_by_key, read_topic, Broker};
 use tollgate_tests::{get, poll_until, post, Redis, Sidecar};
 use tollgate_wire::usage::{UsageAck, UsageBatch, UsageEvent, USAGE_PATH};
 
@@ -76,6 +76,8 @@ fn events_reach_kafka_once_each_keyed_and_ordered_by_tenant() {
         let prev = last.insert(e.tenant.clone(), e.start_ms);
         assert!(prev.is_none_or(|p| p < e.start_ms), "{} out of order", e.tenant);
     }
+    let schema = first_header(&broker.brokers(), "usage_a", "schema", Duration::from_secs(30));
+    assert_eq!(schema.as_deref(), Some("tollgate.usage.v1"), "versioned schema header");
     let parts = partitions_by_key(&broker.brokers(), "usage_a", sent.len(), Duration::from_secs(30));
     for t in tenants {
         assert_eq!(parts[t].len(), 1, "{t} is in one partition: {parts:?}");
@@ -160,4 +162,55 @@ fn invalid_events_are_refused_and_metering_off_answers_404() {
     let r = post(&off.url(USAGE_PATH), &[], r#"{"events":[]}"#);
     assert_eq!(r.status, 404, "{}", r.body);
     assert!(r.body.contains("usage_disabled"));
+}
+
+/// Throughput, not a pass/fail check: run with
+/// `cargo test --release -p tollgate-sidecar --test usage -- --ignored --nocapture sustained`.
+/// Posts batches of 1000 events (as the filter does) from 4 connections, then waits until Kafka
+/// acknowledged every event; prints events/s accepted (spooled, fsync'd) and delivered.
+#[test]
+#[ignore]
+fn sustained_events_per_second() {
+    let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+    let sidecar = Sidecar::start_with_config(
+        &redis.url(),
+        &config(&broker, "usage_t", spool.path()),
+        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+    );
+    const BATCHES: u64 = 200;
+    const PER: u64 = 1000;
+    let bodies: Vec<Vec<String>> = (0..4u64)
+        .map(|t| {
+            (0..BATCHES / 4)
+                .map(|b| {
+                    let events: Vec<UsageEvent> =
+                        (0..PER).map(|i| event(["acme", "beta", "gamma", "delta"][(i % 4) as usize], (t * BATCHES + b) * PER + i)).collect();
+                    serde_json::to_string(&UsageBatch { events }).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for chunk in &bodies {
+            let url = sidecar.url(USAGE_PATH);
+            s.spawn(move || {
+                for body in chunk {
+                    let r = post(&url, &[("content-type", "application/json")], body);
+                    assert_eq!(r.status, 200, "{}", r.body);
+                }
+            });
+        }
+    });
+    let accepted = start.elapsed();
+    let total = BATCHES * PER;
+    poll_until("every event delivered", Duration::from_secs(300), || {
+        get(&sidecar.url("/metrics"), &[]).body.contains(&format!("tollgate_sidecar_usage_events_total{{outcome=\"delivered\"}} {total}"))
+    });
+    let delivered = start.elapsed();
+    println!(
+        "usage throughput: {total} events in batches of {PER}: accepted (spooled, fsync'd) {:.0} events/s; delivered to Kafka {:.0} events/s",
+        total as f64 / accepted.as_secs_f64(),
+        total as f64 / delivered.as_secs_f64()
+    );
 }

@@ -200,3 +200,38 @@ pub fn produce(brokers: &str, topic: &str, messages: &[(String, Vec<u8>)]) {
     }
     p.flush(Duration::from_secs(30)).expect("flush to the broker");
 }
+
+/// The value of header `name` on the first message of `topic` (partition order), if any.
+pub fn first_header(brokers: &str, topic: &str, name: &str, deadline: Duration) -> Option<String> {
+    use rdkafka::message::Headers;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "tollgate-tests-headers")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let start = Instant::now();
+    let n = loop {
+        let n = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(2))
+            .ok()
+            .and_then(|m| m.topics().first().map(|t| t.partitions().len()))
+            .unwrap_or(0);
+        if n > 0 || start.elapsed() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..n {
+        tpl.add_partition_offset(topic, p as i32, Offset::Beginning).expect("partition");
+    }
+    consumer.assign(&tpl).expect("assign");
+    while start.elapsed() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let h = m.headers()?;
+            return h.iter().find(|h| h.key == name).and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()));
+        }
+    }
+    None
+}

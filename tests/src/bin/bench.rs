@@ -10,6 +10,9 @@
 //! upstream share the machine. Rounds alternate the configurations so that machine noise hits
 //! both alike. Prints a table and writes `.tollgate/bench/summary.json`.
 //!
+//! `tollgate-auth+usage` adds usage metering (one event per request, batched to a sidecar that
+//! spools and ships to tansu); its sidecar CPU column is that sidecar's (spool + Kafka producer).
+//!
 //! Options: `--duration SECS` (default 10), `--rounds N` (default 2), `--connections N` (16).
 
 use std::process::Command;
@@ -120,13 +123,34 @@ fn main() {
     for e in [&tollgate, &callout, &breaker] {
         assert_eq!(get(&e.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
     }
+    // Usage metering (issue 6): the auth-cache configuration plus one usage event per request,
+    // batched per worker (POST /v1/usage every second) to a second sidecar that spools and ships
+    // them to a real broker (tansu).
+    let broker = tollgate_tests::broker::Broker::start();
+    let spool = tempfile::tempdir().expect("tempdir");
+    let usage_sidecar = Sidecar::start_with_config(
+        &redis.url(),
+        &format!(
+            "[usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n",
+            spool.path().display(),
+            broker.brokers()
+        ),
+        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+    );
+    let metered = Envoy::start(EnvoyOptions {
+        cpu: Some(0),
+        ..EnvoyOptions::new(upstream.port, usage_sidecar.port)
+            .plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","usage":{"enabled":true}}"#)
+    });
+    assert_eq!(get(&metered.url("/"), &[("x-api-key", &key.raw)]).status, 200, "metered stack not answering");
 
-    let configs: [(&str, &Envoy, Option<&str>); 5] = [
+    let configs: [(&str, &Envoy, Option<&str>); 6] = [
         ("envoy-alone", &baseline, None),
         ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
         ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
         ("tollgate-auth+rate-limit", &tollgate, Some(limited_key.raw.as_str())),
         ("tollgate-auth-breaker", &breaker, Some(key.raw.as_str())),
+        ("tollgate-auth+usage", &metered, Some(key.raw.as_str())),
     ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
     eprintln!("benchmark: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns}, Envoy --concurrency 1 on CPU 0, wrk on CPU 1");
@@ -134,9 +158,11 @@ fn main() {
         for (i, (name, envoy, key)) in configs.iter().enumerate() {
             // warm-up (connections, caches)
             let _ = wrk(&envoy.url("/bench"), *key, 1, conns);
-            let (e0, s0, r0) = (cpu_us(envoy.pid()), cpu_us(sidecar.pid()), redis_calls(&redis));
+            // the metered Envoy talks to its own sidecar (the one that spools and ships)
+            let spid = if *name == "tollgate-auth+usage" { usage_sidecar.pid() } else { sidecar.pid() };
+            let (e0, s0, r0) = (cpu_us(envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&envoy.url("/bench"), *key, secs, conns);
-            let (e1, s1, r1) = (cpu_us(envoy.pid()), cpu_us(sidecar.pid()), redis_calls(&redis));
+            let (e1, s1, r1) = (cpu_us(envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let n = reqs.max(1) as f64;
             let s = Sample {
                 rps,
@@ -204,6 +230,6 @@ fn main() {
     });
     let _ = std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&doc).unwrap_or_default());
     println!("\nwrote .tollgate/bench/summary.json");
-    drop((tollgate, callout, breaker, baseline, sidecar, redis, upstream));
+    drop((tollgate, callout, breaker, metered, baseline, sidecar, usage_sidecar, broker, redis, upstream));
 }
 
