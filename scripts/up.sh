@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts the demo stack in the background: Redis, the sidecar, the echo upstream and Envoy with
-# the Tollgate filter; issues a demo key; writes .tollgate/demo.env. Called by `./build.sh up`,
+# the Tollgate filter, and for usage metering a Kafka-compatible broker (tansu), PostgreSQL and
+# the billing consumer; issues a demo key; writes .tollgate/demo.env. Called by `./build.sh up`,
 # which installs and builds first and exports TOLLGATE_ENVOY_BIN, TOLLGATE_WASM,
 # TOLLGATE_SIDECAR_BIN. Ports can be changed with the variables below.
 set -euo pipefail
@@ -11,12 +12,14 @@ ENVOY_ADMIN_PORT="${TOLLGATE_ENVOY_ADMIN_PORT:-9901}"
 SIDECAR_PORT="${TOLLGATE_SIDECAR_PORT:-9090}"
 UPSTREAM_PORT="${TOLLGATE_UPSTREAM_PORT:-9080}"
 REDIS_PORT="${TOLLGATE_REDIS_PORT:-6380}"
+KAFKA_PORT="${TOLLGATE_KAFKA_PORT:-9092}"
+PG_PORT="${TOLLGATE_PG_PORT:-5433}"
 ECHO_BIN="$ROOT/target/release/tollgate-echo"
 
 "$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
 mkdir -p "$RUN"
 
-for p in "$ENVOY_PORT" "$ENVOY_ADMIN_PORT" "$SIDECAR_PORT" "$UPSTREAM_PORT" "$REDIS_PORT"; do
+for p in "$ENVOY_PORT" "$ENVOY_ADMIN_PORT" "$SIDECAR_PORT" "$UPSTREAM_PORT" "$REDIS_PORT" "$KAFKA_PORT" "$PG_PORT"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "error: port $p is in use; set TOLLGATE_*_PORT (see scripts/up.sh) or stop what uses it" >&2
     exit 1
@@ -53,10 +56,43 @@ until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
   sleep 0.05
 done
 
+# Usage metering: tansu (memory storage: a demo broker), PostgreSQL for the billing rollup.
+start_bg broker "$TOLLGATE_TANSU_BIN" broker --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+  --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" --storage-engine memory://tansu/
+PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+if [ ! -f "$RUN/pg/data/PG_VERSION" ]; then
+  mkdir -p "$RUN/pg"
+  [ "$(id -u)" -eq 0 ] && chown -R postgres:postgres "$RUN/pg" && chmod 755 "$ROOT/.tollgate" "$RUN"
+  as_pg "$PG_BIN/initdb" -D "$RUN/pg/data" -A trust -U postgres >"$RUN/pg-init.log" 2>&1
+fi
+PG_CMD=("$PG_BIN/postgres" -D "$RUN/pg/data" -p "$PG_PORT" -k "$RUN/pg" -c listen_addresses=127.0.0.1)
+if [ "$(id -u)" -eq 0 ]; then
+  start_bg postgres runuser -u postgres -- "${PG_CMD[@]}"
+else
+  start_bg postgres "${PG_CMD[@]}"
+fi
+tries=0
+until "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; do
+  tries=$((tries + 1)); [ "$tries" -lt 300 ] || { echo "error: postgres did not start" >&2; tail -n 20 "$RUN/postgres.log" >&2; exit 1; }
+  sleep 0.1
+done
+export TOLLGATE_BILLING_KAFKA__BROKERS="127.0.0.1:$KAFKA_PORT"
+export TOLLGATE_BILLING_POSTGRES__URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+export TOLLGATE_BILLING_LOG__FORMAT=text
+start_bg billing "$TOLLGATE_BILLING_BIN"
+
 cat > "$RUN/sidecar.toml" <<TOML
 listen = "127.0.0.1:$SIDECAR_PORT"
 [redis]
 url = "redis://127.0.0.1:$REDIS_PORT/"
+
+[usage]
+enabled = true
+spool_dir = "$RUN/usage-spool"
+[usage.kafka]
+brokers = "127.0.0.1:$KAFKA_PORT"
+partitions = 4
 
 # The demo plan: small enough to hit by hand.
 [[plans.demo.limits]]
@@ -70,7 +106,7 @@ export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
 start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
 start_bg upstream "$ECHO_BIN" --port "$UPSTREAM_PORT"
 
-plugin='{"sidecar":{"timeout":"25ms"},"failureMode":"closed"}'
+plugin='{"sidecar":{"timeout":"25ms"},"failureMode":"closed","usage":{"enabled":true}}'
 sed -e "s|\${ADMIN_PORT}|$ENVOY_ADMIN_PORT|; s|\${LISTEN_PORT}|$ENVOY_PORT|; s|\${UPSTREAM_PORT}|$UPSTREAM_PORT|" \
     -e "s|\${SIDECAR_PORT}|$SIDECAR_PORT|; s|\${WASM_PATH}|$TOLLGATE_WASM|; s|\${PLUGIN_CONFIG}|$plugin|" \
     "$ROOT/envoy/tollgate.yaml.tmpl" > "$RUN/envoy.yaml"
@@ -95,12 +131,17 @@ export TOLLGATE_SIDECAR_URL="http://127.0.0.1:$SIDECAR_PORT"
 export TOLLGATE_ENVOY_ADMIN_URL="http://127.0.0.1:$ENVOY_ADMIN_PORT"
 export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
 export TOLLGATE_SIDECAR_BIN="$TOLLGATE_SIDECAR_BIN"
+export TOLLGATE_KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT"
+export TOLLGATE_BILLING_BIN="$TOLLGATE_BILLING_BIN"
+export TOLLGATE_BILLING_KAFKA__BROKERS="127.0.0.1:$KAFKA_PORT"
+export TOLLGATE_BILLING_POSTGRES__URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 ENV
 
 cat <<MSG
 
 Tollgate is up: Envoy on :$ENVOY_PORT (admin :$ENVOY_ADMIN_PORT), sidecar on :$SIDECAR_PORT,
-echo upstream on :$UPSTREAM_PORT, Redis on :$REDIS_PORT. Logs: .tollgate/run/*.log
+echo upstream on :$UPSTREAM_PORT, Redis on :$REDIS_PORT, broker (tansu) on :$KAFKA_PORT,
+PostgreSQL on :$PG_PORT, billing consumer running. Logs: .tollgate/run/*.log
 
   . .tollgate/demo.env
   curl -i -H "Authorization: Bearer \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello      # 200, upstream sees x-tollgate-tenant: demo
@@ -109,6 +150,7 @@ echo upstream on :$UPSTREAM_PORT, Redis on :$REDIS_PORT. Logs: .tollgate/run/*.l
   for i in \$(seq 11); do curl -s -o /dev/null -w '%{http_code} ' -H "x-api-key: \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello; done; echo
                                                   # the demo plan allows 10 a minute: ten 200s, then 429
   curl -i -H "x-api-key: \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello                # 429 rate_limited, Retry-After, RateLimit headers
+  \$TOLLGATE_BILLING_BIN usage --tenant demo --redis \$TOLLGATE_REDIS_URL              # today's usage: rollup vs Redis meter
   \$TOLLGATE_SIDECAR_BIN keys revoke \$TOLLGATE_DEMO_KEY_ID                          # then the first curl gives 401 revoked_key
 
 Stop everything with ./build.sh down

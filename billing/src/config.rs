@@ -10,6 +10,10 @@ use std::time::Duration;
 
 pub const ENV_PREFIX: &str = "TOLLGATE_BILLING_";
 
+/// `TOLLGATE_BILLING_*` variables that are not settings: the config file path (read by the CLI)
+/// and the binary path that build.sh and `.tollgate/demo.env` export.
+const NOT_SETTINGS: &[&str] = &["config", "bin"];
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -105,7 +109,11 @@ impl Config {
             }
             fig = fig.merge(Toml::file(p));
         }
-        fig = fig.merge(Env::prefixed(ENV_PREFIX).filter(|k| !k.as_str().eq_ignore_ascii_case("config")).split("__"));
+        fig = fig.merge(
+            Env::prefixed(ENV_PREFIX)
+                .filter(|k| !NOT_SETTINGS.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)))
+                .split("__"),
+        );
         let c: Config = fig.extract().map_err(|e| e.to_string())?;
         c.validate()?;
         Ok(c)
@@ -149,6 +157,20 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("events_retention"));
         let c = Config { postgres: PostgresConfig { url: "nope://".into() }, ..Config::default() };
         assert!(c.validate().unwrap_err().contains("postgres.url"));
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn the_environment_overrides_and_non_settings_are_ignored() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_BILLING_BIN", "/usr/bin/tollgate-billing");
+            jail.set_env("TOLLGATE_BILLING_KAFKA__TOPIC", "t2");
+            let c = Config::load(None).unwrap();
+            assert_eq!(c.kafka.topic, "t2");
+            jail.set_env("TOLLGATE_BILLING_BATCH_MAXX", "1");
+            assert!(Config::load(None).unwrap_err().contains("batch_maxx"));
+            Ok(())
+        });
     }
 
     #[test]
