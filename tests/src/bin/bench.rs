@@ -92,11 +92,15 @@ fn main() {
     // "limited": one rate limit that never runs out, so every request pays the full limit path.
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
-        "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n",
+        "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n\
+         [[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n",
         &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
     );
     let key = sidecar.create_key("bench", "bench", &[]);
     let limited_key = sidecar.create_key("bench", "limited", &[]);
+    // "budget": a token budget, so every request holds a reservation and reports its completion
+    // (batched by the filter, settled by complete.lua).
+    let budget_key = sidecar.create_key("bench", "budget", &[]);
     let baseline = Envoy::start(EnvoyOptions { cpu: Some(0), ..EnvoyOptions::new(upstream.port, 0).baseline() });
     let tollgate = Envoy::start(EnvoyOptions {
         cpu: Some(0),
@@ -121,12 +125,13 @@ fn main() {
         assert_eq!(get(&e.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
     }
 
-    let configs: [(&str, &Envoy, Option<&str>); 5] = [
+    let configs: [(&str, &Envoy, Option<&str>); 6] = [
         ("envoy-alone", &baseline, None),
         ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
         ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
         ("tollgate-auth+rate-limit", &tollgate, Some(limited_key.raw.as_str())),
         ("tollgate-auth-breaker", &breaker, Some(key.raw.as_str())),
+        ("tollgate-auth+token-budget+completion", &tollgate, Some(budget_key.raw.as_str())),
     ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
     eprintln!("benchmark: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns}, Envoy --concurrency 1 on CPU 0, wrk on CPU 1");
