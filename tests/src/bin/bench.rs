@@ -141,6 +141,17 @@ fn main() {
             let _ = wrk(&envoy.url("/bench"), *key, 1, conns);
             let (e0, s0, r0) = (cpu_us(envoy.pid()), cpu_us(sidecar.pid()), redis_calls(&redis));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&envoy.url("/bench"), *key, secs, conns);
+            // Completion reports are settled after the responses: wait until Redis is quiet so
+            // that this configuration's work is counted here and not in the next one's.
+            let mut last = redis_calls(&redis).0;
+            for _ in 0..50 {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                let now = redis_calls(&redis).0;
+                if now == last {
+                    break;
+                }
+                last = now;
+            }
             let (e1, s1, r1) = (cpu_us(envoy.pid()), cpu_us(sidecar.pid()), redis_calls(&redis));
             let n = reqs.max(1) as f64;
             let s = Sample {
