@@ -99,6 +99,7 @@ async fn version(State(s): State<Arc<AdminState>>) -> Response {
     }
 }
 
+#[allow(clippy::result_large_err)] // the error is the reply itself; built once per bad request
 fn kind_of(kind: &str) -> Result<Kind, Response> {
     Kind::parse(kind).ok_or_else(|| error(StatusCode::NOT_FOUND, "not_found", None, format!("no collection '{kind}'")))
 }
@@ -121,6 +122,7 @@ async fn get_one(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(Strin
     }
 }
 
+#[allow(clippy::result_large_err)] // as kind_of
 fn parse_body(body: &Bytes) -> Result<Value, Response> {
     let v: Value = serde_json::from_slice(body).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", Some("body"), format!("not JSON: {e}")))?;
     if !v.is_object() {
