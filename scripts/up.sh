@@ -12,6 +12,7 @@ ENVOY_ADMIN_PORT="${TOLLGATE_ENVOY_ADMIN_PORT:-9901}"
 SIDECAR_PORT="${TOLLGATE_SIDECAR_PORT:-9090}"
 UPSTREAM_PORT="${TOLLGATE_UPSTREAM_PORT:-9080}"
 REDIS_PORT="${TOLLGATE_REDIS_PORT:-6380}"
+ADMIN_PORT="${TOLLGATE_ADMIN_PORT:-9091}"
 KAFKA_PORT="${TOLLGATE_KAFKA_PORT:-9092}"
 PG_PORT="${TOLLGATE_PG_PORT:-5433}"
 ECHO_BIN="$ROOT/target/release/tollgate-echo"
@@ -19,7 +20,7 @@ ECHO_BIN="$ROOT/target/release/tollgate-echo"
 "$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
 mkdir -p "$RUN"
 
-for p in "$ENVOY_PORT" "$ENVOY_ADMIN_PORT" "$SIDECAR_PORT" "$UPSTREAM_PORT" "$REDIS_PORT" "$KAFKA_PORT" "$PG_PORT"; do
+for p in "$ENVOY_PORT" "$ENVOY_ADMIN_PORT" "$SIDECAR_PORT" "$UPSTREAM_PORT" "$REDIS_PORT" "$ADMIN_PORT" "$KAFKA_PORT" "$PG_PORT"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "error: port $p is in use; set TOLLGATE_*_PORT (see scripts/up.sh) or stop what uses it" >&2
     exit 1
@@ -103,6 +104,10 @@ limit = 10
 window = "60s"
 TOML
 export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
+# The admin API (docs/configuration.md): a fresh random token per `up`, passed by environment only.
+ADMIN_TOKEN="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export TOLLGATE_SIDECAR_ADMIN__LISTEN="127.0.0.1:$ADMIN_PORT"
+export TOLLGATE_SIDECAR_ADMIN__TOKEN="$ADMIN_TOKEN"
 start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
 start_bg upstream "$ECHO_BIN" --port "$UPSTREAM_PORT"
 
@@ -131,11 +136,16 @@ export TOLLGATE_SIDECAR_URL="http://127.0.0.1:$SIDECAR_PORT"
 export TOLLGATE_ENVOY_ADMIN_URL="http://127.0.0.1:$ENVOY_ADMIN_PORT"
 export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
 export TOLLGATE_SIDECAR_BIN="$TOLLGATE_SIDECAR_BIN"
+export TOLLGATE_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT"
+export TOLLGATE_ADMIN_TOKEN="$ADMIN_TOKEN"
+export TOLLGATE_CLI="$ROOT/target/release/tollgate"
+export PATH="$ROOT/target/release:\$PATH"
 export TOLLGATE_KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT"
 export TOLLGATE_BILLING_BIN="$TOLLGATE_BILLING_BIN"
 export TOLLGATE_BILLING_KAFKA__BROKERS="127.0.0.1:$KAFKA_PORT"
 export TOLLGATE_BILLING_POSTGRES__URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 ENV
+chmod 600 "$ROOT/.tollgate/demo.env"
 
 cat <<MSG
 
@@ -152,6 +162,8 @@ PostgreSQL on :$PG_PORT, billing consumer running. Logs: .tollgate/run/*.log
   curl -i -H "x-api-key: \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello                # 429 rate_limited, Retry-After, RateLimit headers
   \$TOLLGATE_BILLING_BIN usage --tenant demo --redis \$TOLLGATE_REDIS_URL              # today's usage: rollup vs Redis meter
   \$TOLLGATE_SIDECAR_BIN keys revoke \$TOLLGATE_DEMO_KEY_ID                          # then the first curl gives 401 revoked_key
+
+  tollgate keys list --tenant demo                                                  # the admin CLI (on PATH after sourcing demo.env)
 
 Stop everything with ./build.sh down
 MSG

@@ -70,6 +70,11 @@ impl<K: Hash + Eq + Clone, V: Clone> TtlCache<K, V> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 
+    /// Keeps only the entries for which `keep` is true.
+    pub fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).retain(|k, (v, _)| keep(k, v));
+    }
+
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
     }

@@ -29,6 +29,14 @@ pub struct Config {
     pub plans: std::collections::BTreeMap<String, crate::limits::PlanConfig>,
     /// Circuit-breaker hints (`[breaker]`, see crate::hints).
     pub breaker: crate::hints::BreakerConfig,
+    /// Where tenants, products, plans and routes come from (`[source]`, crate::config_store).
+    pub source: crate::config_store::SourceConfig,
+    /// The admin HTTP API (`[admin]`, crate::admin).
+    pub admin: crate::config_store::AdminConfig,
+    /// File source: tenants (`[[tenants]]`), API products (`[[products]]`), routes (`[[routes]]`).
+    pub tenants: Vec<crate::config_store::Tenant>,
+    pub products: Vec<crate::config_store::Product>,
+    pub routes: Vec<crate::config_store::Route>,
     /// Usage metering (`[usage]`, see crate::usage).
     pub usage: crate::usage::UsageConfig,
 }
@@ -96,6 +104,11 @@ impl Default for Config {
             log: LogConfig::default(),
             plans: Default::default(),
             breaker: Default::default(),
+            source: Default::default(),
+            admin: Default::default(),
+            tenants: Vec::new(),
+            products: Vec::new(),
+            routes: Vec::new(),
             usage: Default::default(),
         }
     }
@@ -198,6 +211,18 @@ impl Config {
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return bad("log.level: not a tracing filter directive");
         }
+        self.validate_config_model()
+    }
+
+    /// `[source]`, `[admin]` and the file's configuration model (crate::config_store).
+    fn validate_config_model(&self) -> Result<(), ConfigError> {
+        use crate::config_store::{Snapshot, SourceKind};
+        self.admin.validate().map_err(ConfigError::Invalid)?;
+        if self.source.kind == SourceKind::Postgres && self.source.postgres_url.parse::<tokio_postgres::Config>().is_err() {
+            return Err(ConfigError::Invalid("source.postgres_url: not a PostgreSQL URL (postgres://user@host:port/db)".into()));
+        }
+        Snapshot::from_file(&self.tenants, &self.products, &self.plans, &self.routes)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(())
     }
 }

@@ -39,7 +39,7 @@ pub struct Decider {
     audited: TtlCache<Id, ()>,
     /// Shadow denials logged recently, per limit (a log line at most once a minute each).
     shadow_logged: TtlCache<String, ()>,
-    plans: Plans,
+    plans: std::sync::RwLock<Arc<Plans>>,
     clock: Arc<dyn Clock>,
     /// Usage metering: denials of known tenants become usage events.
     usage: Option<Arc<crate::usage::Usage>>,
@@ -59,7 +59,7 @@ impl Decider {
             cache: TtlCache::new(cache.ttl, cache.stale_grace, cache.max_entries),
             audited: TtlCache::new(minute, minute, cache.max_entries),
             shadow_logged: TtlCache::new(minute, minute, 10_000),
-            plans,
+            plans: std::sync::RwLock::new(Arc::new(plans)),
             clock,
             usage: None,
         }
@@ -78,7 +78,8 @@ impl Decider {
         let now_ms = self.clock.now_ms();
         let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
-            let limits = self.plans.limits(r.plan.as_str());
+            let plans = self.plans();
+            let limits = plans.limits(r.plan.as_str());
             if !limits.is_empty() {
                 response = self.limit(r, limits, req, now_ms).await;
             } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
@@ -313,4 +314,26 @@ pub enum CompleteError {
     BadTicket(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Live reconfiguration (crate::propagation): swap the plans, evict cached key answers.
+impl Decider {
+    /// The plans in force now.
+    pub fn plans(&self) -> Arc<Plans> {
+        self.plans.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the plans; decisions after this call use the new ones.
+    pub fn set_plans(&self, plans: Plans) {
+        *self.plans.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(plans);
+    }
+
+    /// Forgets the cached answers for `tenant`'s keys, and every cached "no such key" (a key just
+    /// issued must not stay unknown for a TTL). `None` forgets everything.
+    pub fn evict(&self, tenant: Option<&Id>) {
+        self.cache.retain(|_, r| match (tenant, r) {
+            (None, _) | (_, None) => false,
+            (Some(t), Some(r)) => &r.tenant != t,
+        });
+    }
 }

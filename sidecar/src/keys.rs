@@ -419,3 +419,76 @@ mod usage_meter_key_tests {
         assert_eq!(USAGE_METER_TTL_MS, 3_024_000_000);
     }
 }
+
+// ---- configuration generations and change events (issue 4; seeds 000 and 003) ----
+
+redis_key!(
+    /// `cfg:routing:version` — string counter, no TTL: the configuration generation. Every admin
+    /// write INCRs it after the store of record (PostgreSQL) committed; a replica whose
+    /// pub/sub connection dropped compares it with the generation it last loaded to know whether
+    /// it missed a change (seed 000). Not a store of record: losing it only forces a reload.
+    RoutingVersionKey
+);
+
+impl RoutingVersionKey {
+    pub fn new() -> Self {
+        Self("cfg:routing:version".into())
+    }
+}
+
+impl Default for RoutingVersionKey {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The tenant segment of a change that concerns every tenant (plans, products, routes):
+/// `config_changed:_all`. Tenant ids may not start with `_` (crate::config_store validates it),
+/// so it cannot collide with a tenant.
+pub const ALL_TENANTS: &str = "_all";
+
+redis_key!(
+    /// `config_changed:{tenant}` — pub/sub channel (not a key: nothing is stored). Published after
+    /// every admin write that concerns `tenant` (or [`ALL_TENANTS`]); the message is the new
+    /// `cfg:routing:version`. Every sidecar PSUBSCRIBEs [`CONFIG_CHANGED_PATTERN`] (seed 003).
+    ConfigChangedChannel
+);
+
+/// The pattern every sidecar subscribes to.
+pub const CONFIG_CHANGED_PATTERN: &str = "config_changed:*";
+
+impl ConfigChangedChannel {
+    pub fn tenant(tenant: &Id) -> Self {
+        Self(format!("config_changed:{tenant}"))
+    }
+    pub fn all() -> Self {
+        Self(format!("config_changed:{ALL_TENANTS}"))
+    }
+    /// The tenant a channel name is about: `Some(None)` for every tenant, `None` if the name is
+    /// not a change channel.
+    pub fn tenant_of(name: &str) -> Option<Option<Id>> {
+        let t = name.strip_prefix("config_changed:")?;
+        if t == ALL_TENANTS {
+            return Some(None);
+        }
+        Id::parse(t).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod config_key_tests {
+    use super::*;
+
+    #[test]
+    fn golden_config_formats() {
+        let t = Id::parse("acme").unwrap();
+        assert_eq!(RoutingVersionKey::new().as_str(), "cfg:routing:version");
+        assert_eq!(ConfigChangedChannel::tenant(&t).as_str(), "config_changed:acme");
+        assert_eq!(ConfigChangedChannel::all().as_str(), "config_changed:_all");
+        assert_eq!(CONFIG_CHANGED_PATTERN, "config_changed:*");
+        assert_eq!(ConfigChangedChannel::tenant_of("config_changed:acme"), Some(Some(t)));
+        assert_eq!(ConfigChangedChannel::tenant_of("config_changed:_all"), Some(None));
+        assert_eq!(ConfigChangedChannel::tenant_of("other:acme"), None);
+        assert_eq!(ConfigChangedChannel::tenant_of("config_changed:a b"), None);
+    }
+}

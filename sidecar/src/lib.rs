@@ -1,16 +1,19 @@
 //! Tollgate's sidecar: decides requests for the Envoy filter from Redis, manages API keys, and
 //! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
 
+pub mod admin;
 pub mod apikey;
 pub mod cache;
 pub mod clock;
 pub mod config;
+pub mod config_store;
 pub mod decide;
 pub mod hints;
 pub mod kafka;
 pub mod keys;
 pub mod limits;
 pub mod metrics;
+pub mod propagation;
 pub mod server;
 pub mod spool;
 pub mod store;
@@ -39,6 +42,12 @@ pub enum Error {
 pub struct Sidecar {
     listener: tokio::net::TcpListener,
     state: Arc<server::AppState>,
+    /// Configuration in force, its source, and what the admin API and the subscriber share.
+    control: Arc<propagation::Control>,
+    /// The admin API's listener and token, when `admin.listen` is set.
+    admin: Option<(tokio::net::TcpListener, String)>,
+    /// A Redis node to subscribe to change events on, and the resync interval.
+    propagation: Option<(String, std::time::Duration)>,
 }
 
 impl Sidecar {
@@ -71,7 +80,18 @@ impl Sidecar {
             hints: hints::Hints::new(&config.breaker),
             usage,
         });
-        Ok(Sidecar { listener, state })
+        let (control, admin, propagation) = config_parts(config, state.clone()).await?;
+        Ok(Sidecar { listener, state, control, admin, propagation })
+    }
+
+    /// The admin API's address, when it is on.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// The configuration in force and its source.
+    pub fn control(&self) -> Arc<propagation::Control> {
+        self.control.clone()
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -82,8 +102,33 @@ impl Sidecar {
     /// then seals the usage spool and lets the shipper send what it can (`usage.shutdown_grace`).
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
         tracing::info!(addr = %self.local_addr(), "tollgate sidecar listening");
+        let background = tokio_util::sync::CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        if let Some((url, every)) = self.propagation.clone() {
+            tasks.spawn(propagation::run(self.control.clone(), url, every, background.clone()));
+        }
+        if matches!(self.control.source, config_store::Source::Postgres(_)) {
+            tasks.spawn(propagation::rewarm(self.control.clone(), background.clone()));
+        }
+        if let Some((listener, token)) = self.admin {
+            let router = admin::router(self.control.clone(), token);
+            let stop = background.clone();
+            tasks.spawn(async move {
+                if let Err(e) = admin::run(listener, router, stop).await {
+                    tracing::error!(error = %e, "admin API failed");
+                }
+            });
+        }
+        let stop = background.clone();
         let usage = self.state.usage.clone();
-        let served = axum::serve(self.listener, server::router(self.state)).with_graceful_shutdown(shutdown).await;
+        let served = axum::serve(self.listener, server::router(self.state))
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                stop.cancel();
+            })
+            .await;
+        background.cancel();
+        while tasks.join_next().await.is_some() {}
         if let Some(u) = usage {
             u.shutdown().await;
         }
@@ -96,4 +141,48 @@ impl Sidecar {
 /// Binds and serves until `shutdown`.
 pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
     Sidecar::bind(config).await?.serve(shutdown).await
+}
+
+type ConfigParts = (Arc<propagation::Control>, Option<(tokio::net::TcpListener, String)>, Option<(String, std::time::Duration)>);
+
+/// Opens the configuration source (PostgreSQL: connect, migrate, load — an unreachable server is
+/// an error), puts its plans in force, binds the admin listener, picks the pub/sub node.
+async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<ConfigParts, Error> {
+    use config_store::{ConfigSource, FileSource, PgSource, Snapshot, Source, SourceKind};
+    let (source, snapshot) = match config.source.kind {
+        SourceKind::File => {
+            let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            (Source::File(FileSource::new(s.clone())), s)
+        }
+        SourceKind::Postgres => {
+            let pg = PgSource::connect(&config.source.postgres_url, config.source.connect_timeout)
+                .await
+                .map_err(|e| Error::Config(format!("the PostgreSQL source (source.postgres_url) cannot be used: {e}")))?;
+            let s = pg.load().await.map_err(|e| Error::Config(format!("loading from PostgreSQL: {e}")))?;
+            if !(config.plans.is_empty() && config.tenants.is_empty() && config.products.is_empty() && config.routes.is_empty()) {
+                tracing::warn!("source.kind = postgres: plans, tenants, products and routes of the file are ignored");
+            }
+            (Source::Postgres(pg), s)
+        }
+    };
+    let store = state.store.clone();
+    let control = Arc::new(propagation::Control::new(source, snapshot.clone(), store, state));
+    control.install(snapshot);
+    let admin = match config.admin.listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+            Some((l, config.admin.token.clone()))
+        }
+        None => None,
+    };
+    let node = match config.redis.mode {
+        config::RedisMode::Single => Some(config.redis.url.clone()),
+        config::RedisMode::Cluster => config.redis.nodes.first().cloned(),
+        config::RedisMode::Sentinel => {
+            tracing::warn!("config change events are not subscribed in sentinel mode; the key cache TTL bounds staleness");
+            None
+        }
+    };
+    Ok((control, admin, node.map(|n| (n, config.admin.resync_interval))))
 }

@@ -219,12 +219,14 @@ impl Redis {
     }
 
     /// Seed 004's invariant: every key carries a TTL, except the store-of-record families
-    /// (`apikey:{sha256}`, `apikey-id:`, `apikey-index:`). Returns how many keys were checked.
+    /// (`apikey:{sha256}`, `apikey-id:`, `apikey-index:`) and the config generation counter
+    /// `cfg:routing:version` (seed 000: no TTL). Returns how many keys were checked.
     pub fn assert_ttl_invariant(&self) -> usize {
         let mut c = self.connection().expect("redis connection");
         let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).expect("KEYS");
         for k in &keys {
-            let store_of_record = k.starts_with("apikey-id:")
+            let store_of_record = k == "cfg:routing:version"
+                || k.starts_with("apikey-id:")
                 || k.starts_with("apikey-index:")
                 || (k.starts_with("apikey:") && !k.starts_with("apikey:authfail:"));
             let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).expect("PTTL");

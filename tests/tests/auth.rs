@@ -247,3 +247,30 @@ fn sidecar_shuts_down_gracefully_on_sigterm() {
     assert!(status.success(), "exit status {status}");
     assert!(sidecar.log_text().contains("tollgate sidecar stopped"));
 }
+
+#[test]
+fn check_config_validates_without_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "listen = \"127.0.0.1:0\"\n[redis]\ntimeout = \"20ms\"\n").unwrap();
+    let out = std::process::Command::new(tollgate_tests::sidecar_bin()).arg("--config").arg(&good).arg("--check-config").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("configuration OK"));
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[redis]\ntimout = \"20ms\"\n").unwrap();
+    let out = std::process::Command::new(tollgate_tests::sidecar_bin()).arg("--config").arg(&bad).arg("--check-config").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timout"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // an environment override is checked too
+    let out = std::process::Command::new(tollgate_tests::sidecar_bin())
+        .arg("--config")
+        .arg(&good)
+        .arg("--check-config")
+        .env("TOLLGATE_SIDECAR_REDIS__URL", "http://not-redis")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("redis.url"));
+}

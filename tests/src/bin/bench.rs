@@ -95,11 +95,15 @@ fn main() {
     // "limited": one rate limit that never runs out, so every request pays the full limit path.
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
-        "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n",
+        "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n\
+         [[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n",
         &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
     );
     let key = sidecar.create_key("bench", "bench", &[]);
     let limited_key = sidecar.create_key("bench", "limited", &[]);
+    // "budget": a token budget, so every request holds a reservation and reports its completion
+    // (batched by the filter, settled by complete.lua).
+    let budget_key = sidecar.create_key("bench", "budget", &[]);
     let baseline = Envoy::start(EnvoyOptions { cpu: Some(0), ..EnvoyOptions::new(upstream.port, 0).baseline() });
     let tollgate = Envoy::start(EnvoyOptions {
         cpu: Some(0),
@@ -144,12 +148,13 @@ fn main() {
     });
     assert_eq!(get(&metered.url("/"), &[("x-api-key", &key.raw)]).status, 200, "metered stack not answering");
 
-    let configs: [(&str, &Envoy, Option<&str>); 6] = [
+    let configs: [(&str, &Envoy, Option<&str>); 7] = [
         ("envoy-alone", &baseline, None),
         ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
         ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
         ("tollgate-auth+rate-limit", &tollgate, Some(limited_key.raw.as_str())),
         ("tollgate-auth-breaker", &breaker, Some(key.raw.as_str())),
+        ("tollgate-auth+token-budget+completion", &tollgate, Some(budget_key.raw.as_str())),
         ("tollgate-auth+usage", &metered, Some(key.raw.as_str())),
     ];
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
@@ -162,6 +167,17 @@ fn main() {
             let spid = if *name == "tollgate-auth+usage" { usage_sidecar.pid() } else { sidecar.pid() };
             let (e0, s0, r0) = (cpu_us(envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&envoy.url("/bench"), *key, secs, conns);
+            // Completion reports are settled after the responses: wait until Redis is quiet so
+            // that this configuration's work is counted here and not in the next one's.
+            let mut last = redis_calls(&redis).0;
+            for _ in 0..50 {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                let now = redis_calls(&redis).0;
+                if now == last {
+                    break;
+                }
+                last = now;
+            }
             let (e1, s1, r1) = (cpu_us(envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let n = reqs.max(1) as f64;
             let s = Sample {

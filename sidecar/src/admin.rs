@@ -1,0 +1,360 @@
+//! The admin HTTP API (docs/openapi.json): CRUD for tenants, products, plans and routes; issue,
+//! revoke and list API keys. Its own loopback listener, a bearer token on every `/v1` call.
+//!
+//! Every write: validate against a copy of the configuration in force (bad input → 400 naming
+//! the field, nothing changes), commit to the store of record, install locally, then
+//! `INCR cfg:routing:version` + `PUBLISH config_changed:{tenant}` (crate::propagation). The token
+//! is compared in constant time and never logged.
+
+use crate::apikey::{self, KeyRecord};
+use crate::config_store::{self, Change, Kind, Source};
+use crate::decide::unix_now;
+use crate::keys::{Id, KeyHash};
+use crate::propagation::Control;
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::Uri;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// The OpenAPI document, served at `GET /openapi.json` and kept in docs/.
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+pub struct AdminState {
+    pub control: Arc<Control>,
+    token: String,
+}
+
+pub fn router(control: Arc<Control>, token: String) -> Router {
+    let state = Arc::new(AdminState { control, token });
+    let api = Router::new()
+        .route("/v1/version", get(version))
+        .route("/v1/keys", get(list_keys).post(create_key))
+        .route("/v1/keys/{id}/revoke", post(revoke_key))
+        .route("/v1/{kind}", get(list).post(create))
+        .route("/v1/{kind}/{id}", get(get_one).put(put).delete(delete))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state);
+    Router::new().route("/openapi.json", get(openapi)).merge(api)
+}
+
+/// Serves the admin API until `shutdown`, then drains.
+pub async fn run(listener: tokio::net::TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+    tracing::info!(addr = ?listener.local_addr().ok(), "admin API listening");
+    axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+}
+
+fn reply(status: StatusCode, body: Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn error(status: StatusCode, code: &str, field: Option<&str>, message: impl std::fmt::Display) -> Response {
+    let mut body = json!({"error": code, "message": message.to_string()});
+    if let Some(f) = field {
+        body["field"] = json!(f);
+    }
+    reply(status, body)
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Response {
+    error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", None, e)
+}
+
+/// Constant-time equality (the token must not leak through timing).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether the headers carry `Authorization: Bearer <token>`.
+pub fn authorized(headers: &HeaderMap, token: &str) -> bool {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    !token.is_empty() && given.is_some_and(|g| same(g.trim().as_bytes(), token.as_bytes()))
+}
+
+async fn require_token(State(state): State<Arc<AdminState>>, req: Request, next: Next) -> Response {
+    if authorized(req.headers(), &state.token) {
+        next.run(req).await
+    } else {
+        let mut r = error(StatusCode::UNAUTHORIZED, "unauthorized", None, "a valid bearer token is required");
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        r
+    }
+}
+
+async fn openapi() -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn version(State(s): State<Arc<AdminState>>) -> Response {
+    match s.control.routing_version().await {
+        Ok(v) => reply(StatusCode::OK, json!({"version": v, "loaded": s.control.live.version()})),
+        Err(e) => unavailable(e),
+    }
+}
+
+#[allow(clippy::result_large_err)] // the error is the reply itself; built once per bad request
+fn kind_of(kind: &str) -> Result<Kind, Response> {
+    Kind::parse(kind).ok_or_else(|| error(StatusCode::NOT_FOUND, "not_found", None, format!("no collection '{kind}'")))
+}
+
+async fn list(State(s): State<Arc<AdminState>>, Path(kind): Path<String>) -> Response {
+    match kind_of(&kind) {
+        Ok(k) => reply(StatusCode::OK, Value::Array(s.control.live.get().list(k))),
+        Err(r) => r,
+    }
+}
+
+async fn get_one(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String, String)>) -> Response {
+    let k = match kind_of(&kind) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    match s.control.live.get().get(k, &id) {
+        Some(v) => reply(StatusCode::OK, v),
+        None => error(StatusCode::NOT_FOUND, "not_found", Some("id"), format!("no {kind} '{id}'")),
+    }
+}
+
+#[allow(clippy::result_large_err)] // as kind_of
+fn parse_body(body: &Bytes) -> Result<Value, Response> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", Some("body"), format!("not JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(error(StatusCode::BAD_REQUEST, "invalid", Some("body"), "a JSON object is required"));
+    }
+    Ok(v)
+}
+
+async fn create(State(s): State<Arc<AdminState>>, Path(kind): Path<String>, body: Bytes) -> Response {
+    let (k, v) = match (kind_of(&kind), parse_body(&body)) {
+        (Ok(k), Ok(v)) => (k, v),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let id = v.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+    if !id.is_empty() && s.control.live.get().get(k, &id).is_some() {
+        return error(StatusCode::CONFLICT, "exists", Some("id"), format!("{kind} '{id}' exists; use PUT to replace it"));
+    }
+    write(&s, Change::Put(k, v), StatusCode::CREATED).await
+}
+
+async fn put(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String, String)>, body: Bytes) -> Response {
+    let (k, mut v) = match (kind_of(&kind), parse_body(&body)) {
+        (Ok(k), Ok(v)) => (k, v),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    match v.get("id").and_then(Value::as_str) {
+        None => v["id"] = json!(id),
+        Some(b) if b != id => return error(StatusCode::BAD_REQUEST, "invalid", Some("id"), "differs from the id in the path"),
+        Some(_) => {}
+    }
+    write(&s, Change::Put(k, v), StatusCode::OK).await
+}
+
+async fn delete(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String, String)>) -> Response {
+    let k = match kind_of(&kind) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    if s.control.live.get().get(k, &id).is_none() {
+        return error(StatusCode::NOT_FOUND, "not_found", Some("id"), format!("no {kind} '{id}'"));
+    }
+    write(&s, Change::Delete(k, id), StatusCode::OK).await
+}
+
+/// Validate → commit → install → announce.
+async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
+    let Source::Postgres(pg) = &s.control.source else {
+        return error(StatusCode::CONFLICT, "read_only_source", None, config_store::SourceError::ReadOnly);
+    };
+    // validate-then-commit against one snapshot; no reload may install in between
+    let serial = s.control.installing.lock().await;
+    let next = match s.control.live.get().apply(&change) {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid", Some(&e.field), &e),
+    };
+    let (stored, body) = match &change {
+        Change::Put(kind, v) => {
+            let id = v.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
+            // store the normalised object (defaults filled in)
+            let doc = next.get(*kind, &id).unwrap_or_else(|| v.clone());
+            (pg.put(*kind, &id, &doc).await, doc)
+        }
+        Change::Delete(kind, id) => (pg.delete(*kind, id).await, json!({"deleted": id})),
+    };
+    if let Err(e) = stored {
+        return unavailable(e);
+    }
+    s.control.install(next);
+    drop(serial);
+    let tenant = config_store::tenant_of(&change);
+    announced(s, tenant.as_ref(), ok, body).await
+}
+
+/// Announces a committed change; the reply says whether replicas were told.
+async fn announced(s: &AdminState, tenant: Option<&Id>, ok: StatusCode, mut body: Value) -> Response {
+    match s.control.announce(tenant).await {
+        Ok(v) => {
+            s.control.live.set_version(v);
+            body["version"] = json!(v);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "a committed change could not be announced; replicas see it at their next resync or restart");
+            body["propagated"] = json!(false);
+        }
+    }
+    reply(ok, body)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewKey {
+    tenant: String,
+    plan: String,
+    /// e.g. "30d"
+    #[serde(default)]
+    expires_in: Option<String>,
+}
+
+fn key_json(r: &KeyRecord) -> Value {
+    json!({
+        "key_id": r.key_id.as_str(), "tenant": r.tenant.as_str(), "plan": r.plan.as_str(), "status": r.status.as_str(),
+        "created_at": r.created_at, "expires_at": r.expires_at, "revoked_at": r.revoked_at,
+    })
+}
+
+async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
+    let bad = |field: &str, m: String| error(StatusCode::BAD_REQUEST, "invalid", Some(field), m);
+    let req: NewKey = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            let m = e.to_string();
+            let field = m.split('`').nth(1).filter(|_| m.contains("field")).unwrap_or("body").to_string();
+            return bad(&field, m);
+        }
+    };
+    let Some(tenant) = Id::parse(&req.tenant) else { return bad("tenant", "use 1-64 of letters, digits, '_', '-', '.'".into()) };
+    let Some(plan) = Id::parse(&req.plan) else { return bad("plan", "use 1-64 of letters, digits, '_', '-', '.'".into()) };
+    let snapshot = s.control.live.get();
+    if !snapshot.plans.contains_key(plan.as_str()) {
+        return bad("plan", format!("no plan '{plan}'"));
+    }
+    let pg = match &s.control.source {
+        Source::Postgres(pg) => {
+            if !snapshot.tenants.contains_key(tenant.as_str()) {
+                return bad("tenant", format!("no tenant '{tenant}'"));
+            }
+            Some(pg)
+        }
+        Source::File(_) => None,
+    };
+    let now = unix_now();
+    let expires_at = match req.expires_in.as_deref().map(humantime::parse_duration) {
+        None => None,
+        Some(Ok(d)) if !d.is_zero() => Some(now + d.as_secs().max(1)),
+        Some(_) => return bad("expires_in", "a duration above zero, e.g. \"30d\"".into()),
+    };
+    let issued = apikey::issue(tenant, plan, now, expires_at);
+    if let Some(pg) = pg {
+        if let Err(e) = pg.put_key(&issued.hash, &issued.record).await {
+            return unavailable(e);
+        }
+    }
+    if let Err(e) = s.control.store.create_key(&issued.hash, &issued.record).await {
+        return unavailable(format!("the key could not be written to Redis: {e}"));
+    }
+    let mut body = key_json(&issued.record);
+    body["key"] = json!(issued.raw);
+    announced(&s, Some(&issued.record.tenant), StatusCode::CREATED, body).await
+}
+
+async fn revoke_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {
+    let Some(key_id) = Id::parse(&id) else {
+        return error(StatusCode::BAD_REQUEST, "invalid", Some("key_id"), "not a key id");
+    };
+    let now = unix_now();
+    let record = match &s.control.source {
+        Source::Postgres(pg) => {
+            let (hash, record): (KeyHash, KeyRecord) = match pg.revoke_key(&key_id, now).await {
+                Ok(Some(r)) => r,
+                Ok(None) => return error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), format!("no key {key_id}")),
+                Err(e) => return unavailable(e),
+            };
+            if let Err(e) = s.control.store.create_key(&hash, &record).await {
+                return unavailable(format!("revoked in PostgreSQL, but Redis was not updated (retry): {e}"));
+            }
+            record
+        }
+        Source::File(_) => match s.control.store.revoke_key(&key_id, now).await {
+            Ok(r) => r,
+            Err(crate::store::StoreError::NotFound(m)) => return error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), m),
+            Err(e) => return unavailable(e),
+        },
+    };
+    announced(&s, Some(&record.tenant), StatusCode::OK, key_json(&record)).await
+}
+
+/// `?tenant=<id>` (ids need no percent-decoding: they are plain ASCII); other parameters refused.
+fn tenant_param(uri: &Uri) -> Result<Option<&str>, String> {
+    let mut tenant = None;
+    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("tenant", v)) => tenant = Some(v),
+            _ => return Err(format!("unknown query parameter '{pair}'")),
+        }
+    }
+    Ok(tenant)
+}
+
+async fn list_keys(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
+    let param = match tenant_param(&uri) {
+        Ok(t) => t,
+        Err(m) => return error(StatusCode::BAD_REQUEST, "invalid", Some("query"), m),
+    };
+    let tenant = match param.map(Id::parse) {
+        None => None,
+        Some(Some(t)) => Some(t),
+        Some(None) => return error(StatusCode::BAD_REQUEST, "invalid", Some("tenant"), "not a tenant id"),
+    };
+    let records: Vec<KeyRecord> = match &s.control.source {
+        Source::Postgres(pg) => match pg.keys(tenant.as_ref()).await {
+            Ok(k) => k.into_iter().map(|(_, r)| r).collect(),
+            Err(e) => return unavailable(e),
+        },
+        Source::File(_) => match s.control.store.list_keys(tenant.as_ref()).await {
+            Ok(r) => r,
+            Err(e) => return unavailable(e),
+        },
+    };
+    reply(StatusCode::OK, Value::Array(records.iter().map(key_json).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_are_checked_exactly() {
+        let mut h = HeaderMap::new();
+        assert!(!authorized(&h, "secret-secret-secret"));
+        h.insert(header::AUTHORIZATION, "Bearer secret-secret-secret".parse().unwrap());
+        assert!(authorized(&h, "secret-secret-secret"));
+        assert!(!authorized(&h, "secret-secret-secreT"));
+        assert!(!authorized(&h, ""));
+        h.insert(header::AUTHORIZATION, "Basic secret-secret-secret".parse().unwrap());
+        assert!(!authorized(&h, "secret-secret-secret"));
+    }
+
+    #[test]
+    fn the_openapi_document_is_json_and_lists_every_path() {
+        let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+        for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/version"] {
+            assert!(doc["paths"].get(p).is_some(), "{p} missing from docs/openapi.json");
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! `tollgate`: the command line for people, over the admin HTTP API (docs/openapi.json).
+//! Reads the admin URL and token from `--admin-url`/`--token` or `TOLLGATE_ADMIN_URL` /
+//! `TOLLGATE_ADMIN_TOKEN` (`.tollgate/demo.env` exports both). Tables by default, `--json` for
+//! scripts. The token is never printed.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "Tollgate admin CLI (over the sidecar's admin API)")]
+struct Cli {
+    /// Admin API base URL, e.g. http://127.0.0.1:9091
+    #[arg(long, global = true, env = "TOLLGATE_ADMIN_URL")]
+    admin_url: Option<String>,
+    /// Bearer token of the admin API.
+    #[arg(long, global = true, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Tenants and their subscriptions.
+    Tenants {
+        #[command(subcommand)]
+        action: TenantAction,
+    },
+    /// API products.
+    Products {
+        #[command(subcommand)]
+        action: SimpleAction,
+    },
+    /// Plans (lists of limits).
+    Plans {
+        #[command(subcommand)]
+        action: PlanAction,
+    },
+    /// Routes (match → upstream cluster, product, overrides).
+    Routes {
+        #[command(subcommand)]
+        action: RouteAction,
+    },
+    /// API keys.
+    Keys {
+        #[command(subcommand)]
+        action: KeyAction,
+    },
+    /// The configuration version.
+    Version,
+}
+
+#[derive(Subcommand)]
+enum TenantAction {
+    /// Create a tenant.
+    Create {
+        id: String,
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Subscribe to this product (repeatable).
+        #[arg(long = "product")]
+        products: Vec<String>,
+    },
+    List,
+    Get { id: String },
+    Delete { id: String },
+}
+
+#[derive(Subcommand)]
+enum SimpleAction {
+    Create {
+        id: String,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    List,
+    Get { id: String },
+    Delete { id: String },
+}
+
+#[derive(Subcommand)]
+enum PlanAction {
+    /// Create or replace a plan. Limits as NAME:ALGORITHM:LIMIT[:WINDOW[:SUBJECT]], e.g.
+    /// per-minute:fixed_window:100:60s — or the whole list with --limits-json.
+    Set {
+        id: String,
+        #[arg(long = "limit")]
+        limits: Vec<String>,
+        /// A JSON array of limits (docs/configuration.md), instead of --limit.
+        #[arg(long)]
+        limits_json: Option<String>,
+    },
+    List,
+    Get { id: String },
+    Delete { id: String },
+}
+
+#[derive(Subcommand)]
+enum RouteAction {
+    /// Create or replace a route.
+    Set {
+        id: String,
+        #[arg(long)]
+        cluster: String,
+        #[arg(long)]
+        path_prefix: Option<String>,
+        #[arg(long)]
+        path: Option<String>,
+        #[arg(long)]
+        host: Option<String>,
+        #[arg(long)]
+        method: Option<String>,
+        #[arg(long)]
+        product: Option<String>,
+        /// Limit override: this plan's limits apply on the route.
+        #[arg(long)]
+        plan: Option<String>,
+        #[arg(long)]
+        priority: Option<i32>,
+    },
+    List,
+    Get { id: String },
+    Delete { id: String },
+}
+
+#[derive(Subcommand)]
+enum KeyAction {
+    /// Issue a key: prints its id, then the raw key alone on the last line (shown only now).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        plan: String,
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// Revoke a key by id.
+    Revoke { key_id: String },
+    /// List keys (never hashes or raw keys).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+}
+
+struct Api {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl Api {
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        let url = format!("{}{}", self.base.trim_end_matches('/'), path);
+        let auth = format!("Bearer {}", self.token);
+        let resp = match (method, body) {
+            ("GET", _) => self.agent.get(&url).header("authorization", &auth).call(),
+            ("DELETE", _) => self.agent.delete(&url).header("authorization", &auth).call(),
+            ("PUT", b) => self.agent.put(&url).header("authorization", &auth).header("content-type", "application/json").send(b.unwrap_or(json!({})).to_string()),
+            (_, b) => self.agent.post(&url).header("authorization", &auth).header("content-type", "application/json").send(b.unwrap_or(json!({})).to_string()),
+        };
+        let mut resp = resp.with_context(|| format!("cannot reach the admin API at {}", self.base))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status >= 400 {
+            let field = v.get("field").and_then(Value::as_str).map(|f| format!(" [{f}]")).unwrap_or_default();
+            let msg = v.get("message").and_then(Value::as_str).unwrap_or("");
+            bail!("{status} {}{field}: {msg}", v.get("error").and_then(Value::as_str).unwrap_or("error"));
+        }
+        Ok(v)
+    }
+}
+
+fn parse_limit(s: &str) -> Result<Value> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() < 3 {
+        bail!("--limit '{s}': use NAME:ALGORITHM:LIMIT[:WINDOW[:SUBJECT]]");
+    }
+    let limit: u64 = parts[2].parse().with_context(|| format!("--limit '{s}': LIMIT must be a number"))?;
+    let mut v = json!({"name": parts[0], "algorithm": parts[1], "limit": limit});
+    if let Some(w) = parts.get(3).filter(|w| !w.is_empty()) {
+        v["window"] = json!(w);
+    }
+    if parts.len() > 4 {
+        v["subject"] = json!(parts[4..].join(":"));
+    }
+    Ok(v)
+}
+
+fn cell(v: &Value, k: &str) -> String {
+    match v.get(k) {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string())).collect::<Vec<_>>().join(","),
+        Some(Value::Object(_)) if k == "match" => {
+            let m = &v[k];
+            ["host", "method", "path", "path_prefix"]
+                .iter()
+                .filter_map(|f| m.get(*f).and_then(Value::as_str).map(|x| format!("{f}={x}")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+        Some(other) => other.to_string(),
+    }
+}
+
+fn table(rows: &[Value], cols: &[&str]) {
+    let mut widths: Vec<usize> = cols.iter().map(|c| c.len()).collect();
+    let cells: Vec<Vec<String>> = rows.iter().map(|r| cols.iter().map(|c| cell(r, c)).collect()).collect();
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |vals: Vec<String>| vals.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect::<Vec<_>>().join("  ");
+    println!("{}", line(cols.iter().map(|c| c.to_uppercase()).collect()).trim_end());
+    for row in cells {
+        println!("{}", line(row).trim_end());
+    }
+}
+
+fn show(json_out: bool, v: &Value, cols: &[&str]) {
+    if json_out {
+        println!("{v}");
+        return;
+    }
+    match v {
+        Value::Array(rows) => table(rows, cols),
+        other => table(std::slice::from_ref(other), cols),
+    }
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let cli = Cli::parse();
+    let base = cli.admin_url.context("no admin URL: pass --admin-url or set TOLLGATE_ADMIN_URL")?;
+    let token = cli.token.context("no admin token: pass --token or set TOLLGATE_ADMIN_TOKEN")?;
+    let agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(15))).build().into();
+    let api = Api { base, token, agent };
+    let j = cli.json;
+    const TENANT: &[&str] = &["id", "name", "products"];
+    const PRODUCT: &[&str] = &["id", "name"];
+    const PLAN: &[&str] = &["id", "limits"];
+    const ROUTE: &[&str] = &["id", "priority", "match", "cluster", "product", "plan"];
+    const KEY: &[&str] = &["key_id", "tenant", "plan", "status", "created_at", "expires_at"];
+    match cli.command {
+        Command::Tenants { action } => match action {
+            TenantAction::Create { id, name, products } => {
+                show(j, &api.call("POST", "/v1/tenants", Some(json!({"id": id, "name": name, "products": products})))?, TENANT)
+            }
+            TenantAction::List => show(j, &api.call("GET", "/v1/tenants", None)?, TENANT),
+            TenantAction::Get { id } => show(j, &api.call("GET", &format!("/v1/tenants/{id}"), None)?, TENANT),
+            TenantAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/tenants/{id}"), None)?, &["deleted", "version"]),
+        },
+        Command::Products { action } => match action {
+            SimpleAction::Create { id, name } => show(j, &api.call("POST", "/v1/products", Some(json!({"id": id, "name": name})))?, PRODUCT),
+            SimpleAction::List => show(j, &api.call("GET", "/v1/products", None)?, PRODUCT),
+            SimpleAction::Get { id } => show(j, &api.call("GET", &format!("/v1/products/{id}"), None)?, PRODUCT),
+            SimpleAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/products/{id}"), None)?, &["deleted", "version"]),
+        },
+        Command::Plans { action } => match action {
+            PlanAction::Set { id, limits, limits_json } => {
+                let limits: Value = match limits_json {
+                    Some(text) => serde_json::from_str(&text).context("--limits-json: not JSON")?,
+                    None => Value::Array(limits.iter().map(|l| parse_limit(l)).collect::<Result<_>>()?),
+                };
+                let v = api.call("PUT", &format!("/v1/plans/{id}"), Some(json!({"id": id, "limits": limits})))?;
+                if j {
+                    println!("{v}");
+                } else {
+                    println!("plan {id} stored (version {})", cell(&v, "version"));
+                }
+            }
+            PlanAction::List => show(j, &api.call("GET", "/v1/plans", None)?, PLAN),
+            PlanAction::Get { id } => println!("{}", api.call("GET", &format!("/v1/plans/{id}"), None)?),
+            PlanAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/plans/{id}"), None)?, &["deleted", "version"]),
+        },
+        Command::Routes { action } => match action {
+            RouteAction::Set { id, cluster, path_prefix, path, host, method, product, plan, priority } => {
+                let mut m = json!({});
+                for (k, v) in [("path_prefix", path_prefix), ("path", path), ("host", host), ("method", method)] {
+                    if let Some(v) = v {
+                        m[k] = json!(v);
+                    }
+                }
+                let mut r = json!({"id": id, "cluster": cluster, "match": m});
+                for (k, v) in [("product", product), ("plan", plan)] {
+                    if let Some(v) = v {
+                        r[k] = json!(v);
+                    }
+                }
+                if let Some(p) = priority {
+                    r["priority"] = json!(p);
+                }
+                show(j, &api.call("PUT", &format!("/v1/routes/{id}"), Some(r))?, ROUTE)
+            }
+            RouteAction::List => show(j, &api.call("GET", "/v1/routes", None)?, ROUTE),
+            RouteAction::Get { id } => show(j, &api.call("GET", &format!("/v1/routes/{id}"), None)?, ROUTE),
+            RouteAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/routes/{id}"), None)?, &["deleted", "version"]),
+        },
+        Command::Keys { action } => match action {
+            KeyAction::Create { tenant, plan, expires_in } => {
+                let mut body = json!({"tenant": tenant, "plan": plan});
+                if let Some(e) = expires_in {
+                    body["expires_in"] = json!(e);
+                }
+                let v = api.call("POST", "/v1/keys", Some(body))?;
+                if j {
+                    println!("{v}");
+                } else {
+                    println!("key id:  {}", cell(&v, "key_id"));
+                    println!("tenant:  {}", cell(&v, "tenant"));
+                    println!("plan:    {}", cell(&v, "plan"));
+                    println!("The raw key is shown only now; store it safely:");
+                    println!("{}", cell(&v, "key"));
+                }
+            }
+            KeyAction::Revoke { key_id } => {
+                let v = api.call("POST", &format!("/v1/keys/{key_id}/revoke"), None)?;
+                if j {
+                    println!("{v}");
+                } else {
+                    println!("revoked {} (tenant {})", cell(&v, "key_id"), cell(&v, "tenant"));
+                }
+            }
+            KeyAction::List { tenant } => {
+                let path = match tenant {
+                    Some(t) => format!("/v1/keys?tenant={t}"),
+                    None => "/v1/keys".into(),
+                };
+                show(j, &api.call("GET", &path, None)?, KEY)
+            }
+        },
+        Command::Version => show(j, &api.call("GET", "/v1/version", None)?, &["version", "loaded"]),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_parse_from_the_short_form() {
+        assert_eq!(parse_limit("pm:fixed_window:10:60s").unwrap(), json!({"name": "pm", "algorithm": "fixed_window", "limit": 10, "window": "60s"}));
+        assert_eq!(parse_limit("c:concurrency:2::header:x-user").unwrap()["subject"], "header:x-user");
+        assert!(parse_limit("pm:fixed_window").is_err());
+        assert!(parse_limit("pm:fixed_window:many").is_err());
+    }
+
+    #[test]
+    fn tables_render_cells() {
+        let v = json!({"id": "r", "match": {"path_prefix": "/a", "method": "GET"}, "products": ["a", "b"], "x": null});
+        assert_eq!(cell(&v, "match"), "method=GET path_prefix=/a");
+        assert_eq!(cell(&v, "products"), "a,b");
+        assert_eq!(cell(&v, "x"), "-");
+    }
+}

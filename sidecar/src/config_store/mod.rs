@@ -1,0 +1,524 @@
+//! The configuration model (tenants, API products, plans, subscriptions, routes) and its two
+//! sources behind one trait: the TOML file ([`FileSource`]) and PostgreSQL
+//! ([`postgres::PgSource`]).
+//!
+//! Invariants: a [`Snapshot`] in force has passed [`Snapshot::validate`]; a change is applied to
+//! a copy ([`Snapshot::apply`]), validated, and only then written, so bad input leaves the
+//! running configuration untouched. API keys are not part of a snapshot: their records live in
+//! PostgreSQL (store of record) and in Redis `apikey:{sha256}` (the hot copy the request path
+//! reads). Nothing here is on the request path.
+
+pub mod postgres;
+pub use postgres::PgSource;
+pub mod routes;
+
+use crate::keys::{Id, ALL_TENANTS};
+use crate::limits::{LimitConfig, PlanConfig, Plans};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// A tenant and its subscriptions (the API products it may use).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    /// Subscriptions: ids of [`Product`]s.
+    #[serde(default)]
+    pub products: Vec<String>,
+}
+
+/// An API product: what routes belong to and tenants subscribe to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Product {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// A plan as the admin API carries it: an id and the limits of crate::limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub id: String,
+    #[serde(default)]
+    pub limits: Vec<LimitConfig>,
+}
+
+/// What happens when a dependency of a route cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureMode {
+    Open,
+    Closed,
+}
+
+/// A header a route requires: present (no `value`) or equal to `value`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMatch {
+    pub name: String,
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
+/// What a request must look like to take a route. Absent fields match anything.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteMatch {
+    /// Exact `:authority` without port, case-insensitive.
+    pub host: Option<String>,
+    /// Path prefix (segment-unaware, like Envoy's `prefix`). Exclusive with `path`.
+    pub path_prefix: Option<String>,
+    /// Exact path (query string ignored).
+    pub path: Option<String>,
+    /// Upper-case HTTP method.
+    pub method: Option<String>,
+    pub headers: Vec<HeaderMatch>,
+}
+
+/// A route: requests it matches go to `cluster`, count as `product`, and get its policies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub id: String,
+    /// Lower first; ties by id. Default 100.
+    #[serde(default = "default_priority")]
+    pub priority: i32,
+    #[serde(default, rename = "match")]
+    pub matches: RouteMatch,
+    /// The Envoy upstream cluster the request is steered to.
+    pub cluster: String,
+    #[serde(default)]
+    pub product: Option<String>,
+    /// Limit override: the plan whose limits apply on this route instead of the key's plan.
+    #[serde(default)]
+    pub plan: Option<String>,
+    /// What the filter does when the sidecar cannot answer for this route (default: the
+    /// filter's own `failureMode`).
+    #[serde(default)]
+    pub failure_mode: Option<FailureMode>,
+    /// Response-cache policy: how long a response may be cached (carried for the cache issue;
+    /// not used yet).
+    #[serde(default, with = "humantime_serde")]
+    pub cache_ttl: Option<Duration>,
+    /// Circuit-breaker policy name (carried for the breaker integration; not used yet).
+    #[serde(default)]
+    pub breaker: Option<String>,
+}
+
+fn default_priority() -> i32 {
+    100
+}
+
+/// One generation of configuration: everything but API keys.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Snapshot {
+    pub tenants: BTreeMap<String, Tenant>,
+    pub products: BTreeMap<String, Product>,
+    pub plans: BTreeMap<String, PlanConfig>,
+    pub routes: BTreeMap<String, Route>,
+}
+
+/// The kinds of object the admin API manages (and the PostgreSQL table of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Tenants,
+    Products,
+    Plans,
+    Routes,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Tenants, Kind::Products, Kind::Plans, Kind::Routes];
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+    /// Path segment and table name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Tenants => "tenants",
+            Kind::Products => "products",
+            Kind::Plans => "plans",
+            Kind::Routes => "routes",
+        }
+    }
+}
+
+/// A change to a snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Create or replace the object (JSON as the admin API takes it).
+    Put(Kind, serde_json::Value),
+    Delete(Kind, String),
+}
+
+/// Why a configuration or a change was refused; `field` names the offending field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct Invalid {
+    pub field: String,
+    pub reason: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
+    Invalid { field: field.into(), reason: reason.into() }
+}
+
+/// Names the field in a serde error ("unknown field `x`", "missing field `y`", "… at line …").
+fn from_serde(e: serde_json::Error) -> Invalid {
+    let msg = e.to_string();
+    let field = msg.split('`').nth(1).filter(|_| msg.contains("field")).unwrap_or("body").to_string();
+    invalid(field, msg)
+}
+
+fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
+    Id::parse(id).map(|_| ()).ok_or_else(|| invalid(field, "use 1-64 of letters, digits, '_', '-', '.'"))
+}
+
+impl Snapshot {
+    /// Builds a snapshot from the file configuration's lists.
+    pub fn from_file(tenants: &[Tenant], products: &[Product], plans: &BTreeMap<String, PlanConfig>, routes: &[Route]) -> Result<Snapshot, Invalid> {
+        let mut s = Snapshot { plans: plans.clone(), ..Snapshot::default() };
+        for (i, t) in tenants.iter().enumerate() {
+            if s.tenants.insert(t.id.clone(), t.clone()).is_some() {
+                return Err(invalid(format!("tenants[{i}].id"), "duplicate id"));
+            }
+        }
+        for (i, p) in products.iter().enumerate() {
+            if s.products.insert(p.id.clone(), p.clone()).is_some() {
+                return Err(invalid(format!("products[{i}].id"), "duplicate id"));
+            }
+        }
+        for (i, r) in routes.iter().enumerate() {
+            if s.routes.insert(r.id.clone(), r.clone()).is_some() {
+                return Err(invalid(format!("routes[{i}].id"), "duplicate id"));
+            }
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Every rule a configuration in force obeys; the error names the first bad field.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        for (id, t) in &self.tenants {
+            let f = format!("tenants.{id}");
+            check_id(&format!("{f}.id"), id)?;
+            if id.starts_with('_') {
+                return Err(invalid(format!("{f}.id"), format!("may not start with '_' ({ALL_TENANTS} is reserved)")));
+            }
+            let mut seen = BTreeSet::new();
+            for p in &t.products {
+                if !self.products.contains_key(p) {
+                    return Err(invalid(format!("{f}.products"), format!("no product '{p}'")));
+                }
+                if !seen.insert(p) {
+                    return Err(invalid(format!("{f}.products"), format!("'{p}' listed twice")));
+                }
+            }
+        }
+        for id in self.products.keys() {
+            check_id(&format!("products.{id}.id"), id)?;
+        }
+        Plans::compile(&self.plans).map_err(|m| {
+            let (field, reason) = m.split_once(": ").unwrap_or(("plans", m.as_str()));
+            invalid(field, reason)
+        })?;
+        for (id, r) in &self.routes {
+            routes::validate(id, r, self)?;
+        }
+        Ok(())
+    }
+
+    /// The snapshot with `change` applied and validated; `self` is untouched either way.
+    pub fn apply(&self, change: &Change) -> Result<Snapshot, Invalid> {
+        let mut next = self.clone();
+        match change {
+            Change::Put(kind, value) => {
+                let v = value.clone();
+                match kind {
+                    Kind::Tenants => {
+                        let t: Tenant = serde_json::from_value(v).map_err(from_serde)?;
+                        check_id("id", &t.id)?;
+                        next.tenants.insert(t.id.clone(), t);
+                    }
+                    Kind::Products => {
+                        let p: Product = serde_json::from_value(v).map_err(from_serde)?;
+                        check_id("id", &p.id)?;
+                        next.products.insert(p.id.clone(), p);
+                    }
+                    Kind::Plans => {
+                        let p: Plan = serde_json::from_value(v).map_err(from_serde)?;
+                        check_id("id", &p.id)?;
+                        next.plans.insert(p.id.clone(), PlanConfig { limits: p.limits });
+                    }
+                    Kind::Routes => {
+                        let r: Route = serde_json::from_value(v).map_err(from_serde)?;
+                        check_id("id", &r.id)?;
+                        next.routes.insert(r.id.clone(), r);
+                    }
+                }
+            }
+            Change::Delete(kind, id) => {
+                let found = match kind {
+                    Kind::Tenants => next.tenants.remove(id).is_some(),
+                    Kind::Products => next.products.remove(id).is_some(),
+                    Kind::Plans => next.plans.remove(id).is_some(),
+                    Kind::Routes => next.routes.remove(id).is_some(),
+                };
+                if !found {
+                    return Err(invalid("id", format!("no {} '{id}'", kind.as_str())));
+                }
+            }
+        }
+        next.validate()?;
+        Ok(next)
+    }
+
+    /// One object as the admin API shows it.
+    pub fn get(&self, kind: Kind, id: &str) -> Option<serde_json::Value> {
+        let v = match kind {
+            Kind::Tenants => serde_json::to_value(self.tenants.get(id)?),
+            Kind::Products => serde_json::to_value(self.products.get(id)?),
+            Kind::Plans => serde_json::to_value(Plan { id: id.to_string(), limits: self.plans.get(id)?.limits.clone() }),
+            Kind::Routes => serde_json::to_value(self.routes.get(id)?),
+        };
+        v.ok()
+    }
+
+    /// Every object of a kind, by id.
+    pub fn list(&self, kind: Kind) -> Vec<serde_json::Value> {
+        let ids: Vec<&String> = match kind {
+            Kind::Tenants => self.tenants.keys().collect(),
+            Kind::Products => self.products.keys().collect(),
+            Kind::Plans => self.plans.keys().collect(),
+            Kind::Routes => self.routes.keys().collect(),
+        };
+        ids.into_iter().filter_map(|id| self.get(kind, id)).collect()
+    }
+}
+
+/// The tenant a change concerns (`None`: every tenant — plans, products and routes are shared).
+pub fn tenant_of(change: &Change) -> Option<Id> {
+    match change {
+        Change::Put(Kind::Tenants, v) => v.get("id").and_then(|i| i.as_str()).and_then(Id::parse),
+        Change::Delete(Kind::Tenants, id) => Id::parse(id),
+        _ => None,
+    }
+}
+
+/// Why a source could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("PostgreSQL unreachable: {0}")]
+    Unreachable(String),
+    #[error("stored configuration is invalid: {0}")]
+    Invalid(#[from] Invalid),
+    #[error("stored configuration is unreadable: {0}")]
+    Corrupt(String),
+    #[error("the file source is read-only: change the TOML file and restart, or use the PostgreSQL source")]
+    ReadOnly,
+}
+
+/// A source of configuration snapshots.
+pub trait ConfigSource: Send + Sync {
+    /// The configuration as stored now, validated.
+    fn load(&self) -> impl Future<Output = Result<Snapshot, SourceError>> + Send;
+}
+
+/// The TOML file's configuration, fixed for the life of the process.
+pub struct FileSource(Snapshot);
+
+impl FileSource {
+    pub fn new(snapshot: Snapshot) -> FileSource {
+        FileSource(snapshot)
+    }
+}
+
+impl ConfigSource for FileSource {
+    async fn load(&self) -> Result<Snapshot, SourceError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// Either source, chosen by `[source] kind`. One per process: the size difference is moot.
+#[allow(clippy::large_enum_variant)]
+pub enum Source {
+    File(FileSource),
+    Postgres(postgres::PgSource),
+}
+
+impl ConfigSource for Source {
+    async fn load(&self) -> Result<Snapshot, SourceError> {
+        match self {
+            Source::File(f) => f.load().await,
+            Source::Postgres(p) => p.load().await,
+        }
+    }
+}
+
+/// The configuration in force in this process, and the generation it was loaded at.
+pub struct Live {
+    snapshot: RwLock<Arc<Snapshot>>,
+    version: AtomicU64,
+}
+
+impl Live {
+    pub fn new(snapshot: Snapshot) -> Live {
+        Live { snapshot: RwLock::new(Arc::new(snapshot)), version: AtomicU64::new(0) }
+    }
+    pub fn get(&self) -> Arc<Snapshot> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    pub fn set(&self, s: Snapshot) {
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(s);
+    }
+    /// The `cfg:routing:version` this process last synchronised with.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Relaxed)
+    }
+    pub fn set_version(&self, v: u64) {
+        self.version.store(v, Ordering::Relaxed);
+    }
+}
+
+/// `[source]`: where tenants, products, plans and routes come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SourceConfig {
+    /// `file` (default: this TOML file) or `postgres`.
+    pub kind: SourceKind,
+    /// `postgres://user@host:port/db` when `kind = "postgres"`.
+    pub postgres_url: String,
+    /// Deadline for connecting to PostgreSQL (at start and on admin writes).
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    File,
+    Postgres,
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig { kind: SourceKind::File, postgres_url: String::new(), connect_timeout: Duration::from_secs(5) }
+    }
+}
+
+/// `[admin]`: the admin HTTP API (off unless `listen` is set).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Loopback address of the admin API, e.g. `127.0.0.1:9091`. Empty: no admin API.
+    pub listen: Option<std::net::SocketAddr>,
+    /// Bearer token every admin request must carry (env `TOLLGATE_SIDECAR_ADMIN__TOKEN`). At
+    /// least 16 characters. Never logged.
+    pub token: String,
+    /// How often each replica compares `cfg:routing:version` with what it loaded, in case a
+    /// change event was missed while its pub/sub connection was up but silent. Reconnects always
+    /// resynchronise at once.
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { listen: None, token: String::new(), resync_interval: Duration::from_secs(5) }
+    }
+}
+
+impl AdminConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(addr) = self.listen {
+            if !addr.ip().is_loopback() {
+                return Err("admin.listen: must be a loopback address".into());
+            }
+            if self.token.len() < 16 {
+                return Err("admin.token: at least 16 characters are required when admin.listen is set".into());
+            }
+        }
+        if self.resync_interval.is_zero() {
+            return Err("admin.resync_interval: must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Snapshot {
+        let s = Snapshot::default();
+        let s = s.apply(&Change::Put(Kind::Products, json!({"id": "chat"}))).unwrap();
+        s.apply(&Change::Put(Kind::Tenants, json!({"id": "acme", "products": ["chat"]}))).unwrap()
+    }
+
+    #[test]
+    fn changes_apply_to_a_copy() {
+        let s = base();
+        let next = s.apply(&Change::Put(Kind::Plans, json!({"id": "gold", "limits": [{"name": "pm", "algorithm": "fixed_window", "limit": 5}]}))).unwrap();
+        assert!(s.plans.is_empty());
+        assert_eq!(next.plans["gold"].limits[0].limit, 5);
+        assert_eq!(next.get(Kind::Plans, "gold").unwrap()["id"], "gold");
+        assert_eq!(next.list(Kind::Tenants).len(), 1);
+    }
+
+    #[test]
+    fn bad_input_names_the_field() {
+        let s = base();
+        let e = s.apply(&Change::Put(Kind::Tenants, json!({"id": "x", "prodcts": []}))).unwrap_err();
+        assert_eq!(e.field, "prodcts");
+        let e = s.apply(&Change::Put(Kind::Tenants, json!({"name": "x"}))).unwrap_err();
+        assert_eq!(e.field, "id");
+        let e = s.apply(&Change::Put(Kind::Tenants, json!({"id": "b c"}))).unwrap_err();
+        assert_eq!(e.field, "id");
+        let e = s.apply(&Change::Put(Kind::Tenants, json!({"id": "_all"}))).unwrap_err();
+        assert_eq!(e.field, "tenants._all.id");
+        let e = s.apply(&Change::Put(Kind::Tenants, json!({"id": "t", "products": ["nope"]}))).unwrap_err();
+        assert_eq!(e.field, "tenants.t.products");
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "limits": [{"name": "x", "algorithm": "fixed_window", "limit": 0}]}))).unwrap_err();
+        assert_eq!(e.field, "plans.p.limits[0].limit");
+        // a product in use cannot go
+        let e = s.apply(&Change::Delete(Kind::Products, "chat".into())).unwrap_err();
+        assert_eq!(e.field, "tenants.acme.products");
+        let e = s.apply(&Change::Delete(Kind::Routes, "none".into())).unwrap_err();
+        assert_eq!(e.field, "id");
+    }
+
+    #[test]
+    fn changes_know_their_tenant() {
+        assert_eq!(tenant_of(&Change::Put(Kind::Tenants, json!({"id": "acme"}))), Id::parse("acme"));
+        assert_eq!(tenant_of(&Change::Delete(Kind::Plans, "gold".into())), None);
+    }
+
+    #[test]
+    fn file_lists_refuse_duplicates() {
+        let t = Tenant { id: "a".into(), name: String::new(), products: vec![] };
+        let e = Snapshot::from_file(&[t.clone(), t], &[], &BTreeMap::new(), &[]).unwrap_err();
+        assert_eq!(e.field, "tenants[1].id");
+    }
+
+    #[test]
+    fn admin_config_is_checked() {
+        let mut a = AdminConfig { listen: Some("0.0.0.0:1".parse().unwrap()), token: "x".repeat(16), ..AdminConfig::default() };
+        assert!(a.validate().unwrap_err().contains("admin.listen"));
+        a.listen = Some("127.0.0.1:1".parse().unwrap());
+        a.token = "short".into();
+        assert!(a.validate().unwrap_err().contains("admin.token"));
+    }
+}

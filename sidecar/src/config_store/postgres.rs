@@ -1,0 +1,228 @@
+//! The PostgreSQL source: the store of record for configuration and API-key records.
+//!
+//! Migrations (`sidecar/migrations/config/*.sql`, shipped in the binary) are applied on start in
+//! one transaction under an advisory lock, so replicas starting together apply each once; the
+//! applied versions are rows of `config_schema_version`. PostgreSQL is never on the request
+//! path: it is read at start, on change events and by admin writes. One connection, re-made on
+//! demand after it breaks (an outage fails admin writes with a clear error; decisions go on).
+
+use super::{ConfigSource, Kind, Plan, Product, Route, Snapshot, SourceError, Tenant};
+use crate::apikey::{KeyRecord, KeyStatus};
+use crate::keys::{Id, KeyHash};
+use crate::limits::PlanConfig;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls};
+
+/// The migrations, in order: (version, SQL).
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/config/0001_init.sql"))];
+
+/// Any constant: the advisory lock that serialises migrations across replicas.
+const MIGRATION_LOCK: i64 = 0x7011_6a7e;
+
+pub struct PgSource {
+    config: tokio_postgres::Config,
+    client: Mutex<Option<Client>>,
+}
+
+impl PgSource {
+    /// Connects (within `connect_timeout`) and applies pending migrations. An unreachable server
+    /// is an error: the sidecar refuses to start without its store of record (docs/operations.md).
+    pub async fn connect(url: &str, connect_timeout: Duration) -> Result<PgSource, SourceError> {
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e| SourceError::Unreachable(format!("source.postgres_url: {e}")))?;
+        config.connect_timeout(connect_timeout);
+        let source = PgSource { config, client: Mutex::new(None) };
+        source.migrate().await?;
+        Ok(source)
+    }
+
+    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, SourceError> {
+        let mut guard = self.client.lock().await;
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            let timeout = self.config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
+            let (client, connection) = tokio::time::timeout(timeout, self.config.connect(NoTls))
+                .await
+                .map_err(|_| SourceError::Unreachable(format!("no connection within {timeout:?}")))?
+                .map_err(|e| SourceError::Unreachable(e.to_string()))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %e, "PostgreSQL connection closed");
+                }
+            });
+            *guard = Some(client);
+        }
+        Ok(guard)
+    }
+
+    /// Runs `f` on the connection; forgets a broken connection so the next call makes a new one.
+    async fn with<T>(&self, f: impl AsyncFnOnce(&mut Client) -> Result<T, tokio_postgres::Error>) -> Result<T, SourceError> {
+        let mut guard = self.client().await?;
+        let Some(client) = guard.as_mut() else { return Err(SourceError::Unreachable("no connection".into())) };
+        let result = f(client).await;
+        if result.is_err() && client.is_closed() {
+            *guard = None;
+        }
+        result.map_err(SourceError::from)
+    }
+
+    /// Applies the migrations not yet recorded in `config_schema_version`. Idempotent.
+    pub async fn migrate(&self) -> Result<Vec<i32>, SourceError> {
+        self.with(async |c| {
+            let tx = c.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS config_schema_version (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .await?;
+            let done: Vec<i32> = tx.query("SELECT version FROM config_schema_version", &[]).await?.iter().map(|r| r.get(0)).collect();
+            let mut applied = Vec::new();
+            for (version, sql) in MIGRATIONS {
+                if !done.contains(version) {
+                    tx.batch_execute(sql).await?;
+                    tx.execute("INSERT INTO config_schema_version (version) VALUES ($1)", &[version]).await?;
+                    applied.push(*version);
+                }
+            }
+            tx.commit().await?;
+            Ok(applied)
+        })
+        .await
+    }
+
+    /// Writes one object (already validated against the whole snapshot).
+    pub async fn put(&self, kind: Kind, id: &str, doc: &serde_json::Value) -> Result<(), SourceError> {
+        let text = doc.to_string();
+        let table = kind.as_str();
+        self.with(async |c| {
+            let tx = c.transaction().await?;
+            let sql = format!(
+                "INSERT INTO {table} (id, doc) VALUES ($1, $2::text::jsonb) ON CONFLICT (id) DO UPDATE SET doc = EXCLUDED.doc, updated_at = now()"
+            );
+            tx.execute(&sql, &[&id, &text]).await?;
+            if kind == Kind::Tenants {
+                tx.execute("DELETE FROM subscriptions WHERE tenant_id = $1", &[&id]).await?;
+                tx.execute(
+                    "INSERT INTO subscriptions (tenant_id, product_id) SELECT $1, jsonb_array_elements_text(doc->'products') FROM tenants WHERE id = $1",
+                    &[&id],
+                )
+                .await?;
+            }
+            tx.commit().await
+        })
+        .await
+    }
+
+    pub async fn delete(&self, kind: Kind, id: &str) -> Result<(), SourceError> {
+        let sql = format!("DELETE FROM {} WHERE id = $1", kind.as_str());
+        self.with(async |c| c.execute(&sql, &[&id]).await.map(|_| ())).await
+    }
+
+    /// Stores a key record (insert, or replace its mutable fields).
+    pub async fn put_key(&self, hash: &KeyHash, r: &KeyRecord) -> Result<(), SourceError> {
+        let to_i = |v: Option<u64>| v.map(|x| x as i64);
+        let (created, expires, revoked) = (r.created_at as i64, to_i(r.expires_at), to_i(r.revoked_at));
+        self.with(async |c| {
+            c.execute(
+                "INSERT INTO api_keys (key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (key_id) DO UPDATE SET status = EXCLUDED.status, plan_id = EXCLUDED.plan_id, \
+                 expires_at = EXCLUDED.expires_at, revoked_at = EXCLUDED.revoked_at",
+                &[&r.key_id.as_str(), &hash.as_str(), &r.tenant.as_str(), &r.plan.as_str(), &r.status.as_str(), &created, &expires, &revoked],
+            )
+            .await
+            .map(|_| ())
+        })
+        .await
+    }
+
+    /// Marks a key revoked; its hash and updated record, or `None` if there is no such key.
+    pub async fn revoke_key(&self, key_id: &Id, now: u64) -> Result<Option<(KeyHash, KeyRecord)>, SourceError> {
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    "UPDATE api_keys SET status = 'revoked', revoked_at = COALESCE(revoked_at, $2) WHERE key_id = $1 \
+                     RETURNING key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at",
+                    &[&key_id.as_str(), &(now as i64)],
+                )
+                .await
+            })
+            .await?;
+        rows.first().map(key_row).transpose()
+    }
+
+    /// Key records (with their hashes), of one tenant or all, by creation time.
+    pub async fn keys(&self, tenant: Option<&Id>) -> Result<Vec<(KeyHash, KeyRecord)>, SourceError> {
+        let t = tenant.map(|t| t.to_string());
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
+                     WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY created_at, key_id",
+                    &[&t],
+                )
+                .await
+            })
+            .await?;
+        rows.iter().map(key_row).collect()
+    }
+}
+
+fn key_row(row: &tokio_postgres::Row) -> Result<(KeyHash, KeyRecord), SourceError> {
+    let bad = |f: &str| SourceError::Corrupt(format!("api_keys.{f}"));
+    let id = |i: usize, f: &str| Id::parse(row.get::<_, &str>(i)).ok_or_else(|| bad(f));
+    let hash = KeyHash::parse(row.get::<_, &str>(1)).ok_or_else(|| bad("key_hash"))?;
+    let status = match row.get::<_, &str>(4) {
+        "active" => KeyStatus::Active,
+        "revoked" => KeyStatus::Revoked,
+        _ => return Err(bad("status")),
+    };
+    let opt = |i: usize| row.get::<_, Option<i64>>(i).map(|v| v.max(0) as u64);
+    Ok((
+        hash,
+        KeyRecord {
+            key_id: id(0, "key_id")?,
+            tenant: id(2, "tenant_id")?,
+            plan: id(3, "plan_id")?,
+            status,
+            created_at: row.get::<_, i64>(5).max(0) as u64,
+            expires_at: opt(6),
+            revoked_at: opt(7),
+        },
+    ))
+}
+
+impl ConfigSource for PgSource {
+    async fn load(&self) -> Result<Snapshot, SourceError> {
+        let mut docs = Vec::new();
+        for kind in Kind::ALL {
+            let sql = format!("SELECT id, doc::text FROM {} ORDER BY id", kind.as_str());
+            let rows = self.with(async |c| c.query(&sql, &[]).await).await?;
+            for r in rows {
+                docs.push((kind, r.get::<_, String>(0), r.get::<_, String>(1)));
+            }
+        }
+        let mut s = Snapshot::default();
+        for (kind, id, doc) in docs {
+            let name = format!("{}.{id}", kind.as_str());
+            let corrupt = |e: serde_json::Error| SourceError::Corrupt(format!("{name}: {e}"));
+            match kind {
+                Kind::Tenants => {
+                    s.tenants.insert(id, serde_json::from_str::<Tenant>(&doc).map_err(corrupt)?);
+                }
+                Kind::Products => {
+                    s.products.insert(id, serde_json::from_str::<Product>(&doc).map_err(corrupt)?);
+                }
+                Kind::Plans => {
+                    let p: Plan = serde_json::from_str(&doc).map_err(corrupt)?;
+                    s.plans.insert(id, PlanConfig { limits: p.limits });
+                }
+                Kind::Routes => {
+                    s.routes.insert(id, serde_json::from_str::<Route>(&doc).map_err(corrupt)?);
+                }
+            }
+        }
+        s.validate()?;
+        Ok(s)
+    }
+}
