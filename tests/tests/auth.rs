@@ -191,7 +191,8 @@ fn a_hung_sidecar_hits_the_timeout_and_the_failure_mode() {
     let took = started.elapsed();
     assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(r.json()["error"], "sidecar_unavailable");
-    assert!(took >= Duration::from_millis(300), "answered before the timeout: {took:?}");
+    // Envoy's timers may fire a millisecond or two early (seen: 298.6 ms, 299.4 ms under load)
+    assert!(took >= Duration::from_millis(290), "answered before the timeout: {took:?}");
     assert!(took < Duration::from_secs(5), "no hang: {took:?}");
     assert_eq!(envoy.counter("wasmcustom.tollgate.sidecar.errors"), 1);
 }
