@@ -14,8 +14,9 @@ use std::time::Duration;
 pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
 
 /// `TOLLGATE_SIDECAR_*` variables that are not settings: the config file path (read by the CLI),
-/// and the binary path and URL that `.tollgate/demo.env` exports for scripts.
-const NOT_SETTINGS: &[&str] = &["config", "bin", "url"];
+/// the binary path and URL that `.tollgate/demo.env` exports for scripts, and the port override
+/// `TOLLGATE_SIDECAR_PORT` of `./build.sh up`.
+const NOT_SETTINGS: &[&str] = &["config", "bin", "url", "port"];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
