@@ -43,6 +43,39 @@ pub struct Decider {
     clock: Arc<dyn Clock>,
     /// Usage metering: denials of known tenants become usage events.
     usage: Option<Arc<crate::usage::Usage>>,
+    routing: std::sync::RwLock<Arc<Routing>>,
+}
+
+/// What decisions and the filters need from the routing configuration: the table the filters
+/// match against, and per route what the sidecar applies (product subscription, plan override).
+#[derive(Debug, Default)]
+pub struct Routing {
+    /// Served as is on `GET /v1/routes`.
+    pub table: tollgate_wire::routes::RouteTable,
+    routes: std::collections::HashMap<String, RouteEffect>,
+    /// Tenant → the products it subscribes to.
+    subscriptions: std::collections::HashMap<String, std::collections::BTreeSet<String>>,
+}
+
+#[derive(Debug)]
+struct RouteEffect {
+    product: Option<Id>,
+    plan: Option<String>,
+}
+
+impl Routing {
+    /// The routing of a validated snapshot, at configuration generation `version`.
+    pub fn of(snapshot: &crate::config_store::Snapshot, version: u64) -> Routing {
+        Routing {
+            table: crate::config_store::routes::table(snapshot, version),
+            routes: snapshot
+                .routes
+                .values()
+                .map(|r| (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone() }))
+                .collect(),
+            subscriptions: snapshot.tenants.values().map(|t| (t.id.clone(), t.products.iter().cloned().collect())).collect(),
+        }
+    }
 }
 
 /// Wall-clock unix seconds.
@@ -62,6 +95,7 @@ impl Decider {
             plans: std::sync::RwLock::new(Arc::new(plans)),
             clock,
             usage: None,
+            routing: std::sync::RwLock::new(Arc::new(Routing::default())),
         }
     }
 
@@ -77,11 +111,28 @@ impl Decider {
         let (record, fresh_for) = self.record(&hash).await?;
         let now_ms = self.clock.now_ms();
         let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
+        // The route the filter matched: an id this replica does not know (yet, or any more)
+        // has no effect — the tables converge within a refresh.
+        let routing = self.routing();
+        let route = req.route.as_deref().and_then(|id| routing.routes.get(id));
+        let product = route.and_then(|r| r.product.as_ref());
+        if let (Some(r), Some(p), DecideResponse::Allow { .. }) = (&record, product, &response) {
+            if !routing.subscriptions.get(r.tenant.as_str()).is_some_and(|s| s.contains(p.as_str())) {
+                response = DecideResponse::Deny {
+                    status: 403,
+                    error: codes::NOT_SUBSCRIBED.into(),
+                    message: format!("this API key's tenant is not subscribed to the API product '{p}'"),
+                    limit: None,
+                    response_headers: vec![],
+                };
+            }
+        }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             let plans = self.plans();
-            let limits = plans.limits(r.plan.as_str());
+            let plan = route.and_then(|x| x.plan.as_deref()).unwrap_or(r.plan.as_str());
+            let limits = plans.limits(plan);
             if !limits.is_empty() {
-                response = self.limit(r, limits, req, now_ms).await;
+                response = self.limit(r, limits, req, product, now_ms).await;
             } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
                 // No limits: the answer is the same for every request of this key, so the filter
                 // may reuse it while ours is fresh — never past the key's expiry: a revocation
@@ -99,7 +150,7 @@ impl Decider {
                 let reason = codes::ALL_DENY.iter().find(|c| **c == error.as_str()).copied().unwrap_or("other");
                 metrics::counter!(m::DECISIONS, "outcome" => "deny", "reason" => reason).increment(1);
                 if let (Some(usage), Some(r)) = (&self.usage, &record) {
-                    let event = crate::usage::denial_event(
+                    let mut event = crate::usage::denial_event(
                         r.tenant.as_str(),
                         r.key_id.as_str(),
                         r.plan.as_str(),
@@ -108,6 +159,7 @@ impl Decider {
                         error,
                         now_ms,
                     );
+                    event.product = product.map(|p| p.to_string());
                     usage.record_denial(event);
                 }
                 if reason == codes::REVOKED_KEY || reason == codes::EXPIRED_KEY {
@@ -121,7 +173,14 @@ impl Decider {
     }
 
     /// Runs every limit of the plan in one script call and turns the reply into the answer.
-    async fn limit(&self, r: &KeyRecord, limits: &[limits::Limit], req: &DecideRequest, now_ms: u64) -> DecideResponse {
+    async fn limit(
+        &self,
+        r: &KeyRecord,
+        limits: &[limits::Limit],
+        req: &DecideRequest,
+        product: Option<&Id>,
+        now_ms: u64,
+    ) -> DecideResponse {
         let request_id = req
             .request_id
             .as_deref()
@@ -130,7 +189,7 @@ impl Decider {
         let ctx = RequestCtx {
             tenant: &r.tenant,
             key_id: &r.key_id,
-            product: None,
+            product,
             client_ip: req.client_ip.as_deref().and_then(|s| s.parse().ok()),
             headers: &req.headers,
             request_id: &request_id,
@@ -321,6 +380,16 @@ impl Decider {
     /// The plans in force now.
     pub fn plans(&self) -> Arc<Plans> {
         self.plans.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The routing in force now.
+    pub fn routing(&self) -> Arc<Routing> {
+        self.routing.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the routing; decisions and table reads after this call use the new one.
+    pub fn set_routing(&self, routing: Routing) {
+        *self.routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
     }
 
     /// Replaces the plans; decisions after this call use the new ones.

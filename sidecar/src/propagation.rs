@@ -48,6 +48,7 @@ impl Control {
         match Plans::compile(&snapshot.plans) {
             Ok(plans) => {
                 self.app.decider.set_plans(plans);
+                self.app.decider.set_routing(crate::decide::Routing::of(&snapshot, self.live.version()));
                 self.live.set(snapshot);
             }
             // cannot happen for a validated snapshot; keep what runs
@@ -60,9 +61,9 @@ impl Control {
         let _installing = self.installing.lock().await;
         match self.source.load().await {
             Ok(s) => {
+                self.live.set_version(version);
                 self.install(s);
                 self.app.decider.evict(tenant);
-                self.live.set_version(version);
                 if self.reload_failing.swap(false, Ordering::Relaxed) {
                     tracing::info!(version, "configuration reloads work again");
                 }

@@ -1,5 +1,5 @@
-//! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter, `GET /metrics`
-//! (Prometheus text) and `GET /healthz`.
+//! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter, `GET /v1/routes` (the
+//! routing table the filters match locally), `GET /metrics` (Prometheus text) and `GET /healthz`.
 //!
 //! Replies on `/v1/decide`: 200 with a `DecideResponse` (allow or deny), 400 when the request is
 //! malformed, 503 when no decision can be made now. The filter treats anything but a 200 as a
@@ -33,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(DECIDE_PATH, post(decide))
         .route(COMPLETIONS_PATH, post(completions))
         .route(USAGE_PATH, post(usage))
+        .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
         .route(tollgate_wire::breaker::HINTS_PATH, get(crate::hints::list).post(crate::hints::record))
@@ -126,6 +127,24 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "usage_unavailable", e.to_string()),
+    }
+}
+
+/// The routing table for the filters. `If-None-Match` with the current etag → 304, no body: a
+/// filter's periodic refresh costs a few bytes while nothing changes.
+async fn routes(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    let routing = state.decider.routing();
+    let etag = &routing.table.etag;
+    let unchanged = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_matches('"') == etag);
+    if unchanged {
+        return StatusCode::NOT_MODIFIED.into_response();
+    }
+    match serde_json::to_vec(&routing.table) {
+        Ok(b) => json(StatusCode::OK, b),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
     }
 }
 

@@ -107,6 +107,12 @@ pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
     if e.start_ms == 0 || e.status > 999 {
         return Some("startMs/status");
     }
+    if e.route.as_deref().is_some_and(|r| Id::parse(r).is_none()) {
+        return Some("route");
+    }
+    if e.product.as_deref().is_some_and(|p| Id::parse(p).is_none()) {
+        return Some("product");
+    }
     None
 }
 
@@ -257,6 +263,8 @@ pub fn denial_event(
         request_bytes: None,
         response_bytes: None,
         denied: Some(code.into()),
+        route: req.route.clone(),
+        product: None,
     }
 }
 
@@ -280,6 +288,8 @@ mod tests {
             request_bytes: None,
             response_bytes: None,
             denied: None,
+            route: None,
+            product: None,
         }
     }
 
@@ -349,6 +359,7 @@ mod tests {
             client_ip: None,
             headers: vec![],
             token_estimate: None,
+            route: None,
         };
         let a = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
         let b = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);

@@ -48,6 +48,10 @@ impl Lab {
     }
 
     async fn call(&mut self) -> DecideResponse {
+        self.call_on(None).await
+    }
+
+    async fn call_on(&mut self, route: Option<&str>) -> DecideResponse {
         self.req += 1;
         let req = DecideRequest {
             key_hash: self.key_hash.clone(),
@@ -58,6 +62,7 @@ impl Lab {
             client_ip: Some("10.0.0.1".into()),
             headers: vec![],
             token_estimate: None,
+            route: route.map(str::to_string),
         };
         self.decider.decide(&req).await.unwrap()
     }
@@ -365,4 +370,37 @@ async fn redis_down_applies_each_limits_failure_mode_within_the_timeout() {
         assert_eq!(denial(&r).1, "limits_unavailable");
         assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_applies_its_plan_override_and_requires_the_products_subscription() {
+    use serde_json::json;
+    use tollgate_sidecar::config_store::{Change, Kind, Snapshot};
+    let toml = "[[plans.p.limits]]\nname = \"roomy\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"60s\"\n\
+                [[plans.strict.limits]]\nname = \"tight\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"60s\"\n";
+    let mut lab = Lab::new(toml).key("p").await;
+    let cfg = Config::from_toml(toml).unwrap();
+    let mut s = Snapshot { plans: cfg.plans.clone(), ..Snapshot::default() };
+    for change in [
+        Change::Put(Kind::Products, json!({"id": "chat"})),
+        Change::Put(Kind::Products, json!({"id": "paid"})),
+        Change::Put(Kind::Tenants, json!({"id": "acme", "products": ["chat"]})),
+        Change::Put(Kind::Routes, json!({"id": "r_chat", "cluster": "a", "product": "chat", "plan": "strict"})),
+        Change::Put(Kind::Routes, json!({"id": "r_paid", "cluster": "a", "product": "paid"})),
+    ] {
+        s = s.apply(&change).unwrap();
+    }
+    lab.decider.set_routing(tollgate_sidecar::decide::Routing::of(&s, 1));
+
+    // the route's plan: two, then the override's limit denies, naming it
+    assert!(allowed(&lab.call_on(Some("r_chat")).await));
+    assert!(allowed(&lab.call_on(Some("r_chat")).await));
+    assert_eq!(denial(&lab.call_on(Some("r_chat")).await).2.as_deref(), Some("tight"));
+    // the key's own plan elsewhere, and for a route this replica does not know
+    assert!(allowed(&lab.call_on(None).await));
+    assert!(allowed(&lab.call_on(Some("r_new")).await));
+    assert_eq!(header(&lab.call_on(None).await, "ratelimit-policy").map(|p| p.contains("roomy")), Some(true));
+    // a product the tenant does not subscribe to
+    let d = denial(&lab.call_on(Some("r_paid")).await);
+    assert_eq!((d.0, d.1.as_str()), (403, "not_subscribed"));
 }

@@ -53,6 +53,7 @@ impl Running {
             client_ip: None,
             headers: vec![],
             token_estimate: None,
+            route: None,
         })
         .unwrap();
         self.post("/v1/decide", body).await

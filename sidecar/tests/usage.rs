@@ -36,6 +36,8 @@ fn event(tenant: &str, seq: u64) -> UsageEvent {
         request_bytes: Some(100),
         response_bytes: Some(200),
         denied: None,
+        route: None,
+        product: None,
     }
 }
 

@@ -286,3 +286,89 @@ fn an_unreachable_postgres_at_start_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("PostgreSQL source (source.postgres_url) cannot be used"), "{err}");
 }
+
+/// Routing on, with the breaker template's two upstream clusters (`upstream`, `upstream_b`).
+const ROUTED: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","routing":{"enabled":true,"refreshInterval":"100ms"}}"#;
+
+/// Which upstream served a 200 for `path`, judged by the upstreams' request counters.
+fn served_by(url: &str, raw: &str, counters: &[&std::sync::atomic::AtomicU64; 2]) -> (u16, Option<usize>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let before = [counters[0].load(SeqCst), counters[1].load(SeqCst)];
+    let r = get(url, &[("x-api-key", raw)]);
+    let moved: Vec<usize> = (0..2).filter(|&i| counters[i].load(SeqCst) != before[i]).collect();
+    assert!(moved.len() <= 1, "one request reached both upstreams?");
+    (r.status, moved.first().copied())
+}
+
+#[test]
+fn routes_steer_by_path_to_two_upstreams_and_route_changes_reach_two_replicas_within_a_second() {
+    let (redis, pg) = (Redis::start(), Postgres::start());
+    let (a, base_a) = pg_sidecar(&redis, &pg, &[]);
+    let (b, base_b) = pg_sidecar(&redis, &pg, &[]);
+    seed(&base_a, 1_000_000);
+    assert_eq!(admin("POST", &base_a, "/v1/products", Some(serde_json::json!({"id": "embed"}))).status, 201);
+    for route in [
+        serde_json::json!({"id": "chat", "match": {"path_prefix": "/v1/chat"}, "cluster": "upstream", "product": "chat"}),
+        serde_json::json!({"id": "models", "match": {"path": "/v1/models", "method": "GET"}, "cluster": "upstream_b"}),
+        serde_json::json!({"id": "embed", "match": {"path_prefix": "/v1/embed"}, "cluster": "upstream_b", "product": "embed"}),
+    ] {
+        let r = admin("POST", &base_b, "/v1/routes", Some(route));
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let (_, raw) = issue(&base_a);
+    let ((u1, c1), (u2, c2)) = (tollgate_tests::start_counting_echo(), tollgate_tests::start_counting_echo());
+    let opts = |sidecar: u16| {
+        EnvoyOptions { template: "envoy/breaker.yaml.tmpl", vars: vec![("FALLBACK_PORT", u2.port.to_string())], ..EnvoyOptions::new(u1.port, sidecar) }
+            .plugin_config(ROUTED)
+    };
+    let envoys = [Envoy::start(opts(a.port)), Envoy::start(opts(b.port))];
+    let counters = [c1.as_ref(), c2.as_ref()];
+    for e in &envoys {
+        // the first table arrives within a refresh or two
+        poll_until("routing table loaded", Duration::from_secs(10), || get(&e.url("/v1/chat/x"), &[("x-api-key", &raw)]).status == 200);
+    }
+
+    for e in &envoys {
+        assert_eq!(served_by(&e.url("/v1/chat/completions"), &raw, &counters), (200, Some(0)));
+        assert_eq!(served_by(&e.url("/v1/models"), &raw, &counters), (200, Some(1)));
+        assert_eq!(served_by(&e.url("/v1/models?limit=2"), &raw, &counters), (200, Some(1)));
+        // no route: 404 from the filter, no upstream; a product the tenant lacks: 403
+        let (status, by) = served_by(&e.url("/nowhere"), &raw, &counters);
+        assert_eq!((status, by), (404, None));
+        assert_eq!(get(&e.url("/nowhere"), &[("x-api-key", &raw)]).json()["error"], "no_route");
+        let r = get(&e.url("/v1/embed"), &[("x-api-key", &raw)]);
+        assert_eq!((r.status, r.json()["error"].as_str()), (403, Some("not_subscribed")), "{}", r.body);
+        // a client cannot pick the cluster itself
+        let r = get(&e.url("/v1/chat/x"), &[("x-api-key", &raw), ("x-tollgate-cluster", "upstream_b")]);
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(a.log_text().matches("panicked").count(), 0);
+
+    // a route moved to the other upstream, and a subscription added: both replicas within 1 s
+    let mut samples = Vec::new();
+    for (round, cluster) in ["upstream", "upstream_b", "upstream"].into_iter().enumerate() {
+        let want = usize::from(cluster == "upstream_b");
+        let start = Instant::now();
+        let route = serde_json::json!({"id": "models", "match": {"path": "/v1/models", "method": "GET"}, "cluster": cluster});
+        let base = if round % 2 == 0 { &base_a } else { &base_b };
+        assert_eq!(admin("PUT", base, "/v1/routes/models", Some(route)).status, 200);
+        for e in &envoys {
+            let url = e.url("/v1/models");
+            while served_by(&url, &raw, &counters) != (200, Some(want)) {
+                assert!(start.elapsed() < Duration::from_secs(1), "route change not effective within 1 s");
+            }
+        }
+        samples.push(start.elapsed());
+    }
+    let start = Instant::now();
+    let tenant = serde_json::json!({"id": "acme", "products": ["chat", "embed"]});
+    assert_eq!(admin("PUT", &base_a, "/v1/tenants/acme", Some(tenant)).status, 200);
+    for e in &envoys {
+        while served_by(&e.url("/v1/embed/x"), &raw, &counters) != (200, Some(1)) {
+            assert!(start.elapsed() < Duration::from_secs(1), "subscription not effective within 1 s");
+        }
+    }
+    samples.push(start.elapsed());
+    samples.sort();
+    eprintln!("route/subscription propagation over {} changes: median {:?}, max {:?}", samples.len(), samples[samples.len() / 2], samples.last().unwrap());
+}

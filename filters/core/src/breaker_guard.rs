@@ -19,6 +19,7 @@ use crate::breaker_config::{BreakerConfig, Target};
 use crate::config::FilterConfig;
 use crate::filter::{Action, Host, LogLevel};
 use std::rc::Rc;
+use tollgate_wire::routes::RouteSpec;
 use tollgate_wire::ErrorBody;
 
 /// Request header the filter sets to send a request to a fallback target's cluster; Envoy routes
@@ -74,6 +75,13 @@ impl BreakerGuard {
     /// Call when the request may go upstream as far as authentication is concerned. Returns
     /// `Pause` when the guard replied itself (every candidate open).
     pub fn on_request(&mut self, host: &mut impl Host) -> Action {
+        self.on_request_routed(host, None)
+    }
+
+    /// [`Self::on_request`] for a request the filter routed: the route's `breaker` target, else
+    /// the target of the route's cluster (Envoy's routed cluster is not re-read: the filter has
+    /// just steered the request).
+    pub fn on_request_routed(&mut self, host: &mut impl Host, route: Option<&RouteSpec>) -> Action {
         if self.state != GuardState::Idle {
             return Action::Continue;
         }
@@ -82,10 +90,19 @@ impl BreakerGuard {
         if b.targets.is_empty() {
             return Action::Continue;
         }
-        let Some(cluster) = host.property(&["xds", "cluster_name"]).and_then(|v| String::from_utf8(v).ok()) else {
-            return Action::Continue;
+        let primary = match route {
+            Some(r) => match &r.breaker {
+                Some(name) => b.targets.iter().position(|t| &t.name == name),
+                None => b.targets.iter().position(|t| t.cluster == r.cluster),
+            },
+            None => {
+                let Some(cluster) = host.property(&["xds", "cluster_name"]).and_then(|v| String::from_utf8(v).ok()) else {
+                    return Action::Continue;
+                };
+                b.targets.iter().position(|t| t.cluster == cluster)
+            }
         };
-        let Some(primary) = b.targets.iter().position(|t| t.cluster == cluster) else {
+        let Some(primary) = primary else {
             return Action::Continue;
         };
         let now = host.now_ms();

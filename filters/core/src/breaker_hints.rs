@@ -33,12 +33,6 @@ pub struct HintPoller {
     failing: bool,
 }
 
-fn decode_lease(bytes: &[u8]) -> Option<(u64, u64)> {
-    let owner = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
-    let until = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
-    Some((owner, until))
-}
-
 impl HintPoller {
     pub fn new(config: Rc<FilterConfig>, owner: u64) -> HintPoller {
         HintPoller { config, owner: owner.max(1), list_call: None, posts: Vec::new(), failing: false }
@@ -52,15 +46,7 @@ impl HintPoller {
 
     /// Takes or renews the lease; true when this context holds it now.
     pub fn hold_lease(&self, host: &mut impl Host, now_ms: u64) -> bool {
-        let (bytes, cas) = host.shared_get_cas(LEASE_KEY);
-        if let Some((owner, until)) = bytes.as_deref().and_then(decode_lease) {
-            if owner != self.owner && until > now_ms {
-                return false;
-            }
-        }
-        let mut value = self.owner.to_le_bytes().to_vec();
-        value.extend_from_slice(&now_ms.saturating_add(self.lease_ms()).to_le_bytes());
-        host.shared_set_cas(LEASE_KEY, &value, cas).is_ok()
+        crate::routing::hold_lease(host, LEASE_KEY, self.owner, now_ms, self.lease_ms())
     }
 
     fn call(&self, method: &str, body: Vec<u8>) -> CallSpec {

@@ -191,6 +191,8 @@ mod tests {
                 request_bytes: None,
                 response_bytes: None,
                 denied: None,
+                route: None,
+                product: None,
             });
         }
         let body = q.begin_flush(2).unwrap();

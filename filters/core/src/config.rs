@@ -72,6 +72,42 @@ struct RawConfig {
     breakers: crate::breaker_config::RawBreakers,
     #[serde(default)]
     usage: RawUsage,
+    #[serde(default)]
+    routing: RawRouting,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawRouting {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default = "default_routing_refresh")]
+    refresh_interval: String,
+}
+
+impl Default for RawRouting {
+    fn default() -> Self {
+        RawRouting { enabled: false, refresh_interval: default_routing_refresh() }
+    }
+}
+
+fn default_routing_refresh() -> String {
+    "200ms".into()
+}
+
+/// Routing (issue 4): the filter matches every request against the sidecar's routing table,
+/// kept in shared data, and steers it to the route's cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingConfig {
+    pub enabled: bool,
+    /// How often one root context per Envoy asks the sidecar whether the table changed.
+    pub refresh_interval: Duration,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig { enabled: false, refresh_interval: Duration::from_millis(200) }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,6 +220,8 @@ pub struct FilterConfig {
     pub breakers: crate::breaker_config::BreakerConfig,
     /// Usage metering (off unless configured).
     pub usage: UsageConfig,
+    /// Routing by the sidecar's routing table (off unless configured).
+    pub routing: RoutingConfig,
 }
 
 impl Default for FilterConfig {
@@ -201,6 +239,7 @@ impl Default for FilterConfig {
             token_estimate_field: None,
             breakers: Default::default(),
             usage: UsageConfig::default(),
+            routing: RoutingConfig::default(),
         }
     }
 }
@@ -245,6 +284,11 @@ impl FilterConfig {
             .map_err(|e| ConfigError(format!("usage.flushInterval: {e}")))?;
         if usage_flush_interval < Duration::from_millis(10) || usage_flush_interval > Duration::from_secs(60) {
             return Err(ConfigError("usage.flushInterval: must be between 10ms and 60s".into()));
+        }
+        let routing_refresh = parse_duration(&raw.routing.refresh_interval)
+            .map_err(|e| ConfigError(format!("routing.refreshInterval: {e}")))?;
+        if routing_refresh < Duration::from_millis(10) || routing_refresh > Duration::from_secs(10) {
+            return Err(ConfigError("routing.refreshInterval: must be between 10ms and 10s".into()));
         }
         if raw.usage.max_queued == 0 || raw.usage.max_queued > 1_000_000 {
             return Err(ConfigError("usage.maxQueued: must be between 1 and 1000000".into()));
@@ -298,6 +342,7 @@ impl FilterConfig {
                 flush_interval: usage_flush_interval,
                 max_queued: raw.usage.max_queued,
             },
+            routing: RoutingConfig { enabled: raw.routing.enabled, refresh_interval: routing_refresh },
         })
     }
 }

@@ -10,8 +10,10 @@ use crate::key;
 use std::rc::Rc;
 use std::time::Duration;
 use crate::completions::CompletionQueue;
+use crate::routing::{Lookup, Routed, WorkerRoutes};
 use crate::usage::{int_property, Meter};
 use std::cell::RefCell;
+use tollgate_wire::routes::{RequestView, RouteFailureMode, RouteSpec};
 use tollgate_wire::usage::{event_path, UsageEvent};
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse, ErrorBody, Header, Ticket, DECIDE_PATH};
 
@@ -156,9 +158,13 @@ pub struct CachedAllow {
     pub request_headers: Vec<Header>,
 }
 
-/// The shared-data key of a key hash's cached answer (the hash, never the raw key).
-pub fn auth_cache_key(key_hash: &str) -> String {
-    format!("tollgate.auth.v1.{key_hash}")
+/// The shared-data key of a key hash's cached answer on a route (the hash, never the raw key).
+/// Per route: a route's product and plan override change the answer.
+pub fn auth_cache_key(key_hash: &str, route: Option<&str>) -> String {
+    match route {
+        Some(r) => format!("tollgate.auth.v1.{key_hash}.{r}"),
+        None => format!("tollgate.auth.v1.{key_hash}"),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +193,10 @@ pub struct AuthFilter {
     request: Option<RequestInfo>,
     /// Tenant, key id and plan of a request let through with an identity (metering only).
     identity: Option<(String, String, String)>,
+    /// The worker's copy of the routing table (routing on).
+    routes: Option<Rc<RefCell<WorkerRoutes>>>,
+    /// The route this request matched.
+    route: Option<Routed>,
 }
 
 #[derive(Debug, Clone)]
@@ -210,7 +220,22 @@ impl AuthFilter {
             meter: None,
             request: None,
             identity: None,
+            routes: None,
+            route: None,
         }
+    }
+
+    /// Routes requests by `routes` (when the configuration turns routing on).
+    pub fn with_routes(mut self, routes: Rc<RefCell<WorkerRoutes>>) -> AuthFilter {
+        if self.config.routing.enabled {
+            self.routes = Some(routes);
+        }
+        self
+    }
+
+    /// The route this request matched, if any.
+    pub fn route(&self) -> Option<&RouteSpec> {
+        self.route.as_ref().and_then(Routed::spec)
     }
 
     /// Meters this request into `meter` (when the configuration enables usage metering).
@@ -252,6 +277,27 @@ impl AuthFilter {
                 start_ms: host.now_ms(),
             });
         }
+        if let Some(routes) = self.routes.clone() {
+            let req = RequestView {
+                authority: header_in(&headers, ":authority").unwrap_or(""),
+                method: header_in(&headers, ":method").unwrap_or("GET"),
+                path: &upstream_path,
+                header: |n: &str| header_in(&headers, n),
+            };
+            let found = routes.borrow_mut().lookup(host, &req);
+            match found {
+                Lookup::Unrouted => {}
+                Lookup::Route(r) => self.route = Some(r),
+                Lookup::NoMatch => return self.deny(host, 404, codes::NO_ROUTE, "no route matches this request", &[]),
+                Lookup::NotLoaded => match self.config.failure_mode {
+                    FailureMode::Closed => {
+                        let why = "the gateway has no routing table yet";
+                        return self.deny(host, 503, codes::ROUTES_UNAVAILABLE, why, &[("retry-after", "1")]);
+                    }
+                    FailureMode::Open => host.set_request_header(DEGRADED_HEADER, "routes_unavailable"),
+                },
+            }
+        }
         let Some(raw_key) = plan.key else {
             return self.deny(host, 401, codes::MISSING_KEY, "an API key is required", &[]);
         };
@@ -274,6 +320,7 @@ impl AuthFilter {
                 .filter_map(|n| header_in(&headers, n).map(|v| Header::new(n.as_str(), v)))
                 .collect(),
             token_estimate: None,
+            route: self.route().map(|r| r.id.clone()),
         };
         let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
         if self.config.token_estimate_field.is_some() && json_body {
@@ -368,7 +415,8 @@ impl AuthFilter {
                         request_headers: request_headers.clone(),
                     };
                     if let Ok(bytes) = serde_json::to_vec(&entry) {
-                        host.shared_set(&auth_cache_key(&key_hash), &bytes);
+                        let route = self.route().map(|r| r.id.as_str());
+                        host.shared_set(&auth_cache_key(&key_hash, route), &bytes);
                     }
                 }
                 self.allow(host, tenant, key_id, plan, request_headers, response_headers)
@@ -389,7 +437,7 @@ impl AuthFilter {
         if self.config.auth_cache_max_ttl.is_zero() {
             return None;
         }
-        let bytes = host.shared_get(&auth_cache_key(key_hash))?;
+        let bytes = host.shared_get(&auth_cache_key(key_hash, self.route().map(|r| r.id.as_str())))?;
         let entry: CachedAllow = serde_json::from_slice(&bytes).ok()?;
         (entry.until_ms > host.now_ms()).then_some(entry)
     }
@@ -412,9 +460,19 @@ impl AuthFilter {
         if self.request.is_some() {
             self.identity = Some((tenant, key_id, plan));
         }
+        self.steer(host);
         self.response_headers = response_headers;
         host.count(Metric::Allowed);
         Action::Continue
+    }
+
+    /// Sends a routed request to its route's cluster: Envoy's `cluster_header` route follows the
+    /// header once the route cache is cleared.
+    fn steer(&self, host: &mut impl Host) {
+        if let Some(r) = self.route() {
+            host.set_request_header(crate::breaker_guard::CLUSTER_HEADER, &r.cluster);
+            host.clear_route_cache();
+        }
     }
 
     /// Adds the headers the decision asked for to the downstream response.
@@ -474,6 +532,8 @@ impl AuthFilter {
                 request_bytes: int_property(host.property(&["request", "total_size"])),
                 response_bytes: int_property(host.property(&["response", "total_size"])),
                 denied: None,
+                route: self.route().map(|r| r.id.clone()),
+                product: self.route().and_then(|r| r.product.clone()),
             };
             meter.record(event);
         }
@@ -487,7 +547,12 @@ impl AuthFilter {
 
     fn sidecar_failed(&mut self, host: &mut impl Host, why: &str) -> Action {
         host.count(Metric::SidecarError);
-        match self.config.failure_mode {
+        let mode = match self.route().and_then(|r| r.failure_mode) {
+            Some(RouteFailureMode::Open) => FailureMode::Open,
+            Some(RouteFailureMode::Closed) => FailureMode::Closed,
+            None => self.config.failure_mode,
+        };
+        match mode {
             FailureMode::Closed => {
                 host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
                 host.count(Metric::FailedClosed);
@@ -498,6 +563,7 @@ impl AuthFilter {
                 host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing open"));
                 host.count(Metric::FailedOpen);
                 host.set_request_header(DEGRADED_HEADER, "sidecar_unavailable");
+                self.steer(host);
                 Action::Continue
             }
         }

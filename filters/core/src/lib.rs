@@ -17,6 +17,9 @@ pub mod key;
 /// Usage metering: event ids and the per-worker queue of usage events.
 pub mod usage;
 
+/// Routing: the sidecar's routing table in shared data, matched locally per request.
+pub mod routing;
+
 /// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
 pub mod mock;
 

@@ -24,6 +24,7 @@ use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
 use tollgate_filter_core::usage::{self, Meter};
 use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
 use tollgate_wire::usage::USAGE_PATH;
@@ -82,6 +83,10 @@ struct Root {
     last_usage_flush_ms: u64,
     /// Set while the sidecar refuses usage for good (404: metering off there), to log once.
     usage_refused: bool,
+    /// This worker's parsed routing table, shared with its HTTP contexts.
+    routes: Rc<RefCell<WorkerRoutes>>,
+    /// Refreshes shared data's routing table (the lease holder only).
+    route_poller: Option<RouteTablePoller>,
 }
 
 impl Default for Root {
@@ -102,6 +107,8 @@ impl Default for Root {
             usage_token: None,
             last_usage_flush_ms: 0,
             usage_refused: false,
+            routes: Rc::default(),
+            route_poller: None,
         }
     }
 }
@@ -210,6 +217,11 @@ impl Context for Root {
         }
         let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if let Some(p) = self.route_poller.as_mut().filter(|p| p.owns(token_id)) {
+            p.on_call_response(&mut host, token_id, status, &body);
+            self.routes.borrow_mut().refresh(&host);
+            return;
+        }
         if let Some(p) = self.poller.as_mut() {
             p.on_call_response(&mut host, token_id, status, &body);
         }
@@ -288,6 +300,10 @@ impl RootContext for Root {
             if config.usage.enabled {
                 tick = tick.min(config.usage.flush_interval);
             }
+            if config.routing.enabled {
+                self.route_poller = Some(RouteTablePoller::new(config.clone(), vm_identity()));
+                tick = tick.min(config.routing.refresh_interval);
+            }
             self.set_tick_period(tick);
         }
         true
@@ -303,6 +319,10 @@ impl RootContext for Root {
             }
         }
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if let Some(p) = self.route_poller.as_mut() {
+            p.on_tick(&mut host);
+            self.routes.borrow_mut().refresh(&host);
+        }
         if let (Some(p), Some(config)) = (self.poller.as_mut(), self.config.as_ref()) {
             let now = host.now_ms();
             if now.saturating_sub(self.last_poll_ms) + 5 >= config.breakers.hints.poll_interval.as_millis() as u64 {
@@ -315,7 +335,9 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
         Some(Box::new(Http {
-            filter: AuthFilter::new(config.clone(), self.completions.clone()).with_meter(self.meter.clone()),
+            filter: AuthFilter::new(config.clone(), self.completions.clone())
+                .with_meter(self.meter.clone())
+                .with_routes(self.routes.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),
@@ -448,7 +470,7 @@ impl Context for Http {
         let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
         if self.filter.on_sidecar_response(&mut host, token_id, status, &body) == Action::Continue
-            && self.guard.on_request(&mut host) == Action::Continue
+            && self.guard.on_request_routed(&mut host, self.filter.route()) == Action::Continue
         {
             self.resume_http_request();
         }
@@ -459,7 +481,7 @@ impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
         match self.filter.on_request_headers(&mut host, end_of_stream) {
-            Action::Continue => to_wasm(self.guard.on_request(&mut host)),
+            Action::Continue => to_wasm(self.guard.on_request_routed(&mut host, self.filter.route())),
             Action::Pause => WasmAction::Pause,
         }
     }
@@ -468,7 +490,7 @@ impl HttpContext for Http {
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
         match self.filter.on_request_body(&mut host, body_size, end_of_stream) {
             // The guard runs once (it ignores later calls), when authentication lets the request on.
-            Action::Continue => to_wasm(self.guard.on_request(&mut host)),
+            Action::Continue => to_wasm(self.guard.on_request_routed(&mut host, self.filter.route())),
             Action::Pause => WasmAction::Pause,
         }
     }

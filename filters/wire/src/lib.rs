@@ -38,6 +38,10 @@ pub struct DecideRequest {
     /// Tokens the request says it may use (e.g. `max_tokens` of a JSON body), for budgets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_estimate: Option<u64>,
+    /// The id of the route the filter matched in its routing table ([`routes`]), if any. The
+    /// sidecar applies that route's product (subscription check) and plan override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
 }
 
 /// A header to add, as a name/value pair.
@@ -164,6 +168,12 @@ pub mod codes {
     pub const CONCURRENCY_LIMITED: &str = "concurrency_limited";
     /// Redis could not answer and a fail-closed limit applies: 503.
     pub const LIMITS_UNAVAILABLE: &str = "limits_unavailable";
+    /// Routing is on and no route matches the request: 404 (decided by the filter, no callout).
+    pub const NO_ROUTE: &str = "no_route";
+    /// The route's API product is not one the key's tenant subscribes to: 403.
+    pub const NOT_SUBSCRIBED: &str = "not_subscribed";
+    /// Routing is on but the filter has no routing table yet (fail-closed): 503.
+    pub const ROUTES_UNAVAILABLE: &str = "routes_unavailable";
     /// Every deny code this version knows, for per-reason metrics.
     pub const ALL_DENY: &[&str] = &[
         MISSING_KEY,
@@ -174,6 +184,9 @@ pub mod codes {
         QUOTA_EXCEEDED,
         CONCURRENCY_LIMITED,
         LIMITS_UNAVAILABLE,
+        NO_ROUTE,
+        NOT_SUBSCRIBED,
+        ROUTES_UNAVAILABLE,
     ];
 }
 
@@ -228,3 +241,6 @@ pub mod breaker;
 
 /// Usage events (billing-grade metering, issue 6).
 pub mod usage;
+
+/// The routing table and its matching rule (issue 4).
+pub mod routes;

@@ -56,6 +56,11 @@ pub struct UsageEvent {
     /// went to the upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub denied: Option<String>,
+    /// The route the request took (routing on), and its API product.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
 }
 
 /// The body of `POST /v1/usage`.
@@ -184,6 +189,8 @@ mod tests {
             request_bytes: None,
             response_bytes: Some(300),
             denied: None,
+            route: None,
+            product: None,
         }
     }
 

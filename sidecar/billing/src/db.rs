@@ -315,6 +315,8 @@ mod tests {
             request_bytes: Some(10),
             response_bytes: None,
             denied: None,
+            route: None,
+            product: None,
         }
     }
 

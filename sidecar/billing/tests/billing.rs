@@ -34,6 +34,8 @@ fn event(tenant: &str, n: u64) -> UsageEvent {
         request_bytes: Some(50),
         response_bytes: Some(70),
         denied: None,
+        route: None,
+        product: None,
     }
 }
 

@@ -104,11 +104,15 @@ pub struct Route {
     /// filter's own `failureMode`).
     #[serde(default)]
     pub failure_mode: Option<FailureMode>,
-    /// Response-cache policy: how long a response may be cached (carried for the cache issue;
-    /// not used yet).
+    /// Response cache: how long a successful response may be served from the cache (absent: no
+    /// caching on this route).
     #[serde(default, with = "humantime_serde")]
     pub cache_ttl: Option<Duration>,
-    /// Circuit-breaker policy name (carried for the breaker integration; not used yet).
+    /// Request headers that are part of the response-cache key (beyond method, path, query, body).
+    #[serde(default)]
+    pub cache_key_headers: Vec<String>,
+    /// The circuit-breaker target (by name, of the filter's `breakers.targets`) that guards this
+    /// route; default: the target whose cluster is the route's.
     #[serde(default)]
     pub breaker: Option<String>,
 }

@@ -1,9 +1,10 @@
-//! Routes: their validation and the pure matching rule (host, exact path or prefix, method,
-//! headers; lowest priority first, ties by id). The filter will run the same rule on the table
-//! it keeps in shared data (issue 4's last part); the sidecar uses it for `/v1/routes/match`-style
-//! diagnostics and tests.
+//! Routes: their validation, their order (lowest priority first, ties by id) and the table the
+//! filter matches requests against (`tollgate_wire::routes`: host, exact path or prefix, method,
+//! headers — the one matching rule, shared by both sides).
 
-use super::{check_id, invalid, Invalid, Route, Snapshot};
+use super::{check_id, invalid, FailureMode, Invalid, Route, Snapshot};
+use sha2::{Digest, Sha256};
+use tollgate_wire::routes::{HeaderRule, RouteFailureMode, RouteSpec, RouteTable};
 
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"];
 
@@ -26,9 +27,15 @@ pub fn validate(id: &str, r: &Route, s: &Snapshot) -> Result<(), Invalid> {
     if m.method.as_ref().is_some_and(|x| !METHODS.contains(&x.as_str())) {
         return Err(invalid(format!("{f}.match.method"), "an upper-case HTTP method"));
     }
+    let header_name = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     for (i, h) in m.headers.iter().enumerate() {
-        if h.name.is_empty() || !h.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        if !header_name(&h.name) {
             return Err(invalid(format!("{f}.match.headers[{i}].name"), "not a header name"));
+        }
+    }
+    for (i, h) in r.cache_key_headers.iter().enumerate() {
+        if !header_name(h) {
+            return Err(invalid(format!("{f}.cache_key_headers[{i}]"), "not a header name"));
         }
     }
     // Envoy cluster names are free-form, but this one travels in a header: keep it plain.
@@ -46,30 +53,6 @@ pub fn validate(id: &str, r: &Route, s: &Snapshot) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// A request as routing sees it.
-pub struct RequestView<'a> {
-    pub host: &'a str,
-    pub method: &'a str,
-    /// The path, possibly with a query string.
-    pub path: &'a str,
-    /// Lower-case names.
-    pub headers: &'a [(String, String)],
-}
-
-fn matches(r: &Route, req: &RequestView<'_>) -> bool {
-    let m = &r.matches;
-    let path = req.path.split('?').next().unwrap_or("");
-    let host = req.host.rsplit_once(':').map_or(req.host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { req.host });
-    m.host.as_ref().is_none_or(|h| h.eq_ignore_ascii_case(host))
-        && m.path.as_ref().is_none_or(|p| p == path)
-        && m.path_prefix.as_ref().is_none_or(|p| path.starts_with(p.as_str()))
-        && m.method.as_ref().is_none_or(|x| x == req.method)
-        && m.headers.iter().all(|h| {
-            let name = h.name.to_ascii_lowercase();
-            req.headers.iter().any(|(n, v)| *n == name && h.value.as_ref().is_none_or(|want| want == v))
-        })
-}
-
 /// The routes in matching order.
 pub fn ordered(s: &Snapshot) -> Vec<&Route> {
     let mut v: Vec<&Route> = s.routes.values().collect();
@@ -77,9 +60,37 @@ pub fn ordered(s: &Snapshot) -> Vec<&Route> {
     v
 }
 
-/// The first route (in [`ordered`] order) that the request matches.
-pub fn find<'a>(routes: &[&'a Route], req: &RequestView<'_>) -> Option<&'a Route> {
-    routes.iter().copied().find(|r| matches(r, req))
+/// The routing table the filter gets (`GET /v1/routes`): the routes in matching order, in the
+/// wire form, tagged with a digest of their content.
+pub fn table(s: &Snapshot, version: u64) -> RouteTable {
+    let routes: Vec<RouteSpec> = ordered(s)
+        .into_iter()
+        .map(|r| RouteSpec {
+            id: r.id.clone(),
+            host: r.matches.host.clone(),
+            path: r.matches.path.clone(),
+            path_prefix: r.matches.path_prefix.clone(),
+            method: r.matches.method.clone(),
+            headers: r
+                .matches
+                .headers
+                .iter()
+                .map(|h| HeaderRule { name: h.name.to_ascii_lowercase(), value: h.value.clone() })
+                .collect(),
+            cluster: r.cluster.clone(),
+            product: r.product.clone(),
+            failure_mode: r.failure_mode.map(|m| match m {
+                FailureMode::Open => RouteFailureMode::Open,
+                FailureMode::Closed => RouteFailureMode::Closed,
+            }),
+            cache_ttl_ms: r.cache_ttl.map(|d| d.as_millis() as u64).filter(|ms| *ms > 0),
+            cache_key_headers: r.cache_key_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            breaker: r.breaker.clone(),
+        })
+        .collect();
+    let digest = Sha256::digest(serde_json::to_vec(&routes).unwrap_or_default());
+    let etag = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    RouteTable { version, etag, routes }
 }
 
 #[cfg(test)]
@@ -103,23 +114,36 @@ mod tests {
         .unwrap()
     }
 
-    fn req<'a>(host: &'a str, method: &'a str, path: &'a str, headers: &'a [(String, String)]) -> RequestView<'a> {
-        RequestView { host, method, path, headers }
+    fn find(t: &RouteTable, authority: &str, method: &str, path: &str, beta: bool) -> Option<String> {
+        let header = |n: &str| (beta && n == "x-beta").then_some("1");
+        let req = tollgate_wire::routes::RequestView { authority, method, path, header };
+        t.find(&req).map(|r| r.id.clone())
     }
 
     #[test]
-    fn first_match_by_priority_then_id() {
+    fn the_table_is_ordered_by_priority_then_id() {
         let s = snapshot();
-        let routes = ordered(&s);
-        let none: Vec<(String, String)> = vec![];
-        let beta = vec![("x-beta".to_string(), "1".to_string())];
-        let id = |r: Option<&Route>| r.map(|r| r.id.clone());
-        assert_eq!(id(find(&routes, &req("a", "GET", "/v1/chat/completions?x=1", &none))), Some("chat".into()));
-        assert_eq!(id(find(&routes, &req("a", "POST", "/v1/embed", &none))), Some("embed".into()));
-        assert_eq!(id(find(&routes, &req("a", "GET", "/v1/embed", &none))), None);
-        assert_eq!(id(find(&routes, &req("a", "POST", "/v1/embed/x", &none))), None);
-        assert_eq!(id(find(&routes, &req("beta.example.com:8080", "GET", "/v1/chat", &beta))), Some("beta".into()));
-        assert_eq!(id(find(&routes, &req("BETA.example.com", "GET", "/v1/chat", &none))), Some("chat".into()));
+        let t = table(&s, 7);
+        assert_eq!(t.version, 7);
+        let ids: Vec<&str> = t.routes.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["beta", "chat", "embed"]);
+        assert_eq!(t.routes[0].headers[0].name, "x-beta", "header names are lowercased for the filter");
+        assert_eq!(find(&t, "a", "GET", "/v1/chat/completions?x=1", false).as_deref(), Some("chat"));
+        assert_eq!(find(&t, "a", "POST", "/v1/embed", false).as_deref(), Some("embed"));
+        assert_eq!(find(&t, "a", "GET", "/v1/embed", false), None);
+        assert_eq!(find(&t, "beta.example.com:8080", "GET", "/v1/chat", true).as_deref(), Some("beta"));
+        assert_eq!(find(&t, "BETA.example.com", "GET", "/v1/chat", false).as_deref(), Some("chat"));
+    }
+
+    #[test]
+    fn the_etag_follows_the_content() {
+        let s = snapshot();
+        assert_eq!(table(&s, 1).etag, table(&s, 2).etag, "the version alone does not change the table");
+        let moved = s
+            .apply(&Change::Put(Kind::Routes, json!({"id": "embed", "match": {"path": "/v1/embed"}, "cluster": "llm_c"})))
+            .unwrap();
+        assert_ne!(table(&s, 1).etag, table(&moved, 1).etag);
+        assert_eq!(table(&s, 1).etag.len(), 24);
     }
 
     #[test]
@@ -132,6 +156,7 @@ mod tests {
         assert_eq!(put(json!({"id": "r", "cluster": "c", "product": "nope"})), "routes.r.product");
         assert_eq!(put(json!({"id": "r", "cluster": "c", "plan": "nope"})), "routes.r.plan");
         assert_eq!(put(json!({"id": "r", "cluster": "a b"})), "routes.r.cluster");
+        assert_eq!(put(json!({"id": "r", "cluster": "c", "cache_key_headers": ["a b"]})), "routes.r.cache_key_headers[0]");
         assert_eq!(put(json!({"id": "r"})), "cluster");
         assert_eq!(put(json!({"id": "r", "cluster": "c", "match": {"hots": "x"}})), "hots");
     }
