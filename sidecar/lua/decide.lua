@@ -18,9 +18,19 @@
 --   cost      units this request takes (budget: the estimate)
 --   shadow    1 = count would-deny, never block
 --   aux_ms    kind-specific: budget → counter TTL and ms to the period's end (encoded "ttl:reset")
+-- then, optionally, one response lookup (issue 7), at a = 4 + n*6; its KEYS follow the limits':
+--   ARGV[a]   'cache' → KEYS: cache:exact:… (GET, only when the limits allow)
+--             'idem'  → KEYS: idem:key:… (owner: the digest holding the idempotency key),
+--                       idem:api:… (memo: in-flight marker or stored response)
+--   ARGV[a+1] idem: the request's digest      ARGV[a+2] idem: the claim token
+--   ARGV[a+3] idem: in-flight TTL ms           ARGV[a+4] idem: owner TTL ms (24 h)
 -- returns {allowed (1|0), denied_index (0 if none), then per limit: remaining, reset_ms, would_deny}
 --   remaining: units left after this request (or now, when denied); reset_ms: ms until the limit
 --   frees up (for a denial: the Retry-After).
+--   With a lookup and the limits passing, two more: outcome, value —
+--     'hit' <json> | 'miss' ''            (cache; limits taken either way)
+--     'replay' <json> | 'claimed' ''      (idem; limits taken; claimed = owner + in-flight marker set)
+--     'in_flight' '' | 'conflict' ''      (idem; nothing taken or written: 409 / 422)
 
 local now = tonumber(ARGV[1])
 local rid = ARGV[2]
@@ -130,6 +140,45 @@ for i = 1, n do
   if not ok and not s.shadow and denied == 0 then denied = i end
 end
 
+-- The response lookup (issue 7). An idempotency key held by another operation, or still in
+-- flight, answers without taking from any limit (the request does no work).
+local a = 4 + n * 6
+local lookup = ARGV[a]
+local outcome, value = nil, ''
+if denied == 0 and lookup == 'idem' then
+  local owner_key, memo_key = KEYS[k], KEYS[k + 1]
+  local digest = ARGV[a + 1]
+  local owner = redis.call('GET', owner_key)
+  if owner and owner ~= digest then
+    outcome = 'conflict'
+  else
+    local memo = redis.call('GET', memo_key)
+    if memo and string.sub(memo, 1, 9) == 'inflight:' then
+      outcome = 'in_flight'
+    elseif memo then
+      outcome, value = 'replay', memo
+    else
+      outcome = 'claimed'
+      redis.call('SET', owner_key, digest, 'PX', ARGV[a + 4])
+      redis.call('SET', memo_key, 'inflight:' .. ARGV[a + 2], 'PX', ARGV[a + 3])
+    end
+  end
+  if outcome == 'conflict' or outcome == 'in_flight' then
+    for i = 1, n do
+      local s = specs[i]
+      out[#out + 1] = math.max(0, math.floor(s.remaining))
+      out[#out + 1] = math.max(0, math.ceil(s.reset))
+      out[#out + 1] = s.ok and 0 or 1
+    end
+    out[#out + 1] = outcome
+    out[#out + 1] = value
+    return out
+  end
+elseif denied == 0 and lookup == 'cache' then
+  local hit = redis.call('GET', KEYS[k])
+  if hit then outcome, value = 'hit', hit else outcome = 'miss' end
+end
+
 -- Phase 2: take from every limit, only when nothing (non-shadow) denied.
 if denied == 0 then
   for i = 1, n do
@@ -148,5 +197,9 @@ for i = 1, n do
   out[#out + 1] = math.floor(r)
   out[#out + 1] = math.max(0, math.ceil(s.reset))
   out[#out + 1] = s.ok and 0 or 1
+end
+if outcome then
+  out[#out + 1] = outcome
+  out[#out + 1] = value
 end
 return out

@@ -12,6 +12,8 @@
 
 use crate::apikey::{self, KeyRecord};
 use crate::cache::{Lookup, TtlCache};
+use crate::responses::{self, Lookup as ResponseLookup, Outcome};
+use tollgate_wire::responses::{Replay, ReplayKind, StoreTicket};
 use crate::clock::Clock;
 use crate::config::CacheConfig;
 use crate::keys::{ConcurrencyKey, Id, KeyHash, ReservationKey, Subject, TokenBudgetKey};
@@ -61,6 +63,8 @@ pub struct Routing {
 struct RouteEffect {
     product: Option<Id>,
     plan: Option<String>,
+    /// The response cache's TTL on this route (issue 7), with the route's id as a key segment.
+    cache: Option<(Id, u64)>,
 }
 
 impl Routing {
@@ -71,10 +75,24 @@ impl Routing {
             routes: snapshot
                 .routes
                 .values()
-                .map(|r| (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone() }))
+                .map(|r| {
+                    let cache = r
+                        .cache_ttl
+                        .map(|d| d.as_millis() as u64)
+                        .filter(|ms| *ms > 0)
+                        .and_then(|ms| Id::parse(&r.id).map(|id| (id, ms)));
+                    (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone(), cache })
+                })
                 .collect(),
             subscriptions: snapshot.tenants.values().map(|t| (t.id.clone(), t.products.iter().cloned().collect())).collect(),
         }
+    }
+}
+
+impl Routing {
+    /// The response-cache TTL of a route id (none: unknown route, or it does not cache).
+    pub fn cache_ttl_ms(&self, route: &str) -> Option<u64> {
+        self.routes.get(route).and_then(|r| r.cache.as_ref()).map(|(_, ms)| *ms)
     }
 }
 
@@ -131,8 +149,10 @@ impl Decider {
             let plans = self.plans();
             let plan = route.and_then(|x| x.plan.as_deref()).unwrap_or(r.plan.as_str());
             let limits = plans.limits(plan);
-            if !limits.is_empty() {
-                response = self.limit(r, limits, req, product, now_ms).await;
+            let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
+            let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, route_cache);
+            if !limits.is_empty() || lookup.is_some() {
+                response = self.limit(r, limits, req, product, now_ms, lookup).await;
             } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
                 // No limits: the answer is the same for every request of this key, so the filter
                 // may reuse it while ours is fresh — never past the key's expiry: a revocation
@@ -172,7 +192,8 @@ impl Decider {
         Ok(response)
     }
 
-    /// Runs every limit of the plan in one script call and turns the reply into the answer.
+    /// Runs every limit of the plan, and the response lookup, in one script call and turns the
+    /// reply into the answer.
     async fn limit(
         &self,
         r: &KeyRecord,
@@ -180,6 +201,7 @@ impl Decider {
         req: &DecideRequest,
         product: Option<&Id>,
         now_ms: u64,
+        lookup: Option<ResponseLookup>,
     ) -> DecideResponse {
         let request_id = req
             .request_id
@@ -196,12 +218,19 @@ impl Decider {
             now_ms,
             token_estimate: req.token_estimate.filter(|n| *n > 0),
         };
-        let inv = limits::invocation(limits, &ctx);
+        let mut inv = limits::invocation(limits, &ctx);
+        if let Some(l) = &lookup {
+            l.append_to(&mut inv);
+        }
+        let mut outcome = None;
         let verdict = match self.store.run_decide(&inv).await {
-            Ok(reply) => limits::read_reply(&reply, inv.meta.len()).map_err(|e| e.to_string()),
+            Ok(reply) => responses::split_reply(reply).and_then(|(numbers, o)| {
+                outcome = o;
+                limits::read_reply(&numbers, inv.meta.len())
+            }),
             Err(e) => Err(e.to_string()),
         };
-        let allow = |response_headers: Vec<Header>, ticket| DecideResponse::Allow {
+        let allow = |response_headers: Vec<Header>, ticket, replay, store| DecideResponse::Allow {
             tenant: r.tenant.to_string(),
             key_id: r.key_id.to_string(),
             plan: r.plan.to_string(),
@@ -209,10 +238,15 @@ impl Decider {
             response_headers,
             cache_for_ms: None,
             ticket,
+            replay,
+            store,
         };
         let verdict = match verdict {
             Ok(v) => v,
             Err(why) => {
+                if let Some(l) = &lookup {
+                    self.lookup_unavailable(l, &why);
+                }
                 let closed = inv.meta.iter().any(|m| !m.shadow && m.failure_mode == LimitFailureMode::Closed);
                 let mode = if closed { "closed" } else { "open" };
                 metrics::counter!(m::LIMITS_FAILED, "mode" => mode).increment(1);
@@ -226,7 +260,8 @@ impl Decider {
                         response_headers: vec![Header::new("retry-after", "1")],
                     }
                 } else {
-                    allow(vec![], None)
+                    // fail-open: a cache miss, an idempotency key executed without being recorded
+                    allow(vec![], None, None, None)
                 };
             }
         };
@@ -258,8 +293,88 @@ impl Decider {
                 let headers = limits::nearest(&inv.meta, &verdict.states)
                     .map(|i| limits::ratelimit_headers(&inv.meta[i], &verdict.states[i]).to_vec())
                     .unwrap_or_default();
-                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id))
+                let (replay, store) = match (lookup, outcome) {
+                    (None, _) => (None, None),
+                    (Some(l), o) => match self.apply_outcome(&l, o) {
+                        Ok(x) => x,
+                        Err(deny) => return deny,
+                    },
+                };
+                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id), replay, store)
             }
+        }
+    }
+
+    /// What a lookup's outcome means for the answer: a replay, a store ticket, or a 409/422.
+    #[allow(clippy::result_large_err)]
+    fn apply_outcome(&self, l: &ResponseLookup, o: Option<Outcome>) -> Result<(Option<Box<Replay>>, Option<StoreTicket>), DecideResponse> {
+        let count = |name: &'static str, label: &'static str, v: &'static str| metrics::counter!(name, label => v).increment(1);
+        let deny = |status: u16, error: &str, message: &str| DecideResponse::Deny {
+            status,
+            error: error.into(),
+            message: message.into(),
+            limit: None,
+            response_headers: vec![],
+        };
+        match o {
+            Some(Outcome::Hit(json)) => match responses::read_stored(&json) {
+                Some(response) => {
+                    count(responses::CACHE_LOOKUPS, "result", "hit");
+                    Ok((Some(Box::new(Replay { kind: ReplayKind::Cache, response })), None))
+                }
+                // unreadable: overwrite it with the fresh response
+                None => Ok((None, Some(l.ticket()))),
+            },
+            Some(Outcome::Miss) => {
+                count(responses::CACHE_LOOKUPS, "result", "miss");
+                Ok((None, Some(l.ticket())))
+            }
+            Some(Outcome::Claimed) => {
+                count(responses::IDEMPOTENCY, "outcome", "claimed");
+                Ok((None, Some(l.ticket())))
+            }
+            Some(Outcome::Replay(json)) => match responses::read_stored(&json) {
+                Some(response) => {
+                    count(responses::IDEMPOTENCY, "outcome", "replayed");
+                    Ok((Some(Box::new(Replay { kind: ReplayKind::Idempotency, response })), None))
+                }
+                None => {
+                    self.lookup_unavailable(l, "an unreadable idempotency memo");
+                    Ok((None, None))
+                }
+            },
+            Some(Outcome::InFlight) => {
+                count(responses::IDEMPOTENCY, "outcome", "in_flight");
+                Err(deny(409, codes::IDEMPOTENCY_IN_FLIGHT, "a request with this Idempotency-Key is still being processed"))
+            }
+            Some(Outcome::Conflict) => {
+                count(responses::IDEMPOTENCY, "outcome", "conflict");
+                Err(deny(
+                    422,
+                    codes::IDEMPOTENCY_KEY_REUSED,
+                    "this Idempotency-Key was used for a different request (method, path or body)",
+                ))
+            }
+            None => {
+                self.lookup_unavailable(l, "decide.lua returned no lookup outcome");
+                Ok((None, None))
+            }
+        }
+    }
+
+    /// Redis could not answer a lookup: a cache miss, or (seed 002) an idempotency key executed
+    /// without being recorded — logged at most once a minute.
+    fn lookup_unavailable(&self, l: &ResponseLookup, why: &str) {
+        if !l.is_idempotency() {
+            metrics::counter!(responses::CACHE_LOOKUPS, "result" => "unavailable").increment(1);
+            return;
+        }
+        metrics::counter!(responses::IDEMPOTENCY, "outcome" => "unavailable").increment(1);
+        let now = Instant::now();
+        let key = "\0idempotency".to_string();
+        if !matches!(self.shadow_logged.get(&key, now), Lookup::Fresh(..)) {
+            self.shadow_logged.insert(key, (), now);
+            tracing::warn!(error = %why, "idempotency keys are executed without being recorded: Redis cannot answer (logged at most once a minute)");
         }
     }
 

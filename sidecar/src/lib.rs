@@ -14,6 +14,7 @@ pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod propagation;
+pub mod responses;
 pub mod server;
 pub mod spool;
 pub mod store;

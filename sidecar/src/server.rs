@@ -33,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(DECIDE_PATH, post(decide))
         .route(COMPLETIONS_PATH, post(completions))
         .route(USAGE_PATH, post(usage))
+        .route(tollgate_wire::responses::RESPONSES_PATH, post(responses))
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
@@ -128,6 +129,19 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "usage_unavailable", e.to_string()),
     }
+}
+
+/// Stores (or releases) a batch of finished responses: cache entries and idempotency outcomes
+/// (crate::responses). Always 200 with the counts once the batch is read: storing is best effort
+/// and the filter does not retry (a lost entry is a later miss; a lost outcome's claim expires).
+async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let batch: tollgate_wire::responses::StoreBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid response batch: {e}")),
+    };
+    let routing = state.decider.routing();
+    let ack = crate::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route)).await;
+    json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
 }
 
 /// The routing table for the filters. `If-None-Match` with the current etag → 304, no body: a

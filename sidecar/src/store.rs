@@ -20,6 +20,10 @@ static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::
 /// `sidecar/lua/complete.lua`: settle a reservation, free a slot.
 static COMPLETE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../lua/complete.lua")));
 
+/// `sidecar/lua/idem_complete.lua`: store or release an idempotency claim (issue 7).
+static IDEM_COMPLETE_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../lua/idem_complete.lua")));
+
 /// One `complete.lua` call.
 #[derive(Debug, Clone)]
 pub struct CompleteCall {
@@ -277,8 +281,10 @@ impl Store {
         Ok(set.is_some())
     }
 
-    /// Runs `decide.lua` for all of a request's limits: one round trip.
-    pub async fn run_decide(&self, inv: &crate::limits::Invocation) -> Result<Vec<i64>, StoreError> {
+    /// Runs `decide.lua` for all of a request's limits and its response lookup: one round trip.
+    /// The raw reply: numbers, then (with a lookup) an outcome and a value
+    /// (crate::responses::split_reply).
+    pub async fn run_decide(&self, inv: &crate::limits::Invocation) -> Result<Vec<redis::Value>, StoreError> {
         let keys = inv.keys.clone();
         let args = inv.args.clone();
         self.run("decide_lua", |mut c| async move {
@@ -318,6 +324,41 @@ impl Store {
     }
 
     const BATCH_DEADLINE: Duration = Duration::from_secs(2);
+
+    /// `SET cache:exact:… <json> PX <ttl>`: one cached response (off the request path).
+    pub async fn set_response(&self, key: &crate::keys::ResponseCacheKey, json: String, ttl_ms: u64) -> Result<(), StoreError> {
+        let key = key.clone();
+        let opts = redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(ttl_ms.max(1)));
+        self.run_with_deadline("set_response", Self::BATCH_DEADLINE, |mut c| async move {
+            c.set_options::<_, _, ()>(key, json, opts).await
+        })
+        .await
+    }
+
+    /// Runs `idem_complete.lua`: stores `json` (the 2xx outcome, 24 h) or, with `None`, releases
+    /// the claim. `false` when the claim is no longer `token`'s (nothing changed).
+    pub async fn run_idem_complete(
+        &self,
+        owner: &crate::keys::IdempotencyOwnerKey,
+        memo: &crate::keys::IdempotencyMemoKey,
+        token: &str,
+        digest: &crate::keys::RequestDigest,
+        json: Option<String>,
+    ) -> Result<bool, StoreError> {
+        let (owner, memo, token, digest) = (owner.clone(), memo.clone(), token.to_string(), digest.as_str().to_string());
+        self.run_with_deadline("idem_complete_lua", Self::BATCH_DEADLINE, |mut c| async move {
+            let mut inv = IDEM_COMPLETE_SCRIPT.prepare_invoke();
+            inv.key(owner.as_str()).key(memo.as_str()).arg(token).arg(digest);
+            match json {
+                Some(j) => inv.arg("store").arg(j),
+                None => inv.arg("release").arg(""),
+            };
+            inv.arg(crate::keys::IDEMPOTENCY_TTL_MS);
+            let done: i64 = inv.invoke_async(&mut c).await?;
+            Ok(done == 1)
+        })
+        .await
+    }
 
     /// Adds usage counts to the per-day meters (`HINCRBY` each field, then `PEXPIRE` 35 days):
     /// one pipeline per batch, off the request path.

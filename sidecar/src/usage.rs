@@ -360,6 +360,8 @@ mod tests {
             headers: vec![],
             token_estimate: None,
             route: None,
+            cache_key: None,
+            idempotency: None,
         };
         let a = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
         let b = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);

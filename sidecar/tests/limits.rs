@@ -63,6 +63,8 @@ impl Lab {
             headers: vec![],
             token_estimate: None,
             route: route.map(str::to_string),
+            cache_key: None,
+            idempotency: None,
         };
         self.decider.decide(&req).await.unwrap()
     }

@@ -54,6 +54,8 @@ impl Running {
             headers: vec![],
             token_estimate: None,
             route: None,
+            cache_key: None,
+            idempotency: None,
         })
         .unwrap();
         self.post("/v1/decide", body).await

@@ -41,6 +41,8 @@ fn request(hash: &str, n: u32) -> DecideRequest {
         headers: vec![],
         token_estimate: None,
         route: None,
+        cache_key: None,
+        idempotency: None,
     }
 }
 

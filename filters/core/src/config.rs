@@ -74,6 +74,81 @@ struct RawConfig {
     usage: RawUsage,
     #[serde(default)]
     routing: RawRouting,
+    #[serde(default)]
+    response_cache: RawResponseCache,
+    #[serde(default)]
+    idempotency: RawIdempotency,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawResponseCache {
+    #[serde(default = "default_true")]
+    enabled: bool,
+    #[serde(default = "default_cache_max_body")]
+    max_body_bytes: usize,
+}
+
+impl Default for RawResponseCache {
+    fn default() -> Self {
+        RawResponseCache { enabled: true, max_body_bytes: default_cache_max_body() }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawIdempotency {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default = "default_idem_max_body")]
+    max_body_bytes: usize,
+}
+
+impl Default for RawIdempotency {
+    fn default() -> Self {
+        RawIdempotency { enabled: false, max_body_bytes: default_idem_max_body() }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_cache_max_body() -> usize {
+    256 * 1024
+}
+fn default_idem_max_body() -> usize {
+    1 << 20
+}
+
+/// The response cache (issue 7): routes with a `cache_ttl` are looked up in the decision call and
+/// their successful responses stored off the request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCacheConfig {
+    /// Honour routes' cache TTLs (off: no lookups, no stores, no `x-tollgate-cache`).
+    pub enabled: bool,
+    /// Larger response bodies are not stored.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ResponseCacheConfig {
+    fn default() -> Self {
+        ResponseCacheConfig { enabled: true, max_body_bytes: default_cache_max_body() }
+    }
+}
+
+/// Idempotency-Key replay (issue 7, seed 002).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyConfig {
+    /// Honour `Idempotency-Key` on POST, PATCH, PUT and DELETE.
+    pub enabled: bool,
+    /// A larger 2xx body is remembered without its body (status and headers are replayed).
+    pub max_body_bytes: usize,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig { enabled: false, max_body_bytes: default_idem_max_body() }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -222,6 +297,10 @@ pub struct FilterConfig {
     pub usage: UsageConfig,
     /// Routing by the sidecar's routing table (off unless configured).
     pub routing: RoutingConfig,
+    /// The response cache (on; applies to routes with a cache TTL).
+    pub response_cache: ResponseCacheConfig,
+    /// Idempotency-Key replay (off unless configured).
+    pub idempotency: IdempotencyConfig,
 }
 
 impl Default for FilterConfig {
@@ -240,6 +319,8 @@ impl Default for FilterConfig {
             breakers: Default::default(),
             usage: UsageConfig::default(),
             routing: RoutingConfig::default(),
+            response_cache: ResponseCacheConfig::default(),
+            idempotency: IdempotencyConfig::default(),
         }
     }
 }
@@ -293,6 +374,13 @@ impl FilterConfig {
         if raw.usage.max_queued == 0 || raw.usage.max_queued > 1_000_000 {
             return Err(ConfigError("usage.maxQueued: must be between 1 and 1000000".into()));
         }
+        let max = tollgate_wire::responses::MAX_STORED_BODY;
+        if raw.response_cache.max_body_bytes == 0 || raw.response_cache.max_body_bytes > max {
+            return Err(ConfigError(format!("responseCache.maxBodyBytes: must be between 1 and {max}")));
+        }
+        if raw.idempotency.max_body_bytes == 0 || raw.idempotency.max_body_bytes > max {
+            return Err(ConfigError(format!("idempotency.maxBodyBytes: must be between 1 and {max}")));
+        }
         let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
         for (i, h) in raw.forward_headers.iter().enumerate() {
             let h = h.to_ascii_lowercase();
@@ -343,6 +431,11 @@ impl FilterConfig {
                 max_queued: raw.usage.max_queued,
             },
             routing: RoutingConfig { enabled: raw.routing.enabled, refresh_interval: routing_refresh },
+            response_cache: ResponseCacheConfig {
+                enabled: raw.response_cache.enabled,
+                max_body_bytes: raw.response_cache.max_body_bytes,
+            },
+            idempotency: IdempotencyConfig { enabled: raw.idempotency.enabled, max_body_bytes: raw.idempotency.max_body_bytes },
         })
     }
 }
@@ -420,6 +513,9 @@ mod tests {
             (br#"{"usage":{"flushInterval":"5ms"}}"#, "usage.flushInterval"),
             (br#"{"usage":{"maxQueued":0}}"#, "usage.maxQueued"),
             (br#"{"usage":{"enable":true}}"#, "unknown field"),
+            (br#"{"responseCache":{"maxBodyBytes":0}}"#, "responseCache.maxBodyBytes"),
+            (br#"{"idempotency":{"maxBodyBytes":2000000}}"#, "idempotency.maxBodyBytes"),
+            (br#"{"idempotency":{"on":true}}"#, "unknown field"),
             (b"not json", "expected"),
         ];
         for (input, needle) in cases {

@@ -16,6 +16,8 @@ use std::cell::RefCell;
 use tollgate_wire::routes::{RequestView, RouteFailureMode, RouteSpec};
 use tollgate_wire::usage::{event_path, UsageEvent};
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse, ErrorBody, Header, Ticket, DECIDE_PATH};
+use crate::responses::{self as resp, PendingStore, ResponseQueue};
+use tollgate_wire::responses::{IdempotencyRequest, Replay, ReplayKind, StoreItem, StoreTicket, StoredResponse};
 
 /// Largest response body kept to read token usage from (larger ones report no usage).
 pub const MAX_USAGE_BODY: usize = 1 << 20;
@@ -48,6 +50,12 @@ pub enum Metric {
     FailedClosed,
     /// Allowed from the VM-wide auth cache, without a call to the sidecar.
     AuthCacheHit,
+    /// Answered from the response cache (issue 7).
+    CacheHit,
+    /// Looked up in the response cache and sent upstream.
+    CacheMiss,
+    /// Answered with the stored response of an earlier request with the same Idempotency-Key.
+    IdempotentReplay,
 }
 
 /// A deny reason known to this version, or `Other`.
@@ -72,8 +80,16 @@ impl DenyReason {
 impl Metric {
     /// Every metric, for the adapter to define them once per VM.
     pub fn all() -> Vec<Metric> {
-        let mut v =
-            vec![Metric::Allowed, Metric::SidecarError, Metric::FailedOpen, Metric::FailedClosed, Metric::AuthCacheHit];
+        let mut v = vec![
+            Metric::Allowed,
+            Metric::SidecarError,
+            Metric::FailedOpen,
+            Metric::FailedClosed,
+            Metric::AuthCacheHit,
+            Metric::CacheHit,
+            Metric::CacheMiss,
+            Metric::IdempotentReplay,
+        ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
         v
@@ -87,6 +103,9 @@ impl Metric {
             Metric::FailedOpen => "tollgate.requests.failed_open".into(),
             Metric::FailedClosed => "tollgate.requests.failed_closed".into(),
             Metric::AuthCacheHit => "tollgate.auth_cache.hits".into(),
+            Metric::CacheHit => "tollgate.cache.hits".into(),
+            Metric::CacheMiss => "tollgate.cache.misses".into(),
+            Metric::IdempotentReplay => "tollgate.idempotency.replays".into(),
         }
     }
 }
@@ -128,6 +147,8 @@ pub trait Host {
     fn shared_set(&mut self, key: &str, value: &[u8]);
     /// A response header (lowercase name), e.g. `:status`.
     fn response_header(&self, name: &str) -> Option<String>;
+    /// Every response header (lowercase names), for storing a response (issue 7).
+    fn response_headers(&self) -> Vec<(String, String)>;
     /// `size` bytes of the response body chunk being processed, from `start`.
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
     /// `size` bytes of the (buffered) request body, from `start`.
@@ -167,11 +188,27 @@ pub fn auth_cache_key(key_hash: &str, route: Option<&str>) -> String {
     }
 }
 
+/// The response lookup a request asks for in its decision (issue 7), completed with the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LookupPlan {
+    kind: LookupKind,
+    content_type: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LookupKind {
+    /// The route caches: its key headers and their values.
+    Cache { headers: Vec<(String, Option<String>)> },
+    /// The client's idempotency key (unquoted).
+    Idempotency { key: String },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Start,
-    /// The decision needs the request body (token estimate); the call is ready but for it.
-    AwaitingBody { request: DecideRequest },
+    /// The decision needs the request body (token estimate, cache key, idempotency digest); the
+    /// call is ready but for it.
+    AwaitingBody { request: DecideRequest, lookup: Option<LookupPlan> },
     Waiting { token: u32, key_hash: String },
     Done,
 }
@@ -197,6 +234,18 @@ pub struct AuthFilter {
     routes: Option<Rc<RefCell<WorkerRoutes>>>,
     /// The route this request matched.
     route: Option<Routed>,
+    /// The worker's queue of responses to store (issue 7), when caching or idempotency is on.
+    responses: Option<Rc<RefCell<ResponseQueue>>>,
+    /// `x-tollgate-cache` for the response (`miss`, `bypass`), on routes that cache.
+    cache_status: Option<&'static str>,
+    /// The response may be stored (a cache miss, an idempotency claim) once complete.
+    pending_store: Option<PendingStore>,
+    /// The request was answered with a stored response (nothing went upstream).
+    replayed: bool,
+    /// Token usage is read from the kept body.
+    want_tokens: bool,
+    /// Bytes of response body kept at most.
+    body_limit: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -222,7 +271,21 @@ impl AuthFilter {
             identity: None,
             routes: None,
             route: None,
+            responses: None,
+            cache_status: None,
+            pending_store: None,
+            replayed: false,
+            want_tokens: false,
+            body_limit: MAX_USAGE_BODY,
         }
+    }
+
+    /// Stores responses through `queue` (when the response cache or idempotency is on).
+    pub fn with_responses(mut self, queue: Rc<RefCell<ResponseQueue>>) -> AuthFilter {
+        if self.config.response_cache.enabled || self.config.idempotency.enabled {
+            self.responses = Some(queue);
+        }
+        self
     }
 
     /// Routes requests by `routes` (when the configuration turns routing on).
@@ -302,11 +365,18 @@ impl AuthFilter {
             return self.deny(host, 401, codes::MISSING_KEY, "an API key is required", &[]);
         };
         let key_hash = raw_key.hash();
-        if let Some(hit) = self.cached_allow(host, &key_hash) {
-            host.count(Metric::AuthCacheHit);
-            return self.allow(host, hit.tenant, hit.key_id, hit.plan, hit.request_headers, Vec::new());
+        let lookup = match self.plan_lookup(host, &headers) {
+            Ok(l) => l,
+            Err(action) => return action,
+        };
+        // A lookup rides on the decision call: the auth cache cannot answer it.
+        if lookup.is_none() {
+            if let Some(hit) = self.cached_allow(host, &key_hash) {
+                host.count(Metric::AuthCacheHit);
+                return self.allow(host, hit.tenant, hit.key_id, hit.plan, hit.request_headers, Vec::new());
+            }
         }
-        let request = DecideRequest {
+        let mut request = DecideRequest {
             key_hash,
             method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
             authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
@@ -321,14 +391,79 @@ impl AuthFilter {
                 .collect(),
             token_estimate: None,
             route: self.route().map(|r| r.id.clone()),
+            cache_key: None,
+            idempotency: None,
         };
         let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
-        if self.config.token_estimate_field.is_some() && json_body {
+        if (self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream) {
             // Decided when the body is in (Envoy buffers it meanwhile).
-            self.state = State::AwaitingBody { request };
+            self.state = State::AwaitingBody { request, lookup };
             return Action::Pause;
         }
+        if let Some(plan) = &lookup {
+            if let Err(action) = self.complete_lookup(host, &mut request, plan, Some(&[])) {
+                return action;
+            }
+        }
         self.call_sidecar(host, request)
+    }
+
+    /// The response lookup of this request, if any: an idempotency claim (POST, PATCH, PUT,
+    /// DELETE with an `Idempotency-Key`; a malformed key is 400), else a cache lookup on a route
+    /// with a cache TTL (unless the request's `Cache-Control` or method rules it out: then the
+    /// response says `x-tollgate-cache: bypass`).
+    fn plan_lookup(&mut self, host: &mut impl Host, headers: &[(String, String)]) -> Result<Option<LookupPlan>, Action> {
+        if self.responses.is_none() {
+            return Ok(None);
+        }
+        let method = header_in(headers, ":method").unwrap_or("GET");
+        let content_type = header_in(headers, "content-type").map(str::to_string);
+        let idem_key = header_in(headers, tollgate_wire::responses::IDEMPOTENCY_KEY_HEADER);
+        if let (true, Some(raw)) = (self.config.idempotency.enabled && resp::IDEMPOTENT_METHODS.contains(&method), idem_key) {
+            return match resp::parse_idempotency_key(raw) {
+                Ok(key) => Ok(Some(LookupPlan { kind: LookupKind::Idempotency { key }, content_type })),
+                Err(why) => {
+                    let message = format!("the Idempotency-Key header is not a valid key ({why}): use a quoted string of 1-255 characters");
+                    Err(self.deny(host, 400, codes::INVALID_IDEMPOTENCY_KEY, &message, &[]))
+                }
+            };
+        }
+        let Some(route) = self.route().filter(|r| r.cache_ttl_ms.is_some_and(|t| t > 0) && self.config.response_cache.enabled) else {
+            return Ok(None);
+        };
+        let bypass = !resp::CACHEABLE_METHODS.contains(&method)
+            || idem_key.is_some()
+            || header_in(headers, "cache-control").is_some_and(resp::forbids_caching);
+        if bypass {
+            self.cache_status = Some("bypass");
+            return Ok(None);
+        }
+        let key_headers =
+            route.cache_key_headers.iter().map(|n| (n.clone(), header_in(headers, n).map(str::to_string))).collect();
+        self.cache_status = Some("miss");
+        Ok(Some(LookupPlan { kind: LookupKind::Cache { headers: key_headers }, content_type }))
+    }
+
+    /// Puts the cache key or the idempotency digest into the decision request. `body`: the whole
+    /// request body, `None` when it is too large to read (the cache is bypassed; an idempotency
+    /// key cannot be honoured: 413).
+    fn complete_lookup(&mut self, host: &mut impl Host, request: &mut DecideRequest, plan: &LookupPlan, body: Option<&[u8]>) -> Result<(), Action> {
+        let canonical = body.map(|b| resp::canonical_body(plan.content_type.as_deref(), b));
+        match (&plan.kind, canonical) {
+            (LookupKind::Cache { headers }, Some(c)) => {
+                request.cache_key = Some(resp::cache_key(&request.method, &request.path, headers, &c));
+            }
+            (LookupKind::Cache { .. }, None) => self.cache_status = Some("bypass"),
+            (LookupKind::Idempotency { key }, Some(c)) => {
+                let digest = resp::request_digest(&request.method, &request.path, &c);
+                request.idempotency = Some(IdempotencyRequest { key: key.clone(), digest });
+            }
+            (LookupKind::Idempotency { .. }, None) => {
+                let message = format!("a request with an Idempotency-Key may have a body of at most {MAX_USAGE_BODY} bytes");
+                return Err(self.deny(host, 413, codes::IDEMPOTENCY_BODY_TOO_LARGE, &message, &[]));
+            }
+        }
+        Ok(())
     }
 
     /// The request body, for the token estimate. Returns `Pause` until the whole body is in.
@@ -339,14 +474,19 @@ impl AuthFilter {
         if !end_of_stream && body_size <= MAX_USAGE_BODY {
             return Action::Pause;
         }
-        let State::AwaitingBody { mut request } = std::mem::replace(&mut self.state, State::Done) else {
+        let State::AwaitingBody { mut request, lookup } = std::mem::replace(&mut self.state, State::Done) else {
             return Action::Continue;
         };
-        if let (Some(field), true) = (&self.config.token_estimate_field, body_size <= MAX_USAGE_BODY) {
-            request.token_estimate = host
-                .request_body(0, body_size)
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        let body = if body_size <= MAX_USAGE_BODY { Some(host.request_body(0, body_size).unwrap_or_default()) } else { None };
+        if let (Some(field), Some(b)) = (&self.config.token_estimate_field, &body) {
+            request.token_estimate = serde_json::from_slice::<serde_json::Value>(b)
+                .ok()
                 .and_then(|v| v.get(field.as_str()).and_then(serde_json::Value::as_u64));
+        }
+        if let Some(plan) = &lookup {
+            if let Err(action) = self.complete_lookup(host, &mut request, plan, body.as_deref()) {
+                return action;
+            }
         }
         self.call_sidecar(host, request)
     }
@@ -397,16 +537,34 @@ impl AuthFilter {
                 response_headers,
                 cache_for_ms,
                 ticket,
+                replay,
+                store,
             }) => {
                 if let Some(t) = ticket {
                     if !t.budgets.is_empty() && self.config.token_usage_from_response {
                         self.body = Some(Vec::new());
+                        self.want_tokens = true;
                     }
                     self.ticket = Some(t);
                 }
+                if let Some(r) = replay {
+                    return self.replay(host, tenant, key_id, plan, response_headers, *r);
+                }
+                if self.responses.is_some() {
+                    self.pending_store = store.map(|t| {
+                        let max = match t {
+                            StoreTicket::Cache { .. } => self.config.response_cache.max_body_bytes,
+                            StoreTicket::Idempotency { .. } => self.config.idempotency.max_body_bytes,
+                        };
+                        PendingStore::new(t, max)
+                    });
+                }
+                if self.cache_status == Some("miss") {
+                    host.count(Metric::CacheMiss);
+                }
                 let ttl = cache_for_ms.unwrap_or(0).min(self.config.auth_cache_max_ttl.as_millis() as u64);
                 // Only an answer that is the same for every request of this key may be reused.
-                if ttl > 0 && response_headers.is_empty() && self.ticket.is_none() {
+                if ttl > 0 && response_headers.is_empty() && self.ticket.is_none() && self.pending_store.is_none() {
                     let entry = CachedAllow {
                         until_ms: host.now_ms().saturating_add(ttl),
                         tenant: tenant.clone(),
@@ -431,6 +589,48 @@ impl AuthFilter {
             }
             Err(why) => self.sidecar_failed(host, &why),
         }
+    }
+
+    /// Answers with a stored response (a cache hit, an idempotent replay): a local reply, nothing
+    /// goes upstream. The request counts like any other: its limits were taken in the decision,
+    /// its ticket is reported and it is metered with the stored status.
+    fn replay(
+        &mut self,
+        host: &mut impl Host,
+        tenant: String,
+        key_id: String,
+        plan: String,
+        response_headers: Vec<Header>,
+        replay: Replay,
+    ) -> Action {
+        let r = replay.response;
+        let body = r.body_bytes().unwrap_or_default();
+        if self.request.is_some() {
+            self.identity = Some((tenant, key_id, plan));
+        }
+        if self.config.token_usage_from_response && (self.want_tokens || self.identity.is_some()) {
+            self.want_tokens = true;
+            self.body = Some(body.clone());
+        }
+        self.status = r.status;
+        self.replayed = true;
+        let age = (host.now_ms().saturating_sub(r.stored_at_ms) / 1000).to_string();
+        let mut headers: Vec<(&str, &str)> = r.headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
+        headers.extend(response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())));
+        match replay.kind {
+            ReplayKind::Cache => {
+                headers.push((tollgate_wire::responses::CACHE_STATUS_HEADER, "hit"));
+                headers.push(("age", age.as_str()));
+                host.count(Metric::CacheHit);
+            }
+            ReplayKind::Idempotency => {
+                headers.push((tollgate_wire::responses::REPLAYED_HEADER, "true"));
+                host.count(Metric::IdempotentReplay);
+            }
+        }
+        host.count(Metric::Allowed);
+        host.send_reply(r.status, &headers, &body);
+        Action::Pause
     }
 
     fn cached_allow(&self, host: &impl Host, key_hash: &str) -> Option<CachedAllow> {
@@ -475,41 +675,102 @@ impl AuthFilter {
         }
     }
 
-    /// Adds the headers the decision asked for to the downstream response.
-    pub fn on_response_headers(&mut self, host: &mut impl Host) -> Action {
+    /// Adds the headers the decision asked for to the downstream response. `end_of_stream`: the
+    /// response has no body.
+    pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Action {
+        if self.replayed {
+            // our own local reply: its headers are complete already
+            return Action::Continue;
+        }
+        if let Some(p) = &mut self.pending_store {
+            let status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+            let headers = host.response_headers();
+            let key_headers = self.route.as_ref().and_then(Routed::spec).map(|r| r.cache_key_headers.as_slice()).unwrap_or(&[]);
+            p.status = status;
+            p.storable = if p.is_idempotency() {
+                (200..=299).contains(&status)
+            } else {
+                resp::cacheable_response(status, &headers, key_headers)
+            };
+            p.complete = end_of_stream;
+            if p.storable {
+                p.headers = resp::storable_headers(&headers);
+                self.body.get_or_insert_with(Vec::new);
+            }
+        }
         for h in std::mem::take(&mut self.response_headers) {
             host.add_response_header(&h.name, &h.value);
+        }
+        if let Some(v) = self.cache_status {
+            host.add_response_header(tollgate_wire::responses::CACHE_STATUS_HEADER, v);
         }
         if self.ticket.is_some() || self.identity.is_some() {
             self.status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
         }
         // Metering reads token usage from LLM-style responses too (JSON or an SSE stream).
-        if self.identity.is_some() && self.body.is_none() && self.config.token_usage_from_response {
+        if self.identity.is_some() && !self.want_tokens && self.config.token_usage_from_response {
             let content_type = host.response_header("content-type").unwrap_or_default();
             if content_type.contains("json") || content_type.contains("event-stream") {
-                self.body = Some(Vec::new());
+                self.body.get_or_insert_with(Vec::new);
+                self.want_tokens = true;
             }
         }
+        self.body_limit = match (&self.pending_store, self.want_tokens) {
+            (Some(p), false) if p.storable => p.max_body,
+            _ => MAX_USAGE_BODY,
+        };
         Action::Continue
     }
 
-    /// Keeps the response body (bounded) when token usage must be read from it. Never pauses:
-    /// streaming responses flow through untouched.
-    pub fn on_response_body(&mut self, host: &mut impl Host, chunk_size: usize) -> Action {
+    /// Keeps the response body (bounded) when token usage must be read from it or the response
+    /// may be stored. Never pauses: streaming responses flow through untouched.
+    pub fn on_response_body(&mut self, host: &mut impl Host, chunk_size: usize, end_of_stream: bool) -> Action {
+        if self.replayed {
+            return Action::Continue;
+        }
         if let Some(body) = &mut self.body {
-            if body.len() + chunk_size > MAX_USAGE_BODY {
+            if body.len() + chunk_size > self.body_limit {
                 self.body = None;
             } else if let Some(chunk) = host.response_body(0, chunk_size) {
                 body.extend_from_slice(&chunk);
             }
         }
+        if let (Some(p), true) = (&mut self.pending_store, end_of_stream) {
+            p.complete = true;
+        }
         Action::Continue
+    }
+
+    /// What to store of a finished request's response, if anything: a complete cacheable
+    /// response; an idempotency claim's 2xx outcome (without its body when it was too large or
+    /// did not complete: the operation ran, so it is not run again) or, for any other outcome, the
+    /// claim's release.
+    fn store_item(&self, p: PendingStore, body: Option<Vec<u8>>, now_ms: u64) -> Option<StoreItem> {
+        let body = body.filter(|b| b.len() <= p.max_body && p.complete);
+        let idem = p.is_idempotency();
+        let response = match (p.storable, body) {
+            (true, Some(b)) => Some(StoredResponse::new(p.status, p.headers, b, now_ms)),
+            (true, None) if idem => {
+                let mut r = StoredResponse::new(p.status, p.headers, Vec::new(), now_ms);
+                r.truncated = true;
+                Some(r)
+            }
+            _ if idem => None,
+            _ => return None,
+        };
+        Some(StoreItem { ticket: p.ticket, response })
     }
 
     /// The request is over (response sent, or the client went away): report what it held, and
     /// meter it.
     pub fn on_log(&mut self, host: &impl Host) {
-        let tokens = self.body.take().and_then(|b| usage_tokens(&b));
+        let body = self.body.take();
+        let tokens = if self.want_tokens { body.as_deref().and_then(usage_tokens) } else { None };
+        if let (Some(p), Some(queue)) = (self.pending_store.take(), &self.responses) {
+            if let Some(item) = self.store_item(p, body, host.now_ms()) {
+                queue.borrow_mut().push(item);
+            }
+        }
         if let Some(ticket) = self.ticket.take() {
             self.completions.borrow_mut().push(Completion { ticket, status: self.status, tokens });
         }

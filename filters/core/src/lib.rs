@@ -20,6 +20,9 @@ pub mod usage;
 /// Routing: the sidecar's routing table in shared data, matched locally per request.
 pub mod routing;
 
+/// The response cache and Idempotency-Key replay: keys, digests, rules, the store queue.
+pub mod responses;
+
 /// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
 pub mod mock;
 

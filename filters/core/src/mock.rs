@@ -176,6 +176,9 @@ impl Host for MockHost {
     fn response_header(&self, name: &str) -> Option<String> {
         self.upstream_response.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     }
+    fn response_headers(&self) -> Vec<(String, String)> {
+        self.upstream_response.clone()
+    }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.properties.get(&path.join(".")).cloned()
     }

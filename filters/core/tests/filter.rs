@@ -65,7 +65,7 @@ fn key_is_hashed_stripped_and_never_leaves_the_filter() {
     assert_eq!(host.header("x-api-key"), None);
 
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
-    assert_eq!(f.on_response_headers(&mut host), Action::Continue);
+    assert_eq!(f.on_response_headers(&mut host, false), Action::Continue);
     assert!(!host.everything_sent().contains(KEY), "raw key leaked: {}", host.everything_sent());
 }
 
@@ -78,7 +78,7 @@ fn allow_sets_identity_headers_and_response_headers() {
     assert_eq!(host.header("x-tollgate-tenant"), Some("acme"));
     assert_eq!(host.header("x-tollgate-key-id"), Some("key_7"));
     assert_eq!(host.header("x-tollgate-plan"), Some("gold"));
-    f.on_response_headers(&mut host);
+    f.on_response_headers(&mut host, false);
     assert_eq!(host.response_headers, vec![("x-rl".to_string(), "9".to_string())]);
     assert_eq!(host.count_of(Metric::Allowed), 1);
 }
@@ -266,10 +266,10 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
     assert!(host.shared.is_empty(), "an answer holding a ticket is never cached");
     host.upstream_response = vec![(":status".into(), "200".into())];
-    f.on_response_headers(&mut host);
+    f.on_response_headers(&mut host, false);
     for chunk in [&br#"{"id":"x","usage":{"prompt_tokens":5,"#[..], br#""total_tokens":42}}"#] {
         host.response_chunk = chunk.to_vec();
-        assert_eq!(f.on_response_body(&mut host, chunk.len()), Action::Continue);
+        assert_eq!(f.on_response_body(&mut host, chunk.len(), false), Action::Continue);
     }
     assert!(queue.borrow().is_empty(), "reported only when the request is over");
     f.on_log(&host);

@@ -40,9 +40,9 @@ fn allow() -> &'static [u8] {
 
 fn respond(f: &mut AuthFilter, host: &mut MockHost, status: &str, content_type: &str, body: &[u8]) {
     host.upstream_response = vec![(":status".into(), status.into()), ("content-type".into(), content_type.into())];
-    f.on_response_headers(host);
+    f.on_response_headers(host, false);
     host.response_chunk = body.to_vec();
-    f.on_response_body(host, body.len());
+    f.on_response_body(host, body.len(), true);
 }
 
 #[test]
@@ -152,10 +152,10 @@ fn tokens_of_a_streamed_response_are_read_without_holding_it() {
     f.on_request_headers(&mut host, true);
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
     host.upstream_response = vec![(":status".into(), "200".into()), ("content-type".into(), "text/event-stream".into())];
-    f.on_response_headers(&mut host);
+    f.on_response_headers(&mut host, false);
     for chunk in [&b"data: {\"choices\":[]}\n\n"[..], b"data: {\"usage\":{\"total_tokens\":7}}\n\ndata: [DONE]\n\n"] {
         host.response_chunk = chunk.to_vec();
-        assert_eq!(f.on_response_body(&mut host, chunk.len()), Action::Continue, "never held back");
+        assert_eq!(f.on_response_body(&mut host, chunk.len(), false), Action::Continue, "never held back");
     }
     f.on_log(&host);
     assert_eq!(events(&m)[0].tokens, Some(7));

@@ -24,6 +24,7 @@ use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_filter_core::responses::ResponseQueue;
 use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
 use tollgate_filter_core::usage::{self, Meter};
 use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
@@ -34,6 +35,10 @@ use tollgate_wire::COMPLETIONS_PATH;
 const MAX_QUEUED_COMPLETIONS: usize = 10_000;
 /// Completion reports per `POST /v1/completions`.
 const MAX_BATCH: usize = 500;
+/// Responses to store a worker keeps at most (items, bytes), and bytes per `POST /v1/responses`.
+const MAX_QUEUED_RESPONSES: usize = 1_000;
+const MAX_QUEUED_RESPONSE_BYTES: usize = 32 << 20;
+const MAX_RESPONSE_BATCH_BYTES: usize = 4 << 20;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(WasmLogLevel::Info);
@@ -87,6 +92,12 @@ struct Root {
     routes: Rc<RefCell<WorkerRoutes>>,
     /// Refreshes shared data's routing table (the lease holder only).
     route_poller: Option<RouteTablePoller>,
+    /// This worker's responses to store (issue 7); HTTP contexts push, the tick sends.
+    responses: Rc<RefCell<ResponseQueue>>,
+    response_metrics: FlushMetrics,
+    responses_reported_dropped: u64,
+    /// The token and size of the response batch in flight.
+    responses_token: Option<(u32, usize)>,
 }
 
 impl Default for Root {
@@ -109,6 +120,37 @@ impl Default for Root {
             usage_refused: false,
             routes: Rc::default(),
             route_poller: None,
+            responses: Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES))),
+            response_metrics: FlushMetrics::default(),
+            responses_reported_dropped: 0,
+            responses_token: None,
+        }
+    }
+}
+
+impl Root {
+    /// Sends this worker's finished responses to store as one batch (one in flight at a time,
+    /// sent once: a failed batch is counted as dropped, not retried).
+    fn flush_responses(&mut self) {
+        let Some(config) = self.config.clone() else { return };
+        let mut queue = self.responses.borrow_mut();
+        bump(self.response_metrics.dropped, queue.dropped - self.responses_reported_dropped);
+        self.responses_reported_dropped = queue.dropped;
+        let Some((body, n)) = queue.begin_flush(MAX_RESPONSE_BATCH_BYTES) else { return };
+        let headers = vec![
+            (":method", "POST"),
+            (":path", tollgate_wire::responses::RESPONSES_PATH),
+            (":authority", config.sidecar_authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let timeout = std::time::Duration::from_secs(5);
+        match hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
+            Ok(token) => self.responses_token = Some((token, n)),
+            Err(e) => {
+                queue.end_flush(n);
+                bump(self.response_metrics.errors, 1);
+                log::debug!("tollgate: cannot send responses to store: {e:?}");
+            }
         }
     }
 }
@@ -208,6 +250,13 @@ impl Context for Root {
             self.on_usage_response(status);
             return;
         }
+        if let Some((_, n)) = self.responses_token.filter(|(t, _)| *t == token_id) {
+            self.responses_token = None;
+            let ok = status == Some(200);
+            bump(if ok { self.response_metrics.sent } else { self.response_metrics.errors }, 1);
+            self.responses.borrow_mut().end_flush(if ok { 0 } else { n });
+            return;
+        }
         if self.flush_token == Some(token_id) {
             self.flush_token = None;
             let ok = status == Some(200);
@@ -283,6 +332,13 @@ impl RootContext for Root {
                 dropped: define("tollgate.completions.dropped"),
                 errors: define("tollgate.completions.flush_errors"),
             };
+            if config.response_cache.enabled || config.idempotency.enabled {
+                self.response_metrics = FlushMetrics {
+                    sent: define("tollgate.responses.batches_sent"),
+                    dropped: define("tollgate.responses.dropped"),
+                    errors: define("tollgate.responses.flush_errors"),
+                };
+            }
             if config.usage.enabled {
                 self.meter = Rc::new(RefCell::new(Meter::new(config.usage.max_queued, vm_identity())));
                 self.usage_metrics = FlushMetrics {
@@ -311,6 +367,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.flush();
+        self.flush_responses();
         if let Some(config) = self.config.clone().filter(|c| c.usage.enabled) {
             let now = EnvoyHost { metrics: &self.metrics, named: &self.named }.now_ms();
             if now.saturating_sub(self.last_usage_flush_ms) + 5 >= config.usage.flush_interval.as_millis() as u64 {
@@ -337,7 +394,8 @@ impl RootContext for Root {
         Some(Box::new(Http {
             filter: AuthFilter::new(config.clone(), self.completions.clone())
                 .with_meter(self.meter.clone())
-                .with_routes(self.routes.clone()),
+                .with_routes(self.routes.clone())
+                .with_responses(self.responses.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),
@@ -435,6 +493,9 @@ impl Host for EnvoyHost<'_> {
     fn response_header(&self, name: &str) -> Option<String> {
         hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten()
     }
+    fn response_headers(&self) -> Vec<(String, String)> {
+        hostcalls::get_map(proxy_wasm::types::MapType::HttpResponseHeaders).unwrap_or_default()
+    }
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, size).ok().flatten()
     }
@@ -495,15 +556,15 @@ impl HttpContext for Http {
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
-        self.filter.on_response_headers(&mut host);
+        self.filter.on_response_headers(&mut host, end_of_stream);
         to_wasm(self.guard.on_response(&mut host))
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> WasmAction {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
-        to_wasm(self.filter.on_response_body(&mut host, body_size))
+        to_wasm(self.filter.on_response_body(&mut host, body_size, end_of_stream))
     }
 
     fn on_log(&mut self) {

@@ -42,6 +42,14 @@ pub struct DecideRequest {
     /// sidecar applies that route's product (subscription check) and plan override.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
+    /// Response cache (issue 7; [`responses`]): the lowercase hex sha256 of the request (method,
+    /// path, normalized query, canonical body, the route's key headers), sent when the matched
+    /// route caches responses. The sidecar looks it up in the tenant's and route's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_key: Option<String>,
+    /// Idempotency-Key replay (issue 7; [`responses`]): the client's key and the operation digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<responses::IdempotencyRequest>,
 }
 
 /// A header to add, as a name/value pair.
@@ -81,6 +89,14 @@ pub enum DecideResponse {
         /// When present, the filter reports the request's completion with it, batched.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ticket: Option<Ticket>,
+        /// A stored response to answer with locally (a cache hit, an idempotent replay): the
+        /// upstream is not called. The request still counts (limits were taken, usage is metered).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replay: Option<Box<responses::Replay>>,
+        /// Where the response may be stored once complete (a cache miss, a claimed idempotency
+        /// key), echoed back in `POST /v1/responses`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        store: Option<responses::StoreTicket>,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
@@ -174,6 +190,14 @@ pub mod codes {
     pub const NOT_SUBSCRIBED: &str = "not_subscribed";
     /// Routing is on but the filter has no routing table yet (fail-closed): 503.
     pub const ROUTES_UNAVAILABLE: &str = "routes_unavailable";
+    /// The `Idempotency-Key` header is not a valid key (IETF draft: 400; decided by the filter).
+    pub const INVALID_IDEMPOTENCY_KEY: &str = "invalid_idempotency_key";
+    /// An `Idempotency-Key` request's body is too large to fingerprint: 413 (decided by the filter).
+    pub const IDEMPOTENCY_BODY_TOO_LARGE: &str = "idempotency_body_too_large";
+    /// A request with the same idempotency key is still in flight (IETF draft: 409).
+    pub const IDEMPOTENCY_IN_FLIGHT: &str = "idempotency_in_flight";
+    /// The idempotency key was used with a different request (IETF draft: 422).
+    pub const IDEMPOTENCY_KEY_REUSED: &str = "idempotency_key_reused";
     /// Every deny code this version knows, for per-reason metrics.
     pub const ALL_DENY: &[&str] = &[
         MISSING_KEY,
@@ -187,6 +211,10 @@ pub mod codes {
         NO_ROUTE,
         NOT_SUBSCRIBED,
         ROUTES_UNAVAILABLE,
+        INVALID_IDEMPOTENCY_KEY,
+        IDEMPOTENCY_BODY_TOO_LARGE,
+        IDEMPOTENCY_IN_FLIGHT,
+        IDEMPOTENCY_KEY_REUSED,
     ];
 }
 
@@ -214,6 +242,8 @@ mod tests {
             response_headers: vec![],
             cache_for_ms: None,
             ticket: None,
+            replay: None,
+            store: None,
         };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"verdict":"allow","tenant":"acme","keyId":"key_1","plan":"free"}"#);
@@ -244,3 +274,6 @@ pub mod usage;
 
 /// The routing table and its matching rule (issue 4).
 pub mod routes;
+
+/// The response cache and Idempotency-Key replay (issue 7).
+pub mod responses;

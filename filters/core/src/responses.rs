@@ -1,0 +1,497 @@
+//! The response cache and Idempotency-Key replay in the filter (issue 7): what identifies a
+//! request, which requests and responses qualify, and the per-worker queue of responses to store.
+//!
+//! - **Cache key**: sha256 over method, path, normalized query, the route's key headers and the
+//!   body — JSON bodies canonicalized (object keys sorted, no insignificant whitespace, integral
+//!   numbers written as integers: RFC 8785-like), so key order and whitespace do not matter. Each
+//!   field is length-prefixed, so no two different requests serialize alike.
+//! - **Idempotency digest** (seed 002): the first 32 hex of sha256(METHOD + " " + path + JSON(body)),
+//!   path with its query (the API key already stripped), JSON(body) the same canonical form.
+//! - **Idempotency-Key** (IETF httpapi draft): an sf-string (`"…"`), or, leniently, a bare token;
+//!   anything else is 400.
+//! - A request is looked up in the cache unless its `Cache-Control` says `no-store`, `no-cache`
+//!   or `private`, its method is not GET/HEAD/POST, or it carries an idempotency key. A response is
+//!   stored only when 2xx (not 206), not `no-store`/`no-cache`/`private`, without `Set-Cookie`,
+//!   with a `Vary` naming only the route's key headers, and within the size bound.
+//!
+//! Stored responses go into the worker's [`ResponseQueue`] when the request ends and are sent by
+//! the root context's tick as one `POST /v1/responses` per batch; a batch is sent once (no retry),
+//! and the queue is bounded in items and bytes.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::VecDeque;
+use tollgate_wire::responses::{StoreBatch, StoreItem};
+use tollgate_wire::Header;
+
+/// Methods whose responses the cache serves (the body is part of the key).
+pub const CACHEABLE_METHODS: &[&str] = &["GET", "HEAD", "POST"];
+/// Methods an `Idempotency-Key` applies to (the draft's non-idempotent methods and their kin);
+/// safe methods are idempotent already.
+pub const IDEMPOTENT_METHODS: &[&str] = &["POST", "PATCH", "PUT", "DELETE"];
+
+/// Writes `v` in canonical form: objects with keys sorted (by UTF-16 code units, as RFC 8785),
+/// no whitespace, integral floats within ±2^53 as integers.
+pub fn canonical_json(v: &Value, out: &mut Vec<u8>) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+            out.push(b'{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json(&Value::String(k.clone()), out);
+                out.push(b':');
+                if let Some(x) = m.get(k) {
+                    canonical_json(x, out);
+                }
+            }
+            out.push(b'}');
+        }
+        Value::Array(a) => {
+            out.push(b'[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical_json(x, out);
+            }
+            out.push(b']');
+        }
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+                out.extend_from_slice(format!("{}", f as i64).as_bytes());
+            }
+            _ => write_json(v, out),
+        },
+        other => write_json(other, out),
+    }
+}
+
+fn write_json(v: &Value, out: &mut Vec<u8>) {
+    if let Ok(b) = serde_json::to_vec(v) {
+        out.extend_from_slice(&b);
+    }
+}
+
+/// The body as it enters a key or digest: the canonical JSON of a JSON body (by content type, or
+/// when it parses), else the bytes as they are.
+pub fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
+    let looks_json = content_type.is_some_and(|c| c.contains("json")) || matches!(body.first(), Some(b'{' | b'['));
+    if looks_json {
+        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+            let mut out = Vec::with_capacity(body.len());
+            canonical_json(&v, &mut out);
+            return out;
+        }
+    }
+    body.to_vec()
+}
+
+/// Upper-cases the hex digits of percent escapes, decodes escapes of unreserved characters
+/// (RFC 3986 6.2.2), drops empty parameters, and sorts parameters by name (stably: the order of
+/// one name's values is kept, it may matter).
+pub fn normalize_query(query: &str) -> String {
+    let mut params: Vec<String> = query.split('&').filter(|p| !p.is_empty()).map(normalize_escapes).collect();
+    params.sort_by(|a, b| a.split('=').next().cmp(&b.split('=').next()));
+    params.join("&")
+}
+
+fn normalize_escapes(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                let c = (h * 16 + l) as u8;
+                if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                    out.push(c as char);
+                } else {
+                    out.push_str(&format!("%{c:02X}"));
+                }
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn field(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
+}
+
+/// The response-cache key of a request: lowercase hex sha256. `path` may carry a query string;
+/// `headers` are the route's key headers with their values (absent ones as `None`), in any order;
+/// `body` is [`canonical_body`]'s output.
+pub fn cache_key(method: &str, path: &str, headers: &[(String, Option<String>)], body: &[u8]) -> String {
+    let (p, q) = path.split_once('?').unwrap_or((path, ""));
+    let p = p.split('#').next().unwrap_or(p);
+    let mut h = Sha256::new();
+    field(&mut h, b"tollgate-cache-v1");
+    field(&mut h, method.as_bytes());
+    field(&mut h, p.as_bytes());
+    field(&mut h, normalize_query(q.split('#').next().unwrap_or(q)).as_bytes());
+    let mut hs: Vec<&(String, Option<String>)> = headers.iter().collect();
+    hs.sort();
+    for (name, value) in hs {
+        field(&mut h, name.to_ascii_lowercase().as_bytes());
+        match value {
+            Some(v) => field(&mut h, v.as_bytes()),
+            None => field(&mut h, b"\0absent"),
+        }
+    }
+    field(&mut h, body);
+    hex(&h.finalize())
+}
+
+/// Seed 002's operation digest: the first 32 hex of sha256(METHOD + " " + path + JSON(body)).
+pub fn request_digest(method: &str, path: &str, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(method.as_bytes());
+    h.update(b" ");
+    h.update(path.as_bytes());
+    h.update(body);
+    let mut d = hex(&h.finalize());
+    d.truncate(32);
+    d
+}
+
+/// The key of an `Idempotency-Key` header: an RFC 8941 string (`"…"`, with `\"` and `\\`
+/// escapes), or a bare token of visible ASCII without `"`, `,`, `;` or `\`. 1–255 characters.
+pub fn parse_idempotency_key(raw: &str) -> Result<String, &'static str> {
+    let raw = raw.trim_matches(' ');
+    let key = if let Some(rest) = raw.strip_prefix('"') {
+        let mut out = String::new();
+        let mut chars = rest.chars();
+        loop {
+            match chars.next() {
+                None => return Err("unterminated string"),
+                Some('"') => break,
+                Some('\\') => match chars.next() {
+                    Some(c @ ('"' | '\\')) => out.push(c),
+                    _ => return Err("bad escape"),
+                },
+                Some(c) if (' '..='~').contains(&c) => out.push(c),
+                Some(_) => return Err("not printable ASCII"),
+            }
+        }
+        if !chars.as_str().trim_matches(' ').is_empty() {
+            return Err("text after the string");
+        }
+        out
+    } else {
+        if !raw.chars().all(|c| ('!'..='~').contains(&c) && !matches!(c, '"' | ',' | ';' | '\\')) {
+            return Err("not a string");
+        }
+        raw.to_string()
+    };
+    match key.len() {
+        0 => Err("empty"),
+        1..=255 => Ok(key),
+        _ => Err("longer than 255 characters"),
+    }
+}
+
+/// Whether a `Cache-Control` value has one of the directives that keep a response out of a
+/// shared cache (`no-store`, `no-cache`, `private`).
+pub fn forbids_caching(cache_control: &str) -> bool {
+    cache_control.split(',').any(|d| {
+        let name = d.split('=').next().unwrap_or("").trim().to_ascii_lowercase();
+        matches!(name.as_str(), "no-store" | "no-cache" | "private")
+    })
+}
+
+/// Headers never stored: hop-by-hop, per-response, per-caller or the gateway's own.
+fn stored_header(name: &str) -> bool {
+    !(name.starts_with(':')
+        || name.starts_with("x-tollgate-")
+        || name.starts_with("x-envoy-")
+        || name.starts_with("proxy-")
+        || matches!(
+            name,
+            "connection"
+                | "keep-alive"
+                | "transfer-encoding"
+                | "te"
+                | "trailer"
+                | "upgrade"
+                | "content-length"
+                | "date"
+                | "server"
+                | "set-cookie"
+                | "age"
+                | "via"
+                | "ratelimit"
+                | "ratelimit-policy"
+                | "retry-after"
+                | "idempotent-replayed"
+        ))
+}
+
+/// The upstream headers worth replaying.
+pub fn storable_headers(headers: &[(String, String)]) -> Vec<Header> {
+    headers.iter().filter(|(n, _)| stored_header(n)).map(|(n, v)| Header::new(n.as_str(), v.as_str())).collect()
+}
+
+/// Whether a response may enter the shared cache of a route keyed by `key_headers`.
+pub fn cacheable_response(status: u16, headers: &[(String, String)], key_headers: &[String]) -> bool {
+    if !(200..=299).contains(&status) || status == 206 {
+        return false;
+    }
+    headers.iter().all(|(n, v)| match n.as_str() {
+        "cache-control" => !forbids_caching(v),
+        "set-cookie" => false,
+        "vary" => v.split(',').map(|x| x.trim().to_ascii_lowercase()).all(|x| x.is_empty() || key_headers.contains(&x)),
+        _ => true,
+    })
+}
+
+/// The per-worker queue of finished responses to store, sent in batches by the root context's
+/// tick. Bounded in items and bytes; past either bound new items are dropped and counted.
+#[derive(Debug)]
+pub struct ResponseQueue {
+    pending: VecDeque<(StoreItem, usize)>,
+    bytes: usize,
+    max_items: usize,
+    max_bytes: usize,
+    in_flight: bool,
+    /// Items dropped: the queue was full, or their batch failed.
+    pub dropped: u64,
+}
+
+impl ResponseQueue {
+    pub fn new(max_items: usize, max_bytes: usize) -> ResponseQueue {
+        ResponseQueue { pending: VecDeque::new(), bytes: 0, max_items: max_items.max(1), max_bytes, in_flight: false, dropped: 0 }
+    }
+
+    pub fn push(&mut self, item: StoreItem) {
+        let size = item.response.as_ref().map_or(0, |r| r.body.len()) + 256;
+        if self.pending.len() >= self.max_items || self.bytes + size > self.max_bytes {
+            self.dropped += 1;
+            return;
+        }
+        self.bytes += size;
+        self.pending.push_back((item, size));
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// A batch body of up to `max_batch_bytes` (at least one item), unless one is in flight or
+    /// nothing waits.
+    pub fn begin_flush(&mut self, max_batch_bytes: usize) -> Option<(Vec<u8>, usize)> {
+        if self.in_flight || self.pending.is_empty() {
+            return None;
+        }
+        let mut batch = StoreBatch::default();
+        let mut size = 0;
+        while let Some((_, s)) = self.pending.front() {
+            if !batch.responses.is_empty() && size + *s > max_batch_bytes {
+                break;
+            }
+            size += *s;
+            if let Some((item, s)) = self.pending.pop_front() {
+                self.bytes -= s;
+                batch.responses.push(item);
+            }
+        }
+        let n = batch.responses.len();
+        match serde_json::to_vec(&batch) {
+            Ok(body) => {
+                self.in_flight = true;
+                Some((body, n))
+            }
+            Err(_) => {
+                self.dropped += n as u64;
+                None
+            }
+        }
+    }
+
+    /// The batch in flight is done; `failed` of its items did not get through (not retried).
+    pub fn end_flush(&mut self, failed: usize) {
+        self.in_flight = false;
+        self.dropped += failed as u64;
+    }
+}
+
+/// A stored-response ticket's request, kept until the response is complete.
+#[derive(Debug, Clone)]
+pub struct PendingStore {
+    pub ticket: tollgate_wire::responses::StoreTicket,
+    /// The response status, once its headers are in.
+    pub status: u16,
+    pub headers: Vec<Header>,
+    /// Whether the response qualifies (decided on its headers).
+    pub storable: bool,
+    /// The body bound for this store.
+    pub max_body: usize,
+    /// The whole body went by (end of stream seen).
+    pub complete: bool,
+}
+
+impl PendingStore {
+    pub fn new(ticket: tollgate_wire::responses::StoreTicket, max_body: usize) -> PendingStore {
+        PendingStore { ticket, status: 0, headers: Vec::new(), storable: false, max_body, complete: false }
+    }
+
+    pub fn is_idempotency(&self) -> bool {
+        matches!(self.ticket, tollgate_wire::responses::StoreTicket::Idempotency { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+    use tollgate_wire::responses::{StoreTicket, StoredResponse};
+
+    fn canon(s: &str) -> String {
+        String::from_utf8(canonical_body(Some("application/json"), s.as_bytes())).unwrap()
+    }
+
+    #[test]
+    fn canonical_json_ignores_key_order_and_whitespace() {
+        assert_eq!(canon(r#"{ "b": 1, "a": [ {"y": true, "x": null} ] }"#), r#"{"a":[{"x":null,"y":true}],"b":1}"#);
+        assert_eq!(canon(r#"{"a":[{"x":null,"y":true}],"b":1}"#), canon("{\n\t\"b\":1,\"a\":[{\"y\":true,\"x\":null}]}"));
+        assert_eq!(canon(r#"{"n": 1.0, "m": 1e2, "f": 0.5, "s": "\u00e9\n"}"#), "{\"f\":0.5,\"m\":100,\"n\":1,\"s\":\"é\\n\"}");
+        // RFC 8785 orders keys by UTF-16 code units
+        assert_eq!(canon(r#"{"\ufb33": 2, "\ud83d\ude00": 1}"#), "{\"\u{1F600}\":1,\"\u{FB33}\":2}");
+        // arrays keep their order; non-JSON bodies are the bytes as they are
+        assert_ne!(canon("[1,2]"), canon("[2,1]"));
+        assert_eq!(canonical_body(Some("text/plain"), b"a  b"), b"a  b");
+        assert_eq!(canonical_body(Some("application/json"), b"{not json"), b"{not json");
+        assert_eq!(canonical_body(None, br#"{"b":1, "a":2}"#), br#"{"a":2,"b":1}"#);
+    }
+
+    #[test]
+    fn queries_are_normalized() {
+        assert_eq!(normalize_query("b=2&a=1"), "a=1&b=2");
+        assert_eq!(normalize_query("a=2&&b=1&a=1"), "a=2&a=1&b=1", "one name's values keep their order");
+        assert_eq!(normalize_query("q=%7e%41%2f"), "q=~A%2F");
+        assert_eq!(normalize_query("q=%zz%4"), "q=%zz%4");
+        assert_eq!(normalize_query(""), "");
+    }
+
+    #[test]
+    fn cache_keys_cover_method_path_query_headers_and_body() {
+        let body = canon(r#"{"model":"m","messages":[1]}"#).into_bytes();
+        let k = cache_key("POST", "/v1/chat?b=2&a=1", &[("x-user".into(), Some("u1".into()))], &body);
+        assert_eq!(k.len(), 64);
+        assert!(k.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        let same = cache_key("POST", "/v1/chat?a=1&b=2", &[("X-User".into(), Some("u1".into()))], &canon(r#"{ "messages":[1], "model":"m" }"#).into_bytes());
+        assert_eq!(k, same);
+        for other in [
+            cache_key("PUT", "/v1/chat?b=2&a=1", &[("x-user".into(), Some("u1".into()))], &body),
+            cache_key("POST", "/v1/chat2?b=2&a=1", &[("x-user".into(), Some("u1".into()))], &body),
+            cache_key("POST", "/v1/chat?b=3&a=1", &[("x-user".into(), Some("u1".into()))], &body),
+            cache_key("POST", "/v1/chat?b=2&a=1", &[("x-user".into(), Some("u2".into()))], &body),
+            cache_key("POST", "/v1/chat?b=2&a=1", &[("x-user".into(), None)], &body),
+            cache_key("POST", "/v1/chat?b=2&a=1", &[("x-user".into(), Some("".into()))], &body),
+            cache_key("POST", "/v1/chat?b=2&a=1", &[("x-user".into(), Some("u1".into()))], b"{}"),
+        ] {
+            assert_ne!(k, other);
+        }
+        // fields are length-prefixed: moving bytes between fields changes the key
+        assert_ne!(cache_key("GET", "/a", &[], b"b"), cache_key("GET", "/ab", &[], b""));
+    }
+
+    #[test]
+    fn the_digest_is_seed_002s() {
+        // sha256("POST /v1/orders{\"a\":1}") — computed independently with sha256sum
+        assert_eq!(request_digest("POST", "/v1/orders", br#"{"a":1}"#), "b5a66a232290d59606e18a366ba779fa");
+        assert_eq!(request_digest("POST", "/v1/orders", b"").len(), 32);
+        assert_ne!(request_digest("POST", "/v1/orders", br#"{"a":1}"#), request_digest("POST", "/v1/orders", br#"{"a":2}"#));
+    }
+
+    #[test]
+    fn idempotency_keys_follow_the_draft() {
+        assert_eq!(parse_idempotency_key(r#""8e03978e-40d5-43e8-bc93-6894a57f9324""#).unwrap(), "8e03978e-40d5-43e8-bc93-6894a57f9324");
+        assert_eq!(parse_idempotency_key(r#""a \"quoted\" \\ key""#).unwrap(), r#"a "quoted" \ key"#);
+        assert_eq!(parse_idempotency_key("order-42").unwrap(), "order-42");
+        for bad in ["", "\"\"", "\"open", "a b", "\"a\", \"b\"", "a,b", "\"\\x\"", "\"é\"", &"a".repeat(256)] {
+            assert!(parse_idempotency_key(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn cache_control_and_response_rules() {
+        assert!(forbids_caching("no-store"));
+        assert!(forbids_caching("max-age=60, Private"));
+        assert!(forbids_caching("no-cache=\"set-cookie\""));
+        assert!(!forbids_caching("max-age=60, public"));
+        let h = |pairs: &[(&str, &str)]| pairs.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect::<Vec<_>>();
+        let keys = vec!["x-user".to_string()];
+        assert!(cacheable_response(200, &h(&[("content-type", "application/json")]), &keys));
+        assert!(cacheable_response(201, &h(&[("vary", "X-User")]), &keys));
+        assert!(!cacheable_response(206, &[], &keys));
+        assert!(!cacheable_response(404, &[], &keys));
+        assert!(!cacheable_response(200, &h(&[("cache-control", "no-store")]), &keys));
+        assert!(!cacheable_response(200, &h(&[("set-cookie", "a=b")]), &keys));
+        assert!(!cacheable_response(200, &h(&[("vary", "accept-language")]), &keys));
+        assert!(!cacheable_response(200, &h(&[("vary", "*")]), &keys));
+        let kept = storable_headers(&h(&[
+            (":status", "200"),
+            ("content-type", "application/json"),
+            ("content-length", "5"),
+            ("date", "x"),
+            ("set-cookie", "a"),
+            ("x-tollgate-target", "t"),
+            ("ratelimit", "r"),
+            ("etag", "\"1\""),
+        ]));
+        assert_eq!(kept, vec![Header::new("content-type", "application/json"), Header::new("etag", "\"1\"")]);
+    }
+
+    fn item(n: usize, body: usize) -> StoreItem {
+        StoreItem {
+            ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: n.to_string() },
+            response: Some(StoredResponse::new(200, vec![], vec![b'a'; body], 0)),
+        }
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_sends_each_batch_once() {
+        let mut q = ResponseQueue::new(3, 10_000);
+        for i in 0..4 {
+            q.push(item(i, 10));
+        }
+        assert_eq!((q.len(), q.dropped), (3, 1));
+        let (body, n) = q.begin_flush(1 << 20).unwrap();
+        assert_eq!(n, 3);
+        let b: StoreBatch = serde_json::from_slice(&body).unwrap();
+        assert_eq!(b.responses.len(), 3);
+        q.push(item(9, 10));
+        assert!(q.begin_flush(1 << 20).is_none(), "one batch in flight");
+        q.end_flush(3);
+        assert_eq!(q.dropped, 4, "a failed batch is dropped, not retried");
+        assert_eq!(q.begin_flush(1 << 20).unwrap().1, 1);
+        q.end_flush(0);
+        assert!(q.is_empty());
+
+        let mut q = ResponseQueue::new(100, 5_000);
+        q.push(item(1, 3_000));
+        q.push(item(2, 3_000));
+        assert_eq!((q.len(), q.dropped), (1, 1), "bounded in bytes");
+        q.push(item(3, 100));
+        assert_eq!(q.begin_flush(1_000).unwrap().1, 1, "a batch takes at least one item, then stops at the byte bound");
+    }
+}
