@@ -1,6 +1,7 @@
 //! An upstream that echoes what it received as JSON: `{"method", "path", "headers": [[n, v]…]}`.
 //! A request header `x-echo-usage: N` adds an LLM-style `"usage": {"total_tokens": N}`;
-//! `x-echo-status: N` answers with that status (usage tests).
+//! `x-echo-status: N` answers with that status (usage tests); `x-echo-delay-ms: N` answers after N ms
+//! and `x-echo-cache-control: V` sets `Cache-Control: V` on the response (response-cache tests).
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
 use axum::body::Body;
@@ -45,6 +46,11 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         None => serde_json::to_vec(&echoed),
     }
     .unwrap_or_default();
+    let delay: u64 = req.headers().get("x-echo-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay.min(30_000))).await;
+    }
+    let cache_control = req.headers().get("x-echo-cache-control").and_then(|v| v.to_str().ok()).map(str::to_string);
     let status = req
         .headers()
         .get("x-echo-status")
@@ -52,11 +58,11 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         .and_then(|v| v.parse::<u16>().ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::OK);
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body))
-        .unwrap_or_default()
+    let mut response = Response::builder().status(status).header(header::CONTENT_TYPE, "application/json");
+    if let Some(cc) = cache_control {
+        response = response.header(header::CACHE_CONTROL, cc);
+    }
+    response.body(Body::from(body)).unwrap_or_default()
 }
 
 /// Serves the echo on `listener` until `shutdown` completes.
