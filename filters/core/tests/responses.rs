@@ -1,0 +1,268 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The response cache and Idempotency-Key replay in the filter, through a mock host (natively and
+//! on wasm32 under wasm-bindgen-test): what the decision call carries, hits and replays as local
+//! replies that still count, stores queued when the response is complete and qualifies, bypass,
+//! 400 for a malformed key, releases of failed idempotent requests.
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use tollgate_filter_core::completions::CompletionQueue;
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::filter::{Action, AuthFilter, Metric};
+use tollgate_filter_core::mock::MockHost;
+use tollgate_filter_core::responses::{cache_key, canonical_body, request_digest, ResponseQueue};
+use tollgate_filter_core::routing::{WorkerRoutes, TABLE_KEY};
+use tollgate_wire::responses::{StoreBatch, StoreTicket};
+use tollgate_wire::DecideRequest;
+
+const KEY: &str = "tg_cache_key_1";
+const CONFIG: &str = r#"{"routing":{"enabled":true},"idempotency":{"enabled":true},"responseCache":{"maxBodyBytes":64}}"#;
+
+fn table() -> String {
+    serde_json::json!({"version": 1, "etag": "e", "routes": [
+        {"id": "chat", "pathPrefix": "/v1/chat", "cluster": "llm", "cacheTtlMs": 60000, "cacheKeyHeaders": ["x-user"]},
+        {"id": "other", "pathPrefix": "/", "cluster": "llm"},
+    ]})
+    .to_string()
+}
+
+struct Rig {
+    routes: Rc<RefCell<WorkerRoutes>>,
+    queue: Rc<RefCell<ResponseQueue>>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig { routes: Rc::default(), queue: Rc::new(RefCell::new(ResponseQueue::new(100, 1 << 20))) }
+    }
+    fn filter(&self) -> AuthFilter {
+        let config = Rc::new(FilterConfig::parse(CONFIG.as_bytes()).unwrap());
+        AuthFilter::new(config, Rc::new(RefCell::new(CompletionQueue::new(10))))
+            .with_routes(self.routes.clone())
+            .with_responses(self.queue.clone())
+    }
+    fn stored(&self) -> StoreBatch {
+        let mut q = self.queue.borrow_mut();
+        let batch = q.begin_flush(1 << 20).map(|(b, _)| serde_json::from_slice(&b).unwrap()).unwrap_or_default();
+        q.end_flush(0);
+        batch
+    }
+}
+
+fn host(method: &str, path: &str) -> MockHost {
+    let mut h = MockHost::new().with_header(":method", method).with_header(":path", path).with_header("x-api-key", KEY);
+    h.shared.insert(TABLE_KEY.into(), table().into_bytes());
+    h.cas.insert(TABLE_KEY.into(), 1);
+    h.now_ms = 10_000;
+    h
+}
+
+fn decision(host: &MockHost) -> DecideRequest {
+    serde_json::from_slice(&host.calls.last().unwrap().body).unwrap()
+}
+
+const MISS: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p",
+  "responseHeaders":[{"name":"ratelimit","value":"\"pm\";r=9;t=60"}],
+  "store":{"kind":"cache","tenant":"acme","route":"chat","hash":"h"}}"#;
+
+fn upstream(host: &mut MockHost, status: &str, headers: &[(&str, &str)]) {
+    host.upstream_response = vec![(":status".into(), status.into())];
+    host.upstream_response.extend(headers.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+}
+
+#[test]
+fn a_cacheable_request_carries_its_key_and_a_complete_success_is_queued() {
+    let rig = Rig::new();
+    let mut h = host("POST", "/v1/chat?b=2&a=1").with_header("content-type", "application/json").with_header("x-user", "u1");
+    h.request_body = br#"{ "b": [1, 2], "a": "x" }"#.to_vec();
+    let mut f = rig.filter();
+    assert_eq!(f.on_request_headers(&mut h, false), Action::Pause);
+    assert!(h.calls.is_empty(), "the key needs the body");
+    let n = h.request_body.len();
+    assert_eq!(f.on_request_body(&mut h, n, true), Action::Pause);
+    let req = decision(&h);
+    let canonical = canonical_body(Some("application/json"), br#"{"a":"x","b":[1,2]}"#);
+    assert_eq!(req.cache_key, Some(cache_key("POST", "/v1/chat?a=1&b=2", &[("x-user".into(), Some("u1".into()))], &canonical)));
+    assert_eq!(req.route.as_deref(), Some("chat"));
+    assert_eq!(req.idempotency, None);
+
+    assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), MISS), Action::Continue);
+    assert_eq!(h.count_of(Metric::CacheMiss), 1);
+    upstream(&mut h, "200", &[("content-type", "application/json"), ("date", "now"), ("x-tollgate-target", "t")]);
+    assert_eq!(f.on_response_headers(&mut h, false), Action::Continue);
+    assert!(h.response_headers.contains(&("x-tollgate-cache".into(), "miss".into())));
+    h.response_chunk = br#"{"answer":"#.to_vec();
+    let n = h.response_chunk.len();
+    f.on_response_body(&mut h, n, false);
+    h.response_chunk = b"42}".to_vec();
+    let n = h.response_chunk.len();
+    f.on_response_body(&mut h, n, true);
+    f.on_log(&h);
+    let batch = rig.stored();
+    assert_eq!(batch.responses.len(), 1);
+    let item = &batch.responses[0];
+    assert_eq!(item.ticket, StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "h".into() });
+    let r = item.response.as_ref().unwrap();
+    assert_eq!((r.status, r.body.as_str(), r.stored_at_ms), (200, r#"{"answer":42}"#, 10_000));
+    assert_eq!(r.headers, vec![tollgate_wire::Header::new("content-type", "application/json")], "no date, no gateway headers");
+}
+
+#[test]
+fn responses_that_must_not_be_cached_are_not_queued() {
+    let cases: &[(&str, &[(&str, &str)], &[u8], bool)] = &[
+        ("500", &[], b"{}", true),
+        ("200", &[("cache-control", "private, max-age=60")], b"{}", true),
+        ("200", &[("set-cookie", "s=1")], b"{}", true),
+        ("200", &[], &[b'x'; 65], true), // over responseCache.maxBodyBytes (64)
+        ("200", &[], b"{}", false),      // the stream did not complete (client went away)
+    ];
+    for (status, headers, body, complete) in cases {
+        let rig = Rig::new();
+        let mut h = host("GET", "/v1/chat");
+        let mut f = rig.filter();
+        f.on_request_headers(&mut h, true);
+        f.on_sidecar_response(&mut h, 1, Some(200), MISS);
+        upstream(&mut h, status, headers);
+        f.on_response_headers(&mut h, false);
+        h.response_chunk = body.to_vec();
+        f.on_response_body(&mut h, body.len(), *complete);
+        f.on_log(&h);
+        assert!(rig.stored().responses.is_empty(), "{status} {headers:?} {} bytes complete={complete}", body.len());
+    }
+}
+
+#[test]
+fn a_hit_is_a_local_reply_that_still_counts() {
+    let rig = Rig::new();
+    let mut h = host("GET", "/v1/chat/x");
+    let mut f = rig.filter();
+    assert_eq!(f.on_request_headers(&mut h, true), Action::Pause);
+    assert!(decision(&h).cache_key.is_some());
+    let hit = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p",
+      "responseHeaders":[{"name":"ratelimit","value":"\"pm\";r=8;t=60"}],
+      "ticket":{"tenant":"acme","requestId":"r1","slots":[{"limit":"c","subject":"t"}]},
+      "replay":{"kind":"cache","response":{"status":200,"headers":[{"name":"content-type","value":"application/json"}],
+        "body":"{\"answer\":42}","storedAtMs":7000}}}"#;
+    assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), hit), Action::Pause, "nothing goes upstream");
+    let reply = h.reply.clone().unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, br#"{"answer":42}"#.as_slice()));
+    for (n, v) in [("content-type", "application/json"), ("x-tollgate-cache", "hit"), ("age", "3"), ("ratelimit", "\"pm\";r=8;t=60")] {
+        assert!(reply.headers.contains(&(n.into(), v.into())), "{n}: {:?}", reply.headers);
+    }
+    assert_eq!(h.count_of(Metric::CacheHit), 1);
+    assert_eq!(h.count_of(Metric::Allowed), 1);
+    assert_eq!(h.header("x-tollgate-cluster"), None, "not steered");
+    // Envoy may run the filter's response path for its own reply: nothing is added twice
+    f.on_response_headers(&mut h, false);
+    assert!(h.response_headers.is_empty());
+    f.on_log(&h);
+    assert!(rig.stored().responses.is_empty());
+}
+
+#[test]
+fn bypass_no_lookup_and_no_auth_cache_shortcut() {
+    let rig = Rig::new();
+    // Cache-Control: no-store → no key, x-tollgate-cache: bypass
+    let mut h = host("GET", "/v1/chat").with_header("cache-control", "no-store");
+    let mut f = rig.filter();
+    f.on_request_headers(&mut h, true);
+    assert_eq!(decision(&h).cache_key, None);
+    f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
+    upstream(&mut h, "200", &[]);
+    f.on_response_headers(&mut h, true);
+    assert!(h.response_headers.contains(&("x-tollgate-cache".into(), "bypass".into())));
+    // a method the cache does not serve
+    let mut h = host("DELETE", "/v1/chat");
+    rig.filter().on_request_headers(&mut h, true);
+    assert_eq!(decision(&h).cache_key, None);
+    // a cacheable request never takes the auth-cache shortcut (the lookup rides on the call)
+    let mut h = host("GET", "/v1/chat");
+    let key = tollgate_filter_core::filter::auth_cache_key(&tollgate_filter_core::key::hash_key(KEY), Some("chat"));
+    h.shared.insert(key, br#"{"untilMs":99999999,"tenant":"acme","keyId":"k1","plan":"p"}"#.to_vec());
+    assert_eq!(rig.filter().on_request_headers(&mut h, true), Action::Pause);
+    assert_eq!(h.calls.len(), 1);
+    // a route without a TTL: no lookup, no header
+    let mut h = host("GET", "/elsewhere");
+    let mut f = rig.filter();
+    f.on_request_headers(&mut h, true);
+    assert_eq!(decision(&h).cache_key, None);
+    f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
+    f.on_response_headers(&mut h, true);
+    assert!(!h.response_headers.iter().any(|(n, _)| n == "x-tollgate-cache"));
+}
+
+const CLAIMED: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p",
+  "store":{"kind":"idempotency","tenant":"acme","keyId":"k1","digest":"d","key":"order-1","token":"t"}}"#;
+
+#[test]
+fn an_idempotency_key_carries_the_seed_digest_and_its_outcome_is_stored_or_released() {
+    for (status, stored) in [("201", true), ("503", false)] {
+        let rig = Rig::new();
+        let mut h = host("POST", "/v1/chat?x=1").with_header("content-type", "application/json").with_header("idempotency-key", "\"order-1\"");
+        h.request_body = br#"{"b":1,"a":2}"#.to_vec();
+        let mut f = rig.filter();
+        f.on_request_headers(&mut h, false);
+        let n = h.request_body.len();
+        f.on_request_body(&mut h, n, true);
+        let req = decision(&h);
+        let i = req.idempotency.clone().unwrap();
+        assert_eq!(i.key, "order-1");
+        assert_eq!(i.digest, request_digest("POST", "/v1/chat?x=1", br#"{"a":2,"b":1}"#));
+        assert_eq!(req.cache_key, None, "an idempotency key bypasses the cache");
+        f.on_sidecar_response(&mut h, 1, Some(200), CLAIMED);
+        upstream(&mut h, status, &[("content-type", "application/json"), ("location", "/orders/1")]);
+        f.on_response_headers(&mut h, false);
+        h.response_chunk = br#"{"id":1}"#.to_vec();
+        let n = h.response_chunk.len();
+        f.on_response_body(&mut h, n, true);
+        f.on_log(&h);
+        let batch = rig.stored();
+        assert_eq!(batch.responses.len(), 1, "{status}");
+        let item = &batch.responses[0];
+        assert!(matches!(item.ticket, StoreTicket::Idempotency { .. }));
+        if stored {
+            let r = item.response.as_ref().unwrap();
+            assert_eq!((r.status, r.body.as_str()), (201, r#"{"id":1}"#));
+            assert!(r.headers.contains(&tollgate_wire::Header::new("location", "/orders/1")));
+        } else {
+            assert!(item.response.is_none(), "a failure releases the claim");
+        }
+    }
+}
+
+#[test]
+fn replays_conflicts_and_malformed_keys() {
+    let rig = Rig::new();
+    let mut h = host("POST", "/orders").with_header("idempotency-key", "order-1");
+    let mut f = rig.filter();
+    f.on_request_headers(&mut h, true);
+    let replay = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p",
+      "replay":{"kind":"idempotency","response":{"status":201,"body":"AAH/","base64":true,"storedAtMs":1}}}"#;
+    assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), replay), Action::Pause);
+    let reply = h.reply.clone().unwrap();
+    assert_eq!((reply.status, reply.body), (201, vec![0, 1, 0xff]));
+    assert!(reply.headers.contains(&("idempotent-replayed".into(), "true".into())));
+    assert_eq!(h.count_of(Metric::IdempotentReplay), 1);
+
+    // 409 / 422 come from the sidecar as denials
+    let mut h = host("POST", "/orders").with_header("idempotency-key", "order-1");
+    let mut f = rig.filter();
+    f.on_request_headers(&mut h, true);
+    let conflict = br#"{"verdict":"deny","status":422,"error":"idempotency_key_reused","message":"m"}"#;
+    f.on_sidecar_response(&mut h, 1, Some(200), conflict);
+    assert_eq!(h.reply.clone().unwrap().status, 422);
+
+    // a malformed key: 400 without a call; a GET's key is ignored (safe methods are idempotent)
+    let mut h = host("POST", "/orders").with_header("idempotency-key", "\"open");
+    assert_eq!(rig.filter().on_request_headers(&mut h, true), Action::Pause);
+    assert!(h.calls.is_empty());
+    let reply = h.reply.clone().unwrap();
+    assert_eq!(reply.status, 400);
+    assert!(String::from_utf8_lossy(&reply.body).contains("invalid_idempotency_key"));
+    let mut h = host("GET", "/orders").with_header("idempotency-key", "\"open");
+    rig.filter().on_request_headers(&mut h, true);
+    assert_eq!(decision(&h).idempotency, None);
+}

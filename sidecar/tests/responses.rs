@@ -1,0 +1,224 @@
+//! The response cache and idempotency lookups of the decision (issue 7) against a real
+//! redis-server: one EVALSHA per decision with limits and a lookup, miss → store → hit per tenant
+//! and route, idempotency claim / in flight / conflict / replay / release, a late report after a
+//! new claim changes nothing, limits untouched by 409/422, TTLs, and Redis down.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_sidecar::apikey;
+use tollgate_sidecar::clock::ManualClock;
+use tollgate_sidecar::config::{Config, RedisConfig};
+use tollgate_sidecar::config_store::{Change, Kind, Snapshot};
+use tollgate_sidecar::decide::{Decider, Routing};
+use tollgate_sidecar::keys::Id;
+use tollgate_sidecar::limits::Plans;
+use tollgate_sidecar::responses::store_batch;
+use tollgate_sidecar::store::Store;
+use tollgate_tests::Redis;
+use tollgate_wire::responses::{IdempotencyRequest, ReplayKind, StoreBatch, StoreItem, StoreTicket, StoredResponse};
+use tollgate_wire::{DecideRequest, DecideResponse};
+
+const T0: u64 = 1_795_953_600_000;
+
+struct Lab {
+    redis: Redis,
+    decider: Decider,
+    store: Store,
+    keys: Vec<String>,
+}
+
+impl Lab {
+    async fn new() -> Lab {
+        let redis = Redis::start();
+        let toml = "[[plans.p.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\n";
+        let mut cfg = Config::from_toml(toml).unwrap();
+        cfg.redis.url = redis.url();
+        cfg.redis.timeout = Duration::from_millis(500);
+        cfg.cache.ttl = Duration::from_secs(600);
+        let store = Store::new(&cfg.redis).unwrap();
+        let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), Arc::new(ManualClock::new(T0)));
+        let mut s = Snapshot { plans: cfg.plans.clone(), ..Snapshot::default() };
+        for change in [
+            Change::Put(Kind::Routes, serde_json::json!({"id": "chat", "cluster": "a", "cache_ttl": "30s"})),
+            Change::Put(Kind::Routes, serde_json::json!({"id": "nocache", "cluster": "a"})),
+        ] {
+            s = s.apply(&change).unwrap();
+        }
+        decider.set_routing(Routing::of(&s, 1));
+        let admin = Store::new(&RedisConfig { url: redis.url(), ..Default::default() }).unwrap();
+        let mut keys = Vec::new();
+        for tenant in ["acme", "beta"] {
+            let issued = apikey::issue(Id::parse(tenant).unwrap(), Id::parse("p").unwrap(), 1, None);
+            admin.create_key(&issued.hash, &issued.record).await.unwrap();
+            keys.push(issued.hash.as_str().to_string());
+        }
+        Lab { redis, decider, store, keys }
+    }
+
+    fn req(&self, key: usize, route: &str) -> DecideRequest {
+        DecideRequest {
+            key_hash: self.keys[key].clone(),
+            method: "POST".into(),
+            authority: "api".into(),
+            path: "/v1/chat".into(),
+            request_id: None,
+            client_ip: None,
+            headers: vec![],
+            token_estimate: None,
+            route: Some(route.into()),
+            cache_key: Some("ab".repeat(32)),
+            idempotency: None,
+        }
+    }
+
+    fn idem(&self, key: usize, idem: &str, digest: &str) -> DecideRequest {
+        DecideRequest {
+            idempotency: Some(IdempotencyRequest { key: idem.into(), digest: digest.repeat(32 / digest.len()) }),
+            route: None,
+            cache_key: None,
+            ..self.req(key, "chat")
+        }
+    }
+
+    async fn store(&self, ticket: StoreTicket, response: Option<StoredResponse>) -> tollgate_wire::responses::StoreAck {
+        let routing = self.decider.routing();
+        store_batch(&self.store, &StoreBatch { responses: vec![StoreItem { ticket, response }] }, |r| routing.cache_ttl_ms(r)).await
+    }
+
+    fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.redis.connection().unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut c).unwrap()
+    }
+}
+
+/// (replay, store ticket, RateLimit remaining) of an allow.
+fn allowed(r: DecideResponse) -> (Option<(ReplayKind, StoredResponse)>, Option<StoreTicket>, Option<String>) {
+    match r {
+        DecideResponse::Allow { replay, store, response_headers, .. } => (
+            replay.map(|r| (r.kind, r.response)),
+            store,
+            response_headers.iter().find(|h| h.name == "ratelimit").map(|h| h.value.clone()),
+        ),
+        other => panic!("expected an allow, got {other:?}"),
+    }
+}
+
+fn denied(r: DecideResponse) -> (u16, String) {
+    match r {
+        DecideResponse::Deny { status, error, .. } => (status, error),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn ok(body: &str) -> StoredResponse {
+    StoredResponse::new(200, vec![tollgate_wire::Header::new("content-type", "application/json")], body.as_bytes().to_vec(), T0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
+    let lab = Lab::new().await;
+    let (replay, ticket, _) = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+    assert!(replay.is_none());
+    let ticket = ticket.expect("a miss carries a store ticket");
+    let ack = lab.store(ticket.clone(), Some(ok(r#"{"answer":42}"#))).await;
+    assert_eq!(ack.stored, 1, "{ack:?}");
+    let key = format!("cache:exact:{{acme}}:chat:{}", "ab".repeat(32));
+    let ttl: i64 = lab.cmd(&["PTTL", &key]);
+    assert!(ttl > 29_000 && ttl <= 30_000, "the route's TTL: {ttl}");
+
+    let _: () = lab.cmd(&["CONFIG", "RESETSTAT"]);
+    let (replay, ticket2, rl) = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+    let (kind, r) = replay.expect("a hit");
+    assert_eq!((kind, r.body.as_str(), ticket2), (ReplayKind::Cache, r#"{"answer":42}"#, None));
+    assert!(rl.is_some_and(|v| v.contains("r=98")), "a hit takes from the limits");
+    for _ in 0..9 {
+        allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+    }
+    let stats: String = lab.cmd(&["INFO", "commandstats"]);
+    let calls = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    // one EVALSHA per decision: the lookup rides on the limits' script call
+    assert_eq!(calls("evalsha"), 10, "{stats}");
+    assert_eq!(calls("hgetall") + calls("eval") + calls("script"), 0, "{stats}");
+
+    // another tenant, another route, a route without a TTL: no sharing, no lookup
+    let (replay, t, _) = allowed(lab.decider.decide(&lab.req(1, "chat")).await.unwrap());
+    assert!(replay.is_none() && matches!(t, Some(StoreTicket::Cache { ref tenant, .. }) if tenant == "beta"));
+    let (replay, t, _) = allowed(lab.decider.decide(&lab.req(0, "nocache")).await.unwrap());
+    assert!(replay.is_none() && t.is_none());
+
+    // the store refuses what it must: unknown route, no TTL, a failure status, a forged tenant
+    let bad_route = StoreTicket::Cache { tenant: "acme".into(), route: "nocache".into(), hash: "cd".repeat(32) };
+    assert_eq!(lab.store(bad_route, Some(ok("x"))).await.refused, 1);
+    let status = StoredResponse::new(500, vec![], b"x".to_vec(), T0);
+    assert_eq!(lab.store(ticket.clone(), Some(status)).await.refused, 1);
+    let forged = StoreTicket::Cache { tenant: "a}b".into(), route: "chat".into(), hash: "cd".repeat(32) };
+    assert_eq!(lab.store(forged, Some(ok("x"))).await.refused, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_claim_in_flight_conflict_replay_and_release() {
+    let lab = Lab::new().await;
+    let (replay, ticket, first_rl) = allowed(lab.decider.decide(&lab.idem(0, "k1", "aa")).await.unwrap());
+    assert!(replay.is_none());
+    let ticket = ticket.expect("a claim");
+    let owner: Vec<String> = lab.cmd(&["KEYS", "idem:key:{acme}:*:k1"]);
+    assert_eq!(owner.len(), 1);
+    let digest: String = lab.cmd(&["GET", &owner[0]]);
+    assert_eq!(digest, "aa".repeat(16), "the owner key holds the digest that claimed the key");
+    // in flight: 409, and no limit is taken
+    assert_eq!(denied(lab.decider.decide(&lab.idem(0, "k1", "aa")).await.unwrap()), (409, "idempotency_in_flight".into()));
+    // the same key for another operation: 422 (found by the owner key in the same lookup)
+    assert_eq!(denied(lab.decider.decide(&lab.idem(0, "k1", "bb")).await.unwrap()), (422, "idempotency_key_reused".into()));
+    // the outcome is stored: replayed from now on, for 24 h
+    assert_eq!(lab.store(ticket.clone(), Some(ok(r#"{"order":1}"#))).await.stored, 1);
+    let (replay, t, rl) = allowed(lab.decider.decide(&lab.idem(0, "k1", "aa")).await.unwrap());
+    let (kind, r) = replay.expect("a replay");
+    assert_eq!((kind, r.body.as_str(), t), (ReplayKind::Idempotency, r#"{"order":1}"#, None));
+    let remaining = |v: &Option<String>| -> u64 { v.as_deref().unwrap().split("r=").nth(1).unwrap().split(';').next().unwrap().parse().unwrap() };
+    assert_eq!(remaining(&rl), remaining(&first_rl) - 1, "409 and 422 took nothing; the replay took one");
+    let memo: Vec<String> = lab.cmd(&["KEYS", "idem:api:{acme}:*"]);
+    assert_eq!(memo.len(), 1);
+    let ttl: i64 = lab.cmd(&["PTTL", &memo[0]]);
+    assert!(ttl > 86_000_000, "{ttl}");
+    // a second report of the same claim changes nothing
+    assert_eq!(lab.store(ticket, None).await.refused, 1);
+    assert!(allowed(lab.decider.decide(&lab.idem(0, "k1", "aa")).await.unwrap()).0.is_some());
+    // another API key (here: another tenant) with the same idempotency key is its own operation
+    assert!(allowed(lab.decider.decide(&lab.idem(1, "k1", "aa")).await.unwrap()).1.is_some());
+
+    // a failed outcome releases the claim: the client may retry, even with another body
+    let (_, t2, _) = allowed(lab.decider.decide(&lab.idem(0, "k2", "cc")).await.unwrap());
+    let failed = StoredResponse::new(502, vec![], vec![], T0);
+    assert_eq!(lab.store(t2.unwrap(), Some(failed)).await.released, 1);
+    let keys: Vec<String> = lab.cmd(&["KEYS", "idem:*k2"]);
+    assert!(keys.is_empty(), "{keys:?}");
+    assert!(allowed(lab.decider.decide(&lab.idem(0, "k2", "dd")).await.unwrap()).1.is_some());
+
+    // every idempotency key has a TTL
+    lab.redis.assert_ttl_invariant();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_is_a_miss_and_executes_idempotency_keys_unrecorded() {
+    let mut lab = Lab::new().await;
+    allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap()); // the key record is cached
+    lab.redis.kill();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let (replay, ticket, _) = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+        assert!(replay.is_none() && ticket.is_none(), "a miss, nothing to store");
+        let (replay, ticket, _) = allowed(lab.decider.decide(&lab.idem(0, "k", "aa")).await.unwrap());
+        assert!(replay.is_none() && ticket.is_none(), "executed, not recorded");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+}
