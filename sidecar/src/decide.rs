@@ -300,7 +300,7 @@ impl Decider {
                         Err(deny) => return deny,
                     },
                 };
-                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id), replay, store)
+                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id), replay, store.map(Box::new))
             }
         }
     }

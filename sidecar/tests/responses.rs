@@ -100,7 +100,7 @@ fn allowed(r: DecideResponse) -> (Option<(ReplayKind, StoredResponse)>, Option<S
     match r {
         DecideResponse::Allow { replay, store, response_headers, .. } => (
             replay.map(|r| (r.kind, r.response)),
-            store,
+            store.map(|t| *t),
             response_headers.iter().find(|h| h.name == "ratelimit").map(|h| h.value.clone()),
         ),
         other => panic!("expected an allow, got {other:?}"),

@@ -208,7 +208,7 @@ enum State {
     Start,
     /// The decision needs the request body (token estimate, cache key, idempotency digest); the
     /// call is ready but for it.
-    AwaitingBody { request: DecideRequest, lookup: Option<LookupPlan> },
+    AwaitingBody { request: Box<DecideRequest>, lookup: Option<LookupPlan> },
     Waiting { token: u32, key_hash: String },
     Done,
 }
@@ -397,7 +397,7 @@ impl AuthFilter {
         let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
         if (self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream) {
             // Decided when the body is in (Envoy buffers it meanwhile).
-            self.state = State::AwaitingBody { request, lookup };
+            self.state = State::AwaitingBody { request: Box::new(request), lookup };
             return Action::Pause;
         }
         if let Some(plan) = &lookup {
@@ -474,9 +474,10 @@ impl AuthFilter {
         if !end_of_stream && body_size <= MAX_USAGE_BODY {
             return Action::Pause;
         }
-        let State::AwaitingBody { mut request, lookup } = std::mem::replace(&mut self.state, State::Done) else {
+        let State::AwaitingBody { request, lookup } = std::mem::replace(&mut self.state, State::Done) else {
             return Action::Continue;
         };
+        let mut request = *request;
         let body = if body_size <= MAX_USAGE_BODY { Some(host.request_body(0, body_size).unwrap_or_default()) } else { None };
         if let (Some(field), Some(b)) = (&self.config.token_estimate_field, &body) {
             request.token_estimate = serde_json::from_slice::<serde_json::Value>(b)
@@ -552,6 +553,7 @@ impl AuthFilter {
                 }
                 if self.responses.is_some() {
                     self.pending_store = store.map(|t| {
+                        let t = *t;
                         let max = match t {
                             StoreTicket::Cache { .. } => self.config.response_cache.max_body_bytes,
                             StoreTicket::Idempotency { .. } => self.config.idempotency.max_body_bytes,

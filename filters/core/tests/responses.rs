@@ -112,7 +112,8 @@ fn a_cacheable_request_carries_its_key_and_a_complete_success_is_queued() {
 
 #[test]
 fn responses_that_must_not_be_cached_are_not_queued() {
-    let cases: &[(&str, &[(&str, &str)], &[u8], bool)] = &[
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u8], bool);
+    let cases: &[Case] = &[
         ("500", &[], b"{}", true),
         ("200", &[("cache-control", "private, max-age=60")], b"{}", true),
         ("200", &[("set-cookie", "s=1")], b"{}", true),

@@ -96,7 +96,7 @@ pub enum DecideResponse {
         /// Where the response may be stored once complete (a cache miss, a claimed idempotency
         /// key), echoed back in `POST /v1/responses`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        store: Option<responses::StoreTicket>,
+        store: Option<Box<responses::StoreTicket>>,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
