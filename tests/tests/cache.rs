@@ -289,3 +289,60 @@ fn redis_stopped_requests_are_still_served() {
         assert_eq!(g.calls(), calls + 2, "executed, not recorded");
     }
 }
+
+/// Envoy's CPU time so far (user + system), from /proc.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // after the command name: state is field 0, utime 11, stime 12 (clock ticks, 100 Hz)
+    (ticks(11) + ticks(12)) * 10.0
+}
+
+/// What a cache hit costs next to a miss and an uncached route: Envoy CPU per request and client
+/// latency, interleaved rounds of sequential requests. Not a benchmark of record (the machine is
+/// shared and noisy): `cargo test --release -p tollgate-tests --test cache -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn measure_hit_vs_miss() {
+    let g = Gateway::start();
+    let pid = g.envoy.pid().unwrap();
+    let acme = [("x-api-key", g.acme.as_str())];
+    let hit_url = g.envoy.url("/cached/hot");
+    assert_eq!(get(&hit_url, &acme).status, 200);
+    g.await_cached("acme", 1);
+    let n = 1500;
+    let mut miss_i = 0;
+    let mut results: Vec<(&str, f64, f64)> = Vec::new();
+    for round in 0..2 {
+        for kind in ["hit", "miss", "uncached"] {
+            let cpu0 = cpu_ms(pid);
+            let t0 = std::time::Instant::now();
+            let mut lat = Vec::with_capacity(n);
+            for _ in 0..n {
+                let url = match kind {
+                    "hit" => hit_url.clone(),
+                    "miss" => {
+                        miss_i += 1;
+                        g.envoy.url(&format!("/cached/m{miss_i}"))
+                    }
+                    _ => g.envoy.url("/plain"),
+                };
+                let s = std::time::Instant::now();
+                let r = get(&url, &acme);
+                lat.push(s.elapsed().as_micros() as f64);
+                assert_eq!(r.status, 200);
+                if kind == "hit" {
+                    assert_eq!(r.header("x-tollgate-cache"), Some("hit"));
+                }
+            }
+            let wall = t0.elapsed().as_secs_f64();
+            let cpu = cpu_ms(pid) - cpu0;
+            lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let p50 = lat[n / 2];
+            let us_per_req = cpu * 1000.0 / n as f64;
+            println!("round {round} {kind:>8}: {:.0} req/s sequential, p50 {p50:.0} µs, p99 {:.0} µs, Envoy CPU {us_per_req:.0} µs/req", n as f64 / wall, lat[n * 99 / 100]);
+            results.push((kind, p50, us_per_req));
+        }
+    }
+}
