@@ -478,7 +478,13 @@ impl AuthFilter {
             return Action::Continue;
         };
         let mut request = *request;
-        let body = if body_size <= MAX_USAGE_BODY { Some(host.request_body(0, body_size).unwrap_or_default()) } else { None };
+        // `None`: too large, or unreadable — never guessed (an empty stand-in would make different
+        // requests share a cache key or an idempotency digest).
+        let body = match body_size {
+            0 => Some(Vec::new()),
+            n if n <= MAX_USAGE_BODY => host.request_body(0, n),
+            _ => None,
+        };
         if let (Some(field), Some(b)) = (&self.config.token_estimate_field, &body) {
             request.token_estimate = serde_json::from_slice::<serde_json::Value>(b)
                 .ok()
