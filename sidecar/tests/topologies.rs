@@ -67,11 +67,46 @@ async fn exercise(decider: &Decider, store: &Store) {
     assert!(listed.iter().any(|r| r.key_id == key.record.key_id));
 }
 
+/// A response-cache miss, store and hit, and an idempotency claim, store and replay (issue 7):
+/// the lookup keys share the limits' slot, so the one script call works on Cluster too.
+async fn exercise_lookups(decider: &Decider, store: &Store) {
+    use tollgate_sidecar::config_store::{Change, Kind, Snapshot};
+    use tollgate_wire::responses::{IdempotencyRequest, StoreBatch, StoreItem, StoredResponse};
+    let s = Snapshot::default()
+        .apply(&Change::Put(Kind::Routes, serde_json::json!({"id": "chat", "cluster": "a", "cache_ttl": "30s"})))
+        .unwrap();
+    decider.set_routing(tollgate_sidecar::decide::Routing::of(&s, 1));
+    let routing = decider.routing();
+    for idem in [false, true] {
+        let key = apikey::issue(Id::parse("acme").unwrap(), Id::parse("all").unwrap(), 1, None);
+        store.create_key(&key.hash, &key.record).await.unwrap();
+        let req = DecideRequest {
+            route: Some("chat".into()),
+            cache_key: (!idem).then(|| "ab".repeat(32)),
+            idempotency: idem.then(|| IdempotencyRequest { key: "k-1".into(), digest: "cd".repeat(16) }),
+            ..request(key.hash.as_str(), 10)
+        };
+        let ticket = match decider.decide(&req).await.unwrap() {
+            DecideResponse::Allow { replay: None, store: Some(t), .. } => *t,
+            other => panic!("expected a miss / claim: {other:?}"),
+        };
+        let response = StoredResponse::new(200, vec![], b"{}".to_vec(), 1);
+        let batch = StoreBatch { responses: vec![StoreItem { ticket, response: Some(response) }] };
+        let ack = tollgate_sidecar::responses::store_batch(store, &batch, |r| routing.cache_ttl_ms(r)).await;
+        assert_eq!(ack.stored, 1, "{ack:?}");
+        match decider.decide(&DecideRequest { request_id: Some("r-11".into()), ..req }).await.unwrap() {
+            DecideResponse::Allow { replay: Some(r), .. } => assert_eq!(r.response.body, "{}"),
+            other => panic!("expected a hit / replay: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scripts_run_unchanged_on_a_three_master_cluster() {
     let cluster = RedisCluster::start();
     let (decider, store) = decider(RedisConfig { mode: RedisMode::Cluster, nodes: cluster.nodes(), ..Default::default() });
     exercise(&decider, &store).await;
+    exercise_lookups(&decider, &store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
