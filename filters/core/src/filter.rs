@@ -592,6 +592,8 @@ impl AuthFilter {
                 let extra: Vec<(&str, &str)> =
                     response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
                 host.count(Metric::Denied(DenyReason::of(&error)));
+                // a local reply: nothing was looked up in the response cache for it
+                self.cache_status = None;
                 reply_json(host, status, &error, &message, limit.as_deref(), &extra);
                 Action::Pause
             }
@@ -810,6 +812,7 @@ impl AuthFilter {
 
     fn deny(&mut self, host: &mut impl Host, status: u16, code: &str, message: &str, extra: &[(&str, &str)]) -> Action {
         host.count(Metric::Denied(DenyReason::of(code)));
+        self.cache_status = None;
         reply_json(host, status, code, message, None, extra);
         Action::Pause
     }
@@ -825,6 +828,7 @@ impl AuthFilter {
             FailureMode::Closed => {
                 host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
                 host.count(Metric::FailedClosed);
+                self.cache_status = None;
                 reply_json(host, 503, codes::SIDECAR_UNAVAILABLE, "the gateway cannot decide this request now", None, &[]);
                 Action::Pause
             }

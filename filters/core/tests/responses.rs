@@ -267,3 +267,20 @@ fn replays_conflicts_and_malformed_keys() {
     rig.filter().on_request_headers(&mut h, true);
     assert_eq!(decision(&h).idempotency, None);
 }
+
+#[test]
+fn a_denial_on_a_caching_route_says_nothing_about_the_cache() {
+    let rig = Rig::new();
+    let mut h = host("GET", "/v1/chat");
+    let mut f = rig.filter();
+    f.on_request_headers(&mut h, true);
+    let deny = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"m","limit":"pm"}"#;
+    assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), deny), Action::Pause);
+    assert_eq!(h.reply.clone().unwrap().status, 429);
+    // Envoy may run the response path for the local reply
+    upstream(&mut h, "429", &[]);
+    f.on_response_headers(&mut h, false);
+    assert!(!h.response_headers.iter().any(|(n, _)| n == "x-tollgate-cache"), "{:?}", h.response_headers);
+    f.on_log(&h);
+    assert!(rig.stored().responses.is_empty());
+}
