@@ -103,11 +103,14 @@ PY
 
 install_oha() {
   # Only `bench` needs it; cached under .tollgate/tools/oha (a few minutes to build, once).
-  # No default features: plain HTTP is all the bench needs (the TLS backend is a long C build).
+  # TLS through the system OpenSSL (`native-tls`): oha does not build without a TLS backend, and
+  # its default one (rustls on aws-lc) is a long C build. The bench itself speaks plain HTTP.
   [ -x "$OHA_BIN" ] && "$OHA_BIN" --version 2>/dev/null | grep -q " $OHA_VERSION" && return 0
+  apt_install libssl-dev pkg-config
   log "cargo install oha $OHA_VERSION into $TOOLS/oha (one-off, a few minutes)"
-  cargo install -q oha --version "$OHA_VERSION" --no-default-features --locked --root "$TOOLS/oha" \
-    || cargo install -q oha --version "$OHA_VERSION" --no-default-features --root "$TOOLS/oha" # the mirror may lack a locked version
+  local flags=(--version "$OHA_VERSION" --no-default-features --features native-tls --root "$TOOLS/oha")
+  cargo install -q oha "${flags[@]}" --locked \
+    || cargo install -q oha "${flags[@]}" # the mirror may lack a locked version
   "$OHA_BIN" --version | grep -q " $OHA_VERSION" || die "oha did not install"
 }
 
@@ -155,7 +158,7 @@ case "${1:-build}" in
       # target/criterion. More arguments go to criterion (e.g. a name filter: `key/`, `--quick`).
       shift
       log "criterion micro-benchmarks: filters/core (key, breaker), sidecar (decision path)"
-      exec cargo bench -p tollgate-filter-core -p tollgate-sidecar --benches -- "$@"
+      exec cargo bench -p tollgate-filter-core -p tollgate-sidecar --bench filter_logic --bench decide_path -- "$@"
     fi
     deps; install_oha; build; test_env
     export TOLLGATE_OHA_BIN="$OHA_BIN"
