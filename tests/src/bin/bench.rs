@@ -161,7 +161,8 @@ fn oha(url: &str, key: Option<&str>, secs: u64, conns: u64, rate: f64) -> Option
     let bin = oha_bin();
     let mut cmd = pinned(&bin.display().to_string());
     cmd.args(["-z", &format!("{secs}s"), "-c", &conns.to_string(), "-q", &format!("{rate:.0}")])
-        .args(["--latency-correction", "--no-tui", "--output-format", "json"]);
+        // -w: requests in flight at the deadline are waited for, not aborted (and counted as errors).
+        .args(["--latency-correction", "-w", "--worker-threads", "1", "--no-tui", "--output-format", "json"]);
     if let Some(k) = key {
         cmd.args(["-H", &format!("x-api-key: {k}")]);
     }
@@ -472,7 +473,7 @@ fn main() {
             "duration_s": secs,
             "connections": conns,
             "saturation": format!("wrk -t1 -c{conns} -d{secs}s (closed loop)"),
-            "open_loop": format!("oha -c{conns} -z{secs}s -q {rate:.0} --latency-correction"),
+            "open_loop": format!("oha -c{conns} -z{secs}s -q {rate:.0} --latency-correction -w --worker-threads 1"),
             "open_loop_rate_rps": rate,
             "open_loop_rate_basis": if fixed_rate.is_some() { "--rate".to_string() } else { format!("{rate_fraction} x envoy-alone saturation throughput of this run") },
             "cores": {"envoy": "CPU 0 (--concurrency 1, taskset)", "load_generator": "CPU 1 (taskset)", "floating": "sidecars, Redis, tansu, echo upstream"},
