@@ -8,7 +8,7 @@
 //! - `breaker/*`: the circuit-breaker decision as a request pays it: decode the 194-byte shared
 //!   state and admit (closed: read only), then on the response decode, record and re-encode
 //!   (the CAS write's payload).
-//! - Route match: the lead's routing work adds `route/*` here (hook below).
+//! - `route/*`: matching a request against a 50-route table (a late hit and a miss).
 
 // Benchmarks are not filter code: a broken fixture should stop the run loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -107,8 +107,44 @@ fn breaker_benches(c: &mut Criterion) {
     g.finish();
 }
 
-// ROUTE HOOK (issue 8 / routes): add `fn route_benches(c: &mut Criterion)` for the route match
-// (a table of ~50 routes, a hit near the end and a miss) and list it in `criterion_group!`.
+/// The route match as a request pays it: the first route of a 50-route table whose host, path or
+/// prefix, method and headers match (a hit near the end, and a miss that scans them all).
+fn route_benches(c: &mut Criterion) {
+    use tollgate_wire::routes::{HeaderRule, RequestView, RouteSpec, RouteTable};
+    let routes: Vec<RouteSpec> = (0..50)
+        .map(|i| RouteSpec {
+            id: format!("r{i}"),
+            host: (i % 3 == 0).then(|| "api.example.com".to_string()),
+            path: None,
+            path_prefix: Some(format!("/v1/svc{i}/")),
+            method: (i % 2 == 0).then(|| "POST".to_string()),
+            headers: if i % 5 == 0 { vec![HeaderRule { name: "x-tier".into(), value: Some("gold".into()) }] } else { vec![] },
+            cluster: format!("c{i}"),
+            product: None,
+            failure_mode: None,
+            cache_ttl_ms: None,
+            cache_key_headers: vec![],
+            breaker: None,
+        })
+        .collect();
+    let table = RouteTable { version: 1, etag: "e".into(), routes };
+    let headers = [("x-tier", "gold"), ("accept", "application/json")];
+    let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    let mut g = c.benchmark_group("route");
+    g.bench_function("match_50_hit_at_48", |b| {
+        b.iter(|| {
+            let req = RequestView { authority: "api.example.com:443", method: "POST", path: black_box("/v1/svc48/items?x=1"), header };
+            table.find(&req).map(|r| r.cluster.len())
+        })
+    });
+    g.bench_function("match_50_miss", |b| {
+        b.iter(|| {
+            let req = RequestView { authority: "api.example.com", method: "GET", path: black_box("/nowhere"), header };
+            table.find(&req).is_none()
+        })
+    });
+    g.finish();
+}
 
-criterion_group!(benches, key_benches, breaker_benches);
+criterion_group!(benches, key_benches, breaker_benches, route_benches);
 criterion_main!(benches);

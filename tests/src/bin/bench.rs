@@ -263,7 +263,8 @@ fn main() {
     let usage_sidecar = Sidecar::start_with_config(
         &redis.url(),
         &format!(
-            "{limited_plan}[usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n",
+            "{limited_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
+             [usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n",
             spool.path().display(),
             broker.brokers()
         ),
@@ -278,18 +279,18 @@ fn main() {
     // The full policy path in one Envoy: key auth, one exact rate limit (the "limited" key: one
     // callout and one decide.lua per request), a circuit breaker on the upstream, usage metering.
     //
-    // ROUTING HOOK (issue 8, the lead's routes): when the filter has routes, add a route table to
-    // this plugin configuration (one route matching `/bench` to the `upstream` cluster, with the
-    // breaker target on it) so that the full path includes the route match; the configuration's
-    // name stays `tollgate-full-policy` so that runs before and after compare.
+    // Routing is on: the sidecar's table (one route for everything, to `upstream`, guarded by the
+    // breaker target of that cluster) is matched locally on every request.
     let full_policy_config = r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed",
         "breakers":{"targets":[{"name":"bench","cluster":"upstream","provider":"bench","model":"m"}]},
-        "usage":{"enabled":true}}"#;
+        "usage":{"enabled":true},"routing":{"enabled":true}}"#;
     let full = Envoy::start(EnvoyOptions {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, usage_sidecar.port).plugin_config(full_policy_config)
     });
-    assert_eq!(get(&full.url("/"), &[("x-api-key", &limited_key.raw)]).status, 200, "full policy stack not answering");
+    tollgate_tests::poll_until("the full policy stack's routing table", std::time::Duration::from_secs(10), || {
+        get(&full.url("/"), &[("x-api-key", &limited_key.raw)]).status == 200
+    });
 
     let all = [
         Config { name: "envoy-alone", what: "router only", envoy: &baseline, key: None, sidecar: None },
