@@ -349,6 +349,7 @@ mod tests {
             client_ip: None,
             headers: vec![],
             token_estimate: None,
+            lease: None,
         };
         let a = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
         let b = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);

@@ -58,6 +58,7 @@ impl Lab {
             client_ip: Some("10.0.0.1".into()),
             headers: vec![],
             token_estimate: None,
+            lease: None,
         };
         self.decider.decide(&req).await.unwrap()
     }

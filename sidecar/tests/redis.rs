@@ -53,6 +53,7 @@ impl Running {
             client_ip: None,
             headers: vec![],
             token_estimate: None,
+            lease: None,
         })
         .unwrap();
         self.post("/v1/decide", body).await

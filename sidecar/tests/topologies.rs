@@ -40,6 +40,7 @@ fn request(hash: &str, n: u32) -> DecideRequest {
         client_ip: Some("10.1.1.1".into()),
         headers: vec![],
         token_estimate: None,
+        lease: None,
     }
 }
 

@@ -72,6 +72,9 @@ struct RawConfig {
     breakers: crate::breaker_config::RawBreakers,
     #[serde(default)]
     usage: RawUsage,
+    /// Leased limits (crate::lease).
+    #[serde(default)]
+    leases: crate::lease::RawLeases,
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,6 +187,8 @@ pub struct FilterConfig {
     pub breakers: crate::breaker_config::BreakerConfig,
     /// Usage metering (off unless configured).
     pub usage: UsageConfig,
+    /// Leased limits: how the filter asks for, sizes and renews leases (crate::lease).
+    pub leases: crate::lease::LeaseConfig,
 }
 
 impl Default for FilterConfig {
@@ -201,6 +206,7 @@ impl Default for FilterConfig {
             token_estimate_field: None,
             breakers: Default::default(),
             usage: UsageConfig::default(),
+            leases: crate::lease::LeaseConfig::default(),
         }
     }
 }
@@ -298,6 +304,7 @@ impl FilterConfig {
                 flush_interval: usage_flush_interval,
                 max_queued: raw.usage.max_queued,
             },
+            leases: crate::lease::LeaseConfig::compile(raw.leases)?,
         })
     }
 }

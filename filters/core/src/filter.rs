@@ -46,6 +46,10 @@ pub enum Metric {
     FailedClosed,
     /// Allowed from the VM-wide auth cache, without a call to the sidecar.
     AuthCacheHit,
+    /// Allowed from this Envoy's lease of a leased limit, without a call (crate::lease).
+    LeaseHit,
+    /// Lease renewals sent by a root context (off the request path).
+    LeaseRenewal,
 }
 
 /// A deny reason known to this version, or `Other`.
@@ -70,8 +74,15 @@ impl DenyReason {
 impl Metric {
     /// Every metric, for the adapter to define them once per VM.
     pub fn all() -> Vec<Metric> {
-        let mut v =
-            vec![Metric::Allowed, Metric::SidecarError, Metric::FailedOpen, Metric::FailedClosed, Metric::AuthCacheHit];
+        let mut v = vec![
+            Metric::Allowed,
+            Metric::SidecarError,
+            Metric::FailedOpen,
+            Metric::FailedClosed,
+            Metric::AuthCacheHit,
+            Metric::LeaseHit,
+            Metric::LeaseRenewal,
+        ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
         v
@@ -85,6 +96,8 @@ impl Metric {
             Metric::FailedOpen => "tollgate.requests.failed_open".into(),
             Metric::FailedClosed => "tollgate.requests.failed_closed".into(),
             Metric::AuthCacheHit => "tollgate.auth_cache.hits".into(),
+            Metric::LeaseHit => "tollgate.leases.hits".into(),
+            Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
         }
     }
 }
@@ -187,6 +200,10 @@ pub struct AuthFilter {
     request: Option<RequestInfo>,
     /// Tenant, key id and plan of a request let through with an identity (metering only).
     identity: Option<(String, String, String)>,
+    /// The worker's lease renewals (crate::lease), when leases are on.
+    leases: Option<Rc<RefCell<crate::lease::RenewalQueue>>>,
+    /// When the decision call that asks for a lease was sent.
+    lease_sent_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -210,7 +227,18 @@ impl AuthFilter {
             meter: None,
             request: None,
             identity: None,
+            leases: None,
+            lease_sent_ms: None,
         }
+    }
+
+    /// Spends and renews leases of leased limits through `renewals` (when the configuration
+    /// enables leases; crate::lease).
+    pub fn with_leases(mut self, renewals: Rc<RefCell<crate::lease::RenewalQueue>>) -> AuthFilter {
+        if self.config.leases.enabled {
+            self.leases = Some(renewals);
+        }
+        self
     }
 
     /// Meters this request into `meter` (when the configuration enables usage metering).
@@ -260,7 +288,7 @@ impl AuthFilter {
             host.count(Metric::AuthCacheHit);
             return self.allow(host, hit.tenant, hit.key_id, hit.plan, hit.request_headers, Vec::new());
         }
-        let request = DecideRequest {
+        let mut request = DecideRequest {
             key_hash,
             method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
             authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
@@ -274,7 +302,12 @@ impl AuthFilter {
                 .filter_map(|n| header_in(&headers, n).map(|v| Header::new(n.as_str(), v)))
                 .collect(),
             token_estimate: None,
+            lease: None,
         };
+        // ---- leased limits (crate::lease): admit from this Envoy's lease, no callout ----
+        if let Some(action) = self.spend_lease(host, &mut request) {
+            return action;
+        }
         let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
         if self.config.token_estimate_field.is_some() && json_body {
             // Decided when the body is in (Envoy buffers it meanwhile).
@@ -320,6 +353,9 @@ impl AuthFilter {
             body,
             timeout: self.config.sidecar_timeout,
         };
+        if request.lease.is_some() {
+            self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
+        }
         match host.dispatch(call) {
             Ok(token) => {
                 self.state = State::Waiting { token, key_hash: request.key_hash };
@@ -350,7 +386,20 @@ impl AuthFilter {
                 response_headers,
                 cache_for_ms,
                 ticket,
+                lease,
             }) => {
+                // ---- leased limits (crate::lease): keep the units granted with this answer ----
+                if let (Some(lease), Some(sent_ms)) = (&lease, self.lease_sent_ms) {
+                    let identity = crate::lease::LeaseIdentity {
+                        tenant: tenant.clone(),
+                        key_id: key_id.clone(),
+                        plan: plan.clone(),
+                        request_headers: request_headers.clone(),
+                        response_headers: Vec::new(),
+                    };
+                    let now = host.now_ms();
+                    crate::lease::store_grant(host, &key_hash, identity, lease, sent_ms, now, false);
+                }
                 if let Some(t) = ticket {
                     if !t.budgets.is_empty() && self.config.token_usage_from_response {
                         self.body = Some(Vec::new());
@@ -378,10 +427,34 @@ impl AuthFilter {
                 let extra: Vec<(&str, &str)> =
                     response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
                 host.count(Metric::Denied(DenyReason::of(&error)));
+                if status == 401 && self.leases.is_some() {
+                    crate::lease::forget(host, &key_hash); // leased limits: the key is no longer allowed
+                }
                 reply_json(host, status, &error, &message, limit.as_deref(), &extra);
                 Action::Pause
             }
             Err(why) => self.sidecar_failed(host, &why),
+        }
+    }
+
+    /// Leased limits (crate::lease): admits the request from this Envoy's lease of its key
+    /// (`Some(Continue)`), or sets the lease ask on the decision `request` and returns `None`.
+    fn spend_lease(&mut self, host: &mut impl Host, request: &mut DecideRequest) -> Option<Action> {
+        let renewals = self.leases.clone()?;
+        let now = host.now_ms();
+        match crate::lease::spend(host, &request.key_hash, &self.config.leases, now) {
+            crate::lease::Spend::Hit { identity, renew } => {
+                if let Some(want) = renew {
+                    renewals.borrow_mut().push(request.clone(), want);
+                }
+                host.count(Metric::LeaseHit);
+                let crate::lease::LeaseIdentity { tenant, key_id, plan, request_headers, response_headers } = identity;
+                Some(self.allow(host, tenant, key_id, plan, request_headers, response_headers))
+            }
+            crate::lease::Spend::Miss { want } => {
+                request.lease = (want > 0).then_some(tollgate_wire::LeaseAsk { want, renewal: false });
+                None
+            }
         }
     }
 

@@ -12,6 +12,10 @@
 //! Completions: requests holding a ticket (token reservation, concurrency slot) push a report to
 //! the worker's `CompletionQueue`; the root context flushes it on every tick as one batch.
 //!
+//! Leased limits: requests spend their key's lease from shared data (`tollgate_filter_core::lease`);
+//! a request that leaves it low queues a renewal in the worker's `RenewalQueue`, which the root
+//! context's tick sends (`LeaseRenewer`), off the request path.
+//!
 //! Usage (when `usage.enabled`): every request with an identity pushes a usage event to the
 //! worker's `Meter`; the root context sends it as `POST /v1/usage` every `usage.flushInterval`.
 
@@ -24,6 +28,7 @@ use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_filter_core::lease::{LeaseRenewer, RenewalQueue};
 use tollgate_filter_core::usage::{self, Meter};
 use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
 use tollgate_wire::usage::USAGE_PATH;
@@ -82,10 +87,14 @@ struct Root {
     last_usage_flush_ms: u64,
     /// Set while the sidecar refuses usage for good (404: metering off there), to log once.
     usage_refused: bool,
+    /// This worker's lease renewals: HTTP contexts queue, the tick sends.
+    renewals: Rc<RefCell<RenewalQueue>>,
+    renewer: LeaseRenewer,
 }
 
 impl Default for Root {
     fn default() -> Self {
+        let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
         Root {
             config: None,
             metrics: Rc::default(),
@@ -102,6 +111,8 @@ impl Default for Root {
             usage_token: None,
             last_usage_flush_ms: 0,
             usage_refused: false,
+            renewals: renewals.clone(),
+            renewer: LeaseRenewer::new(renewals),
         }
     }
 }
@@ -210,6 +221,9 @@ impl Context for Root {
         }
         let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
         let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        if self.renewer.on_call_response(&mut host, token_id, status, &body) {
+            return;
+        }
         if let Some(p) = self.poller.as_mut() {
             p.on_call_response(&mut host, token_id, status, &body);
         }
@@ -295,6 +309,10 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         self.flush();
+        if let Some(config) = self.config.clone() {
+            let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+            self.renewer.on_tick(&mut host, &config);
+        }
         if let Some(config) = self.config.clone().filter(|c| c.usage.enabled) {
             let now = EnvoyHost { metrics: &self.metrics, named: &self.named }.now_ms();
             if now.saturating_sub(self.last_usage_flush_ms) + 5 >= config.usage.flush_interval.as_millis() as u64 {
@@ -315,7 +333,9 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let config = self.config.clone()?;
         Some(Box::new(Http {
-            filter: AuthFilter::new(config.clone(), self.completions.clone()).with_meter(self.meter.clone()),
+            filter: AuthFilter::new(config.clone(), self.completions.clone())
+                .with_meter(self.meter.clone())
+                .with_leases(self.renewals.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),
