@@ -176,7 +176,7 @@ impl Decider {
         let renewal = req.lease.is_some_and(|l| l.renewal);
         let key_left_ms = r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
         let lease_ttl = match req.lease {
-            Some(ask) if fresh && limits::leasable(limits) => limits::lease_ttl_ms(limits, now_ms, key_left_ms),
+            Some(_) if fresh && limits::leasable(limits) => limits::lease_ttl_ms(limits, now_ms, key_left_ms),
             _ => 0,
         };
         if let (Some(ask), true) = (req.lease, lease_ttl > 0 || renewal) {

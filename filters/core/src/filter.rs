@@ -377,7 +377,13 @@ impl AuthFilter {
             }
         };
         self.state = State::Done;
-        match interpret(status, body) {
+        let answer = interpret(status, body);
+        if self.leases.is_some() {
+            // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
+            let now = host.now_ms();
+            crate::lease::on_answer(host, &key_hash, &answer, self.lease_sent_ms.take(), now, false);
+        }
+        match answer {
             Ok(DecideResponse::Allow {
                 tenant,
                 key_id,
@@ -386,20 +392,8 @@ impl AuthFilter {
                 response_headers,
                 cache_for_ms,
                 ticket,
-                lease,
+                lease: _,
             }) => {
-                // ---- leased limits (crate::lease): keep the units granted with this answer ----
-                if let (Some(lease), Some(sent_ms)) = (&lease, self.lease_sent_ms) {
-                    let identity = crate::lease::LeaseIdentity {
-                        tenant: tenant.clone(),
-                        key_id: key_id.clone(),
-                        plan: plan.clone(),
-                        request_headers: request_headers.clone(),
-                        response_headers: Vec::new(),
-                    };
-                    let now = host.now_ms();
-                    crate::lease::store_grant(host, &key_hash, identity, lease, sent_ms, now, false);
-                }
                 if let Some(t) = ticket {
                     if !t.budgets.is_empty() && self.config.token_usage_from_response {
                         self.body = Some(Vec::new());
@@ -427,9 +421,6 @@ impl AuthFilter {
                 let extra: Vec<(&str, &str)> =
                     response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
                 host.count(Metric::Denied(DenyReason::of(&error)));
-                if status == 401 && self.leases.is_some() {
-                    crate::lease::forget(host, &key_hash); // leased limits: the key is no longer allowed
-                }
                 reply_json(host, status, &error, &message, limit.as_deref(), &extra);
                 Action::Pause
             }

@@ -10,8 +10,8 @@
 //! mismatch, a few times, then it falls back to the call) and pays no callout and no Redis.
 //!
 //! Sizing: the record observes this Envoy's request rate for the key (spends and misses); a lease
-//! asks for what the rate spends in `targetLifetime` (× 1.25), at most twice the last grant (a slow
-//! start) and nothing when fewer than one request is expected in a lease's lifetime (a lease that
+//! asks for what the rate spends in `targetLifetime` (× 1.25), at most four times the last grant (a
+//! slow start) and nothing when fewer than one request is expected in a lease's lifetime (a lease that
 //! expires unspent is under-use: at low rates the filter stays exact). The sidecar grants at most
 //! a fraction of what each limit has left, so near the limit grants shrink to nothing and the
 //! tail of a window is decided exactly.
@@ -36,7 +36,8 @@ use tollgate_wire::{DecideRequest, DecideResponse, Header, Lease, LeaseAsk, DECI
 
 /// CAS attempts of one spend before the request falls back to a call.
 pub const MAX_CAS_TRIES: u32 = 8;
-/// Batches kept per record (older grants beyond this are dropped: under-use, never over-use).
+/// Batches kept per record (beyond this the two that expire first are merged, expiring with the
+/// earlier: never over-use).
 pub const MAX_BATCHES: usize = 4;
 /// How long a claimed renewal blocks another one (its call's timeout).
 pub const RENEWAL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -172,9 +173,12 @@ pub struct LeaseRecord {
     pub rate_per_s: f64,
     #[serde(default)]
     pub last_granted: u64,
-    /// A renewal is in flight (or backing off) until then.
+    /// A renewal is queued or in flight (or backing off) until then.
     #[serde(default)]
     pub renewing_until_ms: u64,
+    /// A request's call asking for a lease is in flight (or backing off) until then.
+    #[serde(default)]
+    pub asking_until_ms: u64,
 }
 
 impl LeaseRecord {
@@ -227,7 +231,7 @@ pub fn want_for(rate_per_s: f64, last_granted: u64, c: &LeaseConfig) -> u64 {
     if !(expected >= 1.0) {
         return 0;
     }
-    let cap = c.initial_want.max(last_granted.saturating_mul(2)).min(c.max_want);
+    let cap = c.initial_want.max(last_granted.saturating_mul(4)).min(c.max_want);
     ((expected * 1.25).ceil() as u64).clamp(1, cap)
 }
 
@@ -275,7 +279,15 @@ pub fn spend(host: &mut impl Host, key_hash: &str, c: &LeaseConfig, now_ms: u64)
                 renew = Some(want);
             }
         }
-        let want = if hit { 0 } else { rec.want(c, now_ms) };
+        // One request-path ask in flight per Envoy (beside at most one renewal): concurrent misses
+        // are decided exactly, so a burst does not pile up leases at this replica.
+        let mut want = 0;
+        if !hit && rec.asking_until_ms <= now_ms {
+            want = rec.want(c, now_ms);
+            if want > 0 {
+                rec.asking_until_ms = now_ms + RENEWAL_TIMEOUT.as_millis() as u64;
+            }
+        }
         let Ok(bytes) = serde_json::to_vec(&rec) else { return Spend::Miss { want } };
         match host.shared_set_cas(&key, &bytes, cas) {
             Ok(()) if hit => return Spend::Hit { identity: rec.identity, renew },
@@ -290,7 +302,7 @@ pub fn spend(host: &mut impl Host, key_hash: &str, c: &LeaseConfig, now_ms: u64)
 
 /// Stores a grant: a new batch valid until `sent_ms + ttl` (the call was sent at `sent_ms`, no
 /// later than the sidecar took the units, so the batch never outlives the sidecar's bound).
-/// `renewal`: the answer to this Envoy's renewal (its claim is released).
+/// `renewal`: the answer to a renewal (else to a request's ask); that claim is released.
 pub fn store_grant(host: &mut impl Host, key_hash: &str, identity: LeaseIdentity, lease: &Lease, sent_ms: u64, now_ms: u64, renewal: bool) {
     let key = lease_key(key_hash);
     let batch = Batch { units: lease.units, until_ms: sent_ms.saturating_add(lease.ttl_ms) };
@@ -306,10 +318,18 @@ pub fn store_grant(host: &mut impl Host, key_hash: &str, identity: LeaseIdentity
         if batch.until_ms > now_ms && batch.units > 0 {
             rec.batches.push(batch);
         }
-        rec.batches.sort_by_key(|b| std::cmp::Reverse(b.until_ms));
-        rec.batches.truncate(MAX_BATCHES);
+        rec.batches.sort_by_key(|b| b.until_ms);
+        while rec.batches.len() > MAX_BATCHES {
+            // Merge the two that expire first: the units stay, spendable until the earlier expiry.
+            let first = rec.batches.remove(0);
+            if let Some(b) = rec.batches.first_mut() {
+                *b = Batch { units: b.units + first.units, until_ms: first.until_ms };
+            }
+        }
         if renewal {
             rec.renewing_until_ms = 0;
+        } else {
+            rec.asking_until_ms = 0;
         }
         let Ok(bytes) = serde_json::to_vec(&rec) else { return };
         match host.shared_set_cas(&key, &bytes, cas) {
@@ -323,13 +343,45 @@ pub fn store_grant(host: &mut impl Host, key_hash: &str, identity: LeaseIdentity
     }
 }
 
-/// A renewal that brought nothing (or failed): back off before the next one.
-fn release_claim(host: &mut impl Host, key_hash: &str, now_ms: u64) {
+/// Applies a decision call's answer to `key_hash`'s lease: `asked_at` is when the call was sent
+/// if it asked for a lease (its claim is released, or the grant stored). A 401 (the key is no
+/// longer allowed) drops the lease whether the call asked or not.
+pub fn on_answer(
+    host: &mut impl Host,
+    key_hash: &str,
+    answer: &Result<DecideResponse, String>,
+    asked_at: Option<u64>,
+    now_ms: u64,
+    renewal: bool,
+) {
+    match (answer, asked_at) {
+        (Ok(DecideResponse::Deny { status: 401, .. }), _) => forget(host, key_hash),
+        (Ok(DecideResponse::Allow { tenant, key_id, plan, request_headers, lease: Some(lease), .. }), Some(sent_ms)) => {
+            let identity = LeaseIdentity {
+                tenant: tenant.clone(),
+                key_id: key_id.clone(),
+                plan: plan.clone(),
+                request_headers: request_headers.clone(),
+                response_headers: Vec::new(),
+            };
+            store_grant(host, key_hash, identity, lease, sent_ms, now_ms, renewal);
+        }
+        (_, Some(_)) => release_claim(host, key_hash, now_ms, renewal),
+        (_, None) => {}
+    }
+}
+
+/// An ask that brought nothing (or failed): back off before the next one.
+fn release_claim(host: &mut impl Host, key_hash: &str, now_ms: u64, renewal: bool) {
     let key = lease_key(key_hash);
     for _ in 0..MAX_CAS_TRIES {
         let (bytes, cas) = host.shared_get_cas(&key);
         let Some(mut rec) = decode(bytes) else { return };
-        rec.renewing_until_ms = now_ms + RENEWAL_BACKOFF_MS;
+        if renewal {
+            rec.renewing_until_ms = now_ms + RENEWAL_BACKOFF_MS;
+        } else {
+            rec.asking_until_ms = now_ms + RENEWAL_BACKOFF_MS;
+        }
         let Ok(bytes) = serde_json::to_vec(&rec) else { return };
         if !matches!(host.shared_set_cas(&key, &bytes, cas), Err(crate::breaker::SharedSetError::CasMismatch)) {
             return;
@@ -421,7 +473,7 @@ impl LeaseRenewer {
                 }
                 Err(e) => {
                     host.log(LogLevel::Debug, &format!("tollgate: cannot send a lease renewal: {e}"));
-                    release_claim(host, &r.key_hash, now);
+                    release_claim(host, &r.key_hash, now, true);
                 }
             }
         }
@@ -432,19 +484,16 @@ impl LeaseRenewer {
         let Some(i) = self.in_flight.iter().position(|(t, _, _)| *t == token) else { return false };
         let (_, key_hash, sent_ms) = self.in_flight.swap_remove(i);
         let now = host.now_ms();
-        match interpret(status, body) {
-            Ok(DecideResponse::Allow { tenant, key_id, plan, request_headers, lease: Some(lease), .. }) => {
-                let identity = LeaseIdentity { tenant, key_id, plan, request_headers, response_headers: Vec::new() };
-                store_grant(host, &key_hash, identity, &lease, sent_ms, now, true);
-            }
-            Ok(DecideResponse::Allow { .. }) => release_claim(host, &key_hash, now),
-            // The key is no longer allowed (revoked, expired, limits unavailable and closed).
-            Ok(DecideResponse::Deny { .. }) => forget(host, &key_hash),
-            Err(e) => {
-                host.log(LogLevel::Debug, &format!("tollgate: lease renewal failed: {e}"));
-                release_claim(host, &key_hash, now);
-            }
+        let answer = interpret(status, body);
+        if let Err(e) = &answer {
+            host.log(LogLevel::Debug, &format!("tollgate: lease renewal failed: {e}"));
         }
+        // A denied renewal (the key was revoked or expired; limits unavailable and closed) drops
+        // the lease: on_answer forgets it on a 401, and a 503 brings no units.
+        if let Ok(DecideResponse::Deny { .. }) = &answer {
+            forget(host, &key_hash);
+        }
+        on_answer(host, &key_hash, &answer, Some(sent_ms), now, true);
         true
     }
 
@@ -467,7 +516,7 @@ mod tests {
         assert_eq!(want_for(1.0, 0, &c), 0, "half a request per lease: exact");
         assert_eq!(want_for(2.0, 0, &c), 2, "one request per lease: 1.25 rounded up");
         assert_eq!(want_for(10_000.0, 0, &c), 8, "the first lease is small");
-        assert_eq!(want_for(10_000.0, 8, &c), 16, "then at most doubles");
+        assert_eq!(want_for(10_000.0, 8, &c), 32, "then at most quadruples");
         assert_eq!(want_for(100.0, 1000, &c), 63, "the rate rules once grown: 50 × 1.25");
         assert_eq!(want_for(1e9, 1 << 40, &c), c.max_want);
         assert_eq!(want_for(f64::NAN, 0, &c), 0);

@@ -116,9 +116,17 @@ fn a_lease_is_spent_without_callouts_then_the_filter_calls_again() {
         assert!(!h.everything_sent().contains(KEY), "only the hash is kept");
     }
     assert_eq!(e.units(), 0);
-    // Dry: the next request calls (and asks for a lease again).
+    // Dry: the next request calls, and asks again (a queued renewal does not hold it back).
+    assert_eq!(e.renewals.borrow().len(), 1);
     let (_, sent) = e.at(30).call(ALLOW);
-    assert!(sent.lease.is_some_and(|l| l.want >= 1 && !l.renewal));
+    assert!(sent.lease.is_some_and(|l| l.want >= 1 && !l.renewal), "{sent:?}");
+    let (_, sent) = e.at(31).call(ALLOW);
+    assert_eq!(sent.lease, None, "an ask that brought nothing backs off");
+    // and only one of concurrent misses asks
+    let (_, h, _) = e.at(300).request();
+    let (_, h2, _) = e.at(300).request();
+    let asks = [h, h2].iter().filter(|h| String::from_utf8_lossy(&h.calls[0].body).contains("lease")).count();
+    assert_eq!(asks, 1);
 }
 
 #[test]
@@ -262,10 +270,13 @@ fn a_failed_renewal_backs_off_and_the_lease_is_still_spent() {
 fn a_401_on_the_request_path_drops_the_lease() {
     let mut e = Envoy::new("{}");
     e.call(ALLOW);
-    // X misses and calls; meanwhile Y's call brings a lease; then X learns the key is revoked.
+    // Y misses and asks; X misses too (no ask: Y holds it); Y's answer brings a lease; then X
+    // learns that the key is revoked.
+    let (mut fy, mut hy, _) = e.at(10).request();
     let (mut fx, mut hx, a) = e.at(10).request();
     assert_eq!(a, Action::Pause);
-    e.at(10).call(&grant(4, 400));
+    fy.on_sidecar_response(&mut hy, 1, Some(200), grant(4, 400).as_bytes());
+    e.sync(&hy);
     assert_eq!(e.units(), 4);
     hx.shared = e.base.shared.clone();
     hx.cas = e.base.cas.clone();

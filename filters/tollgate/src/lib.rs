@@ -36,6 +36,8 @@ use tollgate_wire::COMPLETIONS_PATH;
 
 /// Completion reports a worker keeps while the sidecar is unreachable.
 const MAX_QUEUED_COMPLETIONS: usize = 10_000;
+/// The longest a queued lease renewal waits for its root context's tick.
+const LEASE_TICK: std::time::Duration = std::time::Duration::from_millis(20);
 /// Completion reports per `POST /v1/completions`.
 const MAX_BATCH: usize = 500;
 
@@ -90,6 +92,7 @@ struct Root {
     /// This worker's lease renewals: HTTP contexts queue, the tick sends.
     renewals: Rc<RefCell<RenewalQueue>>,
     renewer: LeaseRenewer,
+    last_completion_flush_ms: u64,
 }
 
 impl Default for Root {
@@ -113,6 +116,7 @@ impl Default for Root {
             usage_refused: false,
             renewals: renewals.clone(),
             renewer: LeaseRenewer::new(renewals),
+            last_completion_flush_ms: 0,
         }
     }
 }
@@ -302,16 +306,25 @@ impl RootContext for Root {
             if config.usage.enabled {
                 tick = tick.min(config.usage.flush_interval);
             }
+            if config.leases.enabled {
+                // lease renewals wait for the tick: keep it well under `renewAhead`
+                tick = tick.min(LEASE_TICK);
+            }
             self.set_tick_period(tick);
         }
         true
     }
 
     fn on_tick(&mut self) {
-        self.flush();
         if let Some(config) = self.config.clone() {
             let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
             self.renewer.on_tick(&mut host, &config);
+            // the tick may be faster than the completion flushes (lease renewals)
+            let now = host.now_ms();
+            if now.saturating_sub(self.last_completion_flush_ms) + 5 >= config.completion_flush_interval.as_millis() as u64 {
+                self.last_completion_flush_ms = now;
+                self.flush();
+            }
         }
         if let Some(config) = self.config.clone().filter(|c| c.usage.enabled) {
             let now = EnvoyHost { metrics: &self.metrics, named: &self.named }.now_ms();
