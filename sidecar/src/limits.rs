@@ -668,8 +668,8 @@ mod tests {
         fixed.window_ms = 1_000;
         let bucket = limit(Algorithm::TokenBucket, SubjectKind::Key);
         let t = 1_000_000u64;
-        assert_eq!(lease_ttl_ms(&[bucket.clone()], t, u64::MAX), LEASE_MAX_TTL_MS);
-        assert_eq!(lease_ttl_ms(&[bucket.clone()], t, 200), 200, "the key expires first");
+        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, u64::MAX), LEASE_MAX_TTL_MS);
+        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, 200), 200, "the key expires first");
         assert_eq!(lease_ttl_ms(&[bucket.clone(), fixed.clone()], t + 700, u64::MAX), 300, "the window ends first");
         assert_eq!(lease_ttl_ms(&[fixed.clone()], t + 960, u64::MAX), 0, "too short to be worth units");
         assert_eq!(lease_ttl_ms(&[fixed], t + 999, u64::MAX), 0);

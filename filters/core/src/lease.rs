@@ -228,7 +228,7 @@ impl LeaseRecord {
 /// The size of a lease for a rate (requests/s) — pure, the sizing rule of the module docs.
 pub fn want_for(rate_per_s: f64, last_granted: u64, c: &LeaseConfig) -> u64 {
     let expected = rate_per_s * c.target_lifetime.as_secs_f64();
-    if !(expected >= 1.0) {
+    if expected.is_nan() || expected < 1.0 {
         return 0;
     }
     let cap = c.initial_want.max(last_granted.saturating_mul(4)).min(c.max_want);
