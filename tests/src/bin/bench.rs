@@ -96,11 +96,14 @@ fn main() {
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
         "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n\
+         [[plans.leased.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\nmode = \"leased\"\n\
          [[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n",
         &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
     );
     let key = sidecar.create_key("bench", "bench", &[]);
     let limited_key = sidecar.create_key("bench", "limited", &[]);
+    // "leased": the same limit with mode = "leased" (issue 8): requests spend this Envoy's lease.
+    let leased_key = sidecar.create_key("bench", "leased", &[]);
     // "budget": a token budget, so every request holds a reservation and reports its completion
     // (batched by the filter, settled by complete.lua).
     let budget_key = sidecar.create_key("bench", "budget", &[]);
@@ -148,11 +151,12 @@ fn main() {
     });
     assert_eq!(get(&metered.url("/"), &[("x-api-key", &key.raw)]).status, 200, "metered stack not answering");
 
-    let configs: [(&str, &Envoy, Option<&str>); 7] = [
+    let configs: [(&str, &Envoy, Option<&str>); 8] = [
         ("envoy-alone", &baseline, None),
         ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
         ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
         ("tollgate-auth+rate-limit", &tollgate, Some(limited_key.raw.as_str())),
+        ("tollgate-auth+leased-limit", &tollgate, Some(leased_key.raw.as_str())),
         ("tollgate-auth-breaker", &breaker, Some(key.raw.as_str())),
         ("tollgate-auth+token-budget+completion", &tollgate, Some(budget_key.raw.as_str())),
         ("tollgate-auth+usage", &metered, Some(key.raw.as_str())),
