@@ -112,6 +112,7 @@ pub fn verdict(record: Option<&KeyRecord>, now: u64) -> DecideResponse {
             response_headers: vec![],
             cache_for_ms: None,
             ticket: None,
+            lease: None,
         },
     }
 }

@@ -20,6 +20,11 @@ pub const SHADOW_DENIALS: &str = "tollgate_sidecar_shadow_denials_total";
 pub const COMPLETIONS: &str = "tollgate_sidecar_completions_total";
 /// Tokens moved at reconciliation, labelled `direction` (refund | overrun).
 pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total";
+/// Lease asks answered, labelled `call` (request | renewal) and `result` (granted | none |
+/// denied: a renewal for a key that is no longer allowed).
+pub const LEASES: &str = "tollgate_sidecar_leases_total";
+/// Units granted in leases (taken from the limits ahead of the requests that spend them).
+pub const LEASE_UNITS: &str = "tollgate_sidecar_lease_units_total";
 /// Audit lines written for revoked/expired key use.
 pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 

@@ -360,6 +360,7 @@ mod tests {
             headers: vec![],
             token_estimate: None,
             route: None,
+            lease: None,
         };
         let a = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
         let b = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);

@@ -63,6 +63,7 @@ impl Lab {
             headers: vec![],
             token_estimate: None,
             route: route.map(str::to_string),
+            lease: None,
         };
         self.decider.decide(&req).await.unwrap()
     }

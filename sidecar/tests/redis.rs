@@ -54,6 +54,7 @@ impl Running {
             headers: vec![],
             token_estimate: None,
             route: None,
+            lease: None,
         })
         .unwrap();
         self.post("/v1/decide", body).await

@@ -41,6 +41,7 @@ fn request(hash: &str, n: u32) -> DecideRequest {
         headers: vec![],
         token_estimate: None,
         route: None,
+        lease: None,
     }
 }
 

@@ -72,6 +72,9 @@ struct RawConfig {
     breakers: crate::breaker_config::RawBreakers,
     #[serde(default)]
     usage: RawUsage,
+    /// Leased limits (crate::lease).
+    #[serde(default)]
+    leases: crate::lease::RawLeases,
     #[serde(default)]
     routing: RawRouting,
 }
@@ -222,6 +225,8 @@ pub struct FilterConfig {
     pub usage: UsageConfig,
     /// Routing by the sidecar's routing table (off unless configured).
     pub routing: RoutingConfig,
+    /// Leased limits: how the filter asks for, sizes and renews leases (crate::lease).
+    pub leases: crate::lease::LeaseConfig,
 }
 
 impl Default for FilterConfig {
@@ -240,6 +245,7 @@ impl Default for FilterConfig {
             breakers: Default::default(),
             usage: UsageConfig::default(),
             routing: RoutingConfig::default(),
+            leases: crate::lease::LeaseConfig::default(),
         }
     }
 }
@@ -343,6 +349,7 @@ impl FilterConfig {
                 max_queued: raw.usage.max_queued,
             },
             routing: RoutingConfig { enabled: raw.routing.enabled, refresh_interval: routing_refresh },
+            leases: crate::lease::LeaseConfig::compile(raw.leases)?,
         })
     }
 }

@@ -48,6 +48,10 @@ pub enum Metric {
     FailedClosed,
     /// Allowed from the VM-wide auth cache, without a call to the sidecar.
     AuthCacheHit,
+    /// Allowed from this Envoy's lease of a leased limit, without a call (crate::lease).
+    LeaseHit,
+    /// Lease renewals sent by a root context (off the request path).
+    LeaseRenewal,
 }
 
 /// A deny reason known to this version, or `Other`.
@@ -72,8 +76,15 @@ impl DenyReason {
 impl Metric {
     /// Every metric, for the adapter to define them once per VM.
     pub fn all() -> Vec<Metric> {
-        let mut v =
-            vec![Metric::Allowed, Metric::SidecarError, Metric::FailedOpen, Metric::FailedClosed, Metric::AuthCacheHit];
+        let mut v = vec![
+            Metric::Allowed,
+            Metric::SidecarError,
+            Metric::FailedOpen,
+            Metric::FailedClosed,
+            Metric::AuthCacheHit,
+            Metric::LeaseHit,
+            Metric::LeaseRenewal,
+        ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
         v
@@ -87,6 +98,8 @@ impl Metric {
             Metric::FailedOpen => "tollgate.requests.failed_open".into(),
             Metric::FailedClosed => "tollgate.requests.failed_closed".into(),
             Metric::AuthCacheHit => "tollgate.auth_cache.hits".into(),
+            Metric::LeaseHit => "tollgate.leases.hits".into(),
+            Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
         }
     }
 }
@@ -197,6 +210,10 @@ pub struct AuthFilter {
     routes: Option<Rc<RefCell<WorkerRoutes>>>,
     /// The route this request matched.
     route: Option<Routed>,
+    /// The worker's lease renewals (crate::lease), when leases are on.
+    leases: Option<Rc<RefCell<crate::lease::RenewalQueue>>>,
+    /// When the decision call that asks for a lease was sent.
+    lease_sent_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +239,8 @@ impl AuthFilter {
             identity: None,
             routes: None,
             route: None,
+            leases: None,
+            lease_sent_ms: None,
         }
     }
 
@@ -229,6 +248,15 @@ impl AuthFilter {
     pub fn with_routes(mut self, routes: Rc<RefCell<WorkerRoutes>>) -> AuthFilter {
         if self.config.routing.enabled {
             self.routes = Some(routes);
+        }
+        self
+    }
+
+    /// Spends and renews leases of leased limits through `renewals` (when the configuration
+    /// enables leases; crate::lease).
+    pub fn with_leases(mut self, renewals: Rc<RefCell<crate::lease::RenewalQueue>>) -> AuthFilter {
+        if self.config.leases.enabled {
+            self.leases = Some(renewals);
         }
         self
     }
@@ -306,7 +334,7 @@ impl AuthFilter {
             host.count(Metric::AuthCacheHit);
             return self.allow(host, hit.tenant, hit.key_id, hit.plan, hit.request_headers, Vec::new());
         }
-        let request = DecideRequest {
+        let mut request = DecideRequest {
             key_hash,
             method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
             authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
@@ -321,7 +349,12 @@ impl AuthFilter {
                 .collect(),
             token_estimate: None,
             route: self.route().map(|r| r.id.clone()),
+            lease: None,
         };
+        // ---- leased limits (crate::lease): admit from this Envoy's lease, no callout ----
+        if let Some(action) = self.spend_lease(host, &mut request) {
+            return action;
+        }
         let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
         if self.config.token_estimate_field.is_some() && json_body {
             // Decided when the body is in (Envoy buffers it meanwhile).
@@ -367,6 +400,9 @@ impl AuthFilter {
             body,
             timeout: self.config.sidecar_timeout,
         };
+        if request.lease.is_some() {
+            self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
+        }
         match host.dispatch(call) {
             Ok(token) => {
                 self.state = State::Waiting { token, key_hash: request.key_hash };
@@ -388,7 +424,17 @@ impl AuthFilter {
             }
         };
         self.state = State::Done;
-        match interpret(status, body) {
+        let answer = interpret(status, body);
+        if self.leases.is_some() {
+            // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
+            let now = host.now_ms();
+            let scope = match self.route() {
+                Some(r) => format!("{key_hash}.{}", r.id),
+                None => key_hash.clone(),
+            };
+            crate::lease::on_answer(host, &scope, &answer, self.lease_sent_ms.take(), now, false);
+        }
+        match answer {
             Ok(DecideResponse::Allow {
                 tenant,
                 key_id,
@@ -397,6 +443,7 @@ impl AuthFilter {
                 response_headers,
                 cache_for_ms,
                 ticket,
+                lease: _,
             }) => {
                 if let Some(t) = ticket {
                     if !t.budgets.is_empty() && self.config.token_usage_from_response {
@@ -430,6 +477,27 @@ impl AuthFilter {
                 Action::Pause
             }
             Err(why) => self.sidecar_failed(host, &why),
+        }
+    }
+
+    /// Leased limits (crate::lease): admits the request from this Envoy's lease of its key
+    /// (`Some(Continue)`), or sets the lease ask on the decision `request` and returns `None`.
+    fn spend_lease(&mut self, host: &mut impl Host, request: &mut DecideRequest) -> Option<Action> {
+        let renewals = self.leases.clone()?;
+        let now = host.now_ms();
+        match crate::lease::spend(host, &crate::lease::scope(request), &self.config.leases, now) {
+            crate::lease::Spend::Hit { identity, renew } => {
+                if let Some(want) = renew {
+                    renewals.borrow_mut().push(request.clone(), want);
+                }
+                host.count(Metric::LeaseHit);
+                let crate::lease::LeaseIdentity { tenant, key_id, plan, request_headers, response_headers } = identity;
+                Some(self.allow(host, tenant, key_id, plan, request_headers, response_headers))
+            }
+            crate::lease::Spend::Miss { want } => {
+                request.lease = (want > 0).then_some(tollgate_wire::LeaseAsk { want, renewal: false });
+                None
+            }
         }
     }
 

@@ -12,6 +12,10 @@
 //! Completions: requests holding a ticket (token reservation, concurrency slot) push a report to
 //! the worker's `CompletionQueue`; the root context flushes it on every tick as one batch.
 //!
+//! Leased limits: requests spend their key's lease from shared data (`tollgate_filter_core::lease`);
+//! a request that leaves it low queues a renewal in the worker's `RenewalQueue`, which the root
+//! context's tick sends (`LeaseRenewer`), off the request path.
+//!
 //! Usage (when `usage.enabled`): every request with an identity pushes a usage event to the
 //! worker's `Meter`; the root context sends it as `POST /v1/usage` every `usage.flushInterval`.
 
@@ -25,6 +29,7 @@ use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
 use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
+use tollgate_filter_core::lease::{LeaseRenewer, RenewalQueue};
 use tollgate_filter_core::usage::{self, Meter};
 use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
 use tollgate_wire::usage::USAGE_PATH;
@@ -32,6 +37,8 @@ use tollgate_wire::COMPLETIONS_PATH;
 
 /// Completion reports a worker keeps while the sidecar is unreachable.
 const MAX_QUEUED_COMPLETIONS: usize = 10_000;
+/// The longest a queued lease renewal waits for its root context's tick.
+const LEASE_TICK: std::time::Duration = std::time::Duration::from_millis(20);
 /// Completion reports per `POST /v1/completions`.
 const MAX_BATCH: usize = 500;
 
@@ -87,10 +94,15 @@ struct Root {
     routes: Rc<RefCell<WorkerRoutes>>,
     /// Refreshes shared data's routing table (the lease holder only).
     route_poller: Option<RouteTablePoller>,
+    /// This worker's lease renewals: HTTP contexts queue, the tick sends.
+    renewals: Rc<RefCell<RenewalQueue>>,
+    renewer: LeaseRenewer,
+    last_completion_flush_ms: u64,
 }
 
 impl Default for Root {
     fn default() -> Self {
+        let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
         Root {
             config: None,
             metrics: Rc::default(),
@@ -109,6 +121,9 @@ impl Default for Root {
             usage_refused: false,
             routes: Rc::default(),
             route_poller: None,
+            renewals: renewals.clone(),
+            renewer: LeaseRenewer::new(renewals),
+            last_completion_flush_ms: 0,
         }
     }
 }
@@ -222,6 +237,9 @@ impl Context for Root {
             self.routes.borrow_mut().refresh(&host);
             return;
         }
+        if self.renewer.on_call_response(&mut host, token_id, status, &body) {
+            return;
+        }
         if let Some(p) = self.poller.as_mut() {
             p.on_call_response(&mut host, token_id, status, &body);
         }
@@ -304,13 +322,26 @@ impl RootContext for Root {
                 self.route_poller = Some(RouteTablePoller::new(config.clone(), vm_identity()));
                 tick = tick.min(config.routing.refresh_interval);
             }
+            if config.leases.enabled {
+                // lease renewals wait for the tick: keep it well under `renewAhead`
+                tick = tick.min(LEASE_TICK);
+            }
             self.set_tick_period(tick);
         }
         true
     }
 
     fn on_tick(&mut self) {
-        self.flush();
+        if let Some(config) = self.config.clone() {
+            let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+            self.renewer.on_tick(&mut host, &config);
+            // the tick may be faster than the completion flushes (lease renewals)
+            let now = host.now_ms();
+            if now.saturating_sub(self.last_completion_flush_ms) + 5 >= config.completion_flush_interval.as_millis() as u64 {
+                self.last_completion_flush_ms = now;
+                self.flush();
+            }
+        }
         if let Some(config) = self.config.clone().filter(|c| c.usage.enabled) {
             let now = EnvoyHost { metrics: &self.metrics, named: &self.named }.now_ms();
             if now.saturating_sub(self.last_usage_flush_ms) + 5 >= config.usage.flush_interval.as_millis() as u64 {
@@ -337,7 +368,8 @@ impl RootContext for Root {
         Some(Box::new(Http {
             filter: AuthFilter::new(config.clone(), self.completions.clone())
                 .with_meter(self.meter.clone())
-                .with_routes(self.routes.clone()),
+                .with_routes(self.routes.clone())
+                .with_leases(self.renewals.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),

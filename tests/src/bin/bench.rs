@@ -209,15 +209,19 @@ fn main() {
     let redis = Redis::start();
     // "limited": one rate limit that never runs out, so every request pays the full limit path.
     let limited_plan = "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n";
+    // "leased": the same limit, leased: most requests spend this Envoy's lease, no callout.
+    let leased_plan = "[[plans.leased.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\nmode = \"leased\"\n";
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
         &format!(
-            "{limited_plan}[[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n"
+            "{limited_plan}{leased_plan}[[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n"
         ),
         &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
     );
     let key = sidecar.create_key("bench", "bench", &[]);
     let limited_key = sidecar.create_key("bench", "limited", &[]);
+    // "leased": the same limit with mode = "leased" (issue 8): requests spend this Envoy's lease.
+    let leased_key = sidecar.create_key("bench", "leased", &[]);
     // "budget": a token budget, so every request holds a reservation and reports its completion
     // (batched by the filter, settled by complete.lua).
     let budget_key = sidecar.create_key("bench", "budget", &[]);
@@ -263,7 +267,7 @@ fn main() {
     let usage_sidecar = Sidecar::start_with_config(
         &redis.url(),
         &format!(
-            "{limited_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
+            "{limited_plan}{leased_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
              [usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n",
             spool.path().display(),
             broker.brokers()
@@ -298,10 +302,12 @@ fn main() {
         Config { name: "tollgate-auth", what: "key auth, filter's auth cache answers", envoy: &tollgate, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
         Config { name: "tollgate-auth-callout-every-request", what: "key auth, no auth cache: one callout", envoy: &callout, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
         Config { name: "tollgate-auth+rate-limit", what: "auth + one exact limit: callout + EVALSHA", envoy: &tollgate, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+leased-limit", what: "auth + one leased limit: most requests spend the lease", envoy: &tollgate, key: Some(leased_key.raw.as_str()), sidecar: Some(&sidecar) },
         Config { name: "tollgate-auth-breaker", what: "auth cache + closed breaker", envoy: &breaker, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
         Config { name: "tollgate-auth+token-budget+completion", what: "auth + token budget + batched completion", envoy: &tollgate, key: Some(budget_key.raw.as_str()), sidecar: Some(&sidecar) },
         Config { name: "tollgate-auth+usage", what: "auth cache + usage metering", envoy: &metered, key: Some(key.raw.as_str()), sidecar: Some(&usage_sidecar) },
-        Config { name: "tollgate-full-policy", what: "auth + one exact limit + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "tollgate-full-policy", what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "tollgate-full-policy-leased", what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
     ];
     let configs: Vec<&Config> =
         all.iter().filter(|c| c.name == "envoy-alone" || only.as_ref().is_none_or(|o| o.iter().any(|n| n == c.name))).collect();
