@@ -14,6 +14,7 @@
 //! view (it may count a re-sent batch twice, and its keys may be evicted); billing reads the
 //! PostgreSQL rollup, which counts each event id once.
 
+use crate::aggregate::RateTracker;
 use crate::kafka::{KafkaConfig, Shipper};
 use crate::keys::{Id, UsageMeterKey};
 use crate::spool::{Spool, SpoolError};
@@ -42,6 +43,10 @@ pub struct UsageConfig {
     pub segment_age: Duration,
     /// Count events per tenant and day in Redis (`usage:{tenant}:{yyyyMMdd}`, 35 days).
     pub meter: bool,
+    /// Per-second aggregation (seed 003): a tenant with more than this many events per second at
+    /// this sidecar gets its events combined per second into `tollgate.usage.aggregate.v1`
+    /// messages (crate::aggregate). 0 = off: one message per request.
+    pub aggregate_above_rps: u64,
     /// On shutdown, how long the shipper may keep sending what is spooled.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -56,6 +61,7 @@ impl Default for UsageConfig {
             max_spool_mb: 1024,
             segment_age: Duration::from_millis(200),
             meter: true,
+            aggregate_above_rps: 0,
             shutdown_grace: Duration::from_secs(5),
             kafka: KafkaConfig::default(),
         }
@@ -128,13 +134,12 @@ pub fn meter_increments(events: &[UsageEvent]) -> BTreeMap<(String, String), Day
     out
 }
 
-/// JSON lines of `events`, as the spool stores them.
-pub fn encode_lines(events: &[UsageEvent]) -> Vec<u8> {
+/// JSON lines of `events`, as the spool stores them; `marks[i]` marks event `i` for aggregation
+/// (crate::aggregate; missing marks are `false`).
+pub fn encode_lines(events: &[UsageEvent], marks: &[bool]) -> Vec<u8> {
     let mut out = Vec::with_capacity(events.len() * 256);
-    for e in events {
-        if serde_json::to_writer(&mut out, e).is_ok() {
-            out.push(b'\n');
-        }
+    for (i, e) in events.iter().enumerate() {
+        crate::aggregate::encode_line(&mut out, e, marks.get(i).copied().unwrap_or(false));
     }
     out
 }
@@ -144,6 +149,8 @@ pub struct Usage {
     spool: Spool,
     store: Store,
     meter: bool,
+    /// Per-tenant event rates, when aggregation is on (`aggregate_above_rps` > 0).
+    rates: Option<std::sync::Mutex<RateTracker>>,
     stop: CancellationToken,
     shipper: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -172,7 +179,8 @@ impl Usage {
         };
         let stop = CancellationToken::new();
         let handle = tokio::spawn(shipper.run(stop.clone(), config.shutdown_grace));
-        Ok(Usage { spool, store, meter: config.meter, stop, shipper: tokio::sync::Mutex::new(Some(handle)) })
+        let rates = (config.aggregate_above_rps > 0).then(|| std::sync::Mutex::new(RateTracker::new(config.aggregate_above_rps)));
+        Ok(Usage { spool, store, meter: config.meter, rates, stop, shipper: tokio::sync::Mutex::new(Some(handle)) })
     }
 
     /// Makes `events` (already validated) durable, then meters them. `Ok` means the sender may
@@ -181,7 +189,16 @@ impl Usage {
         if events.is_empty() {
             return Ok(());
         }
-        self.spool.append(encode_lines(events)).await?;
+        // Marked here, at arrival, and written into the spool line: the decision to aggregate is
+        // as durable as the event (a re-shipped segment is aggregated the same way).
+        let marks = match &self.rates {
+            Some(rates) => {
+                let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+                rates.lock().map(|mut r| r.mark(events, now)).unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        self.spool.append(encode_lines(events, &marks)).await?;
         metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "spooled").increment(events.len() as u64);
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
             .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
@@ -333,7 +350,7 @@ mod tests {
     #[test]
     fn lines_are_one_json_event_each() {
         let events = [ev("id000001", "acme", 200, DAY, None), ev("id000002", "acme", 200, DAY, None)];
-        let text = String::from_utf8(encode_lines(&events)).unwrap();
+        let text = String::from_utf8(encode_lines(&events, &[])).unwrap();
         let back: Vec<UsageEvent> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(back, events);
     }
