@@ -29,7 +29,8 @@
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use tollgate_wire::usage::{Day, UsageClass, UsageEvent};
 
 /// The `schema` header (and message type) of an aggregate (docs/usage-events.md).
@@ -136,7 +137,7 @@ impl UsageAggregate {
         if self.keys.iter().map(|k| k.count).sum::<u64>() != self.count {
             return Some("count");
         }
-        if self.second_ms % 1000 != 0 {
+        if !self.second_ms.is_multiple_of(1000) {
             return Some("secondMs");
         }
         None
@@ -237,24 +238,65 @@ pub struct SegmentPlan {
     pub duplicates: u64,
 }
 
+/// What the shipper reads of a spool line, borrowed from it: the key, the mark, and for a
+/// marked line what the rollup needs. One parse per line.
 #[derive(Deserialize)]
-struct Peek {
-    #[serde(default)]
-    tenant: String,
+#[serde(rename_all = "camelCase")]
+struct Line<'a> {
+    #[serde(default, borrow)]
+    tenant: Cow<'a, str>,
     #[serde(default)]
     aggregate: bool,
+    #[serde(default, borrow)]
+    id: Cow<'a, str>,
+    #[serde(default, borrow)]
+    key_id: Cow<'a, str>,
+    #[serde(default, borrow)]
+    plan: Cow<'a, str>,
+    #[serde(default)]
+    status: u16,
+    #[serde(default)]
+    start_ms: u64,
+    #[serde(default)]
+    tokens: Option<u64>,
+    #[serde(default)]
+    request_bytes: Option<u64>,
+    #[serde(default)]
+    response_bytes: Option<u64>,
+    #[serde(default)]
+    denied: Option<serde::de::IgnoredAny>,
 }
 
-#[derive(Default)]
-struct Row {
-    usage: Option<KeyUsage>,
-    ids: Vec<String>,
+/// [`UsageEvent::class`] from the two fields it reads (kept equal by a test).
+fn class_of(status: u16, denied: bool) -> UsageClass {
+    if denied {
+        return UsageClass::Denied;
+    }
+    match status {
+        0 => UsageClass::Aborted,
+        1..=399 => UsageClass::Ok,
+        400..=499 => UsageClass::ClientError,
+        _ => UsageClass::ServerError,
+    }
 }
 
-struct Bucket {
-    tenant: String,
+struct Row<'a> {
+    key_id: Cow<'a, str>,
+    plan: Cow<'a, str>,
+    count: u64,
+    requests: ClassCounts,
+    tokens: u64,
+    request_bytes: u64,
+    response_bytes: u64,
+    /// The ids of the row's events, in segment order.
+    ids: Sha256,
+}
+
+struct Bucket<'a> {
+    tenant: Cow<'a, str>,
     second_ms: u64,
-    rows: BTreeMap<(String, String), Row>,
+    rows: Vec<Row<'a>>,
+    by_key: HashMap<(Cow<'a, str>, Cow<'a, str>), usize>,
 }
 
 enum Slot {
@@ -267,63 +309,87 @@ enum Slot {
 pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
     let mut plan = SegmentPlan::default();
     let mut slots = Vec::with_capacity(lines.len());
-    let mut buckets: Vec<Bucket> = Vec::new();
-    let mut by_second: HashMap<(String, u64), usize> = HashMap::new();
-    let mut seen: HashSet<String> = HashSet::new();
-    for (index, line) in lines.iter().enumerate() {
-        let peek = serde_json::from_slice::<Peek>(line).unwrap_or(Peek { tenant: String::new(), aggregate: false });
-        let event = match peek.aggregate {
-            true => serde_json::from_slice::<UsageEvent>(line).ok(),
-            false => None,
+    let mut buckets: Vec<Bucket<'_>> = Vec::new();
+    let mut by_second: HashMap<(Cow<'_, str>, u64), usize> = HashMap::new();
+    let mut seen: HashSet<Cow<'_, str>> = HashSet::new();
+    for (index, bytes) in lines.iter().enumerate() {
+        let line = match serde_json::from_slice::<Line<'_>>(bytes) {
+            Ok(l) if l.aggregate && !l.id.is_empty() && !l.tenant.is_empty() => l,
+            Ok(l) => {
+                plan.single += 1;
+                slots.push(Slot::Line(index, l.tenant.into_owned()));
+                continue;
+            }
+            Err(_) => {
+                plan.single += 1;
+                slots.push(Slot::Line(index, String::new()));
+                continue;
+            }
         };
-        let Some(e) = event else {
-            plan.single += 1;
-            slots.push(Slot::Line(index, peek.tenant));
-            continue;
-        };
-        if !seen.insert(e.id.clone()) {
+        if !seen.insert(line.id.clone()) {
             plan.duplicates += 1;
             continue;
         }
-        let second_ms = e.start_ms / 1000 * 1000;
-        let b = *by_second.entry((e.tenant.clone(), second_ms)).or_insert_with(|| {
-            buckets.push(Bucket { tenant: e.tenant.clone(), second_ms, rows: BTreeMap::new() });
+        let second_ms = line.start_ms / 1000 * 1000;
+        let b = *by_second.entry((line.tenant.clone(), second_ms)).or_insert_with(|| {
+            buckets.push(Bucket { tenant: line.tenant.clone(), second_ms, rows: Vec::new(), by_key: HashMap::new() });
             slots.push(Slot::Bucket(buckets.len() - 1));
             buckets.len() - 1
         });
-        let row = buckets[b].rows.entry((e.key_id.clone(), e.plan.clone())).or_default();
-        let u = row.usage.get_or_insert_with(|| KeyUsage {
-            key_id: e.key_id.clone(),
-            plan: e.plan.clone(),
-            count: 0,
-            requests: ClassCounts::default(),
-            tokens: 0,
-            request_bytes: 0,
-            response_bytes: 0,
+        let bucket = &mut buckets[b];
+        let r = *bucket.by_key.entry((line.key_id.clone(), line.plan.clone())).or_insert_with(|| {
+            bucket.rows.push(Row {
+                key_id: line.key_id.clone(),
+                plan: line.plan.clone(),
+                count: 0,
+                requests: ClassCounts::default(),
+                tokens: 0,
+                request_bytes: 0,
+                response_bytes: 0,
+                ids: Sha256::new(),
+            });
+            bucket.rows.len() - 1
         });
-        u.count += 1;
-        u.requests.add(e.class(), 1);
-        u.tokens += e.tokens.unwrap_or(0);
-        u.request_bytes += e.request_bytes.unwrap_or(0);
-        u.response_bytes += e.response_bytes.unwrap_or(0);
-        row.ids.push(e.id);
+        let row = &mut bucket.rows[r];
+        row.count += 1;
+        row.requests.add(class_of(line.status, line.denied.is_some()), 1);
+        row.tokens += line.tokens.unwrap_or(0);
+        row.request_bytes += line.request_bytes.unwrap_or(0);
+        row.response_bytes += line.response_bytes.unwrap_or(0);
+        row.ids.update(line.id.as_bytes());
+        row.ids.update(b"\n");
         plan.aggregated += 1;
     }
-    let mut buckets: Vec<Option<Bucket>> = buckets.into_iter().map(Some).collect();
+    let mut buckets: Vec<Option<Bucket<'_>>> = buckets.into_iter().map(Some).collect();
     for slot in slots {
         match slot {
             Slot::Line(index, tenant) => plan.messages.push(Outgoing::Line { index, tenant }),
             Slot::Bucket(i) => {
-                let Some(bucket) = buckets[i].take() else { continue };
-                let rows: Vec<Row> = bucket.rows.into_values().collect();
+                let Some(mut bucket) = buckets[i].take() else { continue };
+                bucket.rows.sort_by(|a, b| (&a.key_id, &a.plan).cmp(&(&b.key_id, &b.plan)));
+                let rows: Vec<(KeyUsage, [u8; 32])> = bucket
+                    .rows
+                    .into_iter()
+                    .map(|r| {
+                        let usage = KeyUsage {
+                            key_id: r.key_id.into_owned(),
+                            plan: r.plan.into_owned(),
+                            count: r.count,
+                            requests: r.requests,
+                            tokens: r.tokens,
+                            request_bytes: r.request_bytes,
+                            response_bytes: r.response_bytes,
+                        };
+                        (usage, r.ids.finalize().into())
+                    })
+                    .collect();
                 for chunk in rows.chunks(MAX_KEYS_PER_AGGREGATE) {
-                    let mut ids: Vec<&str> = chunk.iter().flat_map(|r| r.ids.iter().map(String::as_str)).collect();
-                    ids.sort_unstable();
-                    let keys: Vec<KeyUsage> = chunk.iter().filter_map(|r| r.usage.clone()).collect();
+                    let digests: Vec<[u8; 32]> = chunk.iter().map(|(_, d)| *d).collect();
+                    let keys: Vec<KeyUsage> = chunk.iter().map(|(k, _)| k.clone()).collect();
                     plan.aggregates += 1;
                     plan.messages.push(Outgoing::Aggregate(UsageAggregate {
-                        id: aggregate_id(&bucket.tenant, bucket.second_ms, &ids),
-                        tenant: bucket.tenant.clone(),
+                        id: aggregate_id(&bucket.tenant, bucket.second_ms, &digests),
+                        tenant: bucket.tenant.to_string(),
                         second_ms: bucket.second_ms,
                         count: keys.iter().map(|k| k.count).sum(),
                         keys,
@@ -335,16 +401,17 @@ pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
     plan
 }
 
-/// `agg_` + the first 128 bits (hex) of sha256(tenant, second, sorted event ids): the same
-/// events give the same id, different ones (practically) never.
-pub fn aggregate_id(tenant: &str, second_ms: u64, sorted_ids: &[&str]) -> String {
+/// `agg_` + the first 128 bits (hex) of sha256(tenant, second, the digests of each row's event
+/// ids): the same events (in the same order, as a re-read segment has them) give the same id,
+/// different ones (practically) never.
+pub fn aggregate_id(tenant: &str, second_ms: u64, row_digests: &[[u8; 32]]) -> String {
     let mut h = Sha256::new();
     h.update(tenant.as_bytes());
     h.update(b"\n");
     h.update(second_ms.to_string().as_bytes());
-    for id in sorted_ids {
-        h.update(b"\n");
-        h.update(id.as_bytes());
+    h.update(b"\n");
+    for d in row_digests {
+        h.update(d);
     }
     let digest = h.finalize();
     let mut out = String::with_capacity(36);
@@ -488,11 +555,10 @@ mod tests {
         let c = plan_segment(&l[1..]);
         let Outgoing::Aggregate(other) = &c.messages[0] else { panic!() };
         assert_ne!(first.id, other.id);
-        // the same events in another order: the same aggregate (they are the same requests)
-        let mut rev = l.clone();
-        rev.reverse();
-        let Outgoing::Aggregate(reversed) = &plan_segment(&rev).messages[0] else { panic!() };
-        assert_eq!(reversed.id, first.id);
+        // one event of another key fewer: another id too (every row's ids are in it)
+        let without: Vec<Vec<u8>> = l.iter().enumerate().filter(|(i, _)| *i != 49).map(|(_, x)| x.clone()).collect();
+        let Outgoing::Aggregate(other) = &plan_segment(&without).messages[0] else { panic!() };
+        assert_ne!(first.id, other.id);
         assert_eq!(first.id.len(), 36);
         assert!(first.id.starts_with("agg_"));
     }
@@ -520,6 +586,17 @@ mod tests {
     }
 
     #[test]
+    fn the_shipper_classes_events_as_the_rollup_does() {
+        for status in [0, 1, 200, 304, 399, 400, 404, 429, 499, 500, 503, 999] {
+            for denied in [false, true] {
+                let mut e = ev("e0000001", "t", "k", status, SEC);
+                e.denied = denied.then(|| "rate_limited".to_string());
+                assert_eq!(class_of(status, denied), e.class(), "{status} {denied}");
+            }
+        }
+    }
+
+    #[test]
     fn unmarked_and_unreadable_lines_go_as_they_are() {
         let l = vec![b"{\"tenant\":\"x\",\"odd\":1}".to_vec(), b"{\"tenant\":\"y\",\"aggregate\":true}".to_vec()];
         let plan = plan_segment(&l);
@@ -534,7 +611,8 @@ mod tests {
     fn aggregates_that_do_not_add_up_are_invalid() {
         let events: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("e{i:07}"), "hot", "k", 200, SEC)).collect();
         let Outgoing::Aggregate(good) = plan_segment(&lines(&events, &[true; 3])).messages.remove(0) else { panic!() };
-        let cases: Vec<(Box<dyn Fn(&mut UsageAggregate)>, &str)> = vec![
+        type Change = Box<dyn Fn(&mut UsageAggregate)>;
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|a| a.count += 1), "count"),
             (Box::new(|a| a.keys[0].count += 1), "keys"),
             (Box::new(|a| a.keys.clear()), "keys"),

@@ -8,6 +8,9 @@
 //!                                  spool ──shipper──► Kafka usage_events (key = tenant) ──► billing
 //! ```
 //!
+//! With `aggregate_above_rps`, `accept` marks the events of tenants above that rate in their
+//! spool lines, and the shipper sends those as per-second aggregates (crate::aggregate).
+//!
 //! Invariants: an event is acknowledged only once durable on disk; the request path never waits
 //! on the spool or Kafka (denials are spooled from a spawned task); every loss is counted
 //! (`tollgate_sidecar_usage_events_total{outcome="lost"}`). The Redis meter is a fast, approximate

@@ -308,3 +308,53 @@ fn sustained(aggregate_above_rps: u64) {
         total as f64 / delivered.as_secs_f64()
     );
 }
+
+/// Shipping alone, not a pass/fail check: run with
+/// `cargo test --release -p tollgate-sidecar --test usage -- --ignored --nocapture shipping`.
+/// Fills a spool with 400 000 events (4 tenants, 250 per tenant and second of `startMs`) as the
+/// sidecar writes them — unmarked, then all marked for aggregation — starts a sidecar on it and
+/// times the spool's drain to Kafka (acks=all): the shipper's events/s without and with
+/// aggregation, the HTTP intake left out.
+#[test]
+#[ignore]
+fn shipping_events_per_second() {
+    for aggregate in [false, true, false, true] {
+        let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+        const TOTAL: u64 = 400_000;
+        let mut seq = 0u64;
+        let mut n = 1;
+        while seq < TOTAL {
+            let mut data = Vec::with_capacity(4 << 20);
+            while seq < TOTAL && data.len() < (4 << 20) - 1024 {
+                let e = event(["acme", "beta", "gamma", "delta"][(seq % 4) as usize], seq);
+                tollgate_sidecar::aggregate::encode_line(&mut data, &e, aggregate);
+                seq += 1;
+            }
+            std::fs::write(spool.path().join(format!("{n:020}.seg")), data).unwrap();
+            n += 1;
+        }
+        let sidecar = Sidecar::start_with_config(
+            &redis.url(),
+            &config(&broker, "usage_s", spool.path()),
+            &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+        );
+        let start = std::time::Instant::now();
+        poll_until("every event delivered", Duration::from_secs(600), || {
+            get(&sidecar.url("/metrics"), &[])
+                .body
+                .contains(&format!("tollgate_sidecar_usage_events_total{{outcome=\"delivered\"}} {TOTAL}\n"))
+        });
+        let took = start.elapsed();
+        let messages = if aggregate {
+            let m = get(&sidecar.url("/metrics"), &[]).body;
+            m.lines().find_map(|l| l.strip_prefix("tollgate_sidecar_usage_aggregates_total ").map(str::to_string)).unwrap_or_default()
+        } else {
+            TOTAL.to_string()
+        };
+        println!(
+            "usage shipping (aggregated: {aggregate}): {TOTAL} events from {} segments in {messages} messages: {:.0} events/s delivered (acks=all)",
+            n - 1,
+            TOTAL as f64 / took.as_secs_f64()
+        );
+    }
+}
