@@ -201,6 +201,84 @@ impl RateTracker {
     }
 }
 
+/// The ids of the events accepted lately (the last [`RecentIds::new`]'s `capacity`), as 128-bit
+/// keyed hashes. With aggregation on, intake drops an event whose id is here: a batch the filter
+/// sends again after the sidecar already spooled it (its call timed out, or the sidecar crashed
+/// between the fsync and its answer). Single events would be deduplicated by id at the consumer;
+/// events inside aggregates cannot be, so they must not be spooled twice.
+pub struct RecentIds {
+    keys: (std::hash::RandomState, std::hash::RandomState),
+    set: HashSet<u128>,
+    order: std::collections::VecDeque<u128>,
+    capacity: usize,
+}
+
+impl RecentIds {
+    pub fn new(capacity: usize) -> RecentIds {
+        RecentIds {
+            keys: (std::hash::RandomState::new(), std::hash::RandomState::new()),
+            set: HashSet::with_capacity(capacity.min(1 << 16)),
+            order: std::collections::VecDeque::with_capacity(capacity.min(1 << 16)),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn key(&self, id: &str) -> u128 {
+        use std::hash::BuildHasher;
+        (u128::from(self.keys.0.hash_one(id)) << 64) | u128::from(self.keys.1.hash_one(id))
+    }
+
+    /// Remembers `id`; `false` when it was already there.
+    pub fn insert(&mut self, id: &str) -> bool {
+        let k = self.key(id);
+        if !self.set.insert(k) {
+            return false;
+        }
+        self.order.push_back(k);
+        if self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+
+    /// Forgets `id` (its batch was not spooled after all: when it comes again it is new).
+    pub fn forget(&mut self, id: &str) {
+        let k = self.key(id);
+        self.set.remove(&k);
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// Intake with aggregation on: the rates, and the ids accepted lately.
+pub struct Intake {
+    pub rates: RateTracker,
+    pub recent: RecentIds,
+}
+
+impl Intake {
+    /// Which of `events` are new (an id accepted lately, or twice in `events`, is not); then the
+    /// new ones' marks, in their order ([`RateTracker::mark`]).
+    pub fn admit(&mut self, events: &[UsageEvent], now_ms: u64) -> (Vec<bool>, Vec<bool>) {
+        let fresh: Vec<bool> = events.iter().map(|e| self.recent.insert(&e.id)).collect();
+        let marks = if fresh.iter().all(|f| *f) {
+            self.rates.mark(events, now_ms)
+        } else {
+            let kept: Vec<UsageEvent> = events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e.clone()).collect();
+            self.rates.mark(&kept, now_ms)
+        };
+        (fresh, marks)
+    }
+}
+
 /// One event as a spool line (JSON + `\n`), marked for aggregation when `aggregate`.
 pub fn encode_line(out: &mut Vec<u8>, e: &UsageEvent, aggregate: bool) {
     let start = out.len();
@@ -475,6 +553,24 @@ mod tests {
         assert_eq!(t.mark(&hot[..1], SEC + 4000), [false], "a gap forgets the old rate");
         // off: nothing is marked
         assert_eq!(RateTracker::new(0).mark(&hot, SEC), [false; 5]);
+    }
+
+    #[test]
+    fn intake_drops_ids_accepted_lately_and_marks_the_rest() {
+        let mut intake = Intake { rates: RateTracker::new(1), recent: RecentIds::new(3) };
+        let batch: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("e{i:07}"), "hot", "k", 200, SEC)).collect();
+        assert_eq!(intake.admit(&batch, SEC), (vec![true; 3], vec![false, true, true]));
+        // the filter sends the batch again, with one new event
+        let mut again = batch.clone();
+        again.push(ev("e0000003", "hot", "k", 200, SEC));
+        assert_eq!(intake.admit(&again, SEC), (vec![false, false, false, true], vec![true]));
+        // the window is bounded: the oldest ids are forgotten
+        assert_eq!(intake.recent.len(), 3);
+        assert!(intake.recent.insert("e0000000"));
+        assert!(!intake.recent.insert("e0000003"));
+        // a batch the spool refused is forgotten, so that it is taken when it comes again
+        intake.recent.forget("e0000003");
+        assert!(intake.recent.insert("e0000003"));
     }
 
     #[test]

@@ -25,8 +25,8 @@ pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 
 /// Usage events, labelled `outcome`: spooled (durable, acknowledged to the filter) | invalid
 /// (refused for good) | delivered (acknowledged by Kafka, alone or in an aggregate) | aggregated
-/// (the part of delivered carried in aggregates) | duplicate (an id repeated within one segment's
-/// aggregated events, counted once) | lost (a denial that could not be spooled) | torn (a crash's
+/// (the part of delivered carried in aggregates) | duplicate (with aggregation on: an id accepted
+/// lately, dropped at intake, or repeated within one segment's aggregated events) | lost (a denial that could not be spooled) | torn (a crash's
 /// partial line skipped in the spool).
 pub const USAGE_EVENTS: &str = "tollgate_sidecar_usage_events_total";
 /// Aggregate messages (`tollgate.usage.aggregate.v1`) acknowledged by Kafka.
