@@ -410,6 +410,21 @@ mod tests {
     }
 
     #[test]
+    fn the_recent_ids_are_refilled_from_the_spool_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let old: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("old{i:05}"), "acme", 200, DAY, None)).collect();
+        let new: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("new{i:05}"), "acme", 200, DAY, None)).collect();
+        std::fs::write(dir.path().join("00000000000000000001.seg"), encode_lines(&old, &[true; 3])).unwrap();
+        std::fs::write(dir.path().join("00000000000000000002.seg"), encode_lines(&new, &[])).unwrap();
+        let mut recent = RecentIds::new(4);
+        seed_recent(dir.path(), &mut recent);
+        assert_eq!(recent.len(), 4, "bounded");
+        // the newest are kept: a batch re-sent after a crash is in the last segments
+        assert!(!recent.insert("new00002") && !recent.insert("new00000") && !recent.insert("old00002"));
+        assert!(recent.insert("old00000"), "the oldest did not fit");
+    }
+
+    #[test]
     fn lines_are_one_json_event_each() {
         let events = [ev("id000001", "acme", 200, DAY, None), ev("id000002", "acme", 200, DAY, None)];
         let text = String::from_utf8(encode_lines(&events, &[])).unwrap();
