@@ -2,6 +2,7 @@
 //! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
 
 pub mod admin;
+pub mod aggregate;
 pub mod apikey;
 pub mod cache;
 pub mod clock;

@@ -29,9 +29,13 @@ pub const LEASE_UNITS: &str = "tollgate_sidecar_lease_units_total";
 pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 
 /// Usage events, labelled `outcome`: spooled (durable, acknowledged to the filter) | invalid
-/// (refused for good) | delivered (acknowledged by Kafka) | lost (a denial that could not be
-/// spooled) | torn (a crash's partial line skipped in the spool).
+/// (refused for good) | delivered (acknowledged by Kafka, alone or in an aggregate) | aggregated
+/// (the part of delivered carried in aggregates) | duplicate (with aggregation on: an id accepted
+/// lately, dropped at intake, or repeated within one segment's aggregated events) | lost (a denial that could not be spooled) | torn (a crash's
+/// partial line skipped in the spool).
 pub const USAGE_EVENTS: &str = "tollgate_sidecar_usage_events_total";
+/// Aggregate messages (`tollgate.usage.aggregate.v1`) acknowledged by Kafka.
+pub const USAGE_AGGREGATES: &str = "tollgate_sidecar_usage_aggregates_total";
 /// Bytes waiting in the usage spool.
 pub const USAGE_SPOOL_BYTES: &str = "tollgate_sidecar_usage_spool_bytes";
 /// Failed delivery rounds (the segment stays spooled and is retried), labelled `kind` (queue_full | transient | unknown_topic | fatal).
