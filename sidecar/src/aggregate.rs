@@ -522,6 +522,8 @@ mod tests {
             request_bytes: Some(10),
             response_bytes: Some(100),
             denied: None,
+            route: None,
+            product: None,
         }
     }
 
