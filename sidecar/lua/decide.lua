@@ -18,16 +18,23 @@
 --   cost      units this request takes (budget: the estimate)
 --   shadow    1 = count would-deny, never block
 --   aux_ms    kind-specific: budget → counter TTL and ms to the period's end (encoded "ttl:reset")
--- then, optionally, one response lookup (issue 7), at a = 4 + n*6; its KEYS follow the limits':
+-- then, optional (leased limits; absent = no lease; present, as 0 0 2, whenever a lookup follows):
+--   ARGV[4 + 6n] lease_want: lease units asked (0 = none)
+--   ARGV[5 + 6n] renewal: 1 = no request is admitted by this call (its own cost is 0)
+--   ARGV[6 + 6n] share: a lease takes at most 1/share of what each limit has left after the request
+-- returns {allowed (1|0), denied_index (0 if none), then per limit: remaining, reset_ms, would_deny,
+--          then granted}
+--   remaining: units left after this request and its lease (or now, when denied); reset_ms: ms
+--   until the limit frees up (for a denial: the Retry-After); granted: lease units taken from
+--   every limit beyond the request's own cost (0 unless every limit is fixed or bucket and the
+--   request is allowed). A renewal that is granted nothing writes nothing.
+-- then, optionally, one response lookup (issue 7), at a = 7 + n*6; its KEYS follow the limits':
 --   ARGV[a]   'cache' → KEYS: cache:exact:… (GET, only when the limits allow)
 --             'idem'  → KEYS: idem:key:… (owner: the digest holding the idempotency key),
 --                       idem:api:… (memo: in-flight marker or stored response)
 --   ARGV[a+1] idem: the request's digest      ARGV[a+2] idem: the claim token
 --   ARGV[a+3] idem: in-flight TTL ms           ARGV[a+4] idem: owner TTL ms (24 h)
--- returns {allowed (1|0), denied_index (0 if none), then per limit: remaining, reset_ms, would_deny}
---   remaining: units left after this request (or now, when denied); reset_ms: ms until the limit
---   frees up (for a denial: the Retry-After).
---   With a lookup and the limits passing, two more: outcome, value —
+--   With a lookup and the limits passing, two more after granted: outcome, value —
 --     'hit' <json> | 'miss' ''            (cache; limits taken either way)
 --     'replay' <json> | 'claimed' ''      (idem; limits taken; claimed = owner + in-flight marker set)
 --     'in_flight' '' | 'conflict' ''      (idem; nothing taken or written: 409 / 422)
@@ -37,6 +44,10 @@ local rid = ARGV[2]
 local n = tonumber(ARGV[3])
 
 local nkeys = { fixed = 1, sliding = 2, bucket = 1, log = 1, budget = 2, conc = 1 }
+local lease_want = tonumber(ARGV[4 + 6 * n] or '0')
+local renewal = ARGV[5 + 6 * n] == '1'
+local share = tonumber(ARGV[6 + 6 * n] or '2')
+if share < 1 then share = 1 end
 
 local specs = {}
 local k = 1
@@ -46,6 +57,10 @@ for i = 1, n do
     kind = ARGV[b], limit = tonumber(ARGV[b + 1]), window = tonumber(ARGV[b + 2]),
     cost = tonumber(ARGV[b + 3]), shadow = ARGV[b + 4] == '1', aux = ARGV[b + 5], k = k,
   }
+  -- unit: what one leased request takes; cost: what this call's own request takes
+  s.unit = s.cost
+  if renewal then s.cost = 0 end
+  s.take = s.cost
   k = k + nkeys[s.kind]
   specs[i] = s
 end
@@ -57,9 +72,10 @@ local function check(s)
     local used = tonumber(redis.call('GET', key) or '0')
     local reset = s.window - (now % s.window)
     s.apply = function()
-      redis.call('INCRBY', key, s.cost)
+      redis.call('INCRBY', key, s.take)
       redis.call('PEXPIRE', key, 2 * s.window)
     end
+    s.room = s.limit - used
     return used + s.cost <= s.limit, s.limit - used, reset
   elseif s.kind == 'sliding' then
     local cur = tonumber(redis.call('GET', key) or '0')
@@ -88,8 +104,9 @@ local function check(s)
     local ok = tokens >= s.cost
     local reset
     if ok then reset = math.ceil((s.limit - tokens + s.cost) / rate) else reset = math.ceil((s.cost - tokens) / rate) end
+    s.room = tokens
     s.apply = function()
-      redis.call('HSET', key, 'tokens', tostring(tokens - s.cost), 'ts', now)
+      redis.call('HSET', key, 'tokens', tostring(tokens - s.take), 'ts', now)
       redis.call('PEXPIRE', key, 2 * s.window)
     end
     return ok, math.floor(tokens), reset
@@ -142,7 +159,7 @@ end
 
 -- The response lookup (issue 7). An idempotency key held by another operation, or still in
 -- flight, answers without taking from any limit (the request does no work).
-local a = 4 + n * 6
+local a = 7 + n * 6
 local lookup = ARGV[a]
 local outcome, value = nil, ''
 if denied == 0 and lookup == 'idem' then
@@ -170,6 +187,7 @@ if denied == 0 and lookup == 'idem' then
       out[#out + 1] = math.max(0, math.ceil(s.reset))
       out[#out + 1] = s.ok and 0 or 1
     end
+    out[#out + 1] = 0 -- granted: no lease
     out[#out + 1] = outcome
     out[#out + 1] = value
     return out
@@ -179,14 +197,32 @@ elseif denied == 0 and lookup == 'cache' then
   if hit then outcome, value = 'hit', hit else outcome = 'miss' end
 end
 
--- Phase 2: take from every limit, only when nothing (non-shadow) denied.
-if denied == 0 then
+-- The lease: the largest grant every limit can give (at most 1/share of what it has left after
+-- this request), only for fixed windows and buckets, only when the request is allowed.
+local granted = 0
+if denied == 0 and lease_want > 0 then
+  granted = lease_want
   for i = 1, n do
     local s = specs[i]
-    s.apply()
-    s.remaining = s.remaining - s.cost
+    if (s.kind ~= 'fixed' and s.kind ~= 'bucket') or s.shadow then
+      granted = 0
+    else
+      local can = math.floor((s.room - s.cost) / s.unit / share)
+      if can < granted then granted = can end
+    end
   end
-else
+  if granted < 0 then granted = 0 end
+end
+
+-- Phase 2: take from every limit, only when nothing (non-shadow) denied.
+if denied == 0 and not (renewal and granted == 0) then
+  for i = 1, n do
+    local s = specs[i]
+    s.take = s.cost + granted * s.unit
+    s.apply()
+    s.remaining = s.remaining - s.take
+  end
+elseif denied ~= 0 then
   out[1] = 0
   out[2] = denied
 end
@@ -198,6 +234,7 @@ for i = 1, n do
   out[#out + 1] = math.max(0, math.ceil(s.reset))
   out[#out + 1] = s.ok and 0 or 1
 end
+out[#out + 1] = granted
 if outcome then
   out[#out + 1] = outcome
   out[#out + 1] = value

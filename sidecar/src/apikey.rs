@@ -114,6 +114,7 @@ pub fn verdict(record: Option<&KeyRecord>, now: u64) -> DecideResponse {
             ticket: None,
             replay: None,
             store: None,
+            lease: None,
         },
     }
 }

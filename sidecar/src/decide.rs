@@ -9,6 +9,11 @@
 //! used, else [`DecideError::Unavailable`] (the filter's failure mode applies). When it cannot
 //! answer the limits, each limit's failure mode applies: any fail-closed limit → 503
 //! `limits_unavailable`; all fail-open → allowed without limit headers.
+//!
+//! Leases (`limits::leasable` plans): a decision whose request carries a [`tollgate_wire::LeaseAsk`]
+//! may take a lease in the same script call; a *renewal* (sent by the filter off the request path)
+//! authenticates the key again and takes only a lease, admitting no request: it is counted in
+//! `tollgate_sidecar_leases_total`, never as a decision or a usage event.
 
 use crate::apikey::{self, KeyRecord};
 use crate::cache::{Lookup, TtlCache};
@@ -145,14 +150,18 @@ impl Decider {
                 };
             }
         }
+        let plan_override = route.and_then(|x| x.plan.as_deref());
+        if req.lease.is_some_and(|l| l.renewal) {
+            return Ok(self.renew(record.as_ref(), fresh_for.is_some(), response, req, plan_override, product, now_ms).await);
+        }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             let plans = self.plans();
-            let plan = route.and_then(|x| x.plan.as_deref()).unwrap_or(r.plan.as_str());
+            let plan = plan_override.unwrap_or(r.plan.as_str());
             let limits = plans.limits(plan);
             let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
             let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, route_cache);
             if !limits.is_empty() || lookup.is_some() {
-                response = self.limit(r, limits, req, product, now_ms, lookup).await;
+                response = self.limit(r, limits, req, product, now_ms, lookup, fresh_for.is_some()).await;
             } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
                 // No limits: the answer is the same for every request of this key, so the filter
                 // may reuse it while ours is fresh — never past the key's expiry: a revocation
@@ -192,8 +201,37 @@ impl Decider {
         Ok(response)
     }
 
+    /// A lease renewal: the key is judged as for a decision (a revoked key's renewal is denied,
+    /// which makes the filter drop its lease), then, for a leasable plan with a fresh key record,
+    /// one script call takes the lease and nothing else.
+    #[allow(clippy::too_many_arguments)]
+    async fn renew(
+        &self,
+        record: Option<&KeyRecord>,
+        fresh: bool,
+        verdict: DecideResponse,
+        req: &DecideRequest,
+        plan_override: Option<&str>,
+        product: Option<&Id>,
+        now_ms: u64,
+    ) -> DecideResponse {
+        let (Some(r), DecideResponse::Allow { .. }) = (record, &verdict) else {
+            metrics::counter!(m::LEASES, "call" => "renewal", "result" => "denied").increment(1);
+            return verdict;
+        };
+        let plans = self.plans();
+        let limits = plans.limits(plan_override.unwrap_or(r.plan.as_str()));
+        let key_left_ms = r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
+        if !limits::leasable(limits) || !fresh || limits::lease_ttl_ms(limits, now_ms, key_left_ms) == 0 {
+            metrics::counter!(m::LEASES, "call" => "renewal", "result" => "none").increment(1);
+            return verdict;
+        }
+        self.limit(r, limits, req, product, now_ms, None, fresh).await
+    }
+
     /// Runs every limit of the plan, and the response lookup, in one script call and turns the
     /// reply into the answer.
+    #[allow(clippy::too_many_arguments)]
     async fn limit(
         &self,
         r: &KeyRecord,
@@ -202,6 +240,7 @@ impl Decider {
         product: Option<&Id>,
         now_ms: u64,
         lookup: Option<ResponseLookup>,
+        fresh: bool,
     ) -> DecideResponse {
         let request_id = req
             .request_id
@@ -219,7 +258,23 @@ impl Decider {
             token_estimate: req.token_estimate.filter(|n| *n > 0),
         };
         let mut inv = limits::invocation(limits, &ctx);
+        // Leases: only for plans whose limits are all leased, only while the key record is fresh
+        // (so a revocation is seen within the cache TTL + the lease lifetime).
+        let renewal = req.lease.is_some_and(|l| l.renewal);
+        let key_left_ms = r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
+        let lease_ttl = match req.lease {
+            Some(_) if fresh && limits::leasable(limits) => limits::lease_ttl_ms(limits, now_ms, key_left_ms),
+            _ => 0,
+        };
+        let leasing = req.lease.is_some() && (lease_ttl > 0 || renewal);
+        if let (Some(ask), true) = (req.lease, leasing) {
+            inv = limits::with_lease(inv, if lease_ttl > 0 { ask.want } else { 0 }, renewal);
+        }
         if let Some(l) = &lookup {
+            if !leasing {
+                // the lookup's arguments follow the lease's, so those are present: no lease
+                inv = limits::with_lease(inv, 0, false);
+            }
             l.append_to(&mut inv);
         }
         let mut outcome = None;
@@ -230,7 +285,7 @@ impl Decider {
             }),
             Err(e) => Err(e.to_string()),
         };
-        let allow = |response_headers: Vec<Header>, ticket, replay, store| DecideResponse::Allow {
+        let allow = |response_headers: Vec<Header>, ticket, lease, replay, store| DecideResponse::Allow {
             tenant: r.tenant.to_string(),
             key_id: r.key_id.to_string(),
             plan: r.plan.to_string(),
@@ -240,6 +295,7 @@ impl Decider {
             ticket,
             replay,
             store,
+            lease,
         };
         let verdict = match verdict {
             Ok(v) => v,
@@ -261,7 +317,7 @@ impl Decider {
                     }
                 } else {
                     // fail-open: a cache miss, an idempotency key executed without being recorded
-                    allow(vec![], None, None, None)
+                    allow(vec![], None, None, None, None)
                 };
             }
         };
@@ -290,9 +346,24 @@ impl Decider {
                 }
             }
             None => {
-                let headers = limits::nearest(&inv.meta, &verdict.states)
+                let nearest = limits::nearest(&inv.meta, &verdict.states);
+                let headers = nearest
                     .map(|i| limits::ratelimit_headers(&inv.meta[i], &verdict.states[i]).to_vec())
                     .unwrap_or_default();
+                let lease = (verdict.granted > 0).then(|| tollgate_wire::Lease {
+                    units: verdict.granted,
+                    ttl_ms: lease_ttl,
+                    // the policy only: the remaining count is known here, not where the lease is spent
+                    response_headers: headers.iter().filter(|h| h.name == "ratelimit-policy").cloned().collect(),
+                });
+                if req.lease.is_some() {
+                    let call = if renewal { "renewal" } else { "request" };
+                    let result = if lease.is_some() { "granted" } else { "none" };
+                    metrics::counter!(m::LEASES, "call" => call, "result" => result).increment(1);
+                    if let Some(l) = &lease {
+                        metrics::counter!(m::LEASE_UNITS).increment(l.units);
+                    }
+                }
                 let (replay, store) = match (lookup, outcome) {
                     (None, _) => (None, None),
                     (Some(l), o) => match self.apply_outcome(&l, o) {
@@ -300,7 +371,7 @@ impl Decider {
                         Err(deny) => return deny,
                     },
                 };
-                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id), replay, store.map(Box::new))
+                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id), lease, replay, store.map(Box::new))
             }
         }
     }

@@ -5,9 +5,11 @@
 //! Guarantees: the producer is idempotent with `acks=all`; a segment is deleted only after the
 //! broker acknowledged every event in it, so an outage never loses an event (it waits on disk),
 //! while a crash between the ack and the delete ships a segment twice (at-least-once; the billing
-//! consumer counts each event id once). Messages are keyed by tenant: one tenant's events stay in
+//! consumer counts each event id once — and each aggregate id, which a re-shipped segment
+//! reproduces exactly: crate::aggregate). Messages are keyed by tenant: one tenant's events stay in
 //! one partition, in order (seed 003). Nothing here runs on the request path.
 
+use crate::aggregate::{Outgoing, SegmentPlan};
 use crate::spool::{read_segment, remove_segment, sealed_segments};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -63,7 +65,8 @@ impl Default for KafkaConfig {
     }
 }
 
-/// The `schema` header of every usage message (docs/usage-events.md).
+/// The `schema` header of every single-event usage message (docs/usage-events.md; aggregates
+/// carry crate::aggregate::SCHEMA).
 pub const SCHEMA: &str = "tollgate.usage.v1";
 
 /// Properties the billing guarantees depend on: not overridable.
@@ -290,14 +293,22 @@ impl Shipper {
             if let Err(e) = remove_segment(&segment, &self.total) {
                 tracing::error!(error = %e, segment = %segment.display(), "usage: cannot delete a shipped segment (it will be shipped again)");
             }
-            metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "delivered").increment(shipped);
+            metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "delivered").increment(shipped.single + shipped.aggregated);
+            if shipped.aggregates > 0 {
+                metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "aggregated").increment(shipped.aggregated);
+                metrics::counter!(crate::metrics::USAGE_AGGREGATES).increment(shipped.aggregates);
+            }
+            if shipped.duplicates > 0 {
+                metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "duplicate").increment(shipped.duplicates);
+            }
         }
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES).set(self.total.load(std::sync::atomic::Ordering::Relaxed) as f64);
         Ok(())
     }
 
-    /// Sends every event of one segment and waits for all acknowledgements.
-    async fn ship_segment(&self, segment: &std::path::Path) -> Result<u64, DeliveryFailure> {
+    /// Sends every event of one segment (one message each, or combined in aggregates where the
+    /// spool marked them: crate::aggregate) and waits for all acknowledgements.
+    async fn ship_segment(&self, segment: &std::path::Path) -> Result<SegmentPlan, DeliveryFailure> {
         let (lines, bad) = match read_segment(segment) {
             Ok(r) => r,
             Err(e) => {
@@ -310,16 +321,19 @@ impl Shipper {
             metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "torn").increment(bad as u64);
             tracing::warn!(segment = %segment.display(), lines = bad, "usage: skipped torn spool records (a crash mid-write; never acknowledged)");
         }
-        #[derive(Deserialize)]
-        struct Keyed {
-            tenant: String,
-        }
-        let mut pending = Vec::with_capacity(lines.len());
-        for line in &lines {
-            let key = serde_json::from_slice::<Keyed>(line).map(|k| k.tenant).unwrap_or_default();
-            let headers = OwnedHeaders::new().insert(Header { key: "schema", value: Some(SCHEMA) });
+        let plan = crate::aggregate::plan_segment(&lines);
+        let mut pending = Vec::with_capacity(plan.messages.len());
+        for message in &plan.messages {
+            let (key, payload, schema): (&str, std::borrow::Cow<'_, [u8]>, &str) = match message {
+                Outgoing::Line { index, tenant } => (tenant, std::borrow::Cow::Borrowed(lines[*index].as_slice()), SCHEMA),
+                Outgoing::Aggregate(a) => {
+                    let json = serde_json::to_vec(a).map_err(|_| DeliveryFailure::Fatal)?;
+                    (&a.tenant, std::borrow::Cow::Owned(json), crate::aggregate::SCHEMA)
+                }
+            };
+            let headers = OwnedHeaders::new().insert(Header { key: "schema", value: Some(schema) });
             let mut record =
-                FutureRecord::to(&self.config.topic).key(key.as_bytes()).payload(line.as_slice()).headers(headers);
+                FutureRecord::to(&self.config.topic).key(key.as_bytes()).payload(payload.as_ref()).headers(headers);
             loop {
                 match self.producer.send_result(record) {
                     Ok(delivery) => {
@@ -346,7 +360,7 @@ impl Shipper {
             }
         }
         match failure {
-            None => Ok(lines.len() as u64),
+            None => Ok(plan),
             Some(f) => Err(f),
         }
     }

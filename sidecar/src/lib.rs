@@ -2,6 +2,7 @@
 //! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
 
 pub mod admin;
+pub mod aggregate;
 pub mod apikey;
 pub mod cache;
 pub mod clock;
@@ -48,7 +49,7 @@ pub struct Sidecar {
     /// The admin API's listener and token, when `admin.listen` is set.
     admin: Option<(tokio::net::TcpListener, String)>,
     /// A Redis node to subscribe to change events on, and the resync interval.
-    propagation: Option<(String, std::time::Duration)>,
+    propagation: Option<(propagation::SubscribeTo, std::time::Duration)>,
 }
 
 impl Sidecar {
@@ -144,7 +145,8 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
     Sidecar::bind(config).await?.serve(shutdown).await
 }
 
-type ConfigParts = (Arc<propagation::Control>, Option<(tokio::net::TcpListener, String)>, Option<(String, std::time::Duration)>);
+type ConfigParts =
+    (Arc<propagation::Control>, Option<(tokio::net::TcpListener, String)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
 
 /// Opens the configuration source (PostgreSQL: connect, migrate, load — an unreachable server is
 /// an error), puts its plans in force, binds the admin listener, picks the pub/sub node.
@@ -177,13 +179,14 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
         }
         None => None,
     };
+    use propagation::SubscribeTo;
     let node = match config.redis.mode {
-        config::RedisMode::Single => Some(config.redis.url.clone()),
-        config::RedisMode::Cluster => config.redis.nodes.first().cloned(),
-        config::RedisMode::Sentinel => {
-            tracing::warn!("config change events are not subscribed in sentinel mode; the key cache TTL bounds staleness");
-            None
-        }
+        config::RedisMode::Single => Some(SubscribeTo::Node(config.redis.url.clone())),
+        config::RedisMode::Cluster => config.redis.nodes.first().cloned().map(SubscribeTo::Node),
+        config::RedisMode::Sentinel => Some(SubscribeTo::Sentinel {
+            sentinels: config.redis.nodes.clone(),
+            master_name: config.redis.master_name.clone(),
+        }),
     };
     Ok((control, admin, node.map(|n| (n, config.admin.resync_interval))))
 }

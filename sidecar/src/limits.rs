@@ -5,6 +5,14 @@
 //! Every limit of one decision runs in ONE script call (one Redis round trip, atomic): check all,
 //! then take from all only if all pass, so a denied request consumes nothing. Keys carry the
 //! tenant's hash tag (see `keys`), so the call touches one Cluster slot.
+//!
+//! Leased limits (`mode = "leased"`, fixed windows and token buckets): the same call may also
+//! take a *lease* — `granted` more requests' worth of units from every limit of the plan, which
+//! the filter then admits locally without a call. The grant is taken in the same atomic script as
+//! the request's own check (still one round trip), is never more than `1 / LEASE_SHARE_DIVISOR`
+//! of what is left after the request (so replicas share and the tail of a window is exact), and
+//! lives at most `LEASE_MAX_TTL_MS`, never past the end of the window it was taken from. The
+//! limit is therefore never over-admitted; leased units left unspent at expiry are under-use.
 
 use crate::keys::{
     ConcurrencyKey, FixedWindowKey, Id, ReservationKey, SlidingLogKey, SlidingWindowKey, Subject, TokenBucketKey,
@@ -45,6 +53,33 @@ pub enum LimitFailureMode {
     Closed,
 }
 
+/// How a limit is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitMode {
+    /// Every request is decided by the sidecar (one call, one script run).
+    #[default]
+    Exact,
+    /// The filter spends leases of units taken from the limit in advance (fixed windows and
+    /// token buckets only; see the module docs).
+    Leased,
+}
+
+impl LimitMode {
+    fn is_exact(&self) -> bool {
+        *self == LimitMode::Exact
+    }
+}
+
+/// The longest a lease may be spent (revocations and plan changes apply within it).
+pub const LEASE_MAX_TTL_MS: u64 = 500;
+/// A lease shorter than this is not worth its units (they would mostly expire unspent).
+pub const LEASE_MIN_TTL_MS: u64 = 50;
+/// A lease never takes more than 1/this of what a limit has left after the request.
+pub const LEASE_SHARE_DIVISOR: u64 = 2;
+/// The most units one lease may hold.
+pub const LEASE_MAX_UNITS: u64 = 10_000;
+
 /// A limit as configured (TOML under `[[plans.<plan>.limits]]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -73,6 +108,9 @@ pub struct LimitConfig {
     /// Sliding log only: `auth` for the credential-route bucket (`rl:auth:`), default `api`.
     #[serde(default)]
     pub class: Option<String>,
+    /// `exact` (default) or `leased` (fixed_window / token_bucket; see [`LimitMode`]).
+    #[serde(default, skip_serializing_if = "LimitMode::is_exact")]
+    pub mode: LimitMode,
 }
 
 fn default_subject() -> String {
@@ -114,6 +152,7 @@ pub struct Limit {
     pub shadow: bool,
     pub failure_mode: LimitFailureMode,
     pub auth_class: bool,
+    pub mode: LimitMode,
 }
 
 /// Plans by name, validated.
@@ -166,6 +205,21 @@ impl Plans {
                     (Algorithm::SlidingLog, Some(c)) => return Err(format!("{at}.class: '{c}' is not api or auth")),
                     (_, Some(_)) => return Err(format!("{at}.class: only sliding_log limits have a class")),
                 };
+                if l.mode == LimitMode::Leased {
+                    // A lease is units taken ahead from a counter that only grows within its
+                    // window (fixed) or a bucket that only refills: spending them later never
+                    // admits more than the limit. Sliding windows and logs count each request
+                    // at its own time, budgets and concurrency hold per-request state.
+                    if !matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket) {
+                        return Err(format!("{at}.mode: leased applies to fixed_window and token_bucket only"));
+                    }
+                    if !matches!(subject, SubjectKind::Key | SubjectKind::Tenant | SubjectKind::TenantProduct) {
+                        return Err(format!("{at}.mode: a leased limit counts per key, tenant or tenant_product (the filter keeps leases per key)"));
+                    }
+                    if l.shadow {
+                        return Err(format!("{at}.mode: a shadow limit counts each request's would-deny; it cannot be leased"));
+                    }
+                }
                 limits.push(Limit {
                     name,
                     algorithm: l.algorithm,
@@ -177,6 +231,7 @@ impl Plans {
                     shadow: l.shadow,
                     failure_mode: l.failure_mode,
                     auth_class,
+                    mode: l.mode,
                 });
             }
             out.insert(plan.clone(), limits);
@@ -204,6 +259,38 @@ impl Plans {
         v.dedup();
         v
     }
+}
+
+/// Whether a plan's limits can be leased: all of them are `leased` (an exact limit needs a call
+/// per request anyway, and then every limit is decided exactly in it).
+pub fn leasable(limits: &[Limit]) -> bool {
+    !limits.is_empty() && limits.iter().all(|l| l.mode == LimitMode::Leased)
+}
+
+/// How long a lease taken at `now_ms` may be spent: at most [`LEASE_MAX_TTL_MS`], never past the
+/// end of a fixed window it was taken from, nor past `key_left_ms` (the key's expiry). Zero when
+/// it would be shorter than [`LEASE_MIN_TTL_MS`] (then no lease is taken).
+pub fn lease_ttl_ms(limits: &[Limit], now_ms: u64, key_left_ms: u64) -> u64 {
+    let mut ttl = LEASE_MAX_TTL_MS.min(key_left_ms);
+    for l in limits.iter().filter(|l| l.algorithm == Algorithm::FixedWindow) {
+        ttl = ttl.min(l.window_ms - now_ms % l.window_ms);
+    }
+    if ttl < LEASE_MIN_TTL_MS {
+        0
+    } else {
+        ttl
+    }
+}
+
+/// Adds a lease to an invocation: ask for `want` units (capped at [`LEASE_MAX_UNITS`]); a
+/// `renewal` admits no request itself (the limits are charged only for what is granted).
+pub fn with_lease(mut inv: Invocation, want: u64, renewal: bool) -> Invocation {
+    inv.args.extend([
+        want.min(LEASE_MAX_UNITS).to_string(),
+        if renewal { "1" } else { "0" }.to_string(),
+        LEASE_SHARE_DIVISOR.to_string(),
+    ]);
+    inv
 }
 
 /// What one request is, for its limits.
@@ -335,13 +422,21 @@ pub struct Verdict {
     /// Index (into the limits) of the limit that denied.
     pub denied: Option<usize>,
     pub states: Vec<LimitState>,
+    /// Lease units taken (beyond the request's own cost) from every limit.
+    pub granted: u64,
 }
 
-/// Reads `decide.lua`'s reply: `{allowed, denied_index, (remaining, reset_ms, would_deny) * n}`.
+/// Reads `decide.lua`'s reply: `{allowed, denied_index, (remaining, reset_ms, would_deny) * n,
+/// granted}`.
 pub fn read_reply(reply: &[i64], n: usize) -> Result<Verdict, String> {
-    if reply.len() != 2 + 3 * n {
+    if reply.len() != 3 + 3 * n {
         return Err(format!("decide.lua returned {} values for {n} limits", reply.len()));
     }
+    let granted = reply[2 + 3 * n];
+    if granted < 0 || (granted > 0 && reply[0] != 1) {
+        return Err(format!("decide.lua granted {granted} with allowed={}", reply[0]));
+    }
+    let reply = &reply[..2 + 3 * n];
     let denied = match (reply[0], reply[1]) {
         (1, 0) => None,
         (0, i) if i >= 1 && (i as usize) <= n => Some(i as usize - 1),
@@ -351,7 +446,7 @@ pub fn read_reply(reply: &[i64], n: usize) -> Result<Verdict, String> {
         .chunks(3)
         .map(|c| LimitState { remaining: c[0].max(0) as u64, reset_ms: c[1].max(0) as u64, would_deny: c[2] == 1 })
         .collect();
-    Ok(Verdict { denied, states })
+    Ok(Verdict { denied, states, granted: granted as u64 })
 }
 
 /// The deny code of an algorithm.
@@ -519,7 +614,67 @@ mod tests {
             shadow: false,
             failure_mode: LimitFailureMode::Open,
             auth_class: false,
+            mode: LimitMode::Exact,
         }
+    }
+
+    #[test]
+    fn leased_mode_is_for_fixed_windows_and_buckets_per_key_tenant_or_product() {
+        let p = plans(
+            "[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9\nmode = \"leased\"\n\
+             [[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 9\nmode = \"leased\"\nsubject = \"tenant\"\n\
+             [[plans.q.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9\nmode = \"leased\"\n\
+             [[plans.q.limits]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 9\n",
+        )
+        .unwrap();
+        assert!(leasable(p.limits("p")));
+        assert!(!leasable(p.limits("q")), "one exact limit makes every request exact");
+        assert!(!leasable(&[]));
+        assert_eq!(p.limits("q")[1].mode, LimitMode::Exact);
+        for (bad, needle) in [
+            ("algorithm = \"sliding_window\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"sliding_log\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"concurrency\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"token_budget\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"leased\"\nsubject = \"client_ip\"", "per key"),
+            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"leased\"\nshadow = true", "shadow"),
+            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"sometimes\"", "unknown variant"),
+        ] {
+            let err = plans(&format!("[[plans.p.limits]]\nname = \"a\"\n{bad}")).unwrap_err();
+            assert!(err.contains(needle), "{err} should mention {needle}");
+        }
+        // exact is the default and is not written back (admin JSON stays as it was)
+        let cfg = LimitConfig {
+            name: "a".into(),
+            algorithm: Algorithm::FixedWindow,
+            subject: "key".into(),
+            limit: 1,
+            window: None,
+            cost: 1,
+            estimate: None,
+            shadow: false,
+            failure_mode: LimitFailureMode::Open,
+            class: None,
+            mode: LimitMode::Exact,
+        };
+        assert!(!serde_json::to_string(&cfg).unwrap().contains(r#""mode""#));
+        let leased = LimitConfig { mode: LimitMode::Leased, ..cfg };
+        assert!(serde_json::to_string(&leased).unwrap().contains(r#""mode":"leased""#));
+    }
+
+    #[test]
+    fn lease_lifetime_is_bounded_by_the_window_the_key_and_the_maximum() {
+        let mut fixed = limit(Algorithm::FixedWindow, SubjectKind::Key);
+        fixed.window_ms = 1_000;
+        let bucket = limit(Algorithm::TokenBucket, SubjectKind::Key);
+        let t = 1_000_000u64;
+        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, u64::MAX), LEASE_MAX_TTL_MS);
+        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, 200), 200, "the key expires first");
+        assert_eq!(lease_ttl_ms(&[bucket.clone(), fixed.clone()], t + 700, u64::MAX), 300, "the window ends first");
+        assert_eq!(lease_ttl_ms(&[fixed.clone()], t + 960, u64::MAX), 0, "too short to be worth units");
+        assert_eq!(lease_ttl_ms(&[fixed], t + 999, u64::MAX), 0);
+        let inv = with_lease(Invocation { keys: vec![], args: vec!["x".into()], meta: vec![] }, 1 << 40, true);
+        assert_eq!(inv.args, ["x", &LEASE_MAX_UNITS.to_string(), "1", &LEASE_SHARE_DIVISOR.to_string()]);
     }
 
     #[test]
@@ -573,11 +728,14 @@ mod tests {
 
     #[test]
     fn replies_and_headers() {
-        let v = read_reply(&[0, 2, 5, 1000, 0, 0, 30_500, 1], 2).unwrap();
+        let v = read_reply(&[0, 2, 5, 1000, 0, 0, 30_500, 1, 0], 2).unwrap();
         assert_eq!(v.denied, Some(1));
         assert_eq!(v.states[1], LimitState { remaining: 0, reset_ms: 30_500, would_deny: true });
         assert!(read_reply(&[1, 0, 1], 1).is_err());
-        assert!(read_reply(&[0, 3, 0, 0, 0], 1).is_err());
+        assert!(read_reply(&[0, 3, 0, 0, 0, 0], 1).is_err());
+        assert_eq!(read_reply(&[1, 0, 4, 100, 0, 7], 1).unwrap().granted, 7);
+        assert!(read_reply(&[0, 1, 0, 100, 1, 7], 1).is_err(), "a denial grants nothing");
+        assert!(read_reply(&[1, 0, 4, 100, 0, -1], 1).is_err());
         let m = Meta {
             name: "per-min".into(),
             algorithm: Algorithm::FixedWindow,

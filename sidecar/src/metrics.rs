@@ -20,13 +20,22 @@ pub const SHADOW_DENIALS: &str = "tollgate_sidecar_shadow_denials_total";
 pub const COMPLETIONS: &str = "tollgate_sidecar_completions_total";
 /// Tokens moved at reconciliation, labelled `direction` (refund | overrun).
 pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total";
+/// Lease asks answered, labelled `call` (request | renewal) and `result` (granted | none |
+/// denied: a renewal for a key that is no longer allowed).
+pub const LEASES: &str = "tollgate_sidecar_leases_total";
+/// Units granted in leases (taken from the limits ahead of the requests that spend them).
+pub const LEASE_UNITS: &str = "tollgate_sidecar_lease_units_total";
 /// Audit lines written for revoked/expired key use.
 pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 
 /// Usage events, labelled `outcome`: spooled (durable, acknowledged to the filter) | invalid
-/// (refused for good) | delivered (acknowledged by Kafka) | lost (a denial that could not be
-/// spooled) | torn (a crash's partial line skipped in the spool).
+/// (refused for good) | delivered (acknowledged by Kafka, alone or in an aggregate) | aggregated
+/// (the part of delivered carried in aggregates) | duplicate (with aggregation on: an id accepted
+/// lately, dropped at intake, or repeated within one segment's aggregated events) | lost (a denial that could not be spooled) | torn (a crash's
+/// partial line skipped in the spool).
 pub const USAGE_EVENTS: &str = "tollgate_sidecar_usage_events_total";
+/// Aggregate messages (`tollgate.usage.aggregate.v1`) acknowledged by Kafka.
+pub const USAGE_AGGREGATES: &str = "tollgate_sidecar_usage_aggregates_total";
 /// Bytes waiting in the usage spool.
 pub const USAGE_SPOOL_BYTES: &str = "tollgate_sidecar_usage_spool_bytes";
 /// Failed delivery rounds (the segment stays spooled and is retried), labelled `kind` (queue_full | transient | unknown_topic | fatal).

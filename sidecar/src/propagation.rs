@@ -135,26 +135,59 @@ pub async fn rewarm(control: Arc<Control>, shutdown: CancellationToken) {
     }
 }
 
-/// The subscriber: runs until `shutdown`. `redis_url` is a node to subscribe on (any node of a
-/// Cluster sees every PUBLISH).
-pub async fn run(control: Arc<Control>, redis_url: String, resync_interval: Duration, shutdown: CancellationToken) {
-    let client = match redis::Client::open(redis_url.as_str()) {
-        Ok(c) => c,
-        Err(e) => {
+/// Where the subscriber subscribes.
+#[derive(Debug, Clone)]
+pub enum SubscribeTo {
+    /// A node (any node of a Cluster sees every PUBLISH).
+    Node(String),
+    /// The master Sentinel names now, asked again on every (re)connection, so a failover moves
+    /// the subscription to the new master (where the writers now publish).
+    Sentinel { sentinels: Vec<String>, master_name: String },
+}
+
+impl SubscribeTo {
+    async fn client(&self) -> redis::RedisResult<redis::Client> {
+        match self {
+            SubscribeTo::Node(url) => redis::Client::open(url.as_str()),
+            SubscribeTo::Sentinel { sentinels, master_name } => {
+                let mut last = None;
+                for url in sentinels {
+                    let asked = async {
+                        let mut c = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
+                        let (host, port): (String, u16) =
+                            redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(master_name).query_async(&mut c).await?;
+                        redis::Client::open(format!("redis://{host}:{port}/"))
+                    };
+                    match tokio::time::timeout(Duration::from_secs(2), asked).await {
+                        Ok(Ok(client)) => return Ok(client),
+                        Ok(Err(e)) => last = Some(e),
+                        Err(_) => last = Some(redis::RedisError::from((redis::ErrorKind::Io, "sentinel timed out"))),
+                    }
+                }
+                Err(last.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "no sentinel configured"))))
+            }
+        }
+    }
+}
+
+/// The subscriber: runs until `shutdown`.
+pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Duration, shutdown: CancellationToken) {
+    if let SubscribeTo::Node(url) = &to {
+        if let Err(e) = redis::Client::open(url.as_str()) {
             tracing::error!(error = %e, "config propagation disabled: bad Redis URL");
             return;
         }
-    };
+    }
     let mut pause = Duration::from_millis(20);
     while !shutdown.is_cancelled() {
         let subscribed = async {
-            let mut ps = client.get_async_pubsub().await?;
+            let mut ps = to.client().await?.get_async_pubsub().await?;
             ps.psubscribe(CONFIG_CHANGED_PATTERN).await?;
             redis::RedisResult::Ok(ps)
         };
         let ps = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = tokio::time::timeout(Duration::from_secs(2), subscribed) => r,
+            r = tokio::time::timeout(Duration::from_secs(4), subscribed) => r,
         };
         let mut ps = match ps {
             Ok(Ok(ps)) => ps,

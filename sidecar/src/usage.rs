@@ -8,12 +8,16 @@
 //!                                  spool ──shipper──► Kafka usage_events (key = tenant) ──► billing
 //! ```
 //!
+//! With `aggregate_above_rps`, `accept` marks the events of tenants above that rate in their
+//! spool lines, and the shipper sends those as per-second aggregates (crate::aggregate).
+//!
 //! Invariants: an event is acknowledged only once durable on disk; the request path never waits
 //! on the spool or Kafka (denials are spooled from a spawned task); every loss is counted
 //! (`tollgate_sidecar_usage_events_total{outcome="lost"}`). The Redis meter is a fast, approximate
 //! view (it may count a re-sent batch twice, and its keys may be evicted); billing reads the
 //! PostgreSQL rollup, which counts each event id once.
 
+use crate::aggregate::{Intake, RateTracker, RecentIds};
 use crate::kafka::{KafkaConfig, Shipper};
 use crate::keys::{Id, UsageMeterKey};
 use crate::spool::{Spool, SpoolError};
@@ -42,6 +46,10 @@ pub struct UsageConfig {
     pub segment_age: Duration,
     /// Count events per tenant and day in Redis (`usage:{tenant}:{yyyyMMdd}`, 35 days).
     pub meter: bool,
+    /// Per-second aggregation (seed 003): a tenant with more than this many events per second at
+    /// this sidecar gets its events combined per second into `tollgate.usage.aggregate.v1`
+    /// messages (crate::aggregate). 0 = off: one message per request.
+    pub aggregate_above_rps: u64,
     /// On shutdown, how long the shipper may keep sending what is spooled.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -56,6 +64,7 @@ impl Default for UsageConfig {
             max_spool_mb: 1024,
             segment_age: Duration::from_millis(200),
             meter: true,
+            aggregate_above_rps: 0,
             shutdown_grace: Duration::from_secs(5),
             kafka: KafkaConfig::default(),
         }
@@ -134,13 +143,43 @@ pub fn meter_increments(events: &[UsageEvent]) -> BTreeMap<(String, String), Day
     out
 }
 
-/// JSON lines of `events`, as the spool stores them.
-pub fn encode_lines(events: &[UsageEvent]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(events.len() * 256);
-    for e in events {
-        if serde_json::to_writer(&mut out, e).is_ok() {
-            out.push(b'\n');
+/// Event ids remembered at intake when aggregation is on (≈ 10 MB; at 10 000 events/s, the last
+/// ~26 s — far longer than the filter takes to send a batch again).
+pub const RECENT_IDS: usize = 262_144;
+
+/// Fills `recent` with the ids of the newest spooled events (up to its capacity), oldest first.
+fn seed_recent(dir: &std::path::Path, recent: &mut RecentIds) {
+    #[derive(Deserialize)]
+    struct IdOnly<'a> {
+        #[serde(borrow)]
+        id: std::borrow::Cow<'a, str>,
+    }
+    let mut segments: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut n = 0;
+    for seg in crate::spool::sealed_segments(dir).iter().rev() {
+        if n >= RECENT_IDS {
+            break;
         }
+        if let Ok((lines, _)) = crate::spool::read_segment(seg) {
+            n += lines.len();
+            segments.push(lines);
+        }
+    }
+    for lines in segments.iter().rev() {
+        for l in lines {
+            if let Ok(e) = serde_json::from_slice::<IdOnly<'_>>(l) {
+                recent.insert(&e.id);
+            }
+        }
+    }
+}
+
+/// JSON lines of `events`, as the spool stores them; `marks[i]` marks event `i` for aggregation
+/// (crate::aggregate; missing marks are `false`).
+pub fn encode_lines(events: &[UsageEvent], marks: &[bool]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(events.len() * 256);
+    for (i, e) in events.iter().enumerate() {
+        crate::aggregate::encode_line(&mut out, e, marks.get(i).copied().unwrap_or(false));
     }
     out
 }
@@ -150,6 +189,9 @@ pub struct Usage {
     spool: Spool,
     store: Store,
     meter: bool,
+    /// Per-tenant event rates and the ids accepted lately, when aggregation is on
+    /// (`aggregate_above_rps` > 0).
+    intake: Option<std::sync::Mutex<Intake>>,
     stop: CancellationToken,
     shipper: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -169,6 +211,13 @@ impl Usage {
         let spool = Spool::start(&config.spool_dir, config.max_spool_mb << 20, config.segment_age, sealed.clone())
             .map_err(|e| UsageError::Setup(format!("spool {}: {e}", config.spool_dir.display())))?;
         let producer = crate::kafka::producer(&config.kafka).map_err(UsageError::Setup)?;
+        // Before the shipper starts: a batch the filter sends again after a crash is in the
+        // segment that was open then (sealed by `Spool::start`).
+        let intake = (config.aggregate_above_rps > 0).then(|| {
+            let mut recent = RecentIds::new(RECENT_IDS);
+            seed_recent(&config.spool_dir, &mut recent);
+            std::sync::Mutex::new(Intake { rates: RateTracker::new(config.aggregate_above_rps), recent })
+        });
         let shipper = Shipper {
             config: config.kafka.clone(),
             producer,
@@ -178,7 +227,7 @@ impl Usage {
         };
         let stop = CancellationToken::new();
         let handle = tokio::spawn(shipper.run(stop.clone(), config.shutdown_grace));
-        Ok(Usage { spool, store, meter: config.meter, stop, shipper: tokio::sync::Mutex::new(Some(handle)) })
+        Ok(Usage { spool, store, meter: config.meter, intake, stop, shipper: tokio::sync::Mutex::new(Some(handle)) })
     }
 
     /// Makes `events` (already validated) durable, then meters them. `Ok` means the sender may
@@ -187,7 +236,37 @@ impl Usage {
         if events.is_empty() {
             return Ok(());
         }
-        self.spool.append(encode_lines(events)).await?;
+        // Marked here, at arrival, and written into the spool line: the decision to aggregate is
+        // as durable as the event (a re-shipped segment is aggregated the same way). Ids taken
+        // lately are dropped: they are durable already, and an aggregate cannot be deduplicated
+        // event by event downstream.
+        let mut kept: Option<Vec<UsageEvent>> = None;
+        let marks = match &self.intake {
+            Some(intake) => {
+                let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+                let (fresh, marks) = intake.lock().map(|mut i| i.admit(events, now)).unwrap_or_default();
+                let dropped = fresh.iter().filter(|f| !**f).count();
+                if dropped > 0 {
+                    metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "duplicate").increment(dropped as u64);
+                    kept = Some(events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e.clone()).collect());
+                }
+                marks
+            }
+            None => Vec::new(),
+        };
+        let events: &[UsageEvent] = kept.as_deref().unwrap_or(events);
+        if events.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.spool.append(encode_lines(events, &marks)).await {
+            // not spooled: the filter sends them again, and then they must be taken
+            if let Some(Ok(mut i)) = self.intake.as_ref().map(|i| i.lock()) {
+                for ev in events {
+                    i.recent.forget(&ev.id);
+                }
+            }
+            return Err(e);
+        }
         metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "spooled").increment(events.len() as u64);
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
             .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
@@ -341,9 +420,24 @@ mod tests {
     }
 
     #[test]
+    fn the_recent_ids_are_refilled_from_the_spool_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let old: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("old{i:05}"), "acme", 200, DAY, None)).collect();
+        let new: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("new{i:05}"), "acme", 200, DAY, None)).collect();
+        std::fs::write(dir.path().join("00000000000000000001.seg"), encode_lines(&old, &[true; 3])).unwrap();
+        std::fs::write(dir.path().join("00000000000000000002.seg"), encode_lines(&new, &[])).unwrap();
+        let mut recent = RecentIds::new(4);
+        seed_recent(dir.path(), &mut recent);
+        assert_eq!(recent.len(), 4, "bounded");
+        // the newest are kept: a batch re-sent after a crash is in the last segments
+        assert!(!recent.insert("new00002") && !recent.insert("new00000") && !recent.insert("old00002"));
+        assert!(recent.insert("old00000"), "the oldest did not fit");
+    }
+
+    #[test]
     fn lines_are_one_json_event_each() {
         let events = [ev("id000001", "acme", 200, DAY, None), ev("id000002", "acme", 200, DAY, None)];
-        let text = String::from_utf8(encode_lines(&events)).unwrap();
+        let text = String::from_utf8(encode_lines(&events, &[])).unwrap();
         let back: Vec<UsageEvent> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(back, events);
     }
@@ -362,6 +456,7 @@ mod tests {
             route: None,
             cache_key: None,
             idempotency: None,
+            lease: None,
         };
         let a = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
         let b = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);

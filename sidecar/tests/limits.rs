@@ -65,6 +65,7 @@ impl Lab {
             route: route.map(str::to_string),
             cache_key: None,
             idempotency: None,
+            lease: None,
         };
         self.decider.decide(&req).await.unwrap()
     }

@@ -56,6 +56,7 @@ impl Running {
             route: None,
             cache_key: None,
             idempotency: None,
+            lease: None,
         })
         .unwrap();
         self.post("/v1/decide", body).await

@@ -43,6 +43,7 @@ fn request(hash: &str, n: u32) -> DecideRequest {
         route: None,
         cache_key: None,
         idempotency: None,
+        lease: None,
     }
 }
 
@@ -115,8 +116,39 @@ async fn the_sidecar_connects_through_sentinel_and_follows_a_failover() {
     let (decider, store) =
         decider(RedisConfig { mode: RedisMode::Sentinel, nodes: sentinel.sentinels(), ..Default::default() });
     exercise(&decider, &store).await;
+    // A whole sidecar in sentinel mode subscribes to config changes on the master Sentinel names.
+    let mut cfg = Config::from_toml("listen = \"127.0.0.1:0\"").unwrap();
+    cfg.redis = RedisConfig { mode: RedisMode::Sentinel, nodes: sentinel.sentinels(), ..Default::default() };
+    let sidecar = tollgate_sidecar::Sidecar::bind(&cfg).await.unwrap();
+    let control = sidecar.control();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let served = tokio::spawn(sidecar.serve(stop.clone().cancelled_owned()));
+    let published_until_seen = |port: u16, version: u64| {
+        let control = control.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            // publish until the subscriber (re)connected and took it: a message sent before the
+            // subscription is not delivered, the next one is
+            while control.live.version() != version {
+                assert!(std::time::Instant::now() < deadline, "the change event never reached the sidecar");
+                let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+                if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                    let _: Result<i64, _> = redis::cmd("PUBLISH").arg("config_changed:acme").arg(version).query_async(&mut c).await;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await; // poll interval
+            }
+        }
+    };
+    published_until_seen(sentinel.master_port, 7).await;
 
     sentinel.failover();
+    // the old master goes away: the subscription must follow Sentinel to the new one
+    if let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{}/", sentinel.master_port)).unwrap().get_multiplexed_async_connection().await {
+        let _: Result<(), _> = redis::cmd("SHUTDOWN").arg("NOSAVE").query_async(&mut c).await;
+    }
+    published_until_seen(sentinel.replica_port, 9).await;
+    stop.cancel();
+    served.await.unwrap().unwrap();
     // The old connection points at a replica now (READONLY) or was dropped; the store reconnects
     // through Sentinel to the new master. Writes succeed again within the failover's own time.
     let key = apikey::issue(Id::parse("acme").unwrap(), Id::parse("all").unwrap(), 1, None);

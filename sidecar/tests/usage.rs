@@ -166,18 +166,117 @@ fn invalid_events_are_refused_and_metering_off_answers_404() {
     assert!(r.body.contains("usage_disabled"));
 }
 
+/// Every message of `topic` as (key, `schema` header, value), until `want` arrived.
+fn read_with_schema(brokers: &str, topic: &str, want: usize, deadline: Duration) -> Vec<(String, String, String)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "tests-schema")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut partitions = 0;
+    poll_until("the topic", Duration::from_secs(30), || {
+        partitions = c
+            .fetch_metadata(Some(topic), Duration::from_secs(2))
+            .ok()
+            .and_then(|m| m.topics().first().map(|t| t.partitions().len()))
+            .unwrap_or(0);
+        partitions > 0
+    });
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p as i32, rdkafka::Offset::Beginning).unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let start = std::time::Instant::now();
+    while out.len() < want && start.elapsed() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+            let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
+            let schema = m.headers().and_then(|h| h.iter().find(|h| h.key == "schema").map(|h| text(h.value)));
+            out.push((text(m.key()), schema.unwrap_or_default(), text(m.payload())));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_tenant_above_the_rate_reaches_kafka_as_aggregates_with_their_own_schema() {
+    let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+    let cfg = config(&broker, "usage_g", spool.path()).replace("[usage.kafka]", "aggregate_above_rps = 10\n[usage.kafka]");
+    let sidecar = Sidecar::start_with_config(&redis.url(), &cfg, &[]);
+    // one batch: 100 of acme (above 10 in this second from its 11th event on), 3 of beta
+    let mut sent: Vec<UsageEvent> = (0..100).map(|i| event("acme", i)).collect();
+    sent.extend((0..3).map(|i| event("beta", i)));
+    send(&sidecar, &sent);
+    // 10 single acme events + the aggregates of the 90 others (their startMs span one second) + 3 beta
+    let got = read_with_schema(&broker.brokers(), "usage_g", 14, Duration::from_secs(30));
+    assert_eq!(got.len(), 14, "{got:?}");
+    let (mut single, mut aggregated) = (HashMap::<String, u64>::new(), 0);
+    for (key, schema, value) in &got {
+        let v: serde_json::Value = serde_json::from_str(value).unwrap();
+        assert_eq!(v["tenant"].as_str(), Some(key.as_str()));
+        match schema.as_str() {
+            "tollgate.usage.v1" => *single.entry(key.clone()).or_default() += 1,
+            "tollgate.usage.aggregate.v1" => {
+                assert_eq!(key, "acme");
+                let a: tollgate_sidecar::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
+                assert_eq!(a.invalid_reason(), None);
+                assert_eq!(a.second_ms, DAY);
+                let k = &a.keys[0];
+                // events 10..100: every 10th is a 404; tokens = seq; bytes 100/200 each
+                assert_eq!((k.count, k.requests.client_error, k.tokens, k.request_bytes), (90, 9, (10..100).sum(), 9000));
+                aggregated += a.count;
+            }
+            other => panic!("schema {other}"),
+        }
+    }
+    assert_eq!((single["acme"], aggregated, single["beta"]), (10, 90, 3));
+    poll_until("the metrics", Duration::from_secs(10), || {
+        let m = get(&sidecar.url("/metrics"), &[]).body;
+        m.contains("tollgate_sidecar_usage_aggregates_total 1\n")
+            && m.contains("tollgate_sidecar_usage_events_total{outcome=\"aggregated\"} 90")
+            && m.contains("tollgate_sidecar_usage_events_total{outcome=\"delivered\"} 103")
+    });
+    // the filter sends the batch again (its call timed out although the sidecar took it): taken
+    // (acknowledged), but not spooled again — its events are in aggregates already
+    assert_eq!(send(&sidecar, &sent).accepted, 103);
+    send(&sidecar, &[event("beta", 50)]);
+    poll_until("only the new event delivered", Duration::from_secs(30), || {
+        let m = get(&sidecar.url("/metrics"), &[]).body;
+        m.contains("tollgate_sidecar_usage_events_total{outcome=\"delivered\"} 104\n")
+            && m.contains("tollgate_sidecar_usage_events_total{outcome=\"duplicate\"} 103\n")
+    });
+    assert_eq!(read_with_schema(&broker.brokers(), "usage_g", 16, Duration::from_secs(5)).len(), 15, "one more message, the new event");
+}
+
 /// Throughput, not a pass/fail check: run with
 /// `cargo test --release -p tollgate-sidecar --test usage -- --ignored --nocapture sustained`.
 /// Posts batches of 1000 events (as the filter does) from 4 connections, then waits until Kafka
-/// acknowledged every event; prints events/s accepted (spooled, fsync'd) and delivered.
+/// acknowledged every event; prints events/s accepted (spooled, fsync'd) and delivered. The
+/// `_aggregated` variant turns on `aggregate_above_rps = 100`: the 4 tenants are far above it,
+/// and their events (250 per tenant and second of `startMs`) go as per-second aggregates.
 #[test]
 #[ignore]
 fn sustained_events_per_second() {
+    sustained(0);
+}
+
+#[test]
+#[ignore]
+fn sustained_events_per_second_aggregated() {
+    sustained(100);
+}
+
+fn sustained(aggregate_above_rps: u64) {
     let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+    let rps = aggregate_above_rps.to_string();
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
         &config(&broker, "usage_t", spool.path()),
-        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn"), ("TOLLGATE_SIDECAR_USAGE__AGGREGATE_ABOVE_RPS", &rps)],
     );
     const BATCHES: u64 = 200;
     const PER: u64 = 1000;
@@ -210,9 +309,64 @@ fn sustained_events_per_second() {
         get(&sidecar.url("/metrics"), &[]).body.contains(&format!("tollgate_sidecar_usage_events_total{{outcome=\"delivered\"}} {total}"))
     });
     let delivered = start.elapsed();
+    let aggregates = get(&sidecar.url("/metrics"), &[])
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_sidecar_usage_aggregates_total ").map(str::to_string))
+        .unwrap_or_else(|| "0".into());
     println!(
-        "usage throughput: {total} events in batches of {PER}: accepted (spooled, fsync'd) {:.0} events/s; delivered to Kafka {:.0} events/s",
+        "usage throughput (aggregate_above_rps = {aggregate_above_rps}): {total} events in batches of {PER}: accepted (spooled, fsync'd) {:.0} events/s; delivered to Kafka {:.0} events/s in {aggregates} aggregates + single events",
         total as f64 / accepted.as_secs_f64(),
         total as f64 / delivered.as_secs_f64()
     );
+}
+
+/// Shipping alone, not a pass/fail check: run with
+/// `cargo test --release -p tollgate-sidecar --test usage -- --ignored --nocapture shipping`.
+/// Fills a spool with 400 000 events (4 tenants, 250 per tenant and second of `startMs`) as the
+/// sidecar writes them — unmarked, then all marked for aggregation — starts a sidecar on it and
+/// times the spool's drain to Kafka (acks=all): the shipper's events/s without and with
+/// aggregation, the HTTP intake left out.
+#[test]
+#[ignore]
+fn shipping_events_per_second() {
+    for aggregate in [false, true, false, true] {
+        let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
+        const TOTAL: u64 = 400_000;
+        let mut seq = 0u64;
+        let mut n = 1;
+        while seq < TOTAL {
+            let mut data = Vec::with_capacity(4 << 20);
+            while seq < TOTAL && data.len() < (4 << 20) - 1024 {
+                let e = event(["acme", "beta", "gamma", "delta"][(seq % 4) as usize], seq);
+                tollgate_sidecar::aggregate::encode_line(&mut data, &e, aggregate);
+                seq += 1;
+            }
+            std::fs::write(spool.path().join(format!("{n:020}.seg")), data).unwrap();
+            n += 1;
+        }
+        let sidecar = Sidecar::start_with_config(
+            &redis.url(),
+            &config(&broker, "usage_s", spool.path()),
+            &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+        );
+        let start = std::time::Instant::now();
+        poll_until("every event delivered", Duration::from_secs(600), || {
+            get(&sidecar.url("/metrics"), &[])
+                .body
+                .contains(&format!("tollgate_sidecar_usage_events_total{{outcome=\"delivered\"}} {TOTAL}\n"))
+        });
+        let took = start.elapsed();
+        let messages = if aggregate {
+            let m = get(&sidecar.url("/metrics"), &[]).body;
+            m.lines().find_map(|l| l.strip_prefix("tollgate_sidecar_usage_aggregates_total ").map(str::to_string)).unwrap_or_default()
+        } else {
+            TOTAL.to_string()
+        };
+        println!(
+            "usage shipping (aggregated: {aggregate}): {TOTAL} events from {} segments in {messages} messages: {:.0} events/s delivered (acks=all)",
+            n - 1,
+            TOTAL as f64 / took.as_secs_f64()
+        );
+    }
 }

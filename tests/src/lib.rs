@@ -264,6 +264,7 @@ pub struct Sidecar {
     pub port: u16,
     env: Vec<(String, String)>,
     proc: Proc,
+    starts: u32,
     _dir: tempfile::TempDir,
 }
 
@@ -296,10 +297,33 @@ impl Sidecar {
         let mut cmd = Command::new(sidecar_bin());
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let proc = Proc::spawn("sidecar", cmd, dir.path().join("sidecar.log"));
-        let s = Sidecar { port, env, proc, _dir: dir };
+        let s = Sidecar { port, env, proc, starts: 1, _dir: dir };
         let url = s.url("/healthz");
         poll_until("sidecar /healthz", Duration::from_secs(20), || get(&url, &[]).status == 200);
         s
+    }
+
+    /// Kills the sidecar (a crash: SIGKILL) and starts it again with the same settings on the
+    /// same port (where Envoy's cluster points); waits for `/healthz`. The log is the new one's.
+    pub fn restart(&mut self) {
+        self.proc.kill();
+        let mut cmd = Command::new(sidecar_bin());
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        self.proc = Proc::spawn("sidecar", cmd, self._dir.path().join(format!("sidecar-{}.log", self.starts)));
+        self.starts += 1;
+        let url = self.url("/healthz");
+        poll_until("restarted sidecar /healthz", Duration::from_secs(20), || get(&url, &[]).status == 200);
+    }
+
+    /// The value of one Prometheus sample of `/metrics` (e.g.
+    /// `tollgate_sidecar_usage_events_total{outcome="spooled"}`), 0 when absent.
+    pub fn metric(&self, sample: &str) -> u64 {
+        get(&self.url("/metrics"), &[])
+            .body
+            .lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
     }
 
     pub fn url(&self, path: &str) -> String {

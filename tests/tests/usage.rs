@@ -2,7 +2,9 @@
 //! Redis, tansu (Kafka), the billing consumer and PostgreSQL. Requests of several tenants become
 //! exactly one event each (allowed ones reported by the filter in batches, denials by the
 //! sidecar), one partition per tenant, and the PostgreSQL rollup matches the traffic — also when
-//! the broker goes away in the middle of it.
+//! the broker goes away in the middle of it. With `aggregate_above_rps`, a high-rate tenant's
+//! events come as per-second aggregates whose counts add up exactly, through an outage, a crash
+//! with a full spool, and a replay of already-shipped segments.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -21,22 +23,27 @@ struct Stack {
     _upstream: InProcess,
     sidecar: Sidecar,
     envoy: Envoy,
-    _spool: tempfile::TempDir,
+    spool: tempfile::TempDir,
 }
 
 fn stack(topic: &str) -> Stack {
+    stack_with(topic, "")
+}
+
+/// The stack with more `[usage]` settings (lines).
+fn stack_with(topic: &str, usage: &str) -> Stack {
     let (redis, broker, pg, upstream) = (Redis::start(), Broker::start(), Postgres::start(), start_echo());
     let spool = tempfile::tempdir().unwrap();
     let config = format!(
         "[[plans.small.limits]]\nname = \"few\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1h\"\n\
-         [usage]\nenabled = true\nspool_dir = \"{}\"\nsegment_age = \"50ms\"\n\
+         [usage]\nenabled = true\nspool_dir = \"{}\"\nsegment_age = \"50ms\"\n{usage}\
          [usage.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\npartitions = 4\ndelivery_timeout = \"3s\"\n",
         spool.path().display(),
         broker.brokers()
     );
     let sidecar = Sidecar::start_with_config(&redis.url(), &config, &[]);
     let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN).concurrency(2));
-    Stack { redis, broker, pg, _upstream: upstream, sidecar, envoy, _spool: spool }
+    Stack { redis, broker, pg, _upstream: upstream, sidecar, envoy, spool }
 }
 
 /// Requests summed over the rollup per tenant: (all, ok, 4xx, 5xx, denied, tokens).
@@ -159,5 +166,203 @@ fn a_broker_outage_during_traffic_loses_nothing_and_counts_nothing_twice() {
     poll_until("every event delivered and counted once", Duration::from_secs(90), || rollup(&s.pg) == want);
     assert_eq!(psql_i64(&s.pg, "SELECT count(*) FROM usage_events"), 50);
     assert!(s.sidecar.log_text().contains("kafka went down"), "the outage was noticed (logged once)");
+    assert_eq!(s.envoy.counter("wasmcustom.tollgate.usage.dropped"), 0);
+}
+
+// ---- per-second aggregation (usage.aggregate_above_rps) ----------------------------------------
+
+/// What one traffic run sent: per key id, (requests, ok, 4xx, tokens).
+type Sent = HashMap<String, [i64; 4]>;
+
+/// `hot` keys from 3 threads as fast as they go, while `cold` sends `cold_n` requests ≥ 300 ms
+/// apart (≤ 4 a second, under the threshold of 10); the hot traffic lasts as long as the cold.
+fn mixed_traffic(envoy: &Envoy, hot: &[&IssuedKey], cold: &IssuedKey, cold_n: usize) -> Sent {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut sent: Sent = HashMap::new();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3)
+            .map(|t| {
+                let done = &done;
+                s.spawn(move || {
+                    let mut mine: Sent = HashMap::new();
+                    let mut i = 0u64;
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        let key = hot[(i as usize + t) % hot.len()];
+                        let (want, extra): (u16, Vec<(&str, &str)>) = match i % 10 {
+                            0 => (404, vec![("x-echo-status", "404")]),
+                            1 | 2 => (200, vec![("x-echo-usage", "7")]),
+                            _ => (200, vec![]),
+                        };
+                        assert_eq!(call(envoy, key, &extra), want);
+                        let r = mine.entry(key.id.clone()).or_default();
+                        r[0] += 1;
+                        r[if want == 200 { 1 } else { 2 }] += 1;
+                        r[3] += if extra.iter().any(|(h, _)| *h == "x-echo-usage") { 7 } else { 0 };
+                        i += 1;
+                    }
+                    mine
+                })
+            })
+            .collect();
+        for i in 0..cold_n {
+            if i > 0 {
+                std::thread::sleep(Duration::from_millis(300)); // pacing the traffic, not waiting for readiness
+            }
+            assert_eq!(call(envoy, cold, &[]), 200);
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in workers {
+            for (k, v) in w.join().unwrap() {
+                let r = sent.entry(k).or_default();
+                for i in 0..4 {
+                    r[i] += v[i];
+                }
+            }
+        }
+    });
+    let r = sent.entry(cold.id.clone()).or_default();
+    r[0] += cold_n as i64;
+    r[1] += cold_n as i64;
+    sent
+}
+
+fn add(total: &mut Sent, more: &Sent) {
+    for (k, v) in more {
+        let r = total.entry(k.clone()).or_default();
+        for i in 0..4 {
+            r[i] += v[i];
+        }
+    }
+}
+
+/// The rollup per key: (requests, ok, 4xx, tokens).
+fn rollup_by_key(pg: &Postgres) -> Sent {
+    psql(
+        pg,
+        "SELECT key_id, sum(requests_ok+requests_4xx+requests_5xx+requests_denied+requests_aborted), sum(requests_ok), \
+         sum(requests_4xx), sum(tokens) FROM usage_daily GROUP BY key_id",
+    )
+    .unwrap_or_default()
+    .iter()
+    .map(|row| {
+        let v: Vec<&str> = row.split('|').collect();
+        let n: Vec<i64> = v[1..].iter().map(|x| x.parse().unwrap_or(-1)).collect();
+        (v[0].to_string(), [n[0], n[1], n[2], n[3]])
+    })
+    .collect()
+}
+
+fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "seg" || x == "open"))
+        .collect()
+}
+
+#[test]
+fn a_high_rate_tenant_is_aggregated_per_second_and_every_request_still_counts_once() {
+    let mut s = stack_with("usage_events", "aggregate_above_rps = 10\n");
+    let (hot1, hot2) = (s.sidecar.create_key("hot", "big", &[]), s.sidecar.create_key("hot", "big", &[]));
+    let cold = s.sidecar.create_key("cold", "big", &[]);
+    let mut billing = Billing::start(&s.broker.brokers(), "usage_events", "billing", &s.pg, &[]);
+
+    // 1. hot (2 keys) well above 10 requests/s, cold at ≤ 4/s
+    let mut want = mixed_traffic(&s.envoy, &[&hot1, &hot2], &cold, 8);
+    let hot_n = want[&hot1.id][0] + want[&hot2.id][0];
+    assert!(hot_n > 60, "the hot tenant must be above the threshold: {hot_n} requests in ~2 s");
+    poll_until("the rollup to match the traffic, key by key", Duration::from_secs(60), || rollup_by_key(&s.pg) == want);
+
+    // on the topic: cold as single events; hot mostly in aggregates that add up exactly
+    let singles = psql_i64(&s.pg, "SELECT count(*) FROM usage_events");
+    let aggregates = psql_i64(&s.pg, "SELECT count(*) FROM usage_aggregates");
+    let total = (singles + aggregates) as usize;
+    let got = read_topic(&s.broker.brokers(), "usage_events", total, Duration::from_secs(30));
+    assert_eq!(got.len(), total);
+    let (mut hot_single, mut hot_aggregated, mut hot_aggregates, mut cold_single) = (0i64, 0i64, 0i64, 0i64);
+    let mut ids = HashSet::new();
+    for (key, value) in &got {
+        let v: serde_json::Value = serde_json::from_str(value).unwrap();
+        assert_eq!(v["tenant"].as_str(), Some(key.as_str()), "keyed by tenant");
+        assert!(ids.insert(v["id"].as_str().unwrap().to_string()), "no message twice in this run");
+        match (key.as_str(), v.get("count")) {
+            ("cold", None) => cold_single += 1,
+            ("cold", Some(_)) => panic!("the cold tenant is below the threshold: {value}"),
+            ("hot", None) => hot_single += 1,
+            ("hot", Some(n)) => {
+                hot_aggregates += 1;
+                hot_aggregated += n.as_i64().unwrap();
+                assert!(v["id"].as_str().unwrap().starts_with("agg_"));
+                let rows: i64 = v["keys"].as_array().unwrap().iter().map(|k| k["count"].as_i64().unwrap()).sum();
+                assert_eq!(rows, n.as_i64().unwrap(), "{value}");
+            }
+            other => panic!("unexpected message {other:?}"),
+        }
+    }
+    eprintln!("aggregation: hot {hot_n} requests → {hot_aggregates} aggregates carrying {hot_aggregated} + {hot_single} single events; cold {cold_single} single events");
+    assert_eq!(cold_single, 8, "one event per request below the threshold");
+    assert_eq!(hot_single + hot_aggregated, hot_n, "the aggregates' counts and the single events add up to the requests");
+    assert!(hot_aggregated * 2 >= hot_n, "most of the hot tenant is aggregated: {hot_aggregated} of {hot_n}");
+    assert!(hot_aggregates + hot_single < hot_n, "fewer messages than requests: {hot_aggregates} aggregates + {hot_single} single");
+    let parts = partitions_by_key(&s.broker.brokers(), "usage_events", total, Duration::from_secs(30));
+    assert!(parts["hot"].len() == 1 && parts["cold"].len() == 1, "{parts:?}");
+    assert_eq!(s.sidecar.metric("tollgate_sidecar_usage_aggregates_total"), hot_aggregates as u64);
+    assert_eq!(s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"aggregated\"}"), hot_aggregated as u64);
+    // the Redis meter counts at the gateway, before aggregation: the same requests
+    let day = tollgate_wire::usage::Day::of_ms(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64,
+    );
+    let mut c = s.redis.connection().unwrap();
+    let m: HashMap<String, i64> = redis::cmd("HGETALL").arg(format!("usage:{{hot}}:{}", day.compact())).query(&mut c).unwrap();
+    assert_eq!(m.get("ok").copied().unwrap_or(0) + m.get("4xx").copied().unwrap_or(0), hot_n, "{m:?}");
+
+    // 2. the broker goes away during traffic, then the sidecar crashes with a full spool
+    poll_until("the first traffic's segments deleted", Duration::from_secs(30), || segments(s.spool.path()).is_empty());
+    let spooled_before = s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}");
+    s.broker.kill();
+    let during = mixed_traffic(&s.envoy, &[&hot1, &hot2], &cold, 5);
+    let during_n: i64 = during.values().map(|v| v[0]).sum();
+    add(&mut want, &during);
+    poll_until("the outage's events to be spooled", Duration::from_secs(30), || {
+        s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}") == spooled_before + during_n as u64
+    });
+    s.sidecar.kill();
+    // keep a copy of the spool: shipped later, it is what a crash between Kafka's ack and the
+    // segment's delete would make the sidecar send again
+    let backup = tempfile::tempdir().unwrap();
+    let spooled = segments(s.spool.path());
+    assert!(!spooled.is_empty());
+    for p in &spooled {
+        std::fs::copy(p, backup.path().join(p.with_extension("seg").file_name().unwrap())).unwrap();
+    }
+    s.broker.restart();
+    s.sidecar.restart();
+    billing.kill();
+    let _billing = Billing::start(&s.broker.brokers(), "usage_events", "billing", &s.pg, &[]);
+    poll_until("the spooled events delivered and counted once", Duration::from_secs(90), || rollup_by_key(&s.pg) == want);
+    poll_until("the spool to drain", Duration::from_secs(30), || segments(s.spool.path()).is_empty());
+    let (singles, aggregates) =
+        (psql_i64(&s.pg, "SELECT count(*) FROM usage_events"), psql_i64(&s.pg, "SELECT count(*) FROM usage_aggregates"));
+
+    // 3. the same segments shipped again (a replay): nothing counts twice
+    s.sidecar.kill();
+    for p in segments(backup.path()) {
+        std::fs::copy(&p, s.spool.path().join(p.file_name().unwrap())).unwrap();
+    }
+    s.sidecar.restart();
+    // markers after the replay: each tenant's marker shares its partition with the replayed
+    // messages and comes after them, so once the markers are counted the replay was read
+    assert_eq!(call(&s.envoy, &hot1, &[]), 200);
+    assert_eq!(call(&s.envoy, &cold, &[]), 200);
+    for k in [&hot1.id, &cold.id] {
+        let r = want.get_mut(k).unwrap();
+        r[0] += 1;
+        r[1] += 1;
+    }
+    poll_until("the markers to be counted", Duration::from_secs(90), || rollup_by_key(&s.pg) == want);
+    let replayed = s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"delivered\"}");
+    assert_eq!(replayed, during_n as u64 + 2, "the restored segments were shipped again, then the markers");
+    assert_eq!(psql_i64(&s.pg, "SELECT count(*) FROM usage_events"), singles + 2, "replayed single events counted once");
+    assert_eq!(psql_i64(&s.pg, "SELECT count(*) FROM usage_aggregates"), aggregates, "replayed aggregates counted once");
     assert_eq!(s.envoy.counter("wasmcustom.tollgate.usage.dropped"), 0);
 }

@@ -72,6 +72,9 @@ struct RawConfig {
     breakers: crate::breaker_config::RawBreakers,
     #[serde(default)]
     usage: RawUsage,
+    /// Leased limits (crate::lease).
+    #[serde(default)]
+    leases: crate::lease::RawLeases,
     #[serde(default)]
     routing: RawRouting,
     #[serde(default)]
@@ -301,6 +304,8 @@ pub struct FilterConfig {
     pub response_cache: ResponseCacheConfig,
     /// Idempotency-Key replay (off unless configured).
     pub idempotency: IdempotencyConfig,
+    /// Leased limits: how the filter asks for, sizes and renews leases (crate::lease).
+    pub leases: crate::lease::LeaseConfig,
 }
 
 impl Default for FilterConfig {
@@ -321,6 +326,7 @@ impl Default for FilterConfig {
             routing: RoutingConfig::default(),
             response_cache: ResponseCacheConfig::default(),
             idempotency: IdempotencyConfig::default(),
+            leases: crate::lease::LeaseConfig::default(),
         }
     }
 }
@@ -436,6 +442,7 @@ impl FilterConfig {
                 max_body_bytes: raw.response_cache.max_body_bytes,
             },
             idempotency: IdempotencyConfig { enabled: raw.idempotency.enabled, max_body_bytes: raw.idempotency.max_body_bytes },
+            leases: crate::lease::LeaseConfig::compile(raw.leases)?,
         })
     }
 }

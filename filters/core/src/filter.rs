@@ -56,6 +56,10 @@ pub enum Metric {
     CacheMiss,
     /// Answered with the stored response of an earlier request with the same Idempotency-Key.
     IdempotentReplay,
+    /// Allowed from this Envoy's lease of a leased limit, without a call (crate::lease).
+    LeaseHit,
+    /// Lease renewals sent by a root context (off the request path).
+    LeaseRenewal,
 }
 
 /// A deny reason known to this version, or `Other`.
@@ -89,6 +93,8 @@ impl Metric {
             Metric::CacheHit,
             Metric::CacheMiss,
             Metric::IdempotentReplay,
+            Metric::LeaseHit,
+            Metric::LeaseRenewal,
         ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
@@ -106,6 +112,8 @@ impl Metric {
             Metric::CacheHit => "tollgate.cache.hits".into(),
             Metric::CacheMiss => "tollgate.cache.misses".into(),
             Metric::IdempotentReplay => "tollgate.idempotency.replays".into(),
+            Metric::LeaseHit => "tollgate.leases.hits".into(),
+            Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
         }
     }
 }
@@ -246,6 +254,10 @@ pub struct AuthFilter {
     want_tokens: bool,
     /// Bytes of response body kept at most.
     body_limit: usize,
+    /// The worker's lease renewals (crate::lease), when leases are on.
+    leases: Option<Rc<RefCell<crate::lease::RenewalQueue>>>,
+    /// When the decision call that asks for a lease was sent.
+    lease_sent_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -277,6 +289,8 @@ impl AuthFilter {
             replayed: false,
             want_tokens: false,
             body_limit: MAX_USAGE_BODY,
+            leases: None,
+            lease_sent_ms: None,
         }
     }
 
@@ -292,6 +306,15 @@ impl AuthFilter {
     pub fn with_routes(mut self, routes: Rc<RefCell<WorkerRoutes>>) -> AuthFilter {
         if self.config.routing.enabled {
             self.routes = Some(routes);
+        }
+        self
+    }
+
+    /// Spends and renews leases of leased limits through `renewals` (when the configuration
+    /// enables leases; crate::lease).
+    pub fn with_leases(mut self, renewals: Rc<RefCell<crate::lease::RenewalQueue>>) -> AuthFilter {
+        if self.config.leases.enabled {
+            self.leases = Some(renewals);
         }
         self
     }
@@ -393,7 +416,15 @@ impl AuthFilter {
             route: self.route().map(|r| r.id.clone()),
             cache_key: None,
             idempotency: None,
+            lease: None,
         };
+        // ---- leased limits (crate::lease): admit from this Envoy's lease, no callout ----
+        // (not with a response lookup: that rides on the decision call, as for the auth cache)
+        if lookup.is_none() {
+            if let Some(action) = self.spend_lease(host, &mut request) {
+                return action;
+            }
+        }
         let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
         if (self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream) {
             // Decided when the body is in (Envoy buffers it meanwhile).
@@ -514,6 +545,9 @@ impl AuthFilter {
             body,
             timeout: self.config.sidecar_timeout,
         };
+        if request.lease.is_some() {
+            self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
+        }
         match host.dispatch(call) {
             Ok(token) => {
                 self.state = State::Waiting { token, key_hash: request.key_hash };
@@ -535,7 +569,17 @@ impl AuthFilter {
             }
         };
         self.state = State::Done;
-        match interpret(status, body) {
+        let answer = interpret(status, body);
+        if self.leases.is_some() {
+            // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
+            let now = host.now_ms();
+            let scope = match self.route() {
+                Some(r) => format!("{key_hash}.{}", r.id),
+                None => key_hash.clone(),
+            };
+            crate::lease::on_answer(host, &scope, &answer, self.lease_sent_ms.take(), now, false);
+        }
+        match answer {
             Ok(DecideResponse::Allow {
                 tenant,
                 key_id,
@@ -546,6 +590,7 @@ impl AuthFilter {
                 ticket,
                 replay,
                 store,
+                lease: _,
             }) => {
                 if let Some(t) = ticket {
                     if !t.budgets.is_empty() && self.config.token_usage_from_response {
@@ -641,6 +686,27 @@ impl AuthFilter {
         host.count(Metric::Allowed);
         host.send_reply(r.status, &headers, &body);
         Action::Pause
+    }
+
+    /// Leased limits (crate::lease): admits the request from this Envoy's lease of its key
+    /// (`Some(Continue)`), or sets the lease ask on the decision `request` and returns `None`.
+    fn spend_lease(&mut self, host: &mut impl Host, request: &mut DecideRequest) -> Option<Action> {
+        let renewals = self.leases.clone()?;
+        let now = host.now_ms();
+        match crate::lease::spend(host, &crate::lease::scope(request), &self.config.leases, now) {
+            crate::lease::Spend::Hit { identity, renew } => {
+                if let Some(want) = renew {
+                    renewals.borrow_mut().push(request.clone(), want);
+                }
+                host.count(Metric::LeaseHit);
+                let crate::lease::LeaseIdentity { tenant, key_id, plan, request_headers, response_headers } = identity;
+                Some(self.allow(host, tenant, key_id, plan, request_headers, response_headers))
+            }
+            crate::lease::Spend::Miss { want } => {
+                request.lease = (want > 0).then_some(tollgate_wire::LeaseAsk { want, renewal: false });
+                None
+            }
+        }
     }
 
     fn cached_allow(&self, host: &impl Host, key_hash: &str) -> Option<CachedAllow> {

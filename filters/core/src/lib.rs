@@ -14,6 +14,8 @@ pub mod completions;
 pub mod config;
 pub mod filter;
 pub mod key;
+/// Leased limits: spending, sizing and renewing leases of limit units (issue 8).
+pub mod lease;
 /// Usage metering: event ids and the per-worker queue of usage events.
 pub mod usage;
 

@@ -12,6 +12,10 @@
 //! Completions: requests holding a ticket (token reservation, concurrency slot) push a report to
 //! the worker's `CompletionQueue`; the root context flushes it on every tick as one batch.
 //!
+//! Leased limits: requests spend their key's lease from shared data (`tollgate_filter_core::lease`);
+//! a request that leaves it low queues a renewal in the worker's `RenewalQueue`, which the root
+//! context's tick sends (`LeaseRenewer`), off the request path.
+//!
 //! Usage (when `usage.enabled`): every request with an identity pushes a usage event to the
 //! worker's `Meter`; the root context sends it as `POST /v1/usage` every `usage.flushInterval`.
 
@@ -26,6 +30,7 @@ use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
 use tollgate_filter_core::responses::ResponseQueue;
 use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
+use tollgate_filter_core::lease::{LeaseRenewer, RenewalQueue};
 use tollgate_filter_core::usage::{self, Meter};
 use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
 use tollgate_wire::usage::USAGE_PATH;
@@ -33,6 +38,8 @@ use tollgate_wire::COMPLETIONS_PATH;
 
 /// Completion reports a worker keeps while the sidecar is unreachable.
 const MAX_QUEUED_COMPLETIONS: usize = 10_000;
+/// The longest a queued lease renewal waits for its root context's tick.
+const LEASE_TICK: std::time::Duration = std::time::Duration::from_millis(20);
 /// Completion reports per `POST /v1/completions`.
 const MAX_BATCH: usize = 500;
 /// Responses to store a worker keeps at most (items, bytes), and bytes per `POST /v1/responses`.
@@ -98,10 +105,15 @@ struct Root {
     responses_reported_dropped: u64,
     /// The token and size of the response batch in flight.
     responses_token: Option<(u32, usize)>,
+    /// This worker's lease renewals: HTTP contexts queue, the tick sends.
+    renewals: Rc<RefCell<RenewalQueue>>,
+    renewer: LeaseRenewer,
+    last_completion_flush_ms: u64,
 }
 
 impl Default for Root {
     fn default() -> Self {
+        let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
         Root {
             config: None,
             metrics: Rc::default(),
@@ -120,6 +132,9 @@ impl Default for Root {
             usage_refused: false,
             routes: Rc::default(),
             route_poller: None,
+            renewals: renewals.clone(),
+            renewer: LeaseRenewer::new(renewals),
+            last_completion_flush_ms: 0,
             responses: Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES))),
             response_metrics: FlushMetrics::default(),
             responses_reported_dropped: 0,
@@ -271,6 +286,9 @@ impl Context for Root {
             self.routes.borrow_mut().refresh(&host);
             return;
         }
+        if self.renewer.on_call_response(&mut host, token_id, status, &body) {
+            return;
+        }
         if let Some(p) = self.poller.as_mut() {
             p.on_call_response(&mut host, token_id, status, &body);
         }
@@ -360,13 +378,26 @@ impl RootContext for Root {
                 self.route_poller = Some(RouteTablePoller::new(config.clone(), vm_identity()));
                 tick = tick.min(config.routing.refresh_interval);
             }
+            if config.leases.enabled {
+                // lease renewals wait for the tick: keep it well under `renewAhead`
+                tick = tick.min(LEASE_TICK);
+            }
             self.set_tick_period(tick);
         }
         true
     }
 
     fn on_tick(&mut self) {
-        self.flush();
+        if let Some(config) = self.config.clone() {
+            let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+            self.renewer.on_tick(&mut host, &config);
+            // the tick may be faster than the completion flushes (lease renewals)
+            let now = host.now_ms();
+            if now.saturating_sub(self.last_completion_flush_ms) + 5 >= config.completion_flush_interval.as_millis() as u64 {
+                self.last_completion_flush_ms = now;
+                self.flush();
+            }
+        }
         self.flush_responses();
         if let Some(config) = self.config.clone().filter(|c| c.usage.enabled) {
             let now = EnvoyHost { metrics: &self.metrics, named: &self.named }.now_ms();
@@ -395,7 +426,8 @@ impl RootContext for Root {
             filter: AuthFilter::new(config.clone(), self.completions.clone())
                 .with_meter(self.meter.clone())
                 .with_routes(self.routes.clone())
-                .with_responses(self.responses.clone()),
+                .with_responses(self.responses.clone())
+                .with_leases(self.renewals.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),

@@ -50,6 +50,37 @@ pub struct DecideRequest {
     /// Idempotency-Key replay (issue 7; [`responses`]): the client's key and the operation digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<responses::IdempotencyRequest>,
+    /// Leased limits: the filter would take a lease of units with this decision (see [`LeaseAsk`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseAsk>,
+}
+
+/// A filter's request for a lease: units of the key's leased limits it may spend locally,
+/// without a call, until the lease expires. The sidecar grants at most `want` (maybe none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseAsk {
+    /// Units (requests) the filter would like, sized by the rate it observes.
+    pub want: u64,
+    /// A renewal sent off the request path: no request is admitted by this call, so the
+    /// limits are charged only for the units granted, and it is never a usage event.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub renewal: bool,
+}
+
+/// A lease granted with an allow: `units` requests of this key may be admitted by the filter
+/// without a call, taken atomically from every limit of the key's plan already.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    pub units: u64,
+    /// How long the units may be spent, from when the sidecar granted them (never past the
+    /// window they were taken from, the key's expiry or the sidecar's maximum lease lifetime).
+    pub ttl_ms: u64,
+    /// Headers for responses admitted from the lease (`RateLimit-Policy`; the exact remaining
+    /// count is only known at the sidecar).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub response_headers: Vec<Header>,
 }
 
 /// A header to add, as a name/value pair.
@@ -97,6 +128,9 @@ pub enum DecideResponse {
         /// key), echoed back in `POST /v1/responses`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         store: Option<Box<responses::StoreTicket>>,
+        /// Leased limits: units the filter may spend locally for later requests of this key.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<Lease>,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
@@ -244,6 +278,7 @@ mod tests {
             ticket: None,
             replay: None,
             store: None,
+            lease: None,
         };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"verdict":"allow","tenant":"acme","keyId":"key_1","plan":"free"}"#);
@@ -263,6 +298,21 @@ mod tests {
         let q = r#"{"keyHash":"ab","method":"GET","authority":"a","path":"/","later":true}"#;
         let req: DecideRequest = serde_json::from_str(q).unwrap();
         assert_eq!(req.request_id, None);
+        assert_eq!(req.lease, None);
+    }
+
+    #[test]
+    fn leases_round_trip_and_are_optional() {
+        let q = r#"{"keyHash":"ab","method":"GET","authority":"a","path":"/","lease":{"want":8,"renewal":true}}"#;
+        let req: DecideRequest = serde_json::from_str(q).unwrap();
+        assert_eq!(req.lease, Some(LeaseAsk { want: 8, renewal: true }));
+        let ask = serde_json::to_string(&LeaseAsk { want: 3, renewal: false }).unwrap();
+        assert_eq!(ask, r#"{"want":3}"#);
+        let a = r#"{"verdict":"allow","tenant":"t","keyId":"k","plan":"p","lease":{"units":5,"ttlMs":400}}"#;
+        match serde_json::from_str::<DecideResponse>(a).unwrap() {
+            DecideResponse::Allow { lease: Some(l), .. } => assert_eq!((l.units, l.ttl_ms), (5, 400)),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }
 

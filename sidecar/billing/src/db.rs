@@ -7,13 +7,19 @@
 //! - `usage_daily` — `(day, tenant, key_id)` → `requests_ok`, `requests_4xx`, `requests_5xx`,
 //!   `requests_denied`, `requests_aborted`, `tokens`, `request_bytes`, `response_bytes`. Billing
 //!   reads this (seed 004's `usage_daily`; billable requests are ok + 4xx).
-//! - `usage_rejects` — messages that were not usage events, with where they were read.
+//! - `usage_aggregates` — one row per aggregate id (`tollgate.usage.aggregate.v1`: a high-rate
+//!   tenant's events of one second combined by the gateway): the deduplication set of aggregates,
+//!   with their per-key rows as the audit trail; pruned like `usage_events`. An aggregate moves
+//!   the rollup by its per-key sums exactly as its events would have one by one.
+//! - `usage_rejects` — messages that were neither events nor valid aggregates, with where they
+//!   were read.
 
 use crate::Consumed;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;
+use tollgate_sidecar::aggregate::{UsageAggregate, SCHEMA as AGGREGATE_SCHEMA};
 use tollgate_wire::usage::{UsageClass, UsageEvent};
 
 pub const SCHEMA: &str = r#"
@@ -52,6 +58,16 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (day, tenant, key_id)
 );
+CREATE TABLE IF NOT EXISTS usage_aggregates (
+    aggregate_id text PRIMARY KEY,
+    day          date NOT NULL,
+    tenant       text NOT NULL,
+    second_ms    bigint NOT NULL,
+    events       bigint NOT NULL,
+    keys         jsonb NOT NULL,
+    received_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS usage_aggregates_received ON usage_aggregates (received_at);
 CREATE TABLE IF NOT EXISTS usage_rejects (
     topic       text NOT NULL,
     "partition" integer NOT NULL,
@@ -90,28 +106,79 @@ pub fn rollup<'a>(events: impl IntoIterator<Item = &'a UsageEvent>) -> BTreeMap<
     out
 }
 
-/// Decodes a batch: events (first occurrence of each id) and rejects (reason).
-pub fn decode(batch: &[Consumed]) -> (Vec<UsageEvent>, Vec<(&Consumed, String)>) {
-    let mut events: Vec<UsageEvent> = Vec::with_capacity(batch.len());
-    let mut seen = std::collections::HashSet::new();
-    let mut rejects = Vec::new();
-    for m in batch {
-        match serde_json::from_slice::<UsageEvent>(&m.payload) {
-            Ok(e) if e.id.is_empty() || e.tenant.is_empty() => rejects.push((m, "no id or tenant".to_string())),
-            Ok(e) => {
-                if seen.insert(e.id.clone()) {
-                    events.push(e);
-                }
+/// Adds the per-key sums of `aggregates` to `out` (the same rows [`rollup`] makes).
+pub fn rollup_aggregates<'a>(out: &mut BTreeMap<(String, String, String), Rollup>, aggregates: impl IntoIterator<Item = &'a UsageAggregate>) {
+    for a in aggregates {
+        let day = a.day().iso();
+        for k in &a.keys {
+            let r = out.entry((day.clone(), a.tenant.clone(), k.key_id.clone())).or_default();
+            for (i, class) in UsageClass::ALL.iter().enumerate() {
+                r.by_class[i] += k.requests.get(*class) as i64;
             }
-            Err(err) => rejects.push((m, err.to_string())),
+            r.tokens += k.tokens as i64;
+            r.request_bytes += k.request_bytes as i64;
+            r.response_bytes += k.response_bytes as i64;
         }
     }
-    (events, rejects)
+}
+
+/// A batch, decoded.
+#[derive(Debug, Default)]
+pub struct Decoded<'a> {
+    /// Single events, the first occurrence of each id.
+    pub events: Vec<UsageEvent>,
+    /// Aggregates, the first occurrence of each id.
+    pub aggregates: Vec<UsageAggregate>,
+    /// What is neither, with the reason.
+    pub rejects: Vec<(&'a Consumed, String)>,
+}
+
+/// Decodes a batch. The `schema` header says what a message is; without one (a tool that drops
+/// headers), an event is tried first, then an aggregate.
+pub fn decode(batch: &[Consumed]) -> Decoded<'_> {
+    let mut out = Decoded { events: Vec::with_capacity(batch.len()), ..Decoded::default() };
+    let mut seen = std::collections::HashSet::new();
+    for m in batch {
+        let aggregate = match m.schema.as_deref() {
+            Some(AGGREGATE_SCHEMA) => true,
+            Some(_) => false,
+            None => serde_json::from_slice::<UsageEvent>(&m.payload).is_err(),
+        };
+        if aggregate {
+            match serde_json::from_slice::<UsageAggregate>(&m.payload) {
+                Ok(a) => match a.invalid_reason() {
+                    Some(why) => out.rejects.push((m, format!("invalid aggregate: {why}"))),
+                    None => {
+                        if seen.insert(a.id.clone()) {
+                            out.aggregates.push(a);
+                        }
+                    }
+                },
+                Err(err) => out.rejects.push((m, err.to_string())),
+            }
+            continue;
+        }
+        match serde_json::from_slice::<UsageEvent>(&m.payload) {
+            Ok(e) if e.id.is_empty() || e.tenant.is_empty() => out.rejects.push((m, "no id or tenant".to_string())),
+            Ok(e) => {
+                if seen.insert(e.id.clone()) {
+                    out.events.push(e);
+                }
+            }
+            Err(err) => out.rejects.push((m, err.to_string())),
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stored {
+    /// Events and aggregates stored now (not seen before).
     pub inserted: u64,
+    /// Of those, aggregates.
+    pub aggregates: u64,
+    /// Requests the rollup moved by (a new event: 1; a new aggregate: its count).
+    pub requests: u64,
     pub duplicates: u64,
     pub rejected: u64,
 }
@@ -170,10 +237,10 @@ impl Db {
         self.client.batch_execute(SCHEMA).await
     }
 
-    /// Stores one consumed batch in one transaction. Events already stored (same id) change
-    /// nothing; the rollup moves only by the events inserted now.
+    /// Stores one consumed batch in one transaction. Events and aggregates already stored (same
+    /// id) change nothing; the rollup moves only by the events and aggregates inserted now.
     pub async fn store(&mut self, topic: &str, batch: &[Consumed]) -> Result<Stored, tokio_postgres::Error> {
-        let (events, rejects) = decode(batch);
+        let Decoded { events, aggregates, rejects } = decode(batch);
         let tx = self.client.transaction().await?;
         let mut ids = Vec::with_capacity(events.len());
         let (mut day, mut tenant, mut key_id, mut plan, mut class) = (vec![], vec![], vec![], vec![], vec![]);
@@ -217,7 +284,32 @@ impl Db {
             .await?;
         let inserted: std::collections::HashSet<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
         let new_events = events.iter().filter(|e| inserted.contains(&e.id));
-        let increments = rollup(new_events);
+        let mut increments = rollup(new_events);
+        let mut new_aggregates: std::collections::HashSet<String> = std::collections::HashSet::new();
+        if !aggregates.is_empty() {
+            let (mut ids, mut day, mut tenant, mut second, mut count, mut keys) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+            for a in &aggregates {
+                ids.push(a.id.clone());
+                day.push(a.day().iso());
+                tenant.push(a.tenant.clone());
+                second.push(a.second_ms as i64);
+                count.push(a.count as i64);
+                keys.push(serde_json::to_string(&a.keys).unwrap_or_else(|_| "[]".into()));
+            }
+            let rows = tx
+                .query(
+                    "INSERT INTO usage_aggregates (aggregate_id, day, tenant, second_ms, events, keys)
+                     SELECT u.id, u.day::date, u.tenant, u.second_ms, u.events, u.keys::jsonb
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[])
+                          AS u(id, day, tenant, second_ms, events, keys)
+                     ON CONFLICT (aggregate_id) DO NOTHING
+                     RETURNING aggregate_id",
+                    &[&ids, &day, &tenant, &second, &count, &keys],
+                )
+                .await?;
+            new_aggregates = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+            rollup_aggregates(&mut increments, aggregates.iter().filter(|a| new_aggregates.contains(&a.id)));
+        }
         if !increments.is_empty() {
             let (mut d, mut t, mut k) = (vec![], vec![], vec![]);
             let mut cols: [Vec<i64>; 8] = Default::default();
@@ -261,18 +353,32 @@ impl Db {
             .await?;
         }
         tx.commit().await?;
-        let inserted = inserted.len() as u64;
-        Ok(Stored { inserted, duplicates: (batch.len() as u64).saturating_sub(inserted + rejects.len() as u64), rejected: rejects.len() as u64 })
+        let requests = inserted.len() as u64
+            + aggregates.iter().filter(|a| new_aggregates.contains(&a.id)).map(|a| a.count).sum::<u64>();
+        let inserted = (inserted.len() + new_aggregates.len()) as u64;
+        Ok(Stored {
+            inserted,
+            aggregates: new_aggregates.len() as u64,
+            requests,
+            duplicates: (batch.len() as u64).saturating_sub(inserted + rejects.len() as u64),
+            rejected: rejects.len() as u64,
+        })
     }
 
-    /// Deletes event ids stored longer ago than `retention` (the rollup keeps their counts).
+    /// Deletes event and aggregate ids stored longer ago than `retention` (the rollup keeps their counts).
     /// By when they were *received*, not their day: a message can come again only within the
     /// topic's retention after it was produced, whatever the event's own timestamp says.
     pub async fn prune(&self, retention: Duration) -> Result<u64, tokio_postgres::Error> {
         let secs = retention.as_secs() as f64;
-        self.client
+        let events = self
+            .client
             .execute("DELETE FROM usage_events WHERE received_at < now() - make_interval(secs => $1::float8)", &[&secs])
-            .await
+            .await?;
+        let aggregates = self
+            .client
+            .execute("DELETE FROM usage_aggregates WHERE received_at < now() - make_interval(secs => $1::float8)", &[&secs])
+            .await?;
+        Ok(events + aggregates)
     }
 
     /// The rollup of one tenant, per day (summed over keys), from `from` to `to` (`yyyy-MM-dd`,
@@ -335,13 +441,61 @@ mod tests {
     fn decoding_keeps_the_first_of_an_id_and_rejects_what_is_not_an_event() {
         let e = serde_json::to_vec(&ev("a", "k", 200, 1, None)).unwrap();
         let batch = vec![
-            Consumed { partition: 0, offset: 0, payload: e.clone() },
-            Consumed { partition: 0, offset: 1, payload: e },
-            Consumed { partition: 0, offset: 2, payload: b"garbage".to_vec() },
+            Consumed { partition: 0, offset: 0, payload: e.clone(), schema: None },
+            Consumed { partition: 0, offset: 1, payload: e, schema: Some("tollgate.usage.v1".into()) },
+            Consumed { partition: 0, offset: 2, payload: b"garbage".to_vec(), schema: None },
         ];
-        let (events, rejects) = decode(&batch);
-        assert_eq!(events.len(), 1);
-        assert_eq!(rejects.len(), 1);
-        assert_eq!(rejects[0].0.offset, 2);
+        let d = decode(&batch);
+        assert_eq!(d.events.len(), 1);
+        assert_eq!(d.rejects.len(), 1);
+        assert_eq!(d.rejects[0].0.offset, 2);
+    }
+
+    fn aggregate(events: &[UsageEvent]) -> UsageAggregate {
+        let mut lines = Vec::new();
+        for e in events {
+            let mut l = Vec::new();
+            tollgate_sidecar::aggregate::encode_line(&mut l, e, true);
+            l.pop();
+            lines.push(l);
+        }
+        match tollgate_sidecar::aggregate::plan_segment(&lines).messages.remove(0) {
+            tollgate_sidecar::aggregate::Outgoing::Aggregate(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_aggregate_moves_the_rollup_as_its_events_would_one_by_one() {
+        let day = 1_764_460_800_000;
+        let mut events: Vec<UsageEvent> = (0..30)
+            .map(|i| ev(&format!("e{i:07}"), ["k1", "k2"][i % 2], [200, 200, 404, 503][i % 4], day + 100, Some(i as u64)))
+            .collect();
+        events[7].denied = Some("rate_limited".into());
+        events[9].status = 0;
+        let a = aggregate(&events);
+        let mut from_aggregate = BTreeMap::new();
+        rollup_aggregates(&mut from_aggregate, [&a]);
+        assert_eq!(from_aggregate, rollup(&events));
+        assert_eq!(a.count, 30);
+    }
+
+    #[test]
+    fn aggregates_are_decoded_by_their_header_or_their_shape_and_checked() {
+        let day = 1_764_460_800_000;
+        let a = aggregate(&[ev("e0000001", "k1", 200, day, None), ev("e0000002", "k1", 200, day, None)]);
+        let json = serde_json::to_vec(&a).unwrap();
+        let mut bad = a.clone();
+        bad.count = 3;
+        let batch = vec![
+            Consumed { partition: 0, offset: 0, payload: json.clone(), schema: Some(AGGREGATE_SCHEMA.into()) },
+            Consumed { partition: 0, offset: 1, payload: json, schema: None },
+            Consumed { partition: 0, offset: 2, payload: serde_json::to_vec(&bad).unwrap(), schema: Some(AGGREGATE_SCHEMA.into()) },
+            Consumed { partition: 0, offset: 3, payload: serde_json::to_vec(&ev("e0000003", "k", 200, day, None)).unwrap(), schema: None },
+        ];
+        let d = decode(&batch);
+        assert_eq!((d.aggregates.len(), d.events.len(), d.rejects.len()), (1, 1, 1), "the repeated aggregate counts once");
+        assert_eq!(d.aggregates[0], a);
+        assert!(d.rejects[0].1.contains("count"), "{}", d.rejects[0].1);
     }
 }

@@ -1,11 +1,13 @@
 //! Tollgate's billing consumer (issue 6): reads usage events from Kafka (`usage_events`) and
-//! keeps, in PostgreSQL, every event once (`usage_events`, keyed by the event id) and the daily
+//! keeps, in PostgreSQL, every event once (`usage_events`, keyed by the event id), every
+//! aggregate of a high-rate tenant's second once (`usage_aggregates`, by aggregate id), and the daily
 //! rollup billing reads (`usage_daily`: per day, tenant and key — requests by class, tokens,
 //! bytes). A separate service from the gateway, never on a request path (seed 003).
 //!
 //! Exactly once, from at-least-once: the gateway delivers an event one or more times (retries are
 //! how it loses nothing). Each consumed batch is ONE PostgreSQL transaction: insert the events
-//! `ON CONFLICT (event_id) DO NOTHING`, and add to the rollup only those actually inserted. Kafka
+//! `ON CONFLICT (event_id) DO NOTHING` and the aggregates `ON CONFLICT (aggregate_id) DO
+//! NOTHING`, and add to the rollup only those actually inserted. Kafka
 //! offsets are committed only after that transaction committed, so a crash re-reads a batch and
 //! the event ids make the second pass a no-op. A batch PostgreSQL cannot take is retried (with
 //! backoff) until it can: nothing is skipped. Messages that are not events go to `usage_rejects`
@@ -70,6 +72,18 @@ pub struct Consumed {
     pub partition: i32,
     pub offset: i64,
     pub payload: Vec<u8>,
+    /// The `schema` header (`tollgate.usage.v1` or `tollgate.usage.aggregate.v1`), if any.
+    pub schema: Option<String>,
+}
+
+impl Consumed {
+    fn of(m: &rdkafka::message::BorrowedMessage<'_>) -> Consumed {
+        use rdkafka::message::Headers;
+        let schema = m.headers().and_then(|h| {
+            h.iter().find(|h| h.key == "schema").and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+        });
+        Consumed { partition: m.partition(), offset: m.offset(), payload: m.payload().unwrap_or_default().to_vec(), schema }
+    }
 }
 
 /// Runs the consumer until `shutdown`. Returns an error only for what retrying cannot fix
@@ -122,7 +136,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
                     if logged {
                         tracing::info!("billing: postgres is back");
                     }
-                    tracing::debug!(read = batch.len(), new = stored.inserted, duplicates = stored.duplicates, rejected = stored.rejected, "batch stored");
+                    tracing::debug!(read = batch.len(), new = stored.inserted, aggregates = stored.aggregates, requests = stored.requests, duplicates = stored.duplicates, rejected = stored.rejected, "batch stored");
                     break;
                 }
                 Err(e) => {
@@ -183,12 +197,12 @@ async fn collect(consumer: &StreamConsumer, max: usize, wait: Duration) -> Vec<C
             return out;
         }
     };
-    out.push(Consumed { partition: first.partition(), offset: first.offset(), payload: first.payload().unwrap_or_default().to_vec() });
+    out.push(Consumed::of(&first));
     drop(first);
     let until = tokio::time::Instant::now() + wait;
     while out.len() < max {
         match tokio::time::timeout_at(until, consumer.recv()).await {
-            Ok(Ok(m)) => out.push(Consumed { partition: m.partition(), offset: m.offset(), payload: m.payload().unwrap_or_default().to_vec() }),
+            Ok(Ok(m)) => out.push(Consumed::of(&m)),
             Ok(Err(_)) => continue,
             Err(_) => break,
         }

@@ -1,26 +1,36 @@
-//! `tollgate-bench`: Envoy alone vs Envoy + Tollgate (auth cache on; off = one callout per
-//! request; auth + one exact rate limit = one callout and one EVALSHA per request), measured in
-//! one run, interleaved.
-//! `tollgate-bench`: Envoy alone vs Envoy + Tollgate (auth cache on, and off = one callout per
-//! request; and auth cache on with a circuit breaker on the upstream), measured in one run,
-//! interleaved.
+//! `tollgate-bench`: Envoy alone vs Envoy's native C++ rate limiter vs Envoy + Tollgate in
+//! several configurations, measured in one run, interleaved (docs/benchmarks.md).
 //!
-//! Every configuration runs against the same in-process echo upstream; Envoy runs with
-//! `--concurrency 1` pinned to CPU 0 and wrk (`-t1`) pinned to CPU 1; the sidecar, Redis and the
-//! upstream share the machine. Rounds alternate the configurations so that machine noise hits
-//! both alike. Prints a table and writes `.tollgate/bench/summary.json`.
+//! Two phases, each in interleaved rounds (round 1: A, B, C, …; round 2: A, B, C, …) so that
+//! machine noise hits every configuration alike:
+//! 1. Saturation (closed loop): wrk `-t1 -cC` for `--duration` seconds → throughput, and CPU per
+//!    request of Envoy and of the sidecar (`/proc/<pid>/stat`), Redis commands and scripts per
+//!    request (`INFO commandstats`).
+//! 2. Latency (open loop): oha at a fixed rate — `--rate-fraction` (0.5) of Envoy alone's mean
+//!    saturation throughput of phase 1, the same rate for every configuration — with latency
+//!    correction (a request's latency counts from when it was due, so a stalled server cannot
+//!    hide its stall by slowing the client down: no coordinated omission) → p50/p99/p99.9 and the
+//!    latency added to Envoy alone's. A configuration whose saturation throughput is below that
+//!    rate cannot sustain it: it is marked `overloaded` and its latencies are queueing, not cost.
 //!
-//! `tollgate-auth+usage` adds usage metering (one event per request, batched to a sidecar that
-//! spools and ships to tansu); its sidecar CPU column is that sidecar's (spool + Kafka producer).
+//! Placement: every Envoy runs `--concurrency 1` pinned to CPU 0, the load generators (wrk -t1,
+//! oha) are pinned to CPU 1; the sidecars, Redis, tansu and the echo upstream (a thread of this
+//! process) float. Prints two tables and writes `.tollgate/bench/summary.json`.
 //!
-//! Options: `--duration SECS` (default 10), `--rounds N` (default 2), `--connections N` (16).
+//! Options: `--duration SECS` (10) per configuration per round and phase, `--rounds N` (2),
+//! `--connections N` (16, both phases), `--rate-fraction F` (0.5), `--rate RPS` (overrides the
+//! fraction), `--only NAME,NAME` (a subset; `envoy-alone` is always kept: it is the reference).
 
+use serde_json::{json, Value};
 use std::process::Command;
+use std::time::Duration;
 use tollgate_tests::{get, root, start_echo, Envoy, EnvoyOptions, Redis, Sidecar};
 
+/// One closed-loop (saturation) measurement.
 #[derive(Default, Clone, serde::Serialize)]
-struct Sample {
+struct Saturation {
     rps: f64,
+    /// wrk's latencies, under saturation (not the open-loop figures).
     p50_ms: f64,
     p99_ms: f64,
     p999_ms: f64,
@@ -32,9 +42,41 @@ struct Sample {
     non_2xx: u64,
 }
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+/// One open-loop measurement at a fixed rate.
+#[derive(Default, Clone, serde::Serialize)]
+struct OpenLoop {
+    rate_rps: f64,
+    achieved_rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+    envoy_cpu_us_per_req: f64,
+    sidecar_cpu_us_per_req: f64,
+    requests: u64,
+    non_2xx: u64,
+    errors: u64,
+}
+
+/// A configuration under test: which Envoy, which key, which sidecar serves it.
+struct Config<'a> {
+    name: &'static str,
+    what: &'static str,
+    envoy: &'a Envoy,
+    key: Option<&'a str>,
+    sidecar: Option<&'a Sidecar>,
+}
+
+fn args() -> Vec<String> {
+    std::env::args().collect()
+}
+
+fn arg_str(name: &str) -> Option<String> {
+    let a = args();
+    a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).cloned()
+}
+
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    arg_str(name).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// utime + stime of a process, in microseconds.
@@ -62,6 +104,29 @@ fn redis_calls(redis: &Redis) -> (f64, f64) {
     (all, evalsha)
 }
 
+/// Completion reports and usage batches are settled after the responses: wait (bounded) until
+/// Redis is quiet so that a configuration's work is counted with it and not with the next one.
+/// The pause is the poll interval of a quiet check, not a readiness wait.
+fn settle(redis: &Redis) {
+    let mut last = redis_calls(redis).0;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = redis_calls(redis).0;
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// The load generator on CPU 1.
+fn pinned(program: &str) -> Command {
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "1", program]);
+    cmd
+}
+
+/// wrk, closed loop: (rps, p50, p99, p99.9 in ms, requests, non-2xx).
 fn wrk(url: &str, key: Option<&str>, secs: u64, conns: u64) -> (f64, f64, f64, f64, u64, u64) {
     let lua = root().join("target/bench-percentiles.lua");
     std::fs::write(
@@ -71,8 +136,8 @@ fn wrk(url: &str, key: Option<&str>, secs: u64, conns: u64) -> (f64, f64, f64, f
          end\n",
     )
     .expect("write wrk script");
-    let mut cmd = Command::new("taskset");
-    cmd.args(["-c", "1", "wrk", "-t1", &format!("-c{conns}"), &format!("-d{secs}s"), "-s"]).arg(&lua);
+    let mut cmd = pinned("wrk");
+    cmd.args(["-t1", &format!("-c{conns}"), &format!("-d{secs}s"), "-s"]).arg(&lua);
     if let Some(k) = key {
         cmd.args(["-H", &format!("x-api-key: {k}")]);
     }
@@ -85,26 +150,88 @@ fn wrk(url: &str, key: Option<&str>, secs: u64, conns: u64) -> (f64, f64, f64, f
     (rps, us("P50 "), us("P99 "), us("P999 "), field("REQS ").parse().unwrap_or(0), non2xx)
 }
 
+fn oha_bin() -> std::path::PathBuf {
+    std::env::var_os("TOLLGATE_OHA_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root().join(".tollgate/tools/oha/bin/oha"))
+}
+
+/// oha, open loop at `rate` requests/s with latency correction. `None` if oha failed.
+fn oha(url: &str, key: Option<&str>, secs: u64, conns: u64, rate: f64) -> Option<OpenLoop> {
+    let bin = oha_bin();
+    let mut cmd = pinned(&bin.display().to_string());
+    cmd.args(["-z", &format!("{secs}s"), "-c", &conns.to_string(), "-q", &format!("{rate:.0}")])
+        // -w: requests in flight at the deadline are waited for, not aborted (and counted as errors).
+        .args(["--latency-correction", "-w", "--worker-threads", "1", "--no-tui", "--output-format", "json"]);
+    if let Some(k) = key {
+        cmd.args(["-H", &format!("x-api-key: {k}")]);
+    }
+    let out = cmd.arg(url).output().unwrap_or_else(|e| panic!("run {} (./build.sh bench installs it): {e}", bin.display()));
+    let doc: Value = match serde_json::from_slice(&out.stdout) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("oha output is not JSON ({e}): {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+    };
+    let ms = |p: &str| doc["latencyPercentiles"][p].as_f64().map_or(f64::NAN, |s| s * 1000.0);
+    let codes = doc["statusCodeDistribution"].as_object().cloned().unwrap_or_default();
+    let count = |ok: bool| -> u64 {
+        codes.iter().filter(|(c, _)| c.starts_with('2') == ok).filter_map(|(_, n)| n.as_u64()).sum()
+    };
+    let errors = doc["errorDistribution"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    Some(OpenLoop {
+        rate_rps: rate,
+        achieved_rps: doc["summary"]["requestsPerSec"].as_f64().unwrap_or(0.0),
+        p50_ms: ms("p50"),
+        p99_ms: ms("p99"),
+        p999_ms: ms("p99.9"),
+        requests: count(true) + count(false),
+        non_2xx: count(false),
+        errors,
+        ..OpenLoop::default()
+    })
+}
+
+fn mean<T>(v: &[T], f: impl Fn(&T) -> f64) -> f64 {
+    v.iter().map(f).sum::<f64>() / v.len().max(1) as f64
+}
+
 fn main() {
-    let secs = arg("--duration", 10);
-    let rounds = arg("--rounds", 2);
-    let conns = arg("--connections", 16);
+    let secs: u64 = arg("--duration", 10);
+    let rounds: u64 = arg("--rounds", 2);
+    let conns: u64 = arg("--connections", 16);
+    let rate_fraction: f64 = arg("--rate-fraction", 0.5);
+    let fixed_rate: Option<f64> = arg_str("--rate").and_then(|v| v.parse().ok());
+    let only: Option<Vec<String>> = arg_str("--only").map(|v| v.split(',').map(str::to_string).collect());
 
     let upstream = start_echo();
     let redis = Redis::start();
     // "limited": one rate limit that never runs out, so every request pays the full limit path.
+    let limited_plan = "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n";
+    // "leased": the same limit, leased: most requests spend this Envoy's lease, no callout.
+    let leased_plan = "[[plans.leased.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\nmode = \"leased\"\n";
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
-        "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n\
-         [[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n",
+        &format!(
+            "{limited_plan}{leased_plan}[[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n"
+        ),
         &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
     );
     let key = sidecar.create_key("bench", "bench", &[]);
     let limited_key = sidecar.create_key("bench", "limited", &[]);
+    // "leased": the same limit with mode = "leased" (issue 8): requests spend this Envoy's lease.
+    let leased_key = sidecar.create_key("bench", "leased", &[]);
     // "budget": a token budget, so every request holds a reservation and reports its completion
     // (batched by the filter, settled by complete.lua).
     let budget_key = sidecar.create_key("bench", "budget", &[]);
     let baseline = Envoy::start(EnvoyOptions { cpu: Some(0), ..EnvoyOptions::new(upstream.port, 0).baseline() });
+    // Envoy's own C++ local rate limiter (a token bucket that never runs dry): the floor.
+    let native = Envoy::start(EnvoyOptions {
+        cpu: Some(0),
+        template: "envoy/local_ratelimit.yaml.tmpl",
+        ..EnvoyOptions::new(upstream.port, 0)
+    });
     let tollgate = Envoy::start(EnvoyOptions {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed"}"#)
@@ -127,15 +254,21 @@ fn main() {
     for e in [&tollgate, &callout, &breaker] {
         assert_eq!(get(&e.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
     }
-    // Usage metering (issue 6): the auth-cache configuration plus one usage event per request,
-    // batched per worker (POST /v1/usage every second) to a second sidecar that spools and ships
-    // them to a real broker (tansu).
+    assert_eq!(get(&native.url("/"), &[]).status, 200, "native local_ratelimit stack not answering");
+    const NATIVE_OK: &str = "http_local_rate_limiter.http_local_rate_limit.ok";
+    const NATIVE_LIMITED: &str = "http_local_rate_limiter.http_local_rate_limit.rate_limited";
+    assert!(native.counter(NATIVE_OK) >= 1, "the native local_ratelimit filter did not run (no {NATIVE_OK})");
+
+    // Usage metering (issue 6): events batched per worker (POST /v1/usage every second) to a
+    // second sidecar that spools and ships them to a real broker (tansu). It also knows the
+    // "limited" plan, for the full policy path.
     let broker = tollgate_tests::broker::Broker::start();
     let spool = tempfile::tempdir().expect("tempdir");
     let usage_sidecar = Sidecar::start_with_config(
         &redis.url(),
         &format!(
-            "[usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n",
+            "{limited_plan}{leased_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
+             [usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n",
             spool.path().display(),
             broker.brokers()
         ),
@@ -147,105 +280,215 @@ fn main() {
             .plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","usage":{"enabled":true}}"#)
     });
     assert_eq!(get(&metered.url("/"), &[("x-api-key", &key.raw)]).status, 200, "metered stack not answering");
+    // The full policy path in one Envoy: key auth, one exact rate limit (the "limited" key: one
+    // callout and one decide.lua per request), a circuit breaker on the upstream, usage metering.
+    //
+    // Routing is on: the sidecar's table (one route for everything, to `upstream`, guarded by the
+    // breaker target of that cluster) is matched locally on every request.
+    let full_policy_config = r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed",
+        "breakers":{"targets":[{"name":"bench","cluster":"upstream","provider":"bench","model":"m"}]},
+        "usage":{"enabled":true},"routing":{"enabled":true}}"#;
+    let full = Envoy::start(EnvoyOptions {
+        cpu: Some(0),
+        ..EnvoyOptions::new(upstream.port, usage_sidecar.port).plugin_config(full_policy_config)
+    });
+    tollgate_tests::poll_until("the full policy stack's routing table", std::time::Duration::from_secs(10), || {
+        get(&full.url("/"), &[("x-api-key", &limited_key.raw)]).status == 200
+    });
 
-    let configs: [(&str, &Envoy, Option<&str>); 7] = [
-        ("envoy-alone", &baseline, None),
-        ("tollgate-auth", &tollgate, Some(key.raw.as_str())),
-        ("tollgate-auth-callout-every-request", &callout, Some(key.raw.as_str())),
-        ("tollgate-auth+rate-limit", &tollgate, Some(limited_key.raw.as_str())),
-        ("tollgate-auth-breaker", &breaker, Some(key.raw.as_str())),
-        ("tollgate-auth+token-budget+completion", &tollgate, Some(budget_key.raw.as_str())),
-        ("tollgate-auth+usage", &metered, Some(key.raw.as_str())),
+    let all = [
+        Config { name: "envoy-alone", what: "router only", envoy: &baseline, key: None, sidecar: None },
+        Config { name: "envoy+native-local-ratelimit", what: "Envoy's C++ local_ratelimit (never denies)", envoy: &native, key: None, sidecar: None },
+        Config { name: "tollgate-auth", what: "key auth, filter's auth cache answers", envoy: &tollgate, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth-callout-every-request", what: "key auth, no auth cache: one callout", envoy: &callout, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+rate-limit", what: "auth + one exact limit: callout + EVALSHA", envoy: &tollgate, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+leased-limit", what: "auth + one leased limit: most requests spend the lease", envoy: &tollgate, key: Some(leased_key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth-breaker", what: "auth cache + closed breaker", envoy: &breaker, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+token-budget+completion", what: "auth + token budget + batched completion", envoy: &tollgate, key: Some(budget_key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+usage", what: "auth cache + usage metering", envoy: &metered, key: Some(key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "tollgate-full-policy", what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "tollgate-full-policy-leased", what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
     ];
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
-    eprintln!("benchmark: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns}, Envoy --concurrency 1 on CPU 0, wrk on CPU 1");
+    let configs: Vec<&Config> =
+        all.iter().filter(|c| c.name == "envoy-alone" || only.as_ref().is_none_or(|o| o.iter().any(|n| n == c.name))).collect();
+
+    // ---- phase 1: saturation (closed loop) ----
+    let mut sat: Vec<Vec<Saturation>> = vec![Vec::new(); configs.len()];
+    eprintln!(
+        "phase 1, saturation: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns} on CPU 1, Envoy --concurrency 1 on CPU 0"
+    );
     for round in 0..rounds {
-        for (i, (name, envoy, key)) in configs.iter().enumerate() {
-            // warm-up (connections, caches)
-            let _ = wrk(&envoy.url("/bench"), *key, 1, conns);
-            // the metered Envoy talks to its own sidecar (the one that spools and ships)
-            let spid = if *name == "tollgate-auth+usage" { usage_sidecar.pid() } else { sidecar.pid() };
-            let (e0, s0, r0) = (cpu_us(envoy.pid()), cpu_us(spid), redis_calls(&redis));
-            let (rps, p50, p99, p999, reqs, non2xx) = wrk(&envoy.url("/bench"), *key, secs, conns);
-            // Completion reports are settled after the responses: wait until Redis is quiet so
-            // that this configuration's work is counted here and not in the next one's.
-            let mut last = redis_calls(&redis).0;
-            for _ in 0..50 {
-                std::thread::sleep(std::time::Duration::from_millis(200));
-                let now = redis_calls(&redis).0;
-                if now == last {
-                    break;
-                }
-                last = now;
-            }
-            let (e1, s1, r1) = (cpu_us(envoy.pid()), cpu_us(spid), redis_calls(&redis));
+        for (i, c) in configs.iter().enumerate() {
+            let url = c.envoy.url("/bench");
+            let _ = wrk(&url, c.key, 1, conns); // warm-up (connections, caches)
+            settle(&redis);
+            let spid = c.sidecar.and_then(Sidecar::pid);
+            let (e0, s0, r0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
+            let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, secs, conns);
+            settle(&redis);
+            let (e1, s1, r1) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let n = reqs.max(1) as f64;
-            let s = Sample {
+            let s = Saturation {
                 rps,
                 p50_ms: p50,
                 p99_ms: p99,
                 p999_ms: p999,
                 envoy_cpu_us_per_req: (e1 - e0) / n,
-                sidecar_cpu_us_per_req: if key.is_some() { (s1 - s0) / n } else { 0.0 },
-                redis_cmds_per_req: if key.is_some() { (r1.0 - r0.0) / n } else { 0.0 },
-                redis_scripts_per_req: if key.is_some() { (r1.1 - r0.1) / n } else { 0.0 },
+                sidecar_cpu_us_per_req: (s1 - s0) / n,
+                redis_cmds_per_req: if c.key.is_some() { (r1.0 - r0.0) / n } else { 0.0 },
+                redis_scripts_per_req: if c.key.is_some() { (r1.1 - r0.1) / n } else { 0.0 },
                 requests: reqs,
                 non_2xx: non2xx,
             };
-            eprintln!("round {} {:<36} {:>9.0} rps  p50 {:.2} ms  p99 {:.2} ms  non-2xx {}", round + 1, name, s.rps, s.p50_ms, s.p99_ms, s.non_2xx);
-            samples[i].push(s);
+            eprintln!("round {} {:<38} {:>9.0} rps  Envoy {:>4.0} µs/req  non-2xx {}", round + 1, c.name, s.rps, s.envoy_cpu_us_per_req, s.non_2xx);
+            sat[i].push(s);
+        }
+    }
+    let base_rps = mean(&sat[0], |s| s.rps);
+
+    // ---- phase 2: latency at a fixed rate (open loop) ----
+    let rate = fixed_rate.unwrap_or((base_rps * rate_fraction).max(1.0)).round();
+    let mut open: Vec<Vec<OpenLoop>> = vec![Vec::new(); configs.len()];
+    eprintln!(
+        "phase 2, open loop: {rounds} interleaved rounds x {secs}s at {rate:.0} rps ({}), oha -c{conns} --latency-correction on CPU 1",
+        if fixed_rate.is_some() { "--rate".to_string() } else { format!("{rate_fraction} x Envoy alone's {base_rps:.0} rps") }
+    );
+    for round in 0..rounds {
+        for (i, c) in configs.iter().enumerate() {
+            let url = c.envoy.url("/bench");
+            let _ = oha(&url, c.key, 1, conns, rate); // warm-up at the same rate
+            settle(&redis);
+            let spid = c.sidecar.and_then(Sidecar::pid);
+            let (e0, s0) = (cpu_us(c.envoy.pid()), cpu_us(spid));
+            let Some(mut o) = oha(&url, c.key, secs, conns, rate) else { continue };
+            settle(&redis);
+            let (e1, s1) = (cpu_us(c.envoy.pid()), cpu_us(spid));
+            let n = o.requests.max(1) as f64;
+            o.envoy_cpu_us_per_req = (e1 - e0) / n;
+            o.sidecar_cpu_us_per_req = (s1 - s0) / n;
+            eprintln!(
+                "round {} {:<38} {:>7.0} rps  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  non-2xx {} errors {}",
+                round + 1,
+                c.name,
+                o.achieved_rps,
+                o.p50_ms,
+                o.p99_ms,
+                o.p999_ms,
+                o.non_2xx,
+                o.errors
+            );
+            open[i].push(o);
         }
     }
 
-    let mean = |v: &[Sample], f: fn(&Sample) -> f64| v.iter().map(f).sum::<f64>() / v.len().max(1) as f64;
-    let base_rps = mean(&samples[0], |s| s.rps);
-    let base_p50 = mean(&samples[0], |s| s.p50_ms);
-    let base_p99 = mean(&samples[0], |s| s.p99_ms);
-    println!("\n| configuration | throughput (rps) | vs Envoy alone | p50 ms | p99 ms | p99.9 ms | Envoy CPU µs/req | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    // ---- report ----
+    let base_open = (mean(&open[0], |o| o.p50_ms), mean(&open[0], |o| o.p99_ms), mean(&open[0], |o| o.p999_ms));
+    let base_cpu = mean(&sat[0], |s| s.envoy_cpu_us_per_req);
     let mut summary = Vec::new();
-    for (i, (name, _, _)) in configs.iter().enumerate() {
-        let v = &samples[i];
-        let rps = mean(v, |s| s.rps);
-        let row = serde_json::json!({
-            "name": name,
+    let mut sat_table = vec![
+        "| configuration | throughput (rps) | vs Envoy alone | Envoy CPU µs/req | vs Envoy alone | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req | non-2xx |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    let mut lat_table = vec![
+        format!("| configuration (open loop, {rate:.0} rps) | p50 ms | p99 ms | p99.9 ms | added p50 ms | added p99 ms | added p99.9 ms | achieved rps |"),
+        "|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    for (i, c) in configs.iter().enumerate() {
+        let (s, o) = (&sat[i], &open[i]);
+        let rps = mean(s, |x| x.rps);
+        let cpu = mean(s, |x| x.envoy_cpu_us_per_req);
+        let (p50, p99, p999) = (mean(o, |x| x.p50_ms), mean(o, |x| x.p99_ms), mean(o, |x| x.p999_ms));
+        let achieved = mean(o, |x| x.achieved_rps);
+        // Cannot sustain the rate: saturation throughput below it, or the run fell short of it.
+        let overloaded = rps < rate || (!o.is_empty() && achieved < 0.95 * rate);
+        let row = json!({
+            "name": c.name,
+            "what": c.what,
             "throughput_rps": rps,
             "ratio_to_envoy_alone": rps / base_rps,
-            "p50_ms": mean(v, |s| s.p50_ms),
-            "p99_ms": mean(v, |s| s.p99_ms),
-            "p999_ms": mean(v, |s| s.p999_ms),
-            "added_p50_ms": mean(v, |s| s.p50_ms) - base_p50,
-            "added_p99_ms": mean(v, |s| s.p99_ms) - base_p99,
-            "envoy_cpu_us_per_req": mean(v, |s| s.envoy_cpu_us_per_req),
-            "sidecar_cpu_us_per_req": mean(v, |s| s.sidecar_cpu_us_per_req),
-            "redis_cmds_per_req": mean(v, |s| s.redis_cmds_per_req),
-            "redis_scripts_per_req": mean(v, |s| s.redis_scripts_per_req),
-            "non_2xx": v.iter().map(|s| s.non_2xx).sum::<u64>(),
-            "rounds": v,
+            "latency": {
+                "rate_rps": rate,
+                "achieved_rps": achieved,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "p999_ms": p999,
+                "added_p50_ms": p50 - base_open.0,
+                "added_p99_ms": p99 - base_open.1,
+                "added_p999_ms": p999 - base_open.2,
+                "ratio_p50_to_envoy_alone": p50 / base_open.0,
+                "ratio_p99_to_envoy_alone": p99 / base_open.1,
+                "overloaded": overloaded,
+                "envoy_cpu_us_per_req": mean(o, |x| x.envoy_cpu_us_per_req),
+                "sidecar_cpu_us_per_req": mean(o, |x| x.sidecar_cpu_us_per_req),
+            },
+            "saturation_latency": {
+                "p50_ms": mean(s, |x| x.p50_ms),
+                "p99_ms": mean(s, |x| x.p99_ms),
+                "p999_ms": mean(s, |x| x.p999_ms),
+            },
+            "envoy_cpu_us_per_req": cpu,
+            "envoy_cpu_ratio_to_envoy_alone": cpu / base_cpu,
+            "sidecar_cpu_us_per_req": mean(s, |x| x.sidecar_cpu_us_per_req),
+            "redis_cmds_per_req": mean(s, |x| x.redis_cmds_per_req),
+            "redis_scripts_per_req": mean(s, |x| x.redis_scripts_per_req),
+            "non_2xx": s.iter().map(|x| x.non_2xx).sum::<u64>() + o.iter().map(|x| x.non_2xx).sum::<u64>(),
+            "errors": o.iter().map(|x| x.errors).sum::<u64>(),
+            "rounds": {"saturation": s, "open_loop": o},
         });
-        println!(
-            "| {} | {:.0} | {:.2}× | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.3} | {:.3} |",
-            name,
+        sat_table.push(format!(
+            "| {} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.0} | {:.3} | {:.3} | {} |",
+            c.name,
             rps,
             rps / base_rps,
-            mean(v, |s| s.p50_ms),
-            mean(v, |s| s.p99_ms),
-            mean(v, |s| s.p999_ms),
-            mean(v, |s| s.envoy_cpu_us_per_req),
-            mean(v, |s| s.sidecar_cpu_us_per_req),
-            mean(v, |s| s.redis_cmds_per_req),
-            mean(v, |s| s.redis_scripts_per_req)
-        );
+            cpu,
+            cpu / base_cpu,
+            mean(s, |x| x.sidecar_cpu_us_per_req),
+            mean(s, |x| x.redis_cmds_per_req),
+            mean(s, |x| x.redis_scripts_per_req),
+            row["non_2xx"]
+        ));
+        lat_table.push(format!(
+            "| {}{} | {:.3} | {:.3} | {:.3} | {:+.3} | {:+.3} | {:+.3} | {:.0} |",
+            c.name,
+            if overloaded { " (overloaded†)" } else { "" },
+            p50,
+            p99,
+            p999,
+            p50 - base_open.0,
+            p99 - base_open.1,
+            p999 - base_open.2,
+            achieved
+        ));
         summary.push(row);
+    }
+    let native_limited = native.counter(NATIVE_LIMITED);
+    println!("\nSaturation (wrk, closed loop; CPU and Redis per request measured here)\n");
+    println!("{}", sat_table.join("\n"));
+    println!("\nLatency at a fixed rate (oha, open loop, latency-corrected)\n");
+    println!("{}", lat_table.join("\n"));
+    if summary.iter().any(|r| r["latency"]["overloaded"] == true) {
+        println!("\n† saturation throughput below the rate: the latencies are queueing, not the cost of the path.");
+    }
+    if native_limited > 0 {
+        println!("\nwarning: the native local_ratelimit denied {native_limited} requests: its bucket is too small for this machine");
     }
     let dir = root().join(".tollgate/bench");
     let _ = std::fs::create_dir_all(&dir);
-    let doc = serde_json::json!({
-        "method": format!("{rounds} interleaved rounds x {secs}s; wrk -t1 -c{conns} (closed loop) on CPU 1; Envoy --concurrency 1 on CPU 0"),
+    let doc = json!({
+        "method": {
+            "rounds": rounds,
+            "duration_s": secs,
+            "connections": conns,
+            "saturation": format!("wrk -t1 -c{conns} -d{secs}s (closed loop)"),
+            "open_loop": format!("oha -c{conns} -z{secs}s -q {rate:.0} --latency-correction -w --worker-threads 1"),
+            "open_loop_rate_rps": rate,
+            "open_loop_rate_basis": if fixed_rate.is_some() { "--rate".to_string() } else { format!("{rate_fraction} x envoy-alone saturation throughput of this run") },
+            "cores": {"envoy": "CPU 0 (--concurrency 1, taskset)", "load_generator": "CPU 1 (taskset)", "floating": "sidecars, Redis, tansu, echo upstream"},
+        },
+        "native_local_ratelimit_denied": native_limited,
         "configurations": summary,
     });
     let _ = std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&doc).unwrap_or_default());
     println!("\nwrote .tollgate/bench/summary.json");
-    drop((tollgate, callout, breaker, metered, baseline, sidecar, usage_sidecar, broker, redis, upstream));
+    drop((tollgate, callout, breaker, metered, full, native, baseline, sidecar, usage_sidecar, broker, redis, upstream));
 }
-

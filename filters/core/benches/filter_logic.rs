@@ -1,0 +1,150 @@
+//! Criterion micro-benchmarks of the filter's pure per-request logic, run natively
+//! (`./build.sh bench micro`). In Envoy the same code runs as wasm32 under V8, so these figures
+//! are a lower bound and a way to compare changes, not the filter's cost in Envoy (the
+//! end-to-end bench, `./build.sh bench`, measures that as Envoy CPU per request).
+//!
+//! - `key/*`: finding the API key in the request (default sources: bearer, `x-api-key`,
+//!   `api_key` query parameter), planning its removal, and hashing it (sha256, lowercase hex).
+//! - `breaker/*`: the circuit-breaker decision as a request pays it: decode the 194-byte shared
+//!   state and admit (closed: read only), then on the response decode, record and re-encode
+//!   (the CAS write's payload).
+//! - `route/*`: matching a request against a 50-route table (a late hit and a miss).
+
+// Benchmarks are not filter code: a broken fixture should stop the run loudly.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+use tollgate_filter_core::breaker::{self, Admission, Outcome, Phase, Policy, State};
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::key;
+
+const RAW_KEY: &str = "tg_8Jq2vXbN4kLmP0sR7tYw1zC3dF5gH6jK9aQeUiOp";
+
+fn key_benches(c: &mut Criterion) {
+    // The default key sources, exactly as a `{}` plugin configuration yields them.
+    let config = FilterConfig::parse(b"{}").expect("default plugin configuration");
+    let sources = config.key_sources.clone();
+    let mut g = c.benchmark_group("key");
+
+    g.bench_function("sha256_hex", |b| b.iter(|| key::hash_key(black_box(RAW_KEY))));
+
+    // The common case: the key in `x-api-key` (the bearer source is looked at first, absent).
+    let headers = [("host", "api.example.com"), ("x-api-key", RAW_KEY), ("accept", "application/json")];
+    let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    g.bench_function("extract_header_and_hash", |b| {
+        b.iter(|| {
+            let plan = key::plan(black_box(&sources), header, black_box("/v1/chat/completions"));
+            plan.key.map(|k| k.hash())
+        })
+    });
+
+    // `Authorization: Bearer <key>`, the first source.
+    let bearer = format!("Bearer {RAW_KEY}");
+    let headers_b = [("host", "api.example.com"), ("authorization", bearer.as_str())];
+    let header_b = |name: &str| headers_b.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    g.bench_function("extract_bearer_and_hash", |b| {
+        b.iter(|| {
+            let plan = key::plan(black_box(&sources), header_b, black_box("/v1/chat/completions"));
+            plan.key.map(|k| k.hash())
+        })
+    });
+
+    // The key in the query string: percent-decoding and the rewritten `:path`.
+    let path = format!("/v1/items?page=2&api_key={RAW_KEY}&sort=name%20asc");
+    let no_headers = |_: &str| -> Option<&str> { None };
+    g.bench_function("extract_query_and_hash", |b| {
+        b.iter(|| {
+            let plan = key::plan(black_box(&sources), no_headers, black_box(&path));
+            (plan.key.map(|k| k.hash()), plan.new_path)
+        })
+    });
+    g.finish();
+}
+
+fn breaker_benches(c: &mut Criterion) {
+    let policy = Policy::default();
+    let now_ms = 1_764_460_800_000u64;
+    // A closed breaker with some history in its window (as under steady traffic).
+    let mut state = State::default();
+    for i in 0..200u64 {
+        let outcome = if i % 50 == 0 { Outcome::Failure } else { Outcome::Success };
+        state.record(&policy, now_ms + i * 40, false, outcome);
+    }
+    assert_eq!(state.phase, Phase::Closed, "fixture must stay closed");
+    let closed = state.encode();
+    let open = State::with_phase(Phase::Open { until_ms: now_ms + 30_000 }).encode();
+    let mut g = c.benchmark_group("breaker");
+
+    // Request side on a closed breaker: decode the shared state, admit; nothing to write.
+    g.bench_function("admit_closed", |b| {
+        b.iter(|| {
+            let mut s = State::decode(black_box(&closed)).unwrap_or_default();
+            let (admission, changed, _) = s.admit(&policy, black_box(now_ms + 9_000));
+            assert!(admission == Admission::Pass && !changed);
+            admission
+        })
+    });
+
+    // Request side on an open breaker: decode, reject with Retry-After.
+    g.bench_function("admit_open_reject", |b| {
+        b.iter(|| {
+            let mut s = State::decode(black_box(&open)).unwrap_or_default();
+            s.admit(&policy, black_box(now_ms + 9_000)).0
+        })
+    });
+
+    // Response side: decode, record a success into the rolling window, encode for the CAS write.
+    g.bench_function("record_success_encode", |b| {
+        b.iter(|| {
+            let mut s = State::decode(black_box(&closed)).unwrap_or_default();
+            let (changed, _) = s.record(&policy, black_box(now_ms + 9_000), false, Outcome::Success);
+            (changed, s.encode())
+        })
+    });
+
+    g.bench_function("hint_fingerprint", |b| b.iter(|| breaker::hint_fingerprint(black_box("replica-7f3a"), black_box(now_ms))));
+    g.finish();
+}
+
+/// The route match as a request pays it: the first route of a 50-route table whose host, path or
+/// prefix, method and headers match (a hit near the end, and a miss that scans them all).
+fn route_benches(c: &mut Criterion) {
+    use tollgate_wire::routes::{HeaderRule, RequestView, RouteSpec, RouteTable};
+    let routes: Vec<RouteSpec> = (0..50)
+        .map(|i| RouteSpec {
+            id: format!("r{i}"),
+            host: (i % 3 == 0).then(|| "api.example.com".to_string()),
+            path: None,
+            path_prefix: Some(format!("/v1/svc{i}/")),
+            method: (i % 2 == 0).then(|| "POST".to_string()),
+            headers: if i % 5 == 0 { vec![HeaderRule { name: "x-tier".into(), value: Some("gold".into()) }] } else { vec![] },
+            cluster: format!("c{i}"),
+            product: None,
+            failure_mode: None,
+            cache_ttl_ms: None,
+            cache_key_headers: vec![],
+            breaker: None,
+        })
+        .collect();
+    let table = RouteTable { version: 1, etag: "e".into(), routes };
+    let headers = [("x-tier", "gold"), ("accept", "application/json")];
+    let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    let mut g = c.benchmark_group("route");
+    g.bench_function("match_50_hit_at_48", |b| {
+        b.iter(|| {
+            let req = RequestView { authority: "api.example.com:443", method: "POST", path: black_box("/v1/svc48/items?x=1"), header };
+            table.find(&req).map(|r| r.cluster.len())
+        })
+    });
+    g.bench_function("match_50_miss", |b| {
+        b.iter(|| {
+            let req = RequestView { authority: "api.example.com", method: "GET", path: black_box("/nowhere"), header };
+            table.find(&req).is_none()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, key_benches, breaker_benches, route_benches);
+criterion_main!(benches);

@@ -1,0 +1,727 @@
+//! Per-second aggregation of a high-rate tenant's usage events (seed 003: "one message per API
+//! request, or, for high-volume tenants, one batch per gateway replica per second"), off by
+//! default (`usage.aggregate_above_rps = 0`).
+//!
+//! Two halves, both pure (time is passed in):
+//! - **At accept** ([`RateTracker`]): the sidecar counts each tenant's events as they arrive; an
+//!   event of a tenant above `aggregate_above_rps` at this sidecar is *marked* for aggregation,
+//!   and the mark is written into its spool line (`…,"aggregate":true}`, [`encode_line`]). The
+//!   decision is thereby durable: it does not depend on anything held in memory or on the
+//!   configuration in force when the segment is (re-)shipped.
+//! - **At ship** ([`plan_segment`]): the shipper turns one sealed segment into Kafka messages:
+//!   unmarked lines as they are (one event each), marked ones combined per (tenant, UTC second of
+//!   `startMs`) into [`UsageAggregate`]s, one row per (key, plan) with the counts and sums the
+//!   billing rollup needs.
+//!
+//! Invariants:
+//! - A segment is immutable once sealed, and [`plan_segment`] is a function of its bytes alone:
+//!   shipping the same segment again (a failed round, a crash between Kafka's ack and the delete)
+//!   produces byte-identical aggregates, hence the same ids, and the billing consumer counts
+//!   each once.
+//! - An aggregate's id is derived from its content — its tenant, second and *the ids of the
+//!   events it carries* — never from the segment's number: segment numbers restart at 1 when the
+//!   spool is empty at start, so a number-based id could collide with a different, later
+//!   aggregate and make the consumer drop it as a duplicate (a loss).
+//! - The counts are exact: every marked event of a segment is in exactly one aggregate, once
+//!   (an id repeated inside the segment — a batch the filter re-sent — is counted once).
+//! - Everything of a tenant is keyed by the tenant, so aggregates share the tenant's partition;
+//!   an aggregate is placed where its first event was in the segment.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use tollgate_wire::usage::{Day, UsageClass, UsageEvent};
+
+/// The `schema` header (and message type) of an aggregate (docs/usage-events.md).
+pub const SCHEMA: &str = "tollgate.usage.aggregate.v1";
+
+/// At most this many (key, plan) rows in one aggregate (a message stays well under Kafka's 1 MB);
+/// a second with more keys gets several aggregates.
+pub const MAX_KEYS_PER_AGGREGATE: usize = 500;
+
+/// What marks a spool line for aggregation (the line's closing brace is replaced by this).
+const MARK: &[u8] = b",\"aggregate\":true}";
+
+/// Requests per class, named as in the Redis meter and the `usage_daily` columns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassCounts {
+    #[serde(default)]
+    pub ok: u64,
+    #[serde(default, rename = "4xx")]
+    pub client_error: u64,
+    #[serde(default, rename = "5xx")]
+    pub server_error: u64,
+    #[serde(default)]
+    pub denied: u64,
+    #[serde(default)]
+    pub aborted: u64,
+}
+
+impl ClassCounts {
+    pub fn add(&mut self, class: UsageClass, n: u64) {
+        *self.slot(class) += n;
+    }
+    pub fn get(&self, class: UsageClass) -> u64 {
+        match class {
+            UsageClass::Ok => self.ok,
+            UsageClass::ClientError => self.client_error,
+            UsageClass::ServerError => self.server_error,
+            UsageClass::Denied => self.denied,
+            UsageClass::Aborted => self.aborted,
+        }
+    }
+    fn slot(&mut self, class: UsageClass) -> &mut u64 {
+        match class {
+            UsageClass::Ok => &mut self.ok,
+            UsageClass::ClientError => &mut self.client_error,
+            UsageClass::ServerError => &mut self.server_error,
+            UsageClass::Denied => &mut self.denied,
+            UsageClass::Aborted => &mut self.aborted,
+        }
+    }
+    pub fn total(&self) -> u64 {
+        UsageClass::ALL.iter().map(|c| self.get(*c)).sum()
+    }
+}
+
+/// One key's share of an aggregate: what the `usage_daily` row of (day, tenant, key) adds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyUsage {
+    pub key_id: String,
+    pub plan: String,
+    /// Events (requests) of this key in the aggregate; equals `requests`' total.
+    pub count: u64,
+    pub requests: ClassCounts,
+    #[serde(default)]
+    pub tokens: u64,
+    #[serde(default)]
+    pub request_bytes: u64,
+    #[serde(default)]
+    pub response_bytes: u64,
+}
+
+/// The events of one tenant in one UTC second, as one message (`tollgate.usage.aggregate.v1`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageAggregate {
+    /// `agg_` + 32 hex: derived from the tenant, the second and the ids of the events carried,
+    /// the billing consumer's deduplication key.
+    pub id: String,
+    pub tenant: String,
+    /// Start of the UTC second (ms since the Unix epoch) the events arrived in (their `startMs`);
+    /// its day is the billing day.
+    pub second_ms: u64,
+    /// Events carried; equals the sum of the rows' counts.
+    pub count: u64,
+    pub keys: Vec<KeyUsage>,
+}
+
+impl UsageAggregate {
+    pub fn day(&self) -> Day {
+        Day::of_ms(self.second_ms)
+    }
+
+    /// Why a consumer must not count this aggregate (its counts do not add up …), if anything.
+    pub fn invalid_reason(&self) -> Option<&'static str> {
+        if !self.id.starts_with("agg_") || !(8..=64).contains(&self.id.len()) {
+            return Some("id");
+        }
+        if self.tenant.is_empty() {
+            return Some("tenant");
+        }
+        if self.keys.is_empty() || self.keys.iter().any(|k| k.key_id.is_empty() || k.count != k.requests.total()) {
+            return Some("keys");
+        }
+        if self.keys.iter().map(|k| k.count).sum::<u64>() != self.count {
+            return Some("count");
+        }
+        if !self.second_ms.is_multiple_of(1000) {
+            return Some("secondMs");
+        }
+        None
+    }
+}
+
+// ---- at accept: who is above the rate ---------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Rate {
+    second: u64,
+    count: u64,
+    previous: u64,
+}
+
+/// Each tenant's events per second arriving at this sidecar, and which to aggregate.
+#[derive(Debug)]
+pub struct RateTracker {
+    above_rps: u64,
+    tenants: HashMap<String, Rate>,
+    pruned_at: u64,
+}
+
+/// Tenants tracked before idle ones are forgotten (at most once a second).
+const PRUNE_ABOVE: usize = 4096;
+
+impl RateTracker {
+    /// `above_rps` = 0: nothing is ever marked.
+    pub fn new(above_rps: u64) -> RateTracker {
+        RateTracker { above_rps, tenants: HashMap::new(), pruned_at: 0 }
+    }
+
+    /// Counts `events` as arriving at `now_ms` and says, event by event, which to aggregate: an
+    /// event of a tenant that has had more than `above_rps` events in this second (counting the
+    /// ones before it), or had in the previous second. A tenant thus turns aggregated within the
+    /// second it crosses the rate, and stays so for the whole next second.
+    pub fn mark(&mut self, events: &[UsageEvent], now_ms: u64) -> Vec<bool> {
+        if self.above_rps == 0 {
+            return vec![false; events.len()];
+        }
+        let second = now_ms / 1000;
+        if self.tenants.len() > PRUNE_ABOVE && self.pruned_at != second {
+            self.pruned_at = second;
+            self.tenants.retain(|_, r| r.second + 1 >= second);
+        }
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            let r = match self.tenants.get_mut(&e.tenant) {
+                Some(r) => r,
+                None => self.tenants.entry(e.tenant.clone()).or_default(),
+            };
+            if r.second != second {
+                r.previous = if r.second + 1 == second { r.count } else { 0 };
+                r.second = second;
+                r.count = 0;
+            }
+            r.count += 1;
+            out.push(r.count > self.above_rps || r.previous > self.above_rps);
+        }
+        out
+    }
+}
+
+/// The ids of the events accepted lately (the last [`RecentIds::new`]'s `capacity`), as 128-bit
+/// keyed hashes. With aggregation on, intake drops an event whose id is here: a batch the filter
+/// sends again after the sidecar already spooled it (its call timed out, or the sidecar crashed
+/// between the fsync and its answer). Single events would be deduplicated by id at the consumer;
+/// events inside aggregates cannot be, so they must not be spooled twice.
+pub struct RecentIds {
+    keys: (std::hash::RandomState, std::hash::RandomState),
+    set: HashSet<u128>,
+    order: std::collections::VecDeque<u128>,
+    capacity: usize,
+}
+
+impl RecentIds {
+    pub fn new(capacity: usize) -> RecentIds {
+        RecentIds {
+            keys: (std::hash::RandomState::new(), std::hash::RandomState::new()),
+            set: HashSet::with_capacity(capacity.min(1 << 16)),
+            order: std::collections::VecDeque::with_capacity(capacity.min(1 << 16)),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn key(&self, id: &str) -> u128 {
+        use std::hash::BuildHasher;
+        (u128::from(self.keys.0.hash_one(id)) << 64) | u128::from(self.keys.1.hash_one(id))
+    }
+
+    /// Remembers `id`; `false` when it was already there.
+    pub fn insert(&mut self, id: &str) -> bool {
+        let k = self.key(id);
+        if !self.set.insert(k) {
+            return false;
+        }
+        self.order.push_back(k);
+        if self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+
+    /// Forgets `id` (its batch was not spooled after all: when it comes again it is new).
+    pub fn forget(&mut self, id: &str) {
+        let k = self.key(id);
+        self.set.remove(&k);
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// Intake with aggregation on: the rates, and the ids accepted lately.
+pub struct Intake {
+    pub rates: RateTracker,
+    pub recent: RecentIds,
+}
+
+impl Intake {
+    /// Which of `events` are new (an id accepted lately, or twice in `events`, is not); then the
+    /// new ones' marks, in their order ([`RateTracker::mark`]).
+    pub fn admit(&mut self, events: &[UsageEvent], now_ms: u64) -> (Vec<bool>, Vec<bool>) {
+        let fresh: Vec<bool> = events.iter().map(|e| self.recent.insert(&e.id)).collect();
+        let marks = if fresh.iter().all(|f| *f) {
+            self.rates.mark(events, now_ms)
+        } else {
+            let kept: Vec<UsageEvent> = events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e.clone()).collect();
+            self.rates.mark(&kept, now_ms)
+        };
+        (fresh, marks)
+    }
+}
+
+/// One event as a spool line (JSON + `\n`), marked for aggregation when `aggregate`.
+pub fn encode_line(out: &mut Vec<u8>, e: &UsageEvent, aggregate: bool) {
+    let start = out.len();
+    if serde_json::to_writer(&mut *out, e).is_err() {
+        out.truncate(start);
+        return;
+    }
+    if aggregate && out.last() == Some(&b'}') {
+        out.pop();
+        out.extend_from_slice(MARK);
+    }
+    out.push(b'\n');
+}
+
+// ---- at ship: a segment into messages -----------------------------------------------------------
+
+/// One Kafka message of a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outgoing {
+    /// Line `index` of the segment, as it is (one event), keyed by `tenant`.
+    Line { index: usize, tenant: String },
+    Aggregate(UsageAggregate),
+}
+
+/// A segment's messages, in order, and what they carry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentPlan {
+    pub messages: Vec<Outgoing>,
+    /// Events sent one per message.
+    pub single: u64,
+    /// Events carried in aggregates.
+    pub aggregated: u64,
+    pub aggregates: u64,
+    /// Marked lines whose id was already in an aggregate of this segment (a re-sent batch).
+    pub duplicates: u64,
+}
+
+/// What the shipper reads of a spool line, borrowed from it: the key, the mark, and for a
+/// marked line what the rollup needs. One parse per line.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Line<'a> {
+    #[serde(default, borrow)]
+    tenant: Cow<'a, str>,
+    #[serde(default)]
+    aggregate: bool,
+    #[serde(default, borrow)]
+    id: Cow<'a, str>,
+    #[serde(default, borrow)]
+    key_id: Cow<'a, str>,
+    #[serde(default, borrow)]
+    plan: Cow<'a, str>,
+    #[serde(default)]
+    status: u16,
+    #[serde(default)]
+    start_ms: u64,
+    #[serde(default)]
+    tokens: Option<u64>,
+    #[serde(default)]
+    request_bytes: Option<u64>,
+    #[serde(default)]
+    response_bytes: Option<u64>,
+    #[serde(default)]
+    denied: Option<serde::de::IgnoredAny>,
+}
+
+/// [`UsageEvent::class`] from the two fields it reads (kept equal by a test).
+fn class_of(status: u16, denied: bool) -> UsageClass {
+    if denied {
+        return UsageClass::Denied;
+    }
+    match status {
+        0 => UsageClass::Aborted,
+        1..=399 => UsageClass::Ok,
+        400..=499 => UsageClass::ClientError,
+        _ => UsageClass::ServerError,
+    }
+}
+
+struct Row<'a> {
+    key_id: Cow<'a, str>,
+    plan: Cow<'a, str>,
+    count: u64,
+    requests: ClassCounts,
+    tokens: u64,
+    request_bytes: u64,
+    response_bytes: u64,
+    /// The ids of the row's events, in segment order.
+    ids: Sha256,
+}
+
+struct Bucket<'a> {
+    tenant: Cow<'a, str>,
+    second_ms: u64,
+    rows: Vec<Row<'a>>,
+    by_key: HashMap<(Cow<'a, str>, Cow<'a, str>), usize>,
+}
+
+enum Slot {
+    Line(usize, String),
+    Bucket(usize),
+}
+
+/// The messages of a segment's `lines` (complete JSON lines, in order): unmarked lines as they
+/// are, marked ones combined per (tenant, second). A pure function of the lines.
+pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
+    let mut plan = SegmentPlan::default();
+    let mut slots = Vec::with_capacity(lines.len());
+    let mut buckets: Vec<Bucket<'_>> = Vec::new();
+    let mut by_second: HashMap<(Cow<'_, str>, u64), usize> = HashMap::new();
+    let mut seen: HashSet<Cow<'_, str>> = HashSet::new();
+    for (index, bytes) in lines.iter().enumerate() {
+        let line = match serde_json::from_slice::<Line<'_>>(bytes) {
+            Ok(l) if l.aggregate && !l.id.is_empty() && !l.tenant.is_empty() => l,
+            Ok(l) => {
+                plan.single += 1;
+                slots.push(Slot::Line(index, l.tenant.into_owned()));
+                continue;
+            }
+            Err(_) => {
+                plan.single += 1;
+                slots.push(Slot::Line(index, String::new()));
+                continue;
+            }
+        };
+        if !seen.insert(line.id.clone()) {
+            plan.duplicates += 1;
+            continue;
+        }
+        let second_ms = line.start_ms / 1000 * 1000;
+        let b = *by_second.entry((line.tenant.clone(), second_ms)).or_insert_with(|| {
+            buckets.push(Bucket { tenant: line.tenant.clone(), second_ms, rows: Vec::new(), by_key: HashMap::new() });
+            slots.push(Slot::Bucket(buckets.len() - 1));
+            buckets.len() - 1
+        });
+        let bucket = &mut buckets[b];
+        let r = *bucket.by_key.entry((line.key_id.clone(), line.plan.clone())).or_insert_with(|| {
+            bucket.rows.push(Row {
+                key_id: line.key_id.clone(),
+                plan: line.plan.clone(),
+                count: 0,
+                requests: ClassCounts::default(),
+                tokens: 0,
+                request_bytes: 0,
+                response_bytes: 0,
+                ids: Sha256::new(),
+            });
+            bucket.rows.len() - 1
+        });
+        let row = &mut bucket.rows[r];
+        row.count += 1;
+        row.requests.add(class_of(line.status, line.denied.is_some()), 1);
+        row.tokens += line.tokens.unwrap_or(0);
+        row.request_bytes += line.request_bytes.unwrap_or(0);
+        row.response_bytes += line.response_bytes.unwrap_or(0);
+        row.ids.update(line.id.as_bytes());
+        row.ids.update(b"\n");
+        plan.aggregated += 1;
+    }
+    let mut buckets: Vec<Option<Bucket<'_>>> = buckets.into_iter().map(Some).collect();
+    for slot in slots {
+        match slot {
+            Slot::Line(index, tenant) => plan.messages.push(Outgoing::Line { index, tenant }),
+            Slot::Bucket(i) => {
+                let Some(mut bucket) = buckets[i].take() else { continue };
+                bucket.rows.sort_by(|a, b| (&a.key_id, &a.plan).cmp(&(&b.key_id, &b.plan)));
+                let rows: Vec<(KeyUsage, [u8; 32])> = bucket
+                    .rows
+                    .into_iter()
+                    .map(|r| {
+                        let usage = KeyUsage {
+                            key_id: r.key_id.into_owned(),
+                            plan: r.plan.into_owned(),
+                            count: r.count,
+                            requests: r.requests,
+                            tokens: r.tokens,
+                            request_bytes: r.request_bytes,
+                            response_bytes: r.response_bytes,
+                        };
+                        (usage, r.ids.finalize().into())
+                    })
+                    .collect();
+                for chunk in rows.chunks(MAX_KEYS_PER_AGGREGATE) {
+                    let digests: Vec<[u8; 32]> = chunk.iter().map(|(_, d)| *d).collect();
+                    let keys: Vec<KeyUsage> = chunk.iter().map(|(k, _)| k.clone()).collect();
+                    plan.aggregates += 1;
+                    plan.messages.push(Outgoing::Aggregate(UsageAggregate {
+                        id: aggregate_id(&bucket.tenant, bucket.second_ms, &digests),
+                        tenant: bucket.tenant.to_string(),
+                        second_ms: bucket.second_ms,
+                        count: keys.iter().map(|k| k.count).sum(),
+                        keys,
+                    }));
+                }
+            }
+        }
+    }
+    plan
+}
+
+/// `agg_` + the first 128 bits (hex) of sha256(tenant, second, the digests of each row's event
+/// ids): the same events (in the same order, as a re-read segment has them) give the same id,
+/// different ones (practically) never.
+pub fn aggregate_id(tenant: &str, second_ms: u64, row_digests: &[[u8; 32]]) -> String {
+    let mut h = Sha256::new();
+    h.update(tenant.as_bytes());
+    h.update(b"\n");
+    h.update(second_ms.to_string().as_bytes());
+    h.update(b"\n");
+    for d in row_digests {
+        h.update(d);
+    }
+    let digest = h.finalize();
+    let mut out = String::with_capacity(36);
+    out.push_str("agg_");
+    for b in &digest[..16] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
+
+    fn ev(id: &str, tenant: &str, key: &str, status: u16, start_ms: u64) -> UsageEvent {
+        UsageEvent {
+            id: id.into(),
+            tenant: tenant.into(),
+            key_id: key.into(),
+            plan: "gold".into(),
+            method: "GET".into(),
+            authority: "api.test".into(),
+            path: "/v1".into(),
+            status,
+            start_ms,
+            duration_ms: 1,
+            tokens: Some(3),
+            request_bytes: Some(10),
+            response_bytes: Some(100),
+            denied: None,
+            route: None,
+            product: None,
+        }
+    }
+
+    fn lines(events: &[UsageEvent], marks: &[bool]) -> Vec<Vec<u8>> {
+        events
+            .iter()
+            .zip(marks)
+            .map(|(e, m)| {
+                let mut out = Vec::new();
+                encode_line(&mut out, e, *m);
+                assert_eq!(out.pop(), Some(b'\n'));
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_tenant_above_the_rate_is_marked_from_the_event_that_crosses_it_and_the_whole_next_second() {
+        let mut t = RateTracker::new(3);
+        let hot: Vec<UsageEvent> = (0..5).map(|i| ev(&format!("h{i:07}"), "hot", "k", 200, SEC)).collect();
+        let cold = [ev("c0000001", "cold", "k", 200, SEC)];
+        assert_eq!(t.mark(&hot, SEC + 10), [false, false, false, true, true]);
+        assert_eq!(t.mark(&cold, SEC + 20), [false]);
+        // the next second: marked from its first event (the previous second was above)
+        assert_eq!(t.mark(&hot[..1], SEC + 1000), [true]);
+        assert_eq!(t.mark(&cold, SEC + 1000), [false]);
+        // two seconds later with 1 event in between: below again
+        assert_eq!(t.mark(&hot[..2], SEC + 2000), [false, false]);
+        assert_eq!(t.mark(&hot[..1], SEC + 4000), [false], "a gap forgets the old rate");
+        // off: nothing is marked
+        assert_eq!(RateTracker::new(0).mark(&hot, SEC), [false; 5]);
+    }
+
+    #[test]
+    fn intake_drops_ids_accepted_lately_and_marks_the_rest() {
+        let mut intake = Intake { rates: RateTracker::new(1), recent: RecentIds::new(3) };
+        let batch: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("e{i:07}"), "hot", "k", 200, SEC)).collect();
+        assert_eq!(intake.admit(&batch, SEC), (vec![true; 3], vec![false, true, true]));
+        // the filter sends the batch again, with one new event
+        let mut again = batch.clone();
+        again.push(ev("e0000003", "hot", "k", 200, SEC));
+        assert_eq!(intake.admit(&again, SEC), (vec![false, false, false, true], vec![true]));
+        // the window is bounded: the oldest ids are forgotten
+        assert_eq!(intake.recent.len(), 3);
+        assert!(intake.recent.insert("e0000000"));
+        assert!(!intake.recent.insert("e0000003"));
+        // a batch the spool refused is forgotten, so that it is taken when it comes again
+        intake.recent.forget("e0000003");
+        assert!(intake.recent.insert("e0000003"));
+    }
+
+    #[test]
+    fn idle_tenants_are_forgotten() {
+        let mut t = RateTracker::new(1);
+        for i in 0..PRUNE_ABOVE + 10 {
+            t.mark(&[ev("x0000001", &format!("t{i}"), "k", 200, SEC)], SEC);
+        }
+        t.mark(&[ev("x0000001", "now", "k", 200, SEC)], SEC + 5000);
+        assert_eq!(t.tenants.len(), 1);
+    }
+
+    #[test]
+    fn a_marked_line_is_still_the_event_with_one_more_field() {
+        let e = ev("0123456789", "acme", "k", 200, SEC);
+        let mut out = Vec::new();
+        encode_line(&mut out, &e, true);
+        encode_line(&mut out, &e, false);
+        let text = String::from_utf8(out).unwrap();
+        let ls: Vec<&str> = text.lines().collect();
+        assert!(ls[0].ends_with(r#","aggregate":true}"#), "{}", ls[0]);
+        assert!(!ls[1].contains("aggregate"));
+        for l in ls {
+            assert_eq!(serde_json::from_str::<UsageEvent>(l).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn marked_events_are_combined_per_tenant_and_second_with_exact_sums_per_key() {
+        let mut events = vec![
+            ev("e0000001", "cold", "k1", 200, SEC + 5),
+            ev("e0000002", "hot", "k1", 200, SEC + 10),
+            ev("e0000003", "hot", "k1", 404, SEC + 999),
+            ev("e0000004", "hot", "k2", 503, SEC + 500),
+            ev("e0000005", "hot", "k1", 200, SEC + 1000), // the next second
+            ev("e0000006", "hot", "k1", 200, SEC + 20),   // unmarked: single
+        ];
+        let mut denied = ev("e0000007", "hot", "k2", 429, SEC + 30);
+        denied.denied = Some("rate_limited".into());
+        denied.tokens = None;
+        events.push(denied);
+        let marks = [false, true, true, true, true, false, true];
+        let plan = plan_segment(&lines(&events, &marks));
+        assert_eq!((plan.single, plan.aggregated, plan.aggregates, plan.duplicates), (2, 5, 2, 0));
+        let kinds: Vec<String> = plan
+            .messages
+            .iter()
+            .map(|m| match m {
+                Outgoing::Line { index, tenant } => format!("line{index}:{tenant}"),
+                Outgoing::Aggregate(a) => format!("agg:{}:{}", a.tenant, a.second_ms - SEC),
+            })
+            .collect();
+        // in the order of each message's first event
+        assert_eq!(kinds, ["line0:cold", "agg:hot:0", "agg:hot:1000", "line5:hot"]);
+        let Outgoing::Aggregate(a) = &plan.messages[1] else { panic!() };
+        assert_eq!(a.count, 4);
+        assert_eq!(a.invalid_reason(), None);
+        assert_eq!(a.day().iso(), "2025-11-30");
+        let k1 = a.keys.iter().find(|k| k.key_id == "k1").unwrap();
+        assert_eq!((k1.count, k1.requests.ok, k1.requests.client_error, k1.tokens, k1.request_bytes, k1.response_bytes), (2, 1, 1, 6, 20, 200));
+        let k2 = a.keys.iter().find(|k| k.key_id == "k2").unwrap();
+        assert_eq!((k2.requests.server_error, k2.requests.denied, k2.tokens), (1, 1, 3));
+        // the JSON names the classes as the meter and the rollup do
+        let json = serde_json::to_string(a).unwrap();
+        assert!(json.contains(r#""requests":{"ok":0,"4xx":0,"5xx":1,"denied":1,"aborted":0}"#), "{json}");
+        assert_eq!(serde_json::from_str::<UsageAggregate>(&json).unwrap(), *a);
+    }
+
+    #[test]
+    fn the_same_segment_plans_to_the_same_aggregates_and_other_events_to_other_ids() {
+        let events: Vec<UsageEvent> = (0..50).map(|i| ev(&format!("e{i:07}"), "hot", &format!("k{}", i % 3), 200, SEC + i)).collect();
+        let l = lines(&events, &[true; 50]);
+        let (a, b) = (plan_segment(&l), plan_segment(&l));
+        assert_eq!(a, b, "deterministic: a re-shipped segment gives the same ids");
+        let Outgoing::Aggregate(first) = &a.messages[0] else { panic!() };
+        assert_eq!(first.count, 50);
+        // one event fewer (another segment of the same second): another id
+        let c = plan_segment(&l[1..]);
+        let Outgoing::Aggregate(other) = &c.messages[0] else { panic!() };
+        assert_ne!(first.id, other.id);
+        // one event of another key fewer: another id too (every row's ids are in it)
+        let without: Vec<Vec<u8>> = l.iter().enumerate().filter(|(i, _)| *i != 49).map(|(_, x)| x.clone()).collect();
+        let Outgoing::Aggregate(other) = &plan_segment(&without).messages[0] else { panic!() };
+        assert_ne!(first.id, other.id);
+        assert_eq!(first.id.len(), 36);
+        assert!(first.id.starts_with("agg_"));
+    }
+
+    #[test]
+    fn an_id_repeated_in_a_segment_is_counted_once() {
+        let e = ev("e0000001", "hot", "k", 200, SEC);
+        let plan = plan_segment(&lines(&[e.clone(), e.clone(), ev("e0000002", "hot", "k", 200, SEC)], &[true; 3]));
+        assert_eq!((plan.aggregated, plan.duplicates), (2, 1));
+        let Outgoing::Aggregate(a) = &plan.messages[0] else { panic!() };
+        assert_eq!(a.count, 2);
+    }
+
+    #[test]
+    fn many_keys_split_into_several_aggregates_that_add_up() {
+        let n = MAX_KEYS_PER_AGGREGATE * 2 + 7;
+        let events: Vec<UsageEvent> = (0..n).map(|i| ev(&format!("e{i:07}"), "hot", &format!("k{i:05}"), 200, SEC)).collect();
+        let plan = plan_segment(&lines(&events, &vec![true; n]));
+        assert_eq!(plan.aggregates, 3);
+        let aggs: Vec<&UsageAggregate> =
+            plan.messages.iter().filter_map(|m| if let Outgoing::Aggregate(a) = m { Some(a) } else { None }).collect();
+        assert_eq!(aggs.iter().map(|a| a.count).sum::<u64>(), n as u64);
+        assert_eq!(aggs.iter().map(|a| a.id.clone()).collect::<HashSet<_>>().len(), 3);
+        assert!(aggs.iter().all(|a| a.invalid_reason().is_none() && a.keys.len() <= MAX_KEYS_PER_AGGREGATE));
+    }
+
+    #[test]
+    fn the_shipper_classes_events_as_the_rollup_does() {
+        for status in [0, 1, 200, 304, 399, 400, 404, 429, 499, 500, 503, 999] {
+            for denied in [false, true] {
+                let mut e = ev("e0000001", "t", "k", status, SEC);
+                e.denied = denied.then(|| "rate_limited".to_string());
+                assert_eq!(class_of(status, denied), e.class(), "{status} {denied}");
+            }
+        }
+    }
+
+    #[test]
+    fn unmarked_and_unreadable_lines_go_as_they_are() {
+        let l = vec![b"{\"tenant\":\"x\",\"odd\":1}".to_vec(), b"{\"tenant\":\"y\",\"aggregate\":true}".to_vec()];
+        let plan = plan_segment(&l);
+        assert_eq!(
+            plan.messages,
+            [Outgoing::Line { index: 0, tenant: "x".into() }, Outgoing::Line { index: 1, tenant: "y".into() }]
+        );
+        assert_eq!((plan.single, plan.aggregated), (2, 0));
+    }
+
+    #[test]
+    fn aggregates_that_do_not_add_up_are_invalid() {
+        let events: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("e{i:07}"), "hot", "k", 200, SEC)).collect();
+        let Outgoing::Aggregate(good) = plan_segment(&lines(&events, &[true; 3])).messages.remove(0) else { panic!() };
+        type Change = Box<dyn Fn(&mut UsageAggregate)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(|a| a.count += 1), "count"),
+            (Box::new(|a| a.keys[0].count += 1), "keys"),
+            (Box::new(|a| a.keys.clear()), "keys"),
+            (Box::new(|a| a.id = "e0000001".into()), "id"),
+            (Box::new(|a| a.tenant.clear()), "tenant"),
+            (Box::new(|a| a.second_ms += 1), "secondMs"),
+        ];
+        for (change, reason) in cases {
+            let mut a = good.clone();
+            change(&mut a);
+            assert_eq!(a.invalid_reason(), Some(reason));
+        }
+    }
+}
