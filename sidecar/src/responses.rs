@@ -272,6 +272,7 @@ mod tests {
             route: Some("chat".into()),
             cache_key: Some("cd".repeat(32)),
             idempotency: None,
+            lease: None,
         }
     }
 

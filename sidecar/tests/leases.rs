@@ -53,6 +53,8 @@ impl Lab {
             headers: vec![],
             token_estimate: None,
             route: None,
+            cache_key: None,
+            idempotency: None,
             lease,
         };
         self.decider.decide(&req).await.unwrap()

@@ -68,6 +68,7 @@ impl Lab {
             route: Some(route.into()),
             cache_key: Some("ab".repeat(32)),
             idempotency: None,
+            lease: None,
         }
     }
 

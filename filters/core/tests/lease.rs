@@ -136,7 +136,7 @@ fn admitted_requests_carry_the_policy_header_of_the_lease() {
     e.at(10).call(&grant(2, 400));
     let (mut f, mut h, a) = e.at(11).request();
     assert_eq!(a, Action::Continue);
-    f.on_response_headers(&mut h);
+    f.on_response_headers(&mut h, false);
     assert_eq!(h.response_headers, vec![("ratelimit-policy".to_string(), "\"l\";q=100;w=60".to_string())]);
 }
 
@@ -187,6 +187,8 @@ fn sample_request() -> DecideRequest {
         headers: vec![],
         token_estimate: Some(5),
         route: None,
+        cache_key: None,
+        idempotency: None,
         lease: None,
     }
 }
