@@ -83,10 +83,8 @@ export TOLLGATE_BILLING_POSTGRES__URL="postgres://postgres@127.0.0.1:$PG_PORT/po
 export TOLLGATE_BILLING_LOG__FORMAT=text
 start_bg billing "$TOLLGATE_BILLING_BIN"
 
-SIDECAR_SOCKET="$RUN/sidecar.sock"
 cat > "$RUN/sidecar.toml" <<TOML
 listen = "127.0.0.1:$SIDECAR_PORT"
-listen_unix = "$SIDECAR_SOCKET"
 [redis]
 url = "redis://127.0.0.1:$REDIS_PORT/"
 
@@ -114,9 +112,10 @@ start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
 start_bg upstream "$ECHO_BIN" --port "$UPSTREAM_PORT"
 
 plugin='{"sidecar":{"timeout":"25ms"},"failureMode":"closed","usage":{"enabled":true}}'
-# Envoy reaches the sidecar by HTTP/1.1 over loopback TCP (docs/configuration.md, "Transport to
-# the sidecar").
-sidecar_protocol='{http_protocol_options: {}}'
+# Envoy reaches the sidecar by HTTP/2 (h2c) over loopback TCP (docs/configuration.md, "Transport
+# to the sidecar"). HTTP/1.1: '{http_protocol_options: {}}'. A unix socket: listen_unix in
+# sidecar.toml and "{pipe: {path: <that path>}}" as the address.
+sidecar_protocol='{http2_protocol_options: {}}'
 sidecar_address="{socket_address: {address: 127.0.0.1, port_value: $SIDECAR_PORT}}"
 sed -e "s|\${ADMIN_PORT}|$ENVOY_ADMIN_PORT|; s|\${LISTEN_PORT}|$ENVOY_PORT|; s|\${UPSTREAM_PORT}|$UPSTREAM_PORT|" \
     -e "s|\${SIDECAR_PROTOCOL}|$sidecar_protocol|; s|\${SIDECAR_ADDRESS}|$sidecar_address|" \

@@ -495,8 +495,9 @@ pub enum SidecarTransport {
 }
 
 impl SidecarTransport {
-    /// What `envoy/tollgate.yaml.tmpl` and `./build.sh up` use (docs/decisions.md).
-    pub const DEFAULT: SidecarTransport = SidecarTransport::Http1Tcp;
+    /// What the tests and `./build.sh up` render into `envoy/tollgate.yaml.tmpl`: the cheapest
+    /// measured (docs/benchmarks.md, "Transport"; docs/decisions.md 51).
+    pub const DEFAULT: SidecarTransport = SidecarTransport::Http2Tcp;
 
     pub fn is_unix(self) -> bool {
         matches!(self, SidecarTransport::Http1Unix | SidecarTransport::Http2Unix)
