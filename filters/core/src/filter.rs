@@ -985,7 +985,7 @@ pub fn interpret(status: Option<u16>, body: &[u8]) -> Result<DecideResponse, Str
 /// also finds the usage frame of an SSE stream). A body without `"total_tokens"` is not parsed.
 pub fn usage_tokens(body: &[u8]) -> Option<u64> {
     const FIELD: &[u8] = b"\"total_tokens\"";
-    let at = body.windows(FIELD.len()).rposition(|w| w == FIELD)?;
+    let at = rfind_field(body)?;
     /// Only the field read: the rest of the document is skipped, not built.
     #[derive(serde::Deserialize)]
     struct Response {
@@ -1001,6 +1001,22 @@ pub fn usage_tokens(body: &[u8]) -> Option<u64> {
     let rest = std::str::from_utf8(body.get(at + FIELD.len()..)?).ok()?;
     let digits: String = rest.trim_start().strip_prefix(':')?.trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
     digits.parse().ok()
+}
+
+/// Where the last `"total_tokens"` starts. Anchored on its `_` (rare in JSON, unlike `"`), so a
+/// response without the field costs one backwards byte scan.
+fn rfind_field(body: &[u8]) -> Option<usize> {
+    const FIELD: &[u8] = b"\"total_tokens\"";
+    const ANCHOR: usize = 6; // FIELD[6] == b'_'
+    let mut end = body.len(); // candidates for the anchor lie in [ANCHOR, end)
+    loop {
+        let at = body.get(ANCHOR..end)?.iter().rposition(|&b| b == b'_')? + ANCHOR;
+        let start = at - ANCHOR;
+        if body.get(start..).is_some_and(|rest| rest.starts_with(FIELD)) {
+            return Some(start);
+        }
+        end = at;
+    }
 }
 
 fn reply_json(host: &mut impl Host, status: u16, code: &str, message: &str, limit: Option<&str>, extra: &[(&str, &str)]) {

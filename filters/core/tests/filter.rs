@@ -350,6 +350,12 @@ fn usage_is_read_from_json_and_from_sse_frames() {
     assert_eq!(usage_tokens(br#"{"method":"GET","headers":[["a","b"]]}"#), None, "an echo without usage");
     assert_eq!(usage_tokens(b"\xff\xfe {\"total_tokens\": 12}"), Some(12), "bytes before the field need not be UTF-8");
     assert_eq!(usage_tokens(br#"{"total_tokens":"many"}"#), None);
+    // the scan's edges: the field first, underscores elsewhere, bodies shorter than the field
+    assert_eq!(usage_tokens(br#""total_tokens":3"#), Some(3));
+    assert_eq!(usage_tokens(br#"a_b "total_tokens": 8 _c_"#), Some(8));
+    assert_eq!(usage_tokens(b"_"), None);
+    assert_eq!(usage_tokens(b""), None);
+    assert_eq!(usage_tokens(br#"total_tokens": 5"#), None, "no opening quote: not the field");
 }
 
 #[test]

@@ -21,7 +21,8 @@
 //! `--connections N` (16, both phases), `--rate-fraction F` (0.5), `--rate RPS` (overrides the
 //! fraction), `--only NAME,NAME` (a subset; `envoy-alone` is always kept: it is the reference),
 //! `--compare-wasm PATH` (every Tollgate configuration also runs on a second Envoy loading that
-//! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run).
+//! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run),
+//! `--saturation-only` (skip phase 2).
 
 use serde_json::{json, Value};
 use std::process::Command;
@@ -392,7 +393,8 @@ fn main() {
         "phase 2, open loop: {rounds} interleaved rounds x {secs}s at {rate:.0} rps ({}), oha -c{conns} --latency-correction on CPU 1",
         if fixed_rate.is_some() { "--rate".to_string() } else { format!("{rate_fraction} x Envoy alone's {base_rps:.0} rps") }
     );
-    for round in 0..rounds {
+    let open_rounds = if args().iter().any(|a| a == "--saturation-only") { 0 } else { rounds };
+    for round in 0..open_rounds {
         for (i, c) in configs.iter().enumerate() {
             let url = c.envoy.url("/bench");
             let _ = oha(&url, c.key, 1, conns, rate); // warm-up at the same rate
