@@ -360,8 +360,11 @@ fn main() {
     for round in 0..rounds {
         for (i, c) in configs.iter().enumerate() {
             let url = c.envoy.url("/bench");
-            let _ = wrk(&url, c.key, 1, conns); // warm-up (connections, caches)
+            // settle, then warm up right before measuring: connections, caches and leases are warm
+            // when the measurement starts (a lease expires within 500 ms of the last request, so a
+            // pause between warm-up and measurement would measure its slow start again)
             settle(&redis);
+            let _ = wrk(&url, c.key, 2, conns);
             let spid = c.sidecar.and_then(Sidecar::pid);
             let (e0, s0, r0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, secs, conns);
@@ -397,8 +400,8 @@ fn main() {
     for round in 0..open_rounds {
         for (i, c) in configs.iter().enumerate() {
             let url = c.envoy.url("/bench");
-            let _ = oha(&url, c.key, 1, conns, rate); // warm-up at the same rate
             settle(&redis);
+            let _ = oha(&url, c.key, 2, conns, rate); // warm-up at the same rate, right before
             let spid = c.sidecar.and_then(Sidecar::pid);
             let (e0, s0) = (cpu_us(c.envoy.pid()), cpu_us(spid));
             let Some(mut o) = oha(&url, c.key, secs, conns, rate) else { continue };
