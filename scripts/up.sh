@@ -112,9 +112,16 @@ start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
 start_bg upstream "$ECHO_BIN" --port "$UPSTREAM_PORT"
 
 plugin='{"sidecar":{"timeout":"25ms"},"failureMode":"closed","usage":{"enabled":true}}'
+# Envoy reaches the sidecar by HTTP/2 (h2c) over loopback TCP (docs/configuration.md, "Transport
+# to the sidecar"). HTTP/1.1: '{http_protocol_options: {}}'. A unix socket: listen_unix in
+# sidecar.toml and "{pipe: {path: <that path>}}" as the address.
+sidecar_protocol='{http2_protocol_options: {}}'
+sidecar_address="{socket_address: {address: 127.0.0.1, port_value: $SIDECAR_PORT}}"
 sed -e "s|\${ADMIN_PORT}|$ENVOY_ADMIN_PORT|; s|\${LISTEN_PORT}|$ENVOY_PORT|; s|\${UPSTREAM_PORT}|$UPSTREAM_PORT|" \
-    -e "s|\${SIDECAR_PORT}|$SIDECAR_PORT|; s|\${WASM_PATH}|$TOLLGATE_WASM|; s|\${PLUGIN_CONFIG}|$plugin|" \
+    -e "s|\${SIDECAR_PROTOCOL}|$sidecar_protocol|; s|\${SIDECAR_ADDRESS}|$sidecar_address|" \
+    -e "s|\${WASM_PATH}|$TOLLGATE_WASM|; s|\${PLUGIN_CONFIG}|$plugin|" \
     "$ROOT/envoy/tollgate.yaml.tmpl" > "$RUN/envoy.yaml"
+grep -q '\${' "$RUN/envoy.yaml" && { echo "error: unfilled placeholder in $RUN/envoy.yaml" >&2; exit 1; }
 start_bg envoy "$TOLLGATE_ENVOY_BIN" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart \
   --base-id "$ENVOY_ADMIN_PORT" -l warning --component-log-level wasm:info
 

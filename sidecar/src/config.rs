@@ -23,6 +23,11 @@ const NOT_SETTINGS: &[&str] = &["config", "bin", "url", "port"];
 pub struct Config {
     /// Address of the filter-facing HTTP server (decisions, `/metrics`, `/healthz`). Loopback.
     pub listen: SocketAddr,
+    /// Also serve the same API on this unix domain socket (the path of the socket file), e.g.
+    /// `/run/tollgate/sidecar.sock`: the cheapest transport for an Envoy on the same host
+    /// (docs/decisions.md). A stale socket file is removed at start; a live one (another sidecar
+    /// answers on it) or a path that is not a socket is refused. Off by default.
+    pub listen_unix: Option<std::path::PathBuf>,
     pub redis: RedisConfig,
     pub cache: CacheConfig,
     pub log: LogConfig,
@@ -102,6 +107,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            listen_unix: None,
             redis: RedisConfig::default(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
@@ -192,6 +198,12 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if let Some(path) = &self.listen_unix {
+            // sun_path holds 108 bytes with the terminating NUL on Linux.
+            if path.as_os_str().is_empty() || path.as_os_str().len() > 107 {
+                return bad("listen_unix: a socket path of 1 to 107 bytes");
+            }
+        }
         if !(self.redis.url.starts_with("redis://") || self.redis.url.starts_with("rediss://")) {
             return bad("redis.url: must start with redis:// or rediss://");
         }
@@ -244,6 +256,11 @@ mod tests {
         assert_eq!(c.redis.timeout, Duration::from_millis(40));
         assert_eq!(c.cache.ttl, Duration::from_secs(2));
         assert_eq!(c.redis.url, RedisConfig::default().url);
+        assert_eq!(c.listen_unix, None);
+        let c = Config::from_toml("listen_unix = \"/run/tollgate/sidecar.sock\"").unwrap();
+        assert_eq!(c.listen_unix.as_deref(), Some(Path::new("/run/tollgate/sidecar.sock")));
+        let err = Config::from_toml(&format!("listen_unix = \"/{}\"", "x".repeat(120))).unwrap_err().to_string();
+        assert!(err.contains("listen_unix"), "{err}");
     }
 
     #[test]
@@ -253,8 +270,10 @@ mod tests {
             jail.create_file("s.toml", "[redis]\nurl = \"redis://file:1/\"\ntimeout = \"9ms\"")?;
             jail.set_env("TOLLGATE_SIDECAR_REDIS__URL", "redis://env:2/");
             jail.set_env("TOLLGATE_SIDECAR_BIN", "/usr/bin/whatever");
+            jail.set_env("TOLLGATE_SIDECAR_LISTEN_UNIX", "/tmp/t.sock");
             let c = Config::load(Some(Path::new("s.toml"))).unwrap();
             assert_eq!(c.redis.url, "redis://env:2/");
+            assert_eq!(c.listen_unix.as_deref(), Some(Path::new("/tmp/t.sock")));
             assert_eq!(c.redis.timeout, Duration::from_millis(9));
             jail.set_env("TOLLGATE_SIDECAR_REDIS__TIMOUT", "1ms");
             let err = Config::load(Some(Path::new("s.toml"))).unwrap_err().to_string();

@@ -22,7 +22,7 @@ pub mod store;
 pub mod usage;
 
 use config::Config;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -30,6 +30,8 @@ use std::sync::Arc;
 pub enum Error {
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot listen on the unix socket {path} (listen_unix): {why}")]
+    BindUnix { path: std::path::PathBuf, why: String },
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error("server: {0}")]
@@ -43,6 +45,8 @@ pub enum Error {
 /// A bound, not yet serving sidecar.
 pub struct Sidecar {
     listener: tokio::net::TcpListener,
+    /// The same API on a unix domain socket (`listen_unix`), and its path (removed at exit).
+    unix: Option<(tokio::net::UnixListener, std::path::PathBuf)>,
     state: Arc<server::AppState>,
     /// Configuration in force, its source, and what the admin API and the subscriber share.
     control: Arc<propagation::Control>,
@@ -64,6 +68,10 @@ impl Sidecar {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
+        let unix = match &config.listen_unix {
+            Some(path) => Some((bind_unix(path)?, path.clone())),
+            None => None,
+        };
         let store = store::Store::new(&config.redis)?;
         let usage = match config.usage.enabled {
             true => Some(Arc::new(usage::Usage::start(&config.usage, store.clone())?)),
@@ -83,7 +91,7 @@ impl Sidecar {
             usage,
         });
         let (control, admin, propagation) = config_parts(config, state.clone()).await?;
-        Ok(Sidecar { listener, state, control, admin, propagation })
+        Ok(Sidecar { listener, unix, state, control, admin, propagation })
     }
 
     /// The admin API's address, when it is on.
@@ -96,6 +104,11 @@ impl Sidecar {
         self.control.clone()
     }
 
+    /// The unix socket's path, when `listen_unix` is set.
+    pub fn unix_path(&self) -> Option<&std::path::Path> {
+        self.unix.as_ref().map(|(_, p)| p.as_path())
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
     }
@@ -103,7 +116,7 @@ impl Sidecar {
     /// Serves until `shutdown` completes, then stops accepting and drains in-flight requests;
     /// then seals the usage spool and lets the shipper send what it can (`usage.shutdown_grace`).
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
-        tracing::info!(addr = %self.local_addr(), "tollgate sidecar listening");
+        tracing::info!(addr = %self.local_addr(), unix = ?self.unix_path(), "tollgate sidecar listening");
         let background = tokio_util::sync::CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
         if let Some((url, every)) = self.propagation.clone() {
@@ -121,23 +134,67 @@ impl Sidecar {
                 }
             });
         }
+        // One shutdown for both listeners: each stops accepting and drains its connections
+        // (HTTP/2 ones get a GOAWAY), and the background tasks stop.
         let stop = background.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stop.cancel();
+        });
         let usage = self.state.usage.clone();
-        let served = axum::serve(self.listener, server::router(self.state))
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                stop.cancel();
-            })
-            .await;
+        let router = server::router(self.state);
+        // Both HTTP/1.1 and HTTP/2 (h2c with prior knowledge) on each listener: the connection's
+        // first bytes tell them apart (hyper-util's auto builder).
+        // TCP_NODELAY: an HTTP/2 answer is written as a HEADERS and a DATA frame; with Nagle on,
+        // the second waits for the peer's delayed ACK (~40 ms) — longer than the filter's
+        // timeout. HTTP/1.1 answers go out in one write and did not show it.
+        use axum::serve::ListenerExt;
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
+        let tcp = axum::serve(listener, router.clone()).with_graceful_shutdown(background.clone().cancelled_owned());
+        let (served, served_unix) = match self.unix {
+            Some((listener, path)) => {
+                let unix = axum::serve(listener, router).with_graceful_shutdown(background.clone().cancelled_owned());
+                let (a, b) = tokio::join!(tcp.into_future(), unix.into_future());
+                let _ = std::fs::remove_file(&path);
+                (a, b)
+            }
+            None => (tcp.await, Ok(())),
+        };
         background.cancel();
         while tasks.join_next().await.is_some() {}
         if let Some(u) = usage {
             u.shutdown().await;
         }
         served.map_err(Error::Serve)?;
+        served_unix.map_err(Error::Serve)?;
         tracing::info!("tollgate sidecar stopped");
         Ok(())
     }
+}
+
+/// Binds the unix socket at `path`. A socket file left by a sidecar that is gone (nothing accepts
+/// on it) is removed first; a socket someone still answers on, or a path that exists and is not
+/// a socket, is refused rather than taken over.
+fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, Error> {
+    use std::os::unix::fs::FileTypeExt;
+    let refuse = |why: String| Error::BindUnix { path: path.to_path_buf(), why };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(refuse("another process is listening on it".into()));
+            }
+            std::fs::remove_file(path).map_err(|e| refuse(format!("cannot remove the stale socket file: {e}")))?;
+            tracing::info!(path = %path.display(), "removed a stale unix socket file");
+        }
+        Ok(_) => return Err(refuse("the path exists and is not a socket; not removing it".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(refuse(e.to_string())),
+    }
+    tokio::net::UnixListener::bind(path).map_err(|e| refuse(e.to_string()))
 }
 
 /// Binds and serves until `shutdown`.

@@ -259,7 +259,20 @@ pub struct IssuedKey {
     pub raw: String,
 }
 
-/// The real sidecar binary, configured through its environment.
+/// Unix sockets of the sidecars this process started, by their TCP port: what lets
+/// `EnvoyOptions::new(upstream, sidecar.port)` point Envoy at a harness sidecar's socket.
+static SIDECAR_SOCKETS: Mutex<Vec<(u16, PathBuf)>> = Mutex::new(Vec::new());
+
+/// The unix socket of the harness sidecar listening on TCP `port`, if any.
+pub fn sidecar_socket(port: u16) -> Option<PathBuf> {
+    let sockets = SIDECAR_SOCKETS.lock().unwrap_or_else(|p| p.into_inner());
+    sockets.iter().rev().find(|(p, _)| *p == port).map(|(_, path)| path.clone())
+}
+
+/// The real sidecar binary, configured through its environment. It serves the same API on TCP
+/// (`port`: what tests call) and on a unix socket in its own directory (`unix_path`), both
+/// HTTP/1.1 and HTTP/2 (h2c); Envoy reaches it by whichever `EnvoyOptions::sidecar_transport`
+/// says.
 pub struct Sidecar {
     pub port: u16,
     env: Vec<(String, String)>,
@@ -281,8 +294,10 @@ impl Sidecar {
         let config_path = dir.path().join("sidecar.toml");
         fs::write(&config_path, toml).expect("write sidecar.toml");
         let port = free_port();
+        let socket = dir.path().join("sidecar.sock");
         let mut env = vec![
             ("TOLLGATE_SIDECAR_LISTEN".to_string(), format!("127.0.0.1:{port}")),
+            ("TOLLGATE_SIDECAR_LISTEN_UNIX".to_string(), socket.display().to_string()),
             ("TOLLGATE_SIDECAR_REDIS__URL".to_string(), redis_url.to_string()),
             // Generous on a noisy 2-core machine; tests that need a short one say so.
             ("TOLLGATE_SIDECAR_REDIS__TIMEOUT".to_string(), "500ms".to_string()),
@@ -300,7 +315,21 @@ impl Sidecar {
         let s = Sidecar { port, env, proc, starts: 1, _dir: dir };
         let url = s.url("/healthz");
         poll_until("sidecar /healthz", Duration::from_secs(20), || get(&url, &[]).status == 200);
+        if let Some(path) = s.unix_path() {
+            // Bound before TCP answers (the sidecar binds both, then serves).
+            assert!(path.exists(), "the sidecar did not create its unix socket {}", path.display());
+            SIDECAR_SOCKETS.lock().unwrap_or_else(|p| p.into_inner()).push((port, path));
+        }
         s
+    }
+
+    /// The unix socket the sidecar listens on (`TOLLGATE_SIDECAR_LISTEN_UNIX`).
+    pub fn unix_path(&self) -> Option<PathBuf> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "TOLLGATE_SIDECAR_LISTEN_UNIX")
+            .map(|(_, v)| PathBuf::from(v))
+            .filter(|p| !p.as_os_str().is_empty())
     }
 
     /// Kills the sidecar (a crash: SIGKILL) and starts it again with the same settings on the
@@ -451,11 +480,52 @@ where
     InProcess { port, stop: Some(tx), thread: Some(thread) }
 }
 
+/// How Envoy's `tollgate_sidecar` cluster reaches the sidecar (the templates' `SIDECAR_PROTOCOL`
+/// and `SIDECAR_ADDRESS`; docs/configuration.md, "Transport to the sidecar").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SidecarTransport {
+    /// HTTP/1.1 keep-alive pool over loopback TCP.
+    Http1Tcp,
+    /// HTTP/2 (h2c, prior knowledge), multiplexed on one loopback TCP connection.
+    Http2Tcp,
+    /// HTTP/1.1 over the sidecar's unix socket.
+    Http1Unix,
+    /// HTTP/2 over the sidecar's unix socket.
+    Http2Unix,
+}
+
+impl SidecarTransport {
+    /// What the tests and `./build.sh up` render into `envoy/tollgate.yaml.tmpl`: the cheapest
+    /// measured (docs/benchmarks.md, "Transport"; docs/decisions.md 51).
+    pub const DEFAULT: SidecarTransport = SidecarTransport::Http2Tcp;
+
+    pub fn is_unix(self) -> bool {
+        matches!(self, SidecarTransport::Http1Unix | SidecarTransport::Http2Unix)
+    }
+
+    pub fn is_http2(self) -> bool {
+        matches!(self, SidecarTransport::Http2Tcp | SidecarTransport::Http2Unix)
+    }
+
+    /// The same protocol over TCP.
+    pub fn over_tcp(self) -> SidecarTransport {
+        if self.is_http2() {
+            SidecarTransport::Http2Tcp
+        } else {
+            SidecarTransport::Http1Tcp
+        }
+    }
+}
+
 /// How to start an Envoy.
 #[derive(Clone)]
 pub struct EnvoyOptions {
     pub upstream_port: u16,
     pub sidecar_port: u16,
+    /// How Envoy reaches the sidecar. A unix transport needs `sidecar_unix`.
+    pub sidecar_transport: SidecarTransport,
+    /// The sidecar's unix socket (for the unix transports).
+    pub sidecar_unix: Option<PathBuf>,
     /// The plugin configuration JSON (see docs/configuration.md).
     pub plugin_config: String,
     pub concurrency: u32,
@@ -469,10 +539,18 @@ pub struct EnvoyOptions {
 }
 
 impl EnvoyOptions {
+    /// Envoy in front of `upstream_port`, calling the sidecar on `sidecar_port` by the default
+    /// transport. When no harness sidecar listens there (a black hole, a dead port), or it has
+    /// no unix socket, the default's protocol over TCP to that port.
     pub fn new(upstream_port: u16, sidecar_port: u16) -> EnvoyOptions {
+        let sidecar_unix = sidecar_socket(sidecar_port);
+        let default = SidecarTransport::DEFAULT;
+        let sidecar_transport = if default.is_unix() && sidecar_unix.is_none() { default.over_tcp() } else { default };
         EnvoyOptions {
             upstream_port,
             sidecar_port,
+            sidecar_transport,
+            sidecar_unix,
             plugin_config: "{}".into(),
             concurrency: 1,
             template: "envoy/tollgate.yaml.tmpl",
@@ -488,10 +566,38 @@ impl EnvoyOptions {
         self.concurrency = n;
         self
     }
+    /// Reach the sidecar by `transport` (a unix one needs a harness sidecar on `sidecar_port`).
+    pub fn sidecar_transport(mut self, transport: SidecarTransport) -> Self {
+        assert!(
+            !transport.is_unix() || self.sidecar_unix.is_some(),
+            "no unix socket known for a sidecar on port {}",
+            self.sidecar_port
+        );
+        self.sidecar_transport = transport;
+        self
+    }
     /// Envoy alone (router only): no filter, no sidecar.
     pub fn baseline(mut self) -> Self {
         self.template = "envoy/baseline.yaml.tmpl";
         self
+    }
+}
+
+/// The `explicit_http_config` of the `tollgate_sidecar` cluster (`SIDECAR_PROTOCOL`).
+pub fn sidecar_protocol_yaml(transport: SidecarTransport) -> &'static str {
+    if transport.is_http2() {
+        "{http2_protocol_options: {}}"
+    } else {
+        "{http_protocol_options: {}}"
+    }
+}
+
+/// The `tollgate_sidecar` endpoint's address (`SIDECAR_ADDRESS`).
+pub fn sidecar_address_yaml(transport: SidecarTransport, port: u16, unix: Option<&Path>) -> String {
+    match (transport.is_unix(), unix) {
+        (true, Some(path)) => format!("{{pipe: {{path: \"{}\"}}}}", path.display()),
+        (true, None) => panic!("a unix transport to the sidecar needs its socket path"),
+        (false, _) => format!("{{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}"),
     }
 }
 
@@ -540,6 +646,8 @@ impl Envoy {
             ("LISTEN_PORT", port.to_string()),
             ("UPSTREAM_PORT", opts.upstream_port.to_string()),
             ("SIDECAR_PORT", opts.sidecar_port.to_string()),
+            ("SIDECAR_PROTOCOL", sidecar_protocol_yaml(opts.sidecar_transport).to_string()),
+            ("SIDECAR_ADDRESS", sidecar_address_yaml(opts.sidecar_transport, opts.sidecar_port, opts.sidecar_unix.as_deref())),
             ("WASM_PATH", wasm_path().display().to_string()),
             ("PLUGIN_CONFIG", opts.plugin_config.replace('\'', "''")),
         ]);

@@ -13,6 +13,10 @@
 //!   take a unit, encode it again (the CAS write's payload).
 //! - `usage/*`: reading `usage.total_tokens` from a 1 KiB JSON response without it (most
 //!   responses: a scan, no parse) and from an LLM-style response with it.
+//! - `wire/*`: the decision call's JSON as the filter pays it (docs/benchmarks.md, "Transport"):
+//!   encoding a typical `DecideRequest` and decoding a typical allow with rate-limit headers
+//!   (`interpret`), and the same round trip with a hand-written length-prefixed binary encoding
+//!   of the same fields — a lower bound for any smaller wire format. Prints the body sizes.
 
 // Benchmarks are not filter code: a broken fixture should stop the run loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -189,5 +193,131 @@ fn usage_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, key_benches, breaker_benches, route_benches, lease_benches, usage_benches);
+criterion_group!(benches, key_benches, breaker_benches, route_benches, lease_benches, usage_benches, wire_benches);
+/// A decision request as the filter sends it for a key with an exact limit (no route, no cache).
+fn typical_request() -> tollgate_wire::DecideRequest {
+    tollgate_wire::DecideRequest {
+        key_hash: key::hash_key(RAW_KEY),
+        method: "POST".into(),
+        authority: "api.example.com".into(),
+        path: "/v1/chat/completions".into(),
+        request_id: Some("9f1c7e52-3a4b-4c8d-9e0f-1a2b3c4d5e6f".into()),
+        client_ip: Some("10.1.2.3:53412".into()),
+        headers: Vec::new(),
+        token_estimate: None,
+        route: None,
+        cache_key: None,
+        idempotency: None,
+        lease: None,
+    }
+}
+
+/// The sidecar's answer to it: allowed, with the RateLimit headers of one limit.
+fn typical_allow() -> tollgate_wire::DecideResponse {
+    tollgate_wire::DecideResponse::Allow {
+        tenant: "acme".into(),
+        key_id: "key_afsdh93hxdksn2qa".into(),
+        plan: "limited".into(),
+        request_headers: Vec::new(),
+        response_headers: vec![
+            tollgate_wire::Header::new("ratelimit-policy", "\"per-minute\";q=1000000000;w=60"),
+            tollgate_wire::Header::new("ratelimit", "\"per-minute\";r=999978851;t=12"),
+        ],
+        cache_for_ms: None,
+        ticket: None,
+        replay: None,
+        store: None,
+        lease: None,
+    }
+}
+
+/// The binary comparison: every string as a u16 length and its bytes, in field order.
+fn put(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn take<'a>(buf: &mut &'a [u8]) -> Option<&'a str> {
+    let (len, rest) = buf.split_first_chunk::<2>()?;
+    let len = u16::from_le_bytes(*len) as usize;
+    let (s, rest) = (rest.get(..len)?, rest.get(len..)?);
+    *buf = rest;
+    std::str::from_utf8(s).ok()
+}
+
+fn binary_request(r: &tollgate_wire::DecideRequest) -> Vec<u8> {
+    let mut out = Vec::with_capacity(192);
+    for s in [&r.key_hash, &r.method, &r.authority, &r.path] {
+        put(&mut out, s);
+    }
+    put(&mut out, r.request_id.as_deref().unwrap_or(""));
+    put(&mut out, r.client_ip.as_deref().unwrap_or(""));
+    out
+}
+
+fn binary_allow(tenant: &str, key_id: &str, plan: &str, headers: &[tollgate_wire::Header]) -> Vec<u8> {
+    let mut out = vec![1u8];
+    for s in [tenant, key_id, plan] {
+        put(&mut out, s);
+    }
+    out.push(headers.len() as u8);
+    for h in headers {
+        put(&mut out, &h.name);
+        put(&mut out, &h.value);
+    }
+    out
+}
+
+/// Decodes [`binary_allow`] into owned strings, as the filter would need them.
+fn decode_binary_allow(mut buf: &[u8]) -> Option<(String, String, String, Vec<tollgate_wire::Header>)> {
+    let (&verdict, rest) = buf.split_first()?;
+    buf = rest;
+    if verdict != 1 {
+        return None;
+    }
+    let (tenant, key_id, plan) = (take(&mut buf)?.to_string(), take(&mut buf)?.to_string(), take(&mut buf)?.to_string());
+    let (&n, rest) = buf.split_first()?;
+    buf = rest;
+    let mut headers = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        headers.push(tollgate_wire::Header::new(take(&mut buf)?, take(&mut buf)?));
+    }
+    Some((tenant, key_id, plan, headers))
+}
+
+fn wire_benches(c: &mut Criterion) {
+    let request = typical_request();
+    let answer = serde_json::to_vec(&typical_allow()).expect("encode the allow");
+    let tollgate_wire::DecideResponse::Allow { tenant, key_id, plan, response_headers, .. } = typical_allow() else {
+        unreachable!()
+    };
+    let answer_bin = binary_allow(&tenant, &key_id, &plan, &response_headers);
+    let request_json = serde_json::to_vec(&request).expect("encode the request");
+    let request_bin = binary_request(&request);
+    eprintln!(
+        "wire sizes: DecideRequest JSON {} B, binary {} B; allow JSON {} B, binary {} B",
+        request_json.len(),
+        request_bin.len(),
+        answer.len(),
+        answer_bin.len()
+    );
+    assert!(decode_binary_allow(&answer_bin).is_some_and(|(t, _, _, h)| t == "acme" && h.len() == 2));
+
+    let mut g = c.benchmark_group("wire");
+    g.bench_function("json_encode_request", |b| b.iter(|| serde_json::to_vec(black_box(&request))));
+    g.bench_function("json_decode_allow", |b| {
+        b.iter(|| tollgate_filter_core::filter::interpret(Some(200), black_box(&answer)).is_ok())
+    });
+    g.bench_function("json_round_trip", |b| {
+        b.iter(|| {
+            let body = serde_json::to_vec(black_box(&request));
+            (body.map(|v| v.len()), tollgate_filter_core::filter::interpret(Some(200), black_box(&answer)).is_ok())
+        })
+    });
+    g.bench_function("binary_round_trip", |b| {
+        b.iter(|| (binary_request(black_box(&request)).len(), decode_binary_allow(black_box(&answer_bin)).is_some()))
+    });
+    g.finish();
+}
+
 criterion_main!(benches);

@@ -21,7 +21,7 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action as WasmAction, ContextType, LogLevel as WasmLogLevel, MetricType};
+use proxy_wasm::types::{Action as WasmAction, BufferType, ContextType, LogLevel as WasmLogLevel, MapType, MetricType};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -262,8 +262,8 @@ impl Root {
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, token_id: u32, _headers: usize, body_size: usize, _trailers: usize) {
-        let status = self.get_http_call_response_header(":status").and_then(|s| s.parse::<u16>().ok());
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        let status = call_status(num_headers);
         if self.usage_token == Some(token_id) {
             self.on_usage_response(status);
             return;
@@ -282,7 +282,7 @@ impl Context for Root {
             self.completions.borrow_mut().end_flush(ok);
             return;
         }
-        let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
+        let body = call_body(num_headers, body_size);
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
         if let Some(p) = self.route_poller.as_mut().filter(|p| p.owns(token_id)) {
             p.on_call_response(&mut host, token_id, status, &body);
@@ -296,6 +296,25 @@ impl Context for Root {
             p.on_call_response(&mut host, token_id, status, &body);
         }
     }
+}
+
+/// The `:status` of a finished `dispatch_http_call`; `None` when the call ended without a
+/// response. Envoy then calls back with no headers (a stream reset, e.g. an HTTP/2 stream reset
+/// by a timeout racing the answer), and reading a header would return `BadArgument`, which the
+/// SDK's `get_map_value` turns into a panic — a dead VM failing every later request.
+fn call_status(num_headers: usize) -> Option<u16> {
+    if num_headers == 0 {
+        return None;
+    }
+    hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status").ok().flatten().and_then(|s| s.parse().ok())
+}
+
+/// The body of a finished `dispatch_http_call` (empty when the call ended without a response).
+fn call_body(num_headers: usize, body_size: usize) -> Vec<u8> {
+    if num_headers == 0 || body_size == 0 {
+        return Vec::new();
+    }
+    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default()
 }
 
 /// A random identity for this VM in the hint poller's lease, and the seed of its usage event
@@ -579,11 +598,9 @@ fn to_wasm(action: Action) -> WasmAction {
 }
 
 impl Context for Http {
-    fn on_http_call_response(&mut self, token_id: u32, _headers: usize, body_size: usize, _trailers: usize) {
-        let status = self
-            .get_http_call_response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok());
-        let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        let status = call_status(num_headers);
+        let body = call_body(num_headers, body_size);
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
         if self.filter.on_sidecar_response(&mut host, token_id, status, &body) == Action::Continue
             && self.guard.on_request_routed(&mut host, self.filter.route()) == Action::Continue

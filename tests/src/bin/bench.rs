@@ -27,7 +27,7 @@
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::Duration;
-use tollgate_tests::{get, root, start_echo, Envoy, EnvoyOptions, Redis, Sidecar};
+use tollgate_tests::{get, root, start_echo, Envoy, EnvoyOptions, Redis, Sidecar, SidecarTransport};
 
 /// One closed-loop (saturation) measurement.
 #[derive(Default, Clone, serde::Serialize)]
@@ -299,6 +299,34 @@ fn main() {
         get(&full.url("/"), &[("x-api-key", &limited_key.raw)]).status == 200
     });
 
+    // The two callout-bound configurations again, with the filter reaching the sidecar by each
+    // transport explicitly (docs/benchmarks.md, "Transport"); started only when selected.
+    const TRANSPORTS: [(SidecarTransport, &str, &str, &str); 4] = [
+        (SidecarTransport::Http1Tcp, "h1-tcp", "tollgate-auth+rate-limit-h1-tcp", "tollgate-auth-callout-every-request-h1-tcp"),
+        (SidecarTransport::Http2Tcp, "h2", "tollgate-auth+rate-limit-h2", "tollgate-auth-callout-every-request-h2"),
+        (SidecarTransport::Http1Unix, "uds", "tollgate-auth+rate-limit-uds", "tollgate-auth-callout-every-request-uds"),
+        (SidecarTransport::Http2Unix, "h2-uds", "tollgate-auth+rate-limit-h2-uds", "tollgate-auth-callout-every-request-h2-uds"),
+    ];
+    let selected = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
+    let mut by_transport: Vec<(&'static str, &'static str, Envoy, Envoy)> = Vec::new();
+    for (transport, _, limit_name, callout_name) in TRANSPORTS {
+        if !(selected(limit_name) || selected(callout_name)) {
+            continue;
+        }
+        let start = |config: &str| {
+            Envoy::start(EnvoyOptions {
+                cpu: Some(0),
+                ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(config).sidecar_transport(transport)
+            })
+        };
+        let limit_envoy = start(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed"}"#);
+        let callout_envoy = start(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#);
+        for (e, k) in [(&limit_envoy, &limited_key.raw), (&callout_envoy, &key.raw)] {
+            assert_eq!(get(&e.url("/"), &[("x-api-key", k)]).status, 200, "{limit_name}: the tollgate stack is not answering");
+        }
+        by_transport.push((limit_name, callout_name, limit_envoy, callout_envoy));
+    }
+
     let mut all = vec![
         Config { name: "envoy-alone".to_string(), what: "router only", envoy: &baseline, key: None, sidecar: None },
         Config { name: "envoy+native-local-ratelimit".to_string(), what: "Envoy's C++ local_ratelimit (never denies)", envoy: &native, key: None, sidecar: None },
@@ -312,6 +340,10 @@ fn main() {
         Config { name: "tollgate-full-policy".to_string(), what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
         Config { name: "tollgate-full-policy-leased".to_string(), what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
     ];
+    for (limit_name, callout_name, limit_envoy, callout_envoy) in &by_transport {
+        all.push(Config { name: limit_name.to_string(), what: "auth + one exact limit, by this transport", envoy: limit_envoy, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) });
+        all.push(Config { name: callout_name.to_string(), what: "key auth, no auth cache, by this transport", envoy: callout_envoy, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) });
+    }
     // A/B: the same Tollgate configurations on Envoys that load another build of the filter.
     let compare_wasm = arg_str("--compare-wasm");
     let twin = |e: &Envoy| -> Option<Envoy> {
@@ -348,7 +380,7 @@ fn main() {
         all.iter()
             .filter(|c| {
                 let plain = c.name.trim_end_matches("@compare");
-                c.name == "envoy-alone" || only.as_ref().is_none_or(|o| o.iter().any(|n| n == plain))
+                c.name == "envoy-alone" || selected(plain)
             })
             .collect();
 
@@ -534,6 +566,9 @@ fn main() {
     });
     let _ = std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&doc).unwrap_or_default());
     println!("\nwrote .tollgate/bench/summary.json");
+    drop(configs);
+    drop(all);
     drop(twins);
+    drop(by_transport);
     drop((tollgate, callout, breaker, metered, full, native, baseline, sidecar, usage_sidecar, broker, redis, upstream));
 }

@@ -1,0 +1,142 @@
+//! The filter reaches the sidecar by every transport Envoy's `tollgate_sidecar` cluster can use
+//! (HTTP/1.1 or HTTP/2, loopback TCP or the sidecar's unix socket; docs/configuration.md,
+//! "Transport to the sidecar"), and the failure modes hold on each: a crashed sidecar fails
+//! closed, a restarted one (a new connection; for HTTP/2 after a GOAWAY on SIGTERM) is used again.
+
+use std::time::Duration;
+use tollgate_tests::{get, poll_until, start_echo, Envoy, EnvoyOptions, Sidecar, SidecarTransport};
+
+const ALL: [SidecarTransport; 4] =
+    [SidecarTransport::Http1Tcp, SidecarTransport::Http2Tcp, SidecarTransport::Http1Unix, SidecarTransport::Http2Unix];
+
+/// No auth cache: every request is a call to the sidecar. Generous timeout for a noisy machine.
+const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#;
+
+fn status(envoy: &Envoy, key: &str) -> u16 {
+    get(&envoy.url("/t"), &[("x-api-key", key)]).status
+}
+
+/// Requests from `threads` threads at once, `each` per thread; the statuses.
+fn concurrent(envoy: &Envoy, key: &str, threads: usize, each: usize) -> Vec<u16> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(|| (0..each).map(|_| status(envoy, key)).collect::<Vec<_>>())).collect();
+        handles.into_iter().flat_map(|h| h.join().expect("request thread")).collect()
+    })
+}
+
+#[test]
+fn every_transport_decides_and_survives_a_sidecar_crash_and_a_graceful_restart() {
+    let redis = tollgate_tests::Redis::start();
+    let mut sidecar = Sidecar::start(&redis.url(), &[]);
+    let upstream = start_echo();
+    let key = sidecar.create_key("acme", "gold", &[]);
+    let socket = sidecar.unix_path().expect("the harness sidecar listens on a unix socket");
+    let envoys: Vec<(SidecarTransport, Envoy)> = ALL
+        .iter()
+        .map(|&t| (t, Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN).sidecar_transport(t))))
+        .collect();
+
+    for (t, envoy) in &envoys {
+        let statuses = concurrent(envoy, &key.raw, 4, 10);
+        assert!(statuses.iter().all(|&s| s == 200), "{t:?}: {statuses:?}");
+        // The cluster really spoke the protocol it was given.
+        let (h1, h2) = (envoy.counter("cluster.tollgate_sidecar.upstream_cx_http1_total"), envoy.counter("cluster.tollgate_sidecar.upstream_cx_http2_total"));
+        if t.is_http2() {
+            assert!(h2 >= 1 && h1 == 0, "{t:?}: http1 connections {h1}, http2 {h2}");
+            // Multiplexed: 40 calls from 4 concurrent clients did not need a connection each.
+            let cx = envoy.counter("cluster.tollgate_sidecar.upstream_cx_total");
+            assert!(cx <= 2, "{t:?}: {cx} connections to the sidecar");
+        } else {
+            assert!(h1 >= 1 && h2 == 0, "{t:?}: http1 connections {h1}, http2 {h2}");
+        }
+        assert_eq!(envoy.counter("wasmcustom.tollgate.requests.allowed"), 40, "{t:?}");
+    }
+
+    // A crash (SIGKILL): every transport fails closed, and the unix socket's file is left behind.
+    sidecar.kill();
+    for (t, envoy) in &envoys {
+        assert_eq!(status(envoy, &key.raw), 503, "{t:?}: a dead sidecar must fail closed");
+    }
+    assert!(socket.exists(), "SIGKILL leaves the socket file");
+    // The restarted sidecar removes the stale file, binds again, and every transport reconnects.
+    sidecar.restart();
+    for (t, envoy) in &envoys {
+        poll_until(&format!("{t:?}: decisions after the restart"), Duration::from_secs(20), || status(envoy, &key.raw) == 200);
+        let statuses = concurrent(envoy, &key.raw, 4, 5);
+        assert!(statuses.iter().all(|&s| s == 200), "{t:?} after the restart: {statuses:?}");
+    }
+
+    // A graceful stop (SIGTERM): HTTP/2 connections get a GOAWAY, the socket file is removed;
+    // then the same again.
+    assert!(sidecar.terminate(Duration::from_secs(20)).is_some_and(|s| s.success()), "the sidecar did not stop cleanly");
+    assert!(!socket.exists(), "a clean stop removes the socket file");
+    for (t, envoy) in &envoys {
+        assert_eq!(status(envoy, &key.raw), 503, "{t:?}: a stopped sidecar must fail closed");
+    }
+    sidecar.restart();
+    for (t, envoy) in &envoys {
+        poll_until(&format!("{t:?}: decisions after the graceful restart"), Duration::from_secs(20), || status(envoy, &key.raw) == 200);
+        let failed = envoy.counter("wasmcustom.tollgate.requests.failed_closed");
+        assert!(failed >= 2, "{t:?}: {failed} requests failed closed while the sidecar was down");
+    }
+}
+
+/// A sidecar that answers the headers of every call and never the body: the filter's timeout
+/// fires after Envoy has the response headers, so Envoy resets the call and reports it with no
+/// response at all (the path an HTTP/2 answer delayed between its HEADERS and DATA frames took).
+fn start_headers_only_sidecar() -> (u16, std::thread::JoinHandle<()>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let thread = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().take(8) {
+            let Ok(mut s) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{");
+            held.push(s);
+        }
+    });
+    (port, thread)
+}
+
+#[test]
+fn a_call_reset_after_its_response_headers_fails_that_request_only() {
+    // Before the fix the filter read the missing answer's :status (BadArgument), the SDK
+    // panicked, and the Wasm VM was dead: every later request failed, whatever the sidecar did.
+    let (port, _thread) = start_headers_only_sidecar();
+    let upstream = start_echo();
+    let envoy = Envoy::start(
+        EnvoyOptions::new(upstream.port, port)
+            .plugin_config(r#"{"sidecar":{"timeout":"200ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#)
+            .sidecar_transport(SidecarTransport::Http1Tcp),
+    );
+    for i in 0..3 {
+        let r = get(&envoy.url("/t"), &[("x-api-key", "tg_whatever")]);
+        assert_eq!(r.status, 503, "request {i}: {}", r.body);
+        assert_eq!(r.json()["error"], "sidecar_unavailable", "request {i}");
+    }
+    assert_eq!(envoy.counter("wasmcustom.tollgate.requests.failed_closed"), 3);
+    assert!(!envoy.log_text().contains("panicked"), "the filter panicked:\n{}", envoy.log_text());
+}
+
+#[test]
+fn an_http2_call_that_times_out_fails_that_request_only() {
+    // A black hole accepts the connection and never answers: an HTTP/2 stream times out (Envoy
+    // resets it). The filter fails that request closed and keeps working (it once read the
+    // missing answer's :status, which killed the Wasm VM).
+    let hole = tollgate_tests::start_black_hole();
+    let upstream = start_echo();
+    for t in [SidecarTransport::Http2Tcp, SidecarTransport::Http1Tcp] {
+        let envoy = Envoy::start(
+            EnvoyOptions::new(upstream.port, hole.port)
+                .plugin_config(r#"{"sidecar":{"timeout":"200ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#)
+                .sidecar_transport(t),
+        );
+        let statuses = concurrent(&envoy, "tg_whatever", 3, 3);
+        assert!(statuses.iter().all(|&s| s == 503), "{t:?}: {statuses:?}");
+        assert_eq!(envoy.counter("wasmcustom.tollgate.requests.failed_closed"), 9, "{t:?}");
+        assert!(!envoy.log_text().contains("panicked"), "{t:?}: the filter panicked:\n{}", envoy.log_text());
+    }
+}
