@@ -45,6 +45,8 @@ pub struct Config {
     pub routes: Vec<crate::config_store::Route>,
     /// Usage metering (`[usage]`, see crate::usage).
     pub usage: crate::usage::UsageConfig,
+    /// Threads of the sidecar's async runtime; 0 (the default): one per CPU core.
+    pub worker_threads: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,6 +119,7 @@ impl Default for Config {
             products: Vec::new(),
             routes: Vec::new(),
             usage: Default::default(),
+            worker_threads: 0,
         }
     }
 }

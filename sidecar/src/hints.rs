@@ -3,16 +3,17 @@
 //! `POST /v1/breaker/hints` (a `HintReport` from the filter's elected poller, sent on a local
 //! OPEN transition) stores `cb:hint:{provider}:{model}` = `{"replica","openedAtMs"}` with
 //! `SET … EX ttl` (30 s by default). `GET /v1/breaker/hints` lists the live hints of *other*
-//! replicas (this sidecar's own are left out): SCAN `cb:hint:*`, then the values. Listing by SCAN
-//! rather than pub/sub: nothing is lost while a listener reconnects, expiry is Redis's TTL, and
-//! the keyspace of hints is tiny (one key per provider/model); the filter asks at most a few
-//! times a second per Envoy.
+//! replicas (this sidecar's own are left out): the names from the index `cb:hints` (a sorted set
+//! by expiry, written with each hint), then the values. Polling a list rather than pub/sub:
+//! nothing is lost while a listener reconnects, and expiry is Redis's TTL. Never a SCAN: SCAN
+//! walks the whole keyspace whatever its MATCH (with 50k keys in Redis, one listing was ~5 000
+//! SCAN calls, and the pollers of a few Envoys kept Redis ~40% busy).
 //!
 //! Redis trouble never becomes an error for the filter: a report is answered 202 (accepted, not
 //! shared) and a list is answered empty; the store logs "redis went down / is back" on the
 //! transition only.
 
-use crate::keys::{BreakerHintKey, BREAKER_HINT_PATTERN, BREAKER_HINT_TTL_SECS};
+use crate::keys::{BreakerHintKey, BREAKER_HINT_INDEX, BREAKER_HINT_INDEX_SLACK_MS, BREAKER_HINT_TTL_SECS};
 use crate::server::AppState;
 use crate::store::{Store, StoreError};
 use axum::body::Bytes;
@@ -74,27 +75,35 @@ impl Hints {
     }
 }
 
+/// Milliseconds since the epoch by this sidecar's clock (index scores only).
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 impl Store {
-    /// `SET cb:hint:{provider}:{model} <value> EX ttl`.
+    /// `SET cb:hint:{provider}:{model} <value> EX ttl`, then the index: `ZADD cb:hints <expiry>
+    /// <name>` and `ZREMRANGEBYSCORE cb:hints -inf <long expired>` (one pipeline, one slot).
     pub async fn put_breaker_hint(&self, key: BreakerHintKey, value: String, ttl_secs: u64) -> Result<(), StoreError> {
         self.run_with_deadline("set_breaker_hint", DEADLINE, |mut c| async move {
-            c.set_ex::<_, _, ()>(key, value, ttl_secs).await
+            c.set_ex::<_, _, ()>(&key, value, ttl_secs).await?;
+            let now = epoch_ms();
+            redis::pipe()
+                .zadd(BREAKER_HINT_INDEX, key.as_str(), now + ttl_secs * 1000)
+                .ignore()
+                .zrembyscore(BREAKER_HINT_INDEX, "-inf", now.saturating_sub(BREAKER_HINT_INDEX_SLACK_MS))
+                .ignore()
+                .query_async::<()>(&mut c)
+                .await
         })
         .await
     }
 
-    /// Every live hint key with its value (SCAN, then one pipelined round of GETs).
+    /// Every live hint key with its value: the index's recent members (`ZRANGEBYSCORE`), then
+    /// one pipelined round of GETs (an expired hint reads as nil).
     pub async fn breaker_hints(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
         self.run_with_deadline("list_breaker_hints", DEADLINE, |mut c| async move {
-            let mut names: Vec<String> = Vec::new();
-            {
-                let mut it = c.scan_match::<_, String>(BREAKER_HINT_PATTERN).await?;
-                while let Some(n) = it.next_item().await {
-                    if let Ok(n) = n {
-                        names.push(n);
-                    }
-                }
-            }
+            let since = epoch_ms().saturating_sub(BREAKER_HINT_INDEX_SLACK_MS);
+            let names: Vec<String> = c.zrangebyscore(BREAKER_HINT_INDEX, since, "+inf").await?;
             if names.is_empty() {
                 return Ok(Vec::new());
             }

@@ -323,15 +323,24 @@ mod tests {
 /// [`BREAKER_HINT_TTL_SECS`] (`SET … EX`): an advisory hint that a replica's breaker for this
 /// provider/model opened. Other replicas may only use it to open their own breaker sooner; it
 /// is never evidence for closing one. Provider and model are validated (no `:`), so the key parses
-/// back unambiguously. Written by the sidecar on the filter's report; listed by SCAN.
+/// back unambiguously. Written by the sidecar on the filter's report; listed through [`BREAKER_HINT_INDEX`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerHintKey(String);
 
 /// TTL of [`BreakerHintKey`] (seed 000): 30 seconds.
 pub const BREAKER_HINT_TTL_SECS: u64 = 30;
 
-/// Pattern matching every [`BreakerHintKey`] (for listing with SCAN).
-pub const BREAKER_HINT_PATTERN: &str = "cb:hint:*";
+/// `cb:hints` — sorted set, the index of the [`BreakerHintKey`]s: member = the hint key's name,
+/// score = when it expires (ms since the epoch, the writing sidecar's clock). Written with each
+/// hint; members expired for over [`BREAKER_HINT_INDEX_SLACK_MS`] are removed on each write. No
+/// TTL of its own: it holds at most one member per provider/model, each gone a minute after its
+/// hint. Listing reads the index and then the hint keys (their TTL stays the authority), so a
+/// listing costs O(hints), never a SCAN of the whole keyspace.
+pub const BREAKER_HINT_INDEX: &str = "cb:hints";
+
+/// How long past its expiry an index member is still listed (clock skew between sidecars; a
+/// hint key that expired reads as nil and is skipped).
+pub const BREAKER_HINT_INDEX_SLACK_MS: u64 = 60_000;
 
 impl BreakerHintKey {
     /// `None` unless provider and model pass `tollgate_wire::breaker::valid_hint_part`.
@@ -342,7 +351,7 @@ impl BreakerHintKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-    /// Provider and model back from a key name found by SCAN.
+    /// Provider and model back from a key name listed in [`BREAKER_HINT_INDEX`].
     pub fn parse(name: &str) -> Option<(String, String)> {
         let (provider, model) = name.strip_prefix("cb:hint:")?.split_once(':')?;
         Self::new(provider, model).map(|_| (provider.to_string(), model.to_string()))

@@ -69,7 +69,11 @@ fn main() -> Result<()> {
         println!("{config:#?}");
         return Ok(());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.worker_threads > 0 {
+        runtime.worker_threads(config.worker_threads);
+    }
+    let runtime = runtime.enable_all().build()?;
     match cli.command {
         None => {
             init_logging(&config);

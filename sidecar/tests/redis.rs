@@ -208,3 +208,58 @@ async fn redis_outage_serves_cached_answers_fails_fast_otherwise_and_recovers() 
     }));
     sc.stop().await;
 }
+
+/// Breaker hints are listed through their index (`cb:hints`), never by SCAN: SCAN walks the whole
+/// keyspace whatever its pattern, and every Envoy's poller lists a few times a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breaker_hints_are_listed_from_their_index_without_scanning_the_keyspace() {
+    use tollgate_wire::breaker::HintList;
+    let redis = Redis::start();
+    let mut conn = redis.connection().unwrap();
+    // a keyspace like a busy gateway's: many keys that are not hints
+    let mut pipe = redis::pipe();
+    for i in 0..5_000 {
+        pipe.set(format!("q:reserved:{{t}}:{i}"), 1).ignore();
+    }
+    let _: () = pipe.query(&mut conn).unwrap();
+    let replica = |name: &str| {
+        let mut c = config(&redis);
+        c.breaker.replica = name.into();
+        c.breaker.hint_ttl = Duration::from_secs(1);
+        c
+    };
+    let (a, b) = (Running::start(&replica("a")).await, Running::start(&replica("b")).await);
+    let list = |r: &Running| {
+        let url = format!("{}/v1/breaker/hints", r.base);
+        async move {
+            let resp = tokio::task::spawn_blocking(move || get(&url, &[])).await.unwrap();
+            assert_eq!(resp.status, 200, "{}", resp.body);
+            serde_json::from_str::<HintList>(&resp.body).unwrap().hints
+        }
+    };
+    let scans = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_scan:"))
+            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let r = a.post("/v1/breaker/hints", r#"{"provider":"openai","model":"gpt-4o","openedAtMs":1234}"#.into()).await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    let before = scans(&mut conn);
+    let seen = list(&b).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!((seen[0].provider.as_str(), seen[0].model.as_str(), seen[0].replica.as_str(), seen[0].opened_at_ms), ("openai", "gpt-4o", "a", 1234));
+    assert!(list(&a).await.is_empty(), "a replica's own hints are left out");
+    assert_eq!(scans(&mut conn), before, "listing hints must not SCAN");
+    let members: Vec<String> = redis::cmd("ZRANGE").arg("cb:hints").arg(0).arg(-1).query(&mut conn).unwrap();
+    assert_eq!(members, vec!["cb:hint:openai:gpt-4o".to_string()]);
+    // the hint's own TTL stays the authority: once it expired, nothing is listed
+    poll_until("the hint to expire", Duration::from_secs(10), || {
+        let n: u64 = redis::cmd("EXISTS").arg("cb:hint:openai:gpt-4o").query(&mut conn).unwrap();
+        n == 0
+    });
+    assert!(list(&b).await.is_empty());
+    a.stop().await;
+    b.stop().await;
+}

@@ -496,7 +496,7 @@ pub enum SidecarTransport {
 
 impl SidecarTransport {
     /// What the tests and `./build.sh up` render into `envoy/tollgate.yaml.tmpl`: the cheapest
-    /// measured (docs/benchmarks.md, "Transport"; docs/decisions.md 51).
+    /// measured (docs/benchmarks.md, "Transport"; docs/decisions.md 55).
     pub const DEFAULT: SidecarTransport = SidecarTransport::Http2Tcp;
 
     pub fn is_unix(self) -> bool {
@@ -518,6 +518,7 @@ impl SidecarTransport {
 }
 
 /// How to start an Envoy.
+#[derive(Clone)]
 pub struct EnvoyOptions {
     pub upstream_port: u16,
     pub sidecar_port: u16,
@@ -532,7 +533,8 @@ pub struct EnvoyOptions {
     pub template: &'static str,
     /// Pin Envoy to this CPU (taskset), for benchmarks.
     pub cpu: Option<u32>,
-    /// More `${NAME}` placeholders for templates that have them (e.g. `FALLBACK_PORT`).
+    /// More `${NAME}` placeholders for templates that have them (e.g. `FALLBACK_PORT`); they
+    /// override the harness's own (e.g. `WASM_PATH`: another build of the filter).
     pub vars: Vec<(&'static str, String)>,
 }
 
@@ -614,10 +616,16 @@ pub struct Envoy {
     pub port: u16,
     pub admin_port: u16,
     proc: Proc,
+    opts: EnvoyOptions,
     _dir: tempfile::TempDir,
 }
 
 impl Envoy {
+    /// How this Envoy was started (to start a twin, e.g. with another build of the filter).
+    pub fn options(&self) -> &EnvoyOptions {
+        &self.opts
+    }
+
     /// Starts Envoy and waits for admin `/ready`; panics (printing the log) if it does not come up.
     pub fn start(opts: EnvoyOptions) -> Envoy {
         match Envoy::try_start(opts) {
@@ -631,7 +639,9 @@ impl Envoy {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, admin_port) = (free_port(), free_port());
         let template = fs::read_to_string(root().join(opts.template)).expect("read envoy template");
-        let mut vars = vec![
+        // `opts.vars` first: the first value of a placeholder wins, so they override these.
+        let mut vars = opts.vars.clone();
+        vars.extend([
             ("ADMIN_PORT", admin_port.to_string()),
             ("LISTEN_PORT", port.to_string()),
             ("UPSTREAM_PORT", opts.upstream_port.to_string()),
@@ -640,8 +650,7 @@ impl Envoy {
             ("SIDECAR_ADDRESS", sidecar_address_yaml(opts.sidecar_transport, opts.sidecar_port, opts.sidecar_unix.as_deref())),
             ("WASM_PATH", wasm_path().display().to_string()),
             ("PLUGIN_CONFIG", opts.plugin_config.replace('\'', "''")),
-        ];
-        vars.extend(opts.vars.iter().cloned());
+        ]);
         let yaml = render_template(&template, &vars);
         let config = dir.path().join("envoy.yaml");
         fs::write(&config, yaml).expect("write envoy.yaml");
@@ -659,7 +668,7 @@ impl Envoy {
             .args(["--base-id", &admin_port.to_string(), "--disable-hot-restart"])
             .args(["-l", "info", "--component-log-level", "wasm:debug"]);
         let proc = Proc::spawn("envoy", cmd, dir.path().join("envoy.log"));
-        let mut envoy = Envoy { port, admin_port, proc, _dir: dir };
+        let mut envoy = Envoy { port, admin_port, proc, opts: opts.clone(), _dir: dir };
         let ready_url = format!("http://127.0.0.1:{admin_port}/ready");
         let start = Instant::now();
         loop {

@@ -9,6 +9,10 @@
 //!   state and admit (closed: read only), then on the response decode, record and re-encode
 //!   (the CAS write's payload).
 //! - `route/*`: matching a request against a 50-route table (a late hit and a miss).
+//! - `lease/*`: what a leased request pays besides the shared-data calls: decode its key's record,
+//!   take a unit, encode it again (the CAS write's payload).
+//! - `usage/*`: reading `usage.total_tokens` from a 1 KiB JSON response without it (most
+//!   responses: a scan, no parse) and from an LLM-style response with it.
 //! - `wire/*`: the decision call's JSON as the filter pays it (docs/benchmarks.md, "Transport"):
 //!   encoding a typical `DecideRequest` and decoding a typical allow with rate-limit headers
 //!   (`interpret`), and the same round trip with a hand-written length-prefixed binary encoding
@@ -150,6 +154,46 @@ fn route_benches(c: &mut Criterion) {
     g.finish();
 }
 
+fn lease_benches(c: &mut Criterion) {
+    use tollgate_filter_core::lease::{Batch, LeaseIdentity, LeaseRecord};
+    let rec = LeaseRecord {
+        identity: LeaseIdentity { tenant: "acme".into(), key_id: "key_01HZX3".into(), plan: "pro".into(), ..LeaseIdentity::default() },
+        batches: vec![Batch { units: 500, until_ms: 1_700_000_000_500 }, Batch { units: 800, until_ms: 1_700_000_001_000 }],
+        obs_spent: 120,
+        obs_since_ms: 1_700_000_000_000,
+        rate_per_s: 2_400.0,
+        last_granted: 800,
+        ..LeaseRecord::default()
+    };
+    let bytes = rec.encode();
+    let mut g = c.benchmark_group("lease");
+    g.bench_function("decode_take_encode", |b| {
+        b.iter(|| {
+            let mut r = LeaseRecord::decode(black_box(&bytes)).expect("record");
+            r.obs_spent += 1;
+            r.batches[0].units -= 1;
+            r.encode()
+        })
+    });
+    g.finish();
+}
+
+fn usage_benches(c: &mut Criterion) {
+    use tollgate_filter_core::filter::usage_tokens;
+    let headers: Vec<(String, String)> = (0..20).map(|i| (format!("x-header-{i}"), "v".repeat(30))).collect();
+    let plain = serde_json::to_vec(&serde_json::json!({"method": "GET", "path": "/bench", "headers": headers})).expect("json");
+    let llm = serde_json::to_vec(&serde_json::json!({
+        "id": "chatcmpl-1", "choices": [{"message": {"role": "assistant", "content": "x".repeat(800)}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 200, "total_tokens": 212}
+    }))
+    .expect("json");
+    let mut g = c.benchmark_group("usage");
+    g.bench_function("total_tokens_absent_1k", |b| b.iter(|| usage_tokens(black_box(&plain))));
+    g.bench_function("total_tokens_llm_1k", |b| b.iter(|| usage_tokens(black_box(&llm))));
+    g.finish();
+}
+
+criterion_group!(benches, key_benches, breaker_benches, route_benches, lease_benches, usage_benches, wire_benches);
 /// A decision request as the filter sends it for a key with an exact limit (no route, no cache).
 fn typical_request() -> tollgate_wire::DecideRequest {
     tollgate_wire::DecideRequest {
@@ -276,5 +320,4 @@ fn wire_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, key_benches, breaker_benches, route_benches, wire_benches);
 criterion_main!(benches);

@@ -169,7 +169,12 @@ impl BreakerGuard {
         let b = &self.config.breakers;
         let Some(target) = b.targets.get(idx) else { return Action::Continue };
         let status = host.response_header(":status").and_then(|s| s.parse::<u16>().ok());
-        let details = host.property(&["response", "code_details"]).and_then(|v| String::from_utf8(v).ok());
+        // Where the response came from only matters for a 5xx or a failure status: read it (an
+        // Envoy attribute, a costly host call) only then; `classify` needs no more.
+        let details = match status {
+            Some(s) if s < 500 && !b.is_failure_status(s) => None,
+            _ => host.property(&["response", "code_details"]).and_then(|v| String::from_utf8(v).ok()),
+        };
         let outcome = classify(b, status, details.as_deref());
         let now = host.now_ms();
         match breaker::update(host, &breaker::shared_key(&target.name), |s| {

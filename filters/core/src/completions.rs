@@ -23,9 +23,15 @@ pub trait BatchItem: Sized + serde::Serialize {
     /// The batch body's field holding the items.
     const FIELD: &'static str;
     fn encode(batch: &[Self]) -> Option<Vec<u8>> {
-        let mut body = serde_json::Map::new();
-        body.insert(Self::FIELD.into(), serde_json::to_value(batch).ok()?);
-        serde_json::to_vec(&body).ok()
+        // `{"FIELD":[...]}` written straight out (no intermediate JSON value of the batch);
+        // FIELD is a plain identifier, nothing to escape
+        let mut body = Vec::with_capacity(16 + batch.len() * 256);
+        body.extend_from_slice(b"{\"");
+        body.extend_from_slice(Self::FIELD.as_bytes());
+        body.extend_from_slice(b"\":");
+        serde_json::to_writer(&mut body, batch).ok()?;
+        body.push(b'}');
+        Some(body)
     }
 }
 

@@ -196,6 +196,42 @@ pub fn auth_cache_key(key_hash: &str, route: Option<&str>) -> String {
     }
 }
 
+/// A worker's own copy of the auth cache entries it has read or written (the same entries, the
+/// same expiry as in shared data): a repeat request of a key on this worker is answered without
+/// a host call or a decode. An entry is never kept past its `until_ms`, so revocation takes
+/// effect as it does through shared data.
+#[derive(Debug, Default)]
+pub struct LocalAllows {
+    entries: std::collections::HashMap<String, CachedAllow>,
+}
+
+impl LocalAllows {
+    /// Entries kept at most (beyond it the expired are dropped, and if that is not enough, all).
+    pub const MAX_ENTRIES: usize = 4096;
+
+    fn get(&self, key: &str, now_ms: u64) -> Option<&CachedAllow> {
+        self.entries.get(key).filter(|e| e.until_ms > now_ms)
+    }
+
+    fn put(&mut self, key: String, entry: CachedAllow, now_ms: u64) {
+        if self.entries.len() >= Self::MAX_ENTRIES && !self.entries.contains_key(&key) {
+            self.entries.retain(|_, e| e.until_ms > now_ms);
+            if self.entries.len() >= Self::MAX_ENTRIES {
+                self.entries.clear();
+            }
+        }
+        self.entries.insert(key, entry);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 /// The response lookup a request asks for in its decision (issue 7), completed with the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct LookupPlan {
@@ -258,6 +294,8 @@ pub struct AuthFilter {
     leases: Option<Rc<RefCell<crate::lease::RenewalQueue>>>,
     /// When the decision call that asks for a lease was sent.
     lease_sent_ms: Option<u64>,
+    /// The worker's copy of auth cache entries.
+    local_allows: Option<Rc<RefCell<LocalAllows>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -291,7 +329,14 @@ impl AuthFilter {
             body_limit: MAX_USAGE_BODY,
             leases: None,
             lease_sent_ms: None,
+            local_allows: None,
         }
+    }
+
+    /// Keeps this worker's copy of auth cache entries in `allows` (see [`LocalAllows`]).
+    pub fn with_local_allows(mut self, allows: Rc<RefCell<LocalAllows>>) -> AuthFilter {
+        self.local_allows = Some(allows);
+        self
     }
 
     /// Stores responses through `queue` (when the response cache or idempotency is on).
@@ -405,7 +450,8 @@ impl AuthFilter {
             authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
             path: upstream_path,
             request_id: header_in(&headers, "x-request-id").map(str::to_string),
-            client_ip: host.client_ip(),
+            // an Envoy attribute (a costly host call): read only for a call (below)
+            client_ip: None,
             headers: self
                 .config
                 .forward_headers
@@ -425,6 +471,7 @@ impl AuthFilter {
                 return action;
             }
         }
+        request.client_ip = host.client_ip();
         let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
         if (self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream) {
             // Decided when the body is in (Envoy buffers it meanwhile).
@@ -626,8 +673,11 @@ impl AuthFilter {
                         request_headers: request_headers.clone(),
                     };
                     if let Ok(bytes) = serde_json::to_vec(&entry) {
-                        let route = self.route().map(|r| r.id.as_str());
-                        host.shared_set(&auth_cache_key(&key_hash, route), &bytes);
+                        let key = auth_cache_key(&key_hash, self.route().map(|r| r.id.as_str()));
+                        host.shared_set(&key, &bytes);
+                        if let Some(local) = &self.local_allows {
+                            local.borrow_mut().put(key, entry, host.now_ms());
+                        }
                     }
                 }
                 self.allow(host, tenant, key_id, plan, request_headers, response_headers)
@@ -696,7 +746,9 @@ impl AuthFilter {
         match crate::lease::spend(host, &crate::lease::scope(request), &self.config.leases, now) {
             crate::lease::Spend::Hit { identity, renew } => {
                 if let Some(want) = renew {
-                    renewals.borrow_mut().push(request.clone(), want);
+                    let mut renewal = request.clone();
+                    renewal.client_ip = host.client_ip();
+                    renewals.borrow_mut().push(renewal, want);
                 }
                 host.count(Metric::LeaseHit);
                 let crate::lease::LeaseIdentity { tenant, key_id, plan, request_headers, response_headers } = identity;
@@ -713,9 +765,20 @@ impl AuthFilter {
         if self.config.auth_cache_max_ttl.is_zero() {
             return None;
         }
-        let bytes = host.shared_get(&auth_cache_key(key_hash, self.route().map(|r| r.id.as_str())))?;
+        let key = auth_cache_key(key_hash, self.route().map(|r| r.id.as_str()));
+        let now = host.now_ms();
+        if let Some(hit) = self.local_allows.as_ref().and_then(|l| l.borrow().get(&key, now).cloned()) {
+            return Some(hit);
+        }
+        let bytes = host.shared_get(&key)?;
         let entry: CachedAllow = serde_json::from_slice(&bytes).ok()?;
-        (entry.until_ms > host.now_ms()).then_some(entry)
+        if entry.until_ms <= now {
+            return None;
+        }
+        if let Some(local) = &self.local_allows {
+            local.borrow_mut().put(key, entry.clone(), now);
+        }
+        Some(entry)
     }
 
     fn allow(
@@ -919,18 +982,41 @@ pub fn interpret(status: Option<u16>, body: &[u8]) -> Result<DecideResponse, Str
 }
 
 /// `usage.total_tokens` of a JSON response, or the last `"total_tokens": N` in the body (which
-/// also finds the usage frame of an SSE stream).
+/// also finds the usage frame of an SSE stream). A body without `"total_tokens"` is not parsed.
 pub fn usage_tokens(body: &[u8]) -> Option<u64> {
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
-        if let Some(n) = v.get("usage").and_then(|u| u.get("total_tokens")).and_then(|t| t.as_u64()) {
-            return Some(n);
-        }
+    const FIELD: &[u8] = b"\"total_tokens\"";
+    let at = rfind_field(body)?;
+    /// Only the field read: the rest of the document is skipped, not built.
+    #[derive(serde::Deserialize)]
+    struct Response {
+        usage: Option<Usage>,
     }
-    let text = std::str::from_utf8(body).ok()?;
-    let at = text.rfind("\"total_tokens\"")?;
-    let rest = text.get(at + "\"total_tokens\"".len()..)?.trim_start().strip_prefix(':')?.trim_start();
-    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        total_tokens: Option<u64>,
+    }
+    if let Ok(Response { usage: Some(Usage { total_tokens: Some(n) }) }) = serde_json::from_slice::<Response>(body) {
+        return Some(n);
+    }
+    let rest = std::str::from_utf8(body.get(at + FIELD.len()..)?).ok()?;
+    let digits: String = rest.trim_start().strip_prefix(':')?.trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
     digits.parse().ok()
+}
+
+/// Where the last `"total_tokens"` starts. Anchored on its `_` (rare in JSON, unlike `"`), so a
+/// response without the field costs one backwards byte scan.
+fn rfind_field(body: &[u8]) -> Option<usize> {
+    const FIELD: &[u8] = b"\"total_tokens\"";
+    const ANCHOR: usize = 6; // FIELD[6] == b'_'
+    let mut end = body.len(); // candidates for the anchor lie in [ANCHOR, end)
+    loop {
+        let at = body.get(ANCHOR..end)?.iter().rposition(|&b| b == b'_')? + ANCHOR;
+        let start = at - ANCHOR;
+        if body.get(start..).is_some_and(|rest| rest.starts_with(FIELD)) {
+            return Some(start);
+        }
+        end = at;
+    }
 }
 
 fn reply_json(host: &mut impl Host, status: u16, code: &str, message: &str, limit: Option<&str>, extra: &[(&str, &str)]) {

@@ -164,30 +164,22 @@ pub struct LeaseIdentity {
     pub response_headers: Vec<Header>,
 }
 
-/// One key's lease at this Envoy (shared data, JSON).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// One key's lease at this Envoy (shared data, in the binary form of [`LeaseRecord::encode`]: every
+/// admitted request reads and rewrites it, so it is kept cheap to decode and encode).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LeaseRecord {
     /// Empty until a first grant (a record may only observe the rate).
-    #[serde(default)]
     pub identity: LeaseIdentity,
-    #[serde(default)]
     pub batches: Vec<Batch>,
     /// Requests seen (spent or not) since `obs_since_ms`.
-    #[serde(default)]
     pub obs_spent: u64,
-    #[serde(default)]
     pub obs_since_ms: u64,
     /// The smoothed request rate (per second) at the last grant.
-    #[serde(default)]
     pub rate_per_s: f64,
-    #[serde(default)]
     pub last_granted: u64,
     /// A renewal is queued or in flight (or backing off) until then.
-    #[serde(default)]
     pub renewing_until_ms: u64,
     /// A request's call asking for a lease is in flight (or backing off) until then.
-    #[serde(default)]
     pub asking_until_ms: u64,
 }
 
@@ -246,7 +238,119 @@ pub fn want_for(rate_per_s: f64, last_granted: u64, c: &LeaseConfig) -> u64 {
 }
 
 fn decode(bytes: Option<Vec<u8>>) -> Option<LeaseRecord> {
-    serde_json::from_slice(&bytes?).ok()
+    LeaseRecord::decode(&bytes?)
+}
+
+/// The first byte of an encoded [`LeaseRecord`]: its format. A record in another format (an older
+/// filter's, in the same Envoy) reads as absent: its units are lost — under-use, never over-use.
+pub const RECORD_FORMAT: u8 = 2;
+
+impl LeaseRecord {
+    /// Little-endian: the format byte; obs_spent, obs_since_ms, rate_per_s (f64 bits), last_granted,
+    /// renewing_until_ms, asking_until_ms (u64 each); the batch count (u8) and each batch's units
+    /// and until_ms (u64); then tenant, key id, plan (u32 length + UTF-8) and the request and
+    /// response headers (u32 count, then name and value as strings).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(128);
+        b.push(RECORD_FORMAT);
+        let fixed = [
+            self.obs_spent,
+            self.obs_since_ms,
+            self.rate_per_s.to_bits(),
+            self.last_granted,
+            self.renewing_until_ms,
+            self.asking_until_ms,
+        ];
+        for v in fixed {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        // never more than MAX_BATCHES (+1 while merging) in practice; the count is one byte
+        let batches = &self.batches[..self.batches.len().min(u8::MAX as usize)];
+        b.push(batches.len() as u8);
+        for x in batches {
+            b.extend_from_slice(&x.units.to_le_bytes());
+            b.extend_from_slice(&x.until_ms.to_le_bytes());
+        }
+        let id = &self.identity;
+        for text in [&id.tenant, &id.key_id, &id.plan] {
+            put_str(&mut b, text);
+        }
+        for headers in [&id.request_headers, &id.response_headers] {
+            b.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+            for h in headers {
+                put_str(&mut b, &h.name);
+                put_str(&mut b, &h.value);
+            }
+        }
+        b
+    }
+
+    /// The record `encode` wrote; `None` for anything else (another format, truncated bytes).
+    pub fn decode(bytes: &[u8]) -> Option<LeaseRecord> {
+        let mut r = Reader(bytes);
+        if r.take(1)?.first() != Some(&RECORD_FORMAT) {
+            return None;
+        }
+        let mut rec = LeaseRecord {
+            obs_spent: r.u64()?,
+            obs_since_ms: r.u64()?,
+            rate_per_s: f64::from_bits(r.u64()?),
+            last_granted: r.u64()?,
+            renewing_until_ms: r.u64()?,
+            asking_until_ms: r.u64()?,
+            ..LeaseRecord::default()
+        };
+        let n = *r.take(1)?.first()?;
+        for _ in 0..n {
+            rec.batches.push(Batch { units: r.u64()?, until_ms: r.u64()? });
+        }
+        rec.identity.tenant = r.string()?;
+        rec.identity.key_id = r.string()?;
+        rec.identity.plan = r.string()?;
+        rec.identity.request_headers = r.headers()?;
+        rec.identity.response_headers = r.headers()?;
+        r.0.is_empty().then_some(rec)
+    }
+}
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    b.extend_from_slice(s.as_bytes());
+}
+
+/// Reads an encoded record front to back.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.0.len() {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<usize> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize)
+    }
+    fn string(&mut self) -> Option<String> {
+        let n = self.u32()?;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+    fn headers(&mut self) -> Option<Vec<Header>> {
+        let n = self.u32()?;
+        // each header takes at least 8 bytes: a corrupt count cannot make a huge allocation
+        let mut v = Vec::with_capacity(n.min(self.0.len() / 8));
+        for _ in 0..n {
+            let name = self.string()?;
+            let value = self.string()?;
+            v.push(Header { name, value });
+        }
+        Some(v)
+    }
 }
 
 /// The outcome of trying to admit a request from the lease.
@@ -298,7 +402,7 @@ pub fn spend(host: &mut impl Host, key_hash: &str, c: &LeaseConfig, now_ms: u64)
                 rec.asking_until_ms = now_ms + RENEWAL_TIMEOUT.as_millis() as u64;
             }
         }
-        let Ok(bytes) = serde_json::to_vec(&rec) else { return Spend::Miss { want } };
+        let bytes = rec.encode();
         match host.shared_set_cas(&key, &bytes, cas) {
             Ok(()) if hit => return Spend::Hit { identity: rec.identity, renew },
             Ok(()) => return Spend::Miss { want },
@@ -341,7 +445,7 @@ pub fn store_grant(host: &mut impl Host, key_hash: &str, identity: LeaseIdentity
         } else {
             rec.asking_until_ms = 0;
         }
-        let Ok(bytes) = serde_json::to_vec(&rec) else { return };
+        let bytes = rec.encode();
         match host.shared_set_cas(&key, &bytes, cas) {
             Ok(()) => return,
             Err(crate::breaker::SharedSetError::CasMismatch) => continue,
@@ -392,7 +496,7 @@ fn release_claim(host: &mut impl Host, key_hash: &str, now_ms: u64, renewal: boo
         } else {
             rec.asking_until_ms = now_ms + RENEWAL_BACKOFF_MS;
         }
-        let Ok(bytes) = serde_json::to_vec(&rec) else { return };
+        let bytes = rec.encode();
         if !matches!(host.shared_set_cas(&key, &bytes, cas), Err(crate::breaker::SharedSetError::CasMismatch)) {
             return;
         }
@@ -546,6 +650,43 @@ mod tests {
         r.rate_per_s = 0.0;
         r.obs_spent = 0;
         assert_eq!(r.rate(5_000), 0.0);
+    }
+
+    #[test]
+    fn records_round_trip_in_binary_and_refuse_anything_else() {
+        let rec = LeaseRecord {
+            identity: LeaseIdentity {
+                tenant: "acme".into(),
+                key_id: "k_1".into(),
+                plan: "pro".into(),
+                request_headers: vec![Header::new("x-tollgate-org", "ü")],
+                response_headers: vec![Header::new("ratelimit", "limit=10, remaining=3"), Header::new("a", "")],
+            },
+            batches: vec![Batch { units: 7, until_ms: 1_500 }, Batch { units: u64::MAX, until_ms: 9 }],
+            obs_spent: 3,
+            obs_since_ms: 1_000,
+            rate_per_s: 123.25,
+            last_granted: 8,
+            renewing_until_ms: 2_000,
+            asking_until_ms: 0,
+        };
+        let bytes = rec.encode();
+        assert_eq!(bytes[0], RECORD_FORMAT);
+        assert_eq!(LeaseRecord::decode(&bytes), Some(rec.clone()));
+        assert_eq!(LeaseRecord::decode(&LeaseRecord::default().encode()), Some(LeaseRecord::default()));
+        // truncated anywhere, or with trailing bytes: refused, never half-read
+        for n in 0..bytes.len() {
+            assert_eq!(LeaseRecord::decode(&bytes[..n]), None, "truncated to {n}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(LeaseRecord::decode(&longer), None);
+        // an older filter's JSON record, a forgotten lease (empty), another format
+        assert_eq!(LeaseRecord::decode(br#"{"batches":[{"units":5,"untilMs":9}]}"#), None);
+        assert_eq!(LeaseRecord::decode(b""), None);
+        let mut other = bytes;
+        other[0] = RECORD_FORMAT + 1;
+        assert_eq!(LeaseRecord::decode(&other), None);
     }
 
     #[test]

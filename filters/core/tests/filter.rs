@@ -206,6 +206,48 @@ fn a_cacheable_allow_is_reused_without_a_call_until_it_expires() {
 }
 
 #[test]
+fn a_worker_keeps_its_own_copy_of_auth_cache_entries_with_the_same_expiry() {
+    use tollgate_filter_core::filter::LocalAllows;
+    let worker = Rc::new(RefCell::new(LocalAllows::default()));
+    let on_worker = |config: &str| filter(config).with_local_allows(worker.clone());
+    let mut first = MockHost::new().with_header("x-api-key", KEY);
+    first.now_ms = 1_000;
+    let mut f = on_worker("{}");
+    f.on_request_headers(&mut first, true);
+    assert_eq!(f.on_sidecar_response(&mut first, 1, Some(200), &allow_cacheable(300)), Action::Continue);
+    assert_eq!(worker.borrow().len(), 1);
+
+    // Same worker, shared data gone (not even read): answered from the worker's copy.
+    let mut second = MockHost::new().with_header("x-api-key", KEY);
+    second.now_ms = 1_299;
+    assert_eq!(on_worker("{}").on_request_headers(&mut second, true), Action::Continue);
+    assert!(second.calls.is_empty());
+    assert_eq!(second.header("x-tollgate-tenant"), Some("acme"));
+    assert_eq!(second.count_of(Metric::AuthCacheHit), 1);
+
+    // Expired at the same time as the shared entry: back to the sidecar.
+    let mut third = MockHost::next_request(&first).with_header("x-api-key", KEY);
+    third.now_ms = 1_300;
+    assert_eq!(on_worker("{}").on_request_headers(&mut third, true), Action::Pause);
+    assert_eq!(third.calls.len(), 1);
+
+    // Another worker reads the shared entry once, then keeps its own copy.
+    let other = Rc::new(RefCell::new(LocalAllows::default()));
+    let mut fourth = MockHost::next_request(&first).with_header("x-api-key", KEY);
+    fourth.now_ms = 1_100;
+    assert_eq!(filter("{}").with_local_allows(other.clone()).on_request_headers(&mut fourth, true), Action::Continue);
+    assert_eq!(other.borrow().len(), 1);
+    let mut fifth = MockHost::new().with_header("x-api-key", KEY);
+    fifth.now_ms = 1_200;
+    assert_eq!(filter("{}").with_local_allows(other.clone()).on_request_headers(&mut fifth, true), Action::Continue);
+    assert!(fifth.calls.is_empty());
+    // Another key is not served from it.
+    let mut sixth = MockHost::new().with_header("x-api-key", "another");
+    sixth.now_ms = 1_200;
+    assert_eq!(filter("{}").with_local_allows(other).on_request_headers(&mut sixth, true), Action::Pause);
+}
+
+#[test]
 fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
     // Capped to authCacheMaxTtl.
     let mut h = MockHost::new().with_header("x-api-key", KEY);
@@ -301,6 +343,19 @@ fn usage_is_read_from_json_and_from_sse_frames() {
     let sse = b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":3,\"total_tokens\": 9}}\n\ndata: [DONE]\n\n";
     assert_eq!(usage_tokens(sse), Some(9));
     assert_eq!(usage_tokens(b"no usage here"), None);
+    // the response's usage object wins over a total_tokens elsewhere in the document
+    let nested = br#"{"total_tokens":1,"choices":[{"x":{"total_tokens":5}}],"usage":{"prompt_tokens":2,"total_tokens":30},"model":"m"}"#;
+    assert_eq!(usage_tokens(nested), Some(30));
+    assert_eq!(usage_tokens(br#"{"usage":null,"meta":{"total_tokens": 4}}"#), Some(4), "no usage object: the last field");
+    assert_eq!(usage_tokens(br#"{"method":"GET","headers":[["a","b"]]}"#), None, "an echo without usage");
+    assert_eq!(usage_tokens(b"\xff\xfe {\"total_tokens\": 12}"), Some(12), "bytes before the field need not be UTF-8");
+    assert_eq!(usage_tokens(br#"{"total_tokens":"many"}"#), None);
+    // the scan's edges: the field first, underscores elsewhere, bodies shorter than the field
+    assert_eq!(usage_tokens(br#""total_tokens":3"#), Some(3));
+    assert_eq!(usage_tokens(br#"a_b "total_tokens": 8 _c_"#), Some(8));
+    assert_eq!(usage_tokens(b"_"), None);
+    assert_eq!(usage_tokens(b""), None);
+    assert_eq!(usage_tokens(br#"total_tokens": 5"#), None, "no opening quote: not the field");
 }
 
 #[test]

@@ -59,7 +59,7 @@ impl Envoy {
     }
 
     fn record(&self) -> Option<LeaseRecord> {
-        serde_json::from_slice(self.base.shared.get(&lease::lease_key(&hash_key(KEY)))?).ok()
+        LeaseRecord::decode(self.base.shared.get(&lease::lease_key(&hash_key(KEY)))?)
     }
 
     fn units(&self) -> u64 {
@@ -297,9 +297,9 @@ fn workers_racing_on_the_lease_never_spend_a_unit_twice() {
     // Another worker spends a unit between this request's read and its CAS write, twice.
     let mut other = e.record().unwrap();
     other.batches[0].units = 4;
-    let first = serde_json::to_vec(&other).unwrap();
+    let first = other.encode();
     other.batches[0].units = 3;
-    let second = serde_json::to_vec(&other).unwrap();
+    let second = other.encode();
     let mut h = MockHost::next_request(&e.base).with_header("x-api-key", KEY);
     h.now_ms = T + 11;
     h.interfere = vec![(key.clone(), first), (key.clone(), second)];

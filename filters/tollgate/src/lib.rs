@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LogLevel, Metric};
+use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LocalAllows, LogLevel, Metric};
 use tollgate_filter_core::responses::ResponseQueue;
 use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
 use tollgate_filter_core::lease::{LeaseRenewer, RenewalQueue};
@@ -109,6 +109,8 @@ struct Root {
     renewals: Rc<RefCell<RenewalQueue>>,
     renewer: LeaseRenewer,
     last_completion_flush_ms: u64,
+    /// This worker's copy of the auth cache entries it has seen.
+    local_allows: Rc<RefCell<LocalAllows>>,
 }
 
 impl Default for Root {
@@ -139,6 +141,7 @@ impl Default for Root {
             response_metrics: FlushMetrics::default(),
             responses_reported_dropped: 0,
             responses_token: None,
+            local_allows: Rc::default(),
         }
     }
 }
@@ -280,7 +283,7 @@ impl Context for Root {
             return;
         }
         let body = call_body(num_headers, body_size);
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         if let Some(p) = self.route_poller.as_mut().filter(|p| p.owns(token_id)) {
             p.on_call_response(&mut host, token_id, status, &body);
             self.routes.borrow_mut().refresh(&host);
@@ -319,7 +322,7 @@ fn call_body(num_headers: usize, body_size: usize) -> Vec<u8> {
 fn vm_identity() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(EnvoyHost { metrics: &HashMap::new(), named: &HashMap::new() }.now_ms());
+    h.write_u64(EnvoyHost::new(&HashMap::new(), &HashMap::new()).now_ms());
     h.finish()
 }
 
@@ -356,7 +359,7 @@ impl RootContext for Root {
                 }
             }
             self.named = Rc::new(named);
-            let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+            let mut host = EnvoyHost::new(&self.metrics, &self.named);
             for t in &config.breakers.targets {
                 breaker::init(&mut host, &breaker::shared_key(&t.name));
             }
@@ -408,7 +411,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(config) = self.config.clone() {
-            let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+            let mut host = EnvoyHost::new(&self.metrics, &self.named);
             self.renewer.on_tick(&mut host, &config);
             // the tick may be faster than the completion flushes (lease renewals)
             let now = host.now_ms();
@@ -419,13 +422,13 @@ impl RootContext for Root {
         }
         self.flush_responses();
         if let Some(config) = self.config.clone().filter(|c| c.usage.enabled) {
-            let now = EnvoyHost { metrics: &self.metrics, named: &self.named }.now_ms();
+            let now = EnvoyHost::new(&self.metrics, &self.named).now_ms();
             if now.saturating_sub(self.last_usage_flush_ms) + 5 >= config.usage.flush_interval.as_millis() as u64 {
                 self.last_usage_flush_ms = now;
                 self.flush_usage();
             }
         }
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         if let Some(p) = self.route_poller.as_mut() {
             p.on_tick(&mut host);
             self.routes.borrow_mut().refresh(&host);
@@ -446,7 +449,8 @@ impl RootContext for Root {
                 .with_meter(self.meter.clone())
                 .with_routes(self.routes.clone())
                 .with_responses(self.responses.clone())
-                .with_leases(self.renewals.clone()),
+                .with_leases(self.renewals.clone())
+                .with_local_allows(self.local_allows.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),
@@ -465,10 +469,20 @@ struct Http {
     named: Named,
 }
 
-/// The Host trait over proxy-wasm host calls for the current HTTP context.
+/// The Host trait over proxy-wasm host calls for the current HTTP context. One lives for one
+/// callback from Envoy: within it, the time and the response's `:status` are read from Envoy once
+/// (each read is a host call; the filter and the breaker guard both ask).
 struct EnvoyHost<'a> {
     metrics: &'a HashMap<Metric, u32>,
     named: &'a HashMap<String, u32>,
+    now_ms: std::cell::Cell<Option<u64>>,
+    status: RefCell<Option<Option<String>>>,
+}
+
+impl<'a> EnvoyHost<'a> {
+    fn new(metrics: &'a HashMap<Metric, u32>, named: &'a HashMap<String, u32>) -> EnvoyHost<'a> {
+        EnvoyHost { metrics, named, now_ms: std::cell::Cell::new(None), status: RefCell::new(None) }
+    }
 }
 
 impl Host for EnvoyHost<'_> {
@@ -511,10 +525,15 @@ impl Host for EnvoyHost<'_> {
         }
     }
     fn now_ms(&self) -> u64 {
-        hostcalls::get_current_time()
+        if let Some(t) = self.now_ms.get() {
+            return t;
+        }
+        let t = hostcalls::get_current_time()
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_millis() as u64)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.now_ms.set(Some(t));
+        t
     }
     fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
         hostcalls::get_shared_data(key).ok().and_then(|(v, _)| v)
@@ -542,7 +561,11 @@ impl Host for EnvoyHost<'_> {
         }
     }
     fn response_header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten()
+        let read = || hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten();
+        if name != ":status" {
+            return read();
+        }
+        self.status.borrow_mut().get_or_insert_with(read).clone()
     }
     fn response_headers(&self) -> Vec<(String, String)> {
         hostcalls::get_map(proxy_wasm::types::MapType::HttpResponseHeaders).unwrap_or_default()
@@ -578,7 +601,7 @@ impl Context for Http {
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let status = call_status(num_headers);
         let body = call_body(num_headers, body_size);
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         if self.filter.on_sidecar_response(&mut host, token_id, status, &body) == Action::Continue
             && self.guard.on_request_routed(&mut host, self.filter.route()) == Action::Continue
         {
@@ -589,7 +612,7 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         match self.filter.on_request_headers(&mut host, end_of_stream) {
             Action::Continue => to_wasm(self.guard.on_request_routed(&mut host, self.filter.route())),
             Action::Pause => WasmAction::Pause,
@@ -597,7 +620,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         match self.filter.on_request_body(&mut host, body_size, end_of_stream) {
             // The guard runs once (it ignores later calls), when authentication lets the request on.
             Action::Continue => to_wasm(self.guard.on_request_routed(&mut host, self.filter.route())),
@@ -606,18 +629,18 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         self.filter.on_response_headers(&mut host, end_of_stream);
         to_wasm(self.guard.on_response(&mut host))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         to_wasm(self.filter.on_response_body(&mut host, body_size, end_of_stream))
     }
 
     fn on_log(&mut self) {
-        let mut host = EnvoyHost { metrics: &self.metrics, named: &self.named };
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
         self.guard.on_done(&mut host);
         self.filter.on_log(&host);
     }

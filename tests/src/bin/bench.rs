@@ -19,7 +19,10 @@
 //!
 //! Options: `--duration SECS` (10) per configuration per round and phase, `--rounds N` (2),
 //! `--connections N` (16, both phases), `--rate-fraction F` (0.5), `--rate RPS` (overrides the
-//! fraction), `--only NAME,NAME` (a subset; `envoy-alone` is always kept: it is the reference).
+//! fraction), `--only NAME,NAME` (a subset; `envoy-alone` is always kept: it is the reference),
+//! `--compare-wasm PATH` (every Tollgate configuration also runs on a second Envoy loading that
+//! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run),
+//! `--saturation-only` (skip phase 2).
 
 use serde_json::{json, Value};
 use std::process::Command;
@@ -59,7 +62,7 @@ struct OpenLoop {
 
 /// A configuration under test: which Envoy, which key, which sidecar serves it.
 struct Config<'a> {
-    name: &'static str,
+    name: String,
     what: &'static str,
     envoy: &'a Envoy,
     key: Option<&'a str>,
@@ -325,23 +328,61 @@ fn main() {
     }
 
     let mut all = vec![
-        Config { name: "envoy-alone", what: "router only", envoy: &baseline, key: None, sidecar: None },
-        Config { name: "envoy+native-local-ratelimit", what: "Envoy's C++ local_ratelimit (never denies)", envoy: &native, key: None, sidecar: None },
-        Config { name: "tollgate-auth", what: "key auth, filter's auth cache answers", envoy: &tollgate, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth-callout-every-request", what: "key auth, no auth cache: one callout", envoy: &callout, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+rate-limit", what: "auth + one exact limit: callout + EVALSHA", envoy: &tollgate, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+leased-limit", what: "auth + one leased limit: most requests spend the lease", envoy: &tollgate, key: Some(leased_key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth-breaker", what: "auth cache + closed breaker", envoy: &breaker, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+token-budget+completion", what: "auth + token budget + batched completion", envoy: &tollgate, key: Some(budget_key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+usage", what: "auth cache + usage metering", envoy: &metered, key: Some(key.raw.as_str()), sidecar: Some(&usage_sidecar) },
-        Config { name: "tollgate-full-policy", what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
-        Config { name: "tollgate-full-policy-leased", what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "envoy-alone".to_string(), what: "router only", envoy: &baseline, key: None, sidecar: None },
+        Config { name: "envoy+native-local-ratelimit".to_string(), what: "Envoy's C++ local_ratelimit (never denies)", envoy: &native, key: None, sidecar: None },
+        Config { name: "tollgate-auth".to_string(), what: "key auth, filter's auth cache answers", envoy: &tollgate, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth-callout-every-request".to_string(), what: "key auth, no auth cache: one callout", envoy: &callout, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+rate-limit".to_string(), what: "auth + one exact limit: callout + EVALSHA", envoy: &tollgate, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+leased-limit".to_string(), what: "auth + one leased limit: most requests spend the lease", envoy: &tollgate, key: Some(leased_key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth-breaker".to_string(), what: "auth cache + closed breaker", envoy: &breaker, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+token-budget+completion".to_string(), what: "auth + token budget + batched completion", envoy: &tollgate, key: Some(budget_key.raw.as_str()), sidecar: Some(&sidecar) },
+        Config { name: "tollgate-auth+usage".to_string(), what: "auth cache + usage metering", envoy: &metered, key: Some(key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "tollgate-full-policy".to_string(), what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "tollgate-full-policy-leased".to_string(), what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
     ];
     for (limit_name, callout_name, limit_envoy, callout_envoy) in &by_transport {
-        all.push(Config { name: limit_name, what: "auth + one exact limit, by this transport", envoy: limit_envoy, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) });
-        all.push(Config { name: callout_name, what: "key auth, no auth cache, by this transport", envoy: callout_envoy, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) });
+        all.push(Config { name: limit_name.to_string(), what: "auth + one exact limit, by this transport", envoy: limit_envoy, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) });
+        all.push(Config { name: callout_name.to_string(), what: "key auth, no auth cache, by this transport", envoy: callout_envoy, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) });
     }
-    let configs: Vec<&Config> = all.iter().filter(|c| c.name == "envoy-alone" || selected(c.name)).collect();
+    // A/B: the same Tollgate configurations on Envoys that load another build of the filter.
+    let compare_wasm = arg_str("--compare-wasm");
+    let twin = |e: &Envoy| -> Option<Envoy> {
+        let wasm = compare_wasm.as_ref()?;
+        let mut opts = e.options().clone();
+        opts.vars.push(("WASM_PATH", std::fs::canonicalize(wasm).expect("--compare-wasm: no such file").display().to_string()));
+        Some(Envoy::start(opts))
+    };
+    let twins: Vec<(String, Option<Envoy>)> = [
+        (&tollgate, "tollgate"),
+        (&callout, "callout"),
+        (&breaker, "breaker"),
+        (&metered, "metered"),
+        (&full, "full"),
+    ]
+    .iter()
+    .map(|(e, n)| (n.to_string(), twin(e)))
+    .collect();
+    let twin_of = |n: &str| twins.iter().find(|(t, _)| t == n).and_then(|(_, e)| e.as_ref());
+    let envoy_name = |e: &Envoy| -> &'static str {
+        [(&tollgate, "tollgate"), (&callout, "callout"), (&breaker, "breaker"), (&metered, "metered"), (&full, "full")]
+            .iter()
+            .find(|(x, _)| std::ptr::eq(*x, e))
+            .map_or("", |(_, n)| n)
+    };
+    let mut compared = Vec::new();
+    for c in &all {
+        if let Some(t) = twin_of(envoy_name(c.envoy)) {
+            compared.push(Config { name: format!("{}@compare", c.name), what: c.what, envoy: t, key: c.key, sidecar: c.sidecar });
+        }
+    }
+    all.extend(compared);
+    let configs: Vec<&Config> =
+        all.iter()
+            .filter(|c| {
+                let plain = c.name.trim_end_matches("@compare");
+                c.name == "envoy-alone" || selected(plain)
+            })
+            .collect();
 
     // ---- phase 1: saturation (closed loop) ----
     let mut sat: Vec<Vec<Saturation>> = vec![Vec::new(); configs.len()];
@@ -351,8 +392,11 @@ fn main() {
     for round in 0..rounds {
         for (i, c) in configs.iter().enumerate() {
             let url = c.envoy.url("/bench");
-            let _ = wrk(&url, c.key, 1, conns); // warm-up (connections, caches)
+            // settle, then warm up right before measuring: connections, caches and leases are warm
+            // when the measurement starts (a lease expires within 500 ms of the last request, so a
+            // pause between warm-up and measurement would measure its slow start again)
             settle(&redis);
+            let _ = wrk(&url, c.key, 2, conns);
             let spid = c.sidecar.and_then(Sidecar::pid);
             let (e0, s0, r0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, secs, conns);
@@ -384,11 +428,12 @@ fn main() {
         "phase 2, open loop: {rounds} interleaved rounds x {secs}s at {rate:.0} rps ({}), oha -c{conns} --latency-correction on CPU 1",
         if fixed_rate.is_some() { "--rate".to_string() } else { format!("{rate_fraction} x Envoy alone's {base_rps:.0} rps") }
     );
-    for round in 0..rounds {
+    let open_rounds = if args().iter().any(|a| a == "--saturation-only") { 0 } else { rounds };
+    for round in 0..open_rounds {
         for (i, c) in configs.iter().enumerate() {
             let url = c.envoy.url("/bench");
-            let _ = oha(&url, c.key, 1, conns, rate); // warm-up at the same rate
             settle(&redis);
+            let _ = oha(&url, c.key, 2, conns, rate); // warm-up at the same rate, right before
             let spid = c.sidecar.and_then(Sidecar::pid);
             let (e0, s0) = (cpu_us(c.envoy.pid()), cpu_us(spid));
             let Some(mut o) = oha(&url, c.key, secs, conns, rate) else { continue };
@@ -521,7 +566,9 @@ fn main() {
     });
     let _ = std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&doc).unwrap_or_default());
     println!("\nwrote .tollgate/bench/summary.json");
+    drop(configs);
     drop(all);
+    drop(twins);
     drop(by_transport);
     drop((tollgate, callout, breaker, metered, full, native, baseline, sidecar, usage_sidecar, broker, redis, upstream));
 }
