@@ -77,7 +77,8 @@ impl Hints {
 
 /// Milliseconds since the epoch by this sidecar's clock (index scores only).
 fn epoch_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    use crate::clock::Clock;
+    crate::clock::SystemClock.now_ms()
 }
 
 impl Store {

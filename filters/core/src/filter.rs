@@ -981,10 +981,12 @@ pub fn interpret(status: Option<u16>, body: &[u8]) -> Result<DecideResponse, Str
     }
 }
 
+/// The field [`usage_tokens`] looks for, quotes included.
+const FIELD: &[u8] = b"\"total_tokens\"";
+
 /// `usage.total_tokens` of a JSON response, or the last `"total_tokens": N` in the body (which
 /// also finds the usage frame of an SSE stream). A body without `"total_tokens"` is not parsed.
 pub fn usage_tokens(body: &[u8]) -> Option<u64> {
-    const FIELD: &[u8] = b"\"total_tokens\"";
     let at = rfind_field(body)?;
     /// Only the field read: the rest of the document is skipped, not built.
     #[derive(serde::Deserialize)]
@@ -1006,7 +1008,6 @@ pub fn usage_tokens(body: &[u8]) -> Option<u64> {
 /// Where the last `"total_tokens"` starts. Anchored on its `_` (rare in JSON, unlike `"`), so a
 /// response without the field costs one backwards byte scan.
 fn rfind_field(body: &[u8]) -> Option<usize> {
-    const FIELD: &[u8] = b"\"total_tokens\"";
     const ANCHOR: usize = 6; // FIELD[6] == b'_'
     let mut end = body.len(); // candidates for the anchor lie in [ANCHOR, end)
     loop {
