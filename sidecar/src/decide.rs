@@ -25,7 +25,6 @@ use crate::keys::{ConcurrencyKey, Id, KeyHash, ReservationKey, Subject, TokenBud
 use crate::limits::{self, LimitFailureMode, Plans, RequestCtx};
 use crate::metrics as m;
 use crate::store::{CompleteCall, Store, StoreError};
-use rand::distr::{Alphanumeric, SampleString};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse, Header};
@@ -99,6 +98,17 @@ impl Routing {
     pub fn cache_ttl_ms(&self, route: &str) -> Option<u64> {
         self.routes.get(route).and_then(|r| r.cache.as_ref()).map(|(_, ms)| *ms)
     }
+}
+
+/// The id of a decision: the filter's `decisionId` when it is one (32 lowercase hex), else a
+/// random one of the same form made here.
+pub fn decision_id(req: &DecideRequest) -> Id {
+    let valid = |s: &&str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    req.decision_id
+        .as_deref()
+        .filter(valid)
+        .and_then(Id::parse)
+        .unwrap_or_else(|| Id::parse(&format!("{:032x}", rand::random::<u128>())).expect("hex id"))
 }
 
 /// Wall-clock unix seconds.
@@ -242,11 +252,10 @@ impl Decider {
         lookup: Option<ResponseLookup>,
         fresh: bool,
     ) -> DecideResponse {
-        let request_id = req
-            .request_id
-            .as_deref()
-            .and_then(Id::parse)
-            .unwrap_or_else(|| Id::parse(&Alphanumeric.sample_string(&mut rand::rng(), 24)).expect("alphanumeric id"));
+        // The decision's id keys what it takes (log member, slot, reservation, ticket): the
+        // filter's own id for it, or one made here — never the client's `x-request-id`, which
+        // would let a client make all its requests one log entry or one slot.
+        let request_id = decision_id(req);
         let ctx = RequestCtx {
             tenant: &r.tenant,
             key_id: &r.key_id,
@@ -590,5 +599,44 @@ impl Decider {
             (None, _) | (_, None) => false,
             (Some(t), Some(r)) => &r.tenant != t,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(decision_id: Option<&str>, request_id: Option<&str>) -> DecideRequest {
+        DecideRequest {
+            key_hash: "0".repeat(64),
+            method: "GET".into(),
+            authority: "a".into(),
+            path: "/".into(),
+            request_id: request_id.map(str::to_string),
+            decision_id: decision_id.map(str::to_string),
+            client_ip: None,
+            headers: vec![],
+            token_estimate: None,
+            route: None,
+            cache_key: None,
+            idempotency: None,
+            lease: None,
+        }
+    }
+
+    #[test]
+    fn a_decision_is_named_by_the_gateway_never_by_the_clients_request_id() {
+        let filter_id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(decision_id(&req(Some(filter_id), Some("fixed-1"))).as_str(), filter_id);
+        // no filter id: a fresh random one each time, never the client's
+        let (a, b) = (decision_id(&req(None, Some("fixed-1"))), decision_id(&req(None, Some("fixed-1"))));
+        assert_ne!(a, b);
+        assert!(a.as_str().len() == 32 && a.as_str() != "fixed-1");
+        // anything but 32 lowercase hex from the filter is replaced too
+        for bad in ["fixed-1", "0123456789ABCDEF0123456789ABCDEF", "", "0123"] {
+            let id = decision_id(&req(Some(bad), None));
+            assert_ne!(id.as_str(), bad);
+            assert_eq!(id.as_str().len(), 32);
+        }
     }
 }

@@ -266,6 +266,7 @@ mod tests {
             authority: "a".into(),
             path: "/v1/chat".into(),
             request_id: None,
+            decision_id: None,
             client_ip: None,
             headers: vec![],
             token_estimate: None,

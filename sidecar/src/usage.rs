@@ -450,6 +450,7 @@ mod tests {
             authority: "api".into(),
             path: "/v1/chat?x=1".into(),
             request_id: Some("client".into()),
+            decision_id: None,
             client_ip: None,
             headers: vec![],
             token_estimate: None,

@@ -49,6 +49,7 @@ impl Lab {
             authority: "api".into(),
             path: "/".into(),
             request_id: None,
+            decision_id: None,
             client_ip: None,
             headers: vec![],
             token_estimate: None,

@@ -59,6 +59,7 @@ impl Lab {
             authority: "api".into(),
             path: "/".into(),
             request_id: Some(format!("req-{}", self.req)),
+            decision_id: None,
             client_ip: Some("10.0.0.1".into()),
             headers: vec![],
             token_estimate: None,

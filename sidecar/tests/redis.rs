@@ -50,6 +50,7 @@ impl Running {
             authority: "api".into(),
             path: "/".into(),
             request_id: None,
+            decision_id: None,
             client_ip: None,
             headers: vec![],
             token_estimate: None,

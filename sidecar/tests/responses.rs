@@ -62,6 +62,7 @@ impl Lab {
             authority: "api".into(),
             path: "/v1/chat".into(),
             request_id: None,
+            decision_id: None,
             client_ip: None,
             headers: vec![],
             token_estimate: None,

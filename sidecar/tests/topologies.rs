@@ -37,6 +37,7 @@ fn request(hash: &str, n: u32) -> DecideRequest {
         authority: "a".into(),
         path: "/".into(),
         request_id: Some(format!("r-{n}")),
+        decision_id: None,
         client_ip: Some("10.1.1.1".into()),
         headers: vec![],
         token_estimate: None,

@@ -202,6 +202,7 @@ fn typical_request() -> tollgate_wire::DecideRequest {
         authority: "api.example.com".into(),
         path: "/v1/chat/completions".into(),
         request_id: Some("9f1c7e52-3a4b-4c8d-9e0f-1a2b3c4d5e6f".into()),
+        decision_id: None,
         client_ip: Some("10.1.2.3:53412".into()),
         headers: Vec::new(),
         token_estimate: None,

@@ -296,6 +296,8 @@ pub struct AuthFilter {
     lease_sent_ms: Option<u64>,
     /// The worker's copy of auth cache entries.
     local_allows: Option<Rc<RefCell<LocalAllows>>>,
+    /// The worker's decision ids (crate::ids); without it the sidecar names the decision.
+    decision_ids: Option<Rc<RefCell<crate::ids::DecisionIds>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -330,7 +332,14 @@ impl AuthFilter {
             leases: None,
             lease_sent_ms: None,
             local_allows: None,
+            decision_ids: None,
         }
+    }
+
+    /// Names every decision call with an id from `ids` (crate::ids).
+    pub fn with_decision_ids(mut self, ids: Rc<RefCell<crate::ids::DecisionIds>>) -> AuthFilter {
+        self.decision_ids = Some(ids);
+        self
     }
 
     /// Keeps this worker's copy of auth cache entries in `allows` (see [`LocalAllows`]).
@@ -450,6 +459,7 @@ impl AuthFilter {
             authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
             path: upstream_path,
             request_id: header_in(&headers, "x-request-id").map(str::to_string),
+            decision_id: None,
             // an Envoy attribute (a costly host call): read only for a call (below)
             client_ip: None,
             headers: self
@@ -576,7 +586,10 @@ impl AuthFilter {
         self.call_sidecar(host, request)
     }
 
-    fn call_sidecar(&mut self, host: &mut impl Host, request: DecideRequest) -> Action {
+    fn call_sidecar(&mut self, host: &mut impl Host, mut request: DecideRequest) -> Action {
+        // The gateway names the decision: what it takes in Redis keys on this id, never on
+        // anything the client sent.
+        request.decision_id = self.decision_ids.as_ref().map(|ids| ids.borrow_mut().next_id());
         let body = match serde_json::to_vec(&request) {
             Ok(b) => b,
             Err(e) => return self.sidecar_failed(host, &format!("cannot encode decision request: {e}")),

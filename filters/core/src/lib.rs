@@ -13,6 +13,10 @@
 pub mod completions;
 pub mod config;
 pub mod filter;
+/// Decision ids made by the gateway (never taken from the client).
+pub mod ids;
+/// Decoding raw header maps from the host (bytes, never assumed UTF-8).
+pub mod hostmap;
 pub mod key;
 /// Leased limits: spending, sizing and renewing leases of limit units (issue 8).
 pub mod lease;

@@ -413,3 +413,24 @@ fn a_body_arriving_while_the_decision_is_pending_is_held_back() {
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
     assert_eq!(f.on_request_body(&mut host, 5, true), Action::Continue);
 }
+
+#[test]
+fn the_gateway_names_each_decision_never_the_client() {
+    let ids = Rc::new(RefCell::new(tollgate_filter_core::ids::DecisionIds::new([9; 32])));
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let mut host = MockHost::new().with_header("x-api-key", KEY).with_header("x-request-id", "fixed-1");
+        let mut f = filter("{}").with_decision_ids(ids.clone());
+        assert_eq!(f.on_request_headers(&mut host, true), Action::Pause);
+        let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+        // the client's id is only carried along for tracing
+        assert_eq!(req.request_id.as_deref(), Some("fixed-1"));
+        let id = req.decision_id.expect("a decision id");
+        assert_eq!(id.len(), 32);
+        assert!(!id.contains("fixed"));
+        seen.push(id);
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "one id per decision, whatever the client sent");
+}

@@ -183,6 +183,7 @@ fn sample_request() -> DecideRequest {
         authority: "api.test".into(),
         path: "/".into(),
         request_id: None,
+        decision_id: None,
         client_ip: None,
         headers: vec![],
         token_estimate: Some(5),

@@ -28,6 +28,7 @@ use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LocalAllows, LogLevel, Metric};
+use tollgate_filter_core::ids::DecisionIds;
 use tollgate_filter_core::responses::ResponseQueue;
 use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
 use tollgate_filter_core::lease::{LeaseRenewer, RenewalQueue};
@@ -111,6 +112,8 @@ struct Root {
     last_completion_flush_ms: u64,
     /// This worker's copy of the auth cache entries it has seen.
     local_allows: Rc<RefCell<LocalAllows>>,
+    /// This worker's decision ids (a secret random seed per VM).
+    decision_ids: Rc<RefCell<DecisionIds>>,
 }
 
 impl Default for Root {
@@ -142,6 +145,7 @@ impl Default for Root {
             responses_reported_dropped: 0,
             responses_token: None,
             local_allows: Rc::default(),
+            decision_ids: Rc::new(RefCell::new(DecisionIds::new(random_seed()))),
         }
     }
 }
@@ -317,6 +321,18 @@ fn call_body(num_headers: usize, body_size: usize) -> Vec<u8> {
     hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default()
 }
 
+/// 32 secret random bytes for this VM's decision ids: four keyed hashes whose keys `RandomState`
+/// draws from the host's randomness (WASI `random_get`).
+fn random_seed() -> [u8; 32] {
+    use std::hash::BuildHasher;
+    let mut seed = [0u8; 32];
+    for (i, chunk) in seed.chunks_mut(8).enumerate() {
+        let v = std::collections::hash_map::RandomState::new().hash_one(i as u64);
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    seed
+}
+
 /// A random identity for this VM in the hint poller's lease, and the seed of its usage event
 /// ids. `RandomState` draws its keys from the host's randomness (WASI `random_get`).
 fn vm_identity() -> u64 {
@@ -450,7 +466,8 @@ impl RootContext for Root {
                 .with_routes(self.routes.clone())
                 .with_responses(self.responses.clone())
                 .with_leases(self.renewals.clone())
-                .with_local_allows(self.local_allows.clone()),
+                .with_local_allows(self.local_allows.clone())
+                .with_decision_ids(self.decision_ids.clone()),
             guard: BreakerGuard::new(config),
             metrics: self.metrics.clone(),
             named: self.named.clone(),

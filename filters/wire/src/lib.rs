@@ -26,9 +26,15 @@ pub struct DecideRequest {
     pub authority: String,
     /// The request path as it goes upstream: the API-key query parameter already removed.
     pub path: String,
-    /// Envoy's `x-request-id`, when present (reservations and usage events key on it later).
+    /// The client's `x-request-id`, when present: for tracing (logs) only. It never keys shared
+    /// state — a client choosing it could make every request the same log entry or slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// The gateway's own id of this decision (32 lowercase hex, random per decision, made by the
+    /// filter): the sliding-log member, the concurrency slot, the reservation and the ticket all
+    /// key on it. Absent (an older filter, a lease renewal): the sidecar makes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_id: Option<String>,
     /// The downstream peer address as Envoy saw it (not a client-supplied header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_ip: Option<String>,

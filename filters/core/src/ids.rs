@@ -1,0 +1,64 @@
+//! Decision ids: the gateway names every decision it asks the sidecar for.
+//!
+//! A decision's id keys everything the decision takes in shared state — the sliding-log member,
+//! the concurrency slot, the token reservation, the completion ticket — so it must be unique and
+//! chosen by the gateway, never by the client (a client repeating one `x-request-id` would
+//! otherwise be one log entry and one slot however many requests it sent). Ids are
+//! `sha256(secret seed ‖ counter)`, cut to 128 bits (32 lowercase hex): unique per worker by the
+//! counter, across workers and Envoys by the seed, and unguessable without the seed (drawn from
+//! the host's randomness by the adapter, once per VM).
+
+use sha2::{Digest, Sha256};
+
+/// A worker's source of decision ids.
+#[derive(Debug)]
+pub struct DecisionIds {
+    seed: [u8; 32],
+    next: u64,
+}
+
+impl DecisionIds {
+    /// `seed` must be secret and random per VM (the adapter draws it from the host).
+    pub fn new(seed: [u8; 32]) -> DecisionIds {
+        DecisionIds { seed, next: 0 }
+    }
+
+    /// The next id: 32 lowercase hex characters.
+    pub fn next_id(&mut self) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        self.next = self.next.wrapping_add(1);
+        let digest = Sha256::new().chain_update(self.seed).chain_update(self.next.to_le_bytes()).finalize();
+        let mut out = String::with_capacity(32);
+        for b in digest.iter().take(16) {
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 0xf) as usize] as char);
+        }
+        out
+    }
+}
+
+impl Default for DecisionIds {
+    /// A fixed seed: for tests only (ids stay unique per instance, but are guessable).
+    fn default() -> DecisionIds {
+        DecisionIds::new([7; 32])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn ids_are_unique_hex_and_depend_on_the_seed() {
+        let mut a = DecisionIds::new([1; 32]);
+        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| a.next_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(ids.iter().all(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())));
+        let (mut b, mut c) = (DecisionIds::new([1; 32]), DecisionIds::new([2; 32]));
+        let first = b.next_id();
+        assert!(ids.contains(&first), "same seed, same sequence");
+        assert_ne!(first, c.next_id(), "another seed, other ids");
+    }
+}
