@@ -116,13 +116,14 @@ install_oha() {
 
 build() {
   log "building the filter (wasm32-wasip1) and the sidecar"
-  cargo build -q --release --target wasm32-wasip1 -p tollgate-filter
+  cargo build -q --release --target wasm32-wasip1 -p tollgate-filter -p tollgate-test-crasher
   cargo build -q --release -p tollgate-sidecar -p tollgate-billing -p tollgate-tests --bins
 }
 
 test_env() {
   export TOLLGATE_ENVOY_BIN="$ENVOY_BIN"
   export TOLLGATE_WASM="$WASM_OUT"
+  export TOLLGATE_CRASHER_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_test_crasher.wasm"
   export TOLLGATE_SIDECAR_BIN="$SIDECAR_BIN"
   export TOLLGATE_REDIS_SERVER_BIN="$(command -v redis-server)"
   export TOLLGATE_TANSU_BIN="$TANSU_BIN"

@@ -1,7 +1,9 @@
 //! An upstream that echoes what it received as JSON: `{"method", "path", "headers": [[n, v]…]}`.
 //! A request header `x-echo-usage: N` adds an LLM-style `"usage": {"total_tokens": N}`;
 //! `x-echo-status: N` answers with that status (usage tests); `x-echo-delay-ms: N` answers after N ms
-//! and `x-echo-cache-control: V` sets `Cache-Control: V` on the response (response-cache tests).
+//! and `x-echo-cache-control: V` sets `Cache-Control: V` on the response (response-cache tests);
+//! `x-echo-latin1: 1` adds a response header whose value is Latin-1, not UTF-8 (`x-latin1: café`
+//! with é as the byte 0xE9; hostile-input tests).
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
 use axum::body::Body;
@@ -61,6 +63,11 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     let mut response = Response::builder().status(status).header(header::CONTENT_TYPE, "application/json");
     if let Some(cc) = cache_control {
         response = response.header(header::CACHE_CONTROL, cc);
+    }
+    if req.headers().contains_key("x-echo-latin1") {
+        if let Ok(v) = axum::http::HeaderValue::from_bytes(b"caf\xe9") {
+            response = response.header("x-latin1", v);
+        }
     }
     response.body(Body::from(body)).unwrap_or_default()
 }

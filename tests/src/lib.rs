@@ -7,6 +7,8 @@
 //! workspace's build outputs.
 
 pub mod echo;
+/// HTTP/1.1 over a raw socket, for bytes no client library sends (hostile-client tests).
+pub mod raw;
 pub mod postgres;
 /// A real Kafka-compatible broker (tansu) and a topic reader (usage tests).
 pub mod broker;
@@ -707,6 +709,11 @@ impl Envoy {
 
     pub fn log_text(&self) -> String {
         self.proc.log_text()
+    }
+
+    /// Every stat whose name contains `filter` (admin `/stats?filter=`), as text.
+    pub fn stats(&self, filter: &str) -> String {
+        get(&format!("http://127.0.0.1:{}/stats?filter={}", self.admin_port, filter), &[]).body
     }
 }
 

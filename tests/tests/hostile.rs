@@ -2,7 +2,8 @@
 //! grow memory without bound. Each test runs a real Envoy with the filter, the sidecar and Redis.
 
 use std::sync::atomic::Ordering;
-use tollgate_tests::{get, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
+use std::time::Duration;
+use tollgate_tests::{get, poll_until, post, raw, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
 
 const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
 
@@ -95,4 +96,153 @@ fn a_fixed_client_request_id_never_merges_token_reservations() {
         redis::cmd("GET").arg(keys.first()?).query(&mut c).ok()
     };
     tollgate_tests::poll_until("three reservations reconciled to 3 x 100", std::time::Duration::from_secs(10), || used() == Some(300));
+}
+
+const ROUTED_TOML: &str = r#"
+[[plans.p.limits]]
+name = "pm"
+algorithm = "fixed_window"
+limit = 100000
+window = "60s"
+
+[[routes]]
+id = "cached"
+cluster = "upstream"
+priority = 10
+cache_ttl = "60s"
+[routes.match]
+path_prefix = "/cached"
+
+[[routes]]
+id = "plain"
+cluster = "upstream"
+priority = 20
+[routes.match]
+path_prefix = "/"
+"#;
+
+/// A byte like 0xFF anywhere a client or an upstream can put it never kills a worker: one worker
+/// only, so a dead VM would fail every request after it.
+#[test]
+fn bytes_that_are_not_utf8_never_kill_a_worker() {
+    let redis = Redis::start();
+    let sidecar = Sidecar::start_with_config(&redis.url(), ROUTED_TOML, &[]);
+    let (upstream, seen) = start_counting_echo();
+    let plugin = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","routing":{"enabled":true,"refreshInterval":"50ms"},
+      "idempotency":{"enabled":true},"completionFlushInterval":"20ms"}"#;
+    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin).concurrency(1));
+    let key = sidecar.create_key("acme", "p", &[]);
+    let k = key.raw.as_bytes();
+    poll_until("the routing table in the filter", Duration::from_secs(20), || get(&envoy.url("/warmup"), &[("x-api-key", &key.raw)]).status == 200);
+
+    // an unrelated header: absent for the filter
+    let r = raw::get(envoy.port, b"/hello", &[("user-agent", b"curl\xff")]);
+    assert_eq!((r.status, r.json()["error"].as_str()), (401, Some("missing_key")), "{r:?}");
+    let r = raw::get(envoy.port, b"/hello", &[("user-agent", b"curl\xff"), ("x-api-key", k)]);
+    assert_eq!(r.status, 200, "{r:?}");
+    // the key itself: refused with the documented JSON
+    let r = raw::get(envoy.port, b"/hello", &[("x-api-key", b"tg_\xff\xfe")]);
+    assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("invalid_request")), "{r:?}");
+    let r = raw::get(envoy.port, b"/hello", &[("authorization", b"Bearer tg_\xff")]);
+    assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("invalid_request")), "{r:?}");
+    // the path (Envoy may refuse it first; either way a 400, never a dead worker)
+    let r = raw::get(envoy.port, b"/caf\xe9?x=1", &[("x-api-key", k)]);
+    assert_eq!(r.status, 400, "{r:?}");
+
+    // an upstream's Latin-1 header on a caching route: served, not cached (it could not be
+    // replayed as sent)
+    let before = seen.load(Ordering::SeqCst);
+    for _ in 0..2 {
+        let r = raw::get(envoy.port, b"/cached/latin1", &[("x-api-key", k), ("x-echo-latin1", b"1")]);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("x-tollgate-cache"), Some("miss"));
+    }
+    assert_eq!(seen.load(Ordering::SeqCst) - before, 2, "not cached: both reached the upstream");
+
+    // ... and on an idempotent POST: the outcome is stored (without that header) and replayed
+    let h = [("x-api-key", key.raw.as_str()), ("idempotency-key", "\"order-1\""), ("x-echo-latin1", "1"), ("content-type", "application/json")];
+    let before = seen.load(Ordering::SeqCst);
+    assert_eq!(post(&envoy.url("/orders"), &h, "{\"n\":1}").status, 200);
+    poll_until("the idempotent replay", Duration::from_secs(10), || {
+        let r = post(&envoy.url("/orders"), &h, "{\"n\":1}");
+        assert!(r.status == 200 || r.status == 409, "{r:?}");
+        r.header("idempotent-replayed") == Some("true")
+    });
+    assert_eq!(seen.load(Ordering::SeqCst) - before, 1, "the operation ran once");
+
+    // the worker is alive: twenty ordinary requests all pass
+    for _ in 0..20 {
+        assert_eq!(get(&envoy.url("/hello"), &[("x-api-key", &key.raw)]).status, 200);
+    }
+    let log = envoy.log_text();
+    assert!(!log.contains("panicked") && !log.contains("Uncaught") && !log.contains("wasm_fail_stream"), "the VM failed:\n{log}");
+}
+
+/// Envoy replaces a VM that fails (`failure_policy: FAIL_RELOAD`): the request that killed it and
+/// those during the backoff get the documented JSON 503, the failure shows in a stat, and
+/// requests are served again within a second. Measured with a fixture filter that traps on
+/// demand, loaded into the shipped template in place of Tollgate's.
+#[test]
+fn a_failed_filter_vm_is_replaced_and_answers_json_meanwhile() {
+    let (upstream, _) = start_counting_echo();
+    let crasher = std::env::var("TOLLGATE_CRASHER_WASM")
+        .unwrap_or_else(|_| tollgate_tests::root().join("target/wasm32-wasip1/release/tollgate_test_crasher.wasm").display().to_string());
+    let mut opts = EnvoyOptions::new(upstream.port, tollgate_tests::free_port()).concurrency(1);
+    opts.vars.push(("WASM_PATH", crasher));
+    let envoy = Envoy::start(opts);
+    assert_eq!(get(&envoy.url("/"), &[]).status, 200);
+    let r = get(&envoy.url("/"), &[("x-crash", "1")]);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.json()["error"], "gateway_unavailable");
+    let failed_at = std::time::Instant::now();
+    poll_until("a fresh VM serving again", Duration::from_secs(10), || {
+        let r = get(&envoy.url("/"), &[]);
+        assert!(r.status == 200 || (r.status == 503 && r.json()["error"] == "gateway_unavailable"), "{r:?}");
+        r.status == 200
+    });
+    let recovered = failed_at.elapsed();
+    eprintln!("a failed VM was replaced after {recovered:?}");
+    assert!(envoy.counter("wasm.tollgate.vm_reload_success") >= 1, "{}", envoy.stats("wasm."));
+}
+
+/// The client IP of a per-IP limit is the peer's address: rotating `X-Forwarded-For` gets nothing
+/// more; and header names that only look like the gateway's own never reach the upstream.
+#[test]
+fn forwarded_for_and_underscored_names_choose_nothing() {
+    let redis = Redis::start();
+    let sidecar = Sidecar::start_with_config(
+        &redis.url(),
+        "[[plans.ip.limits]]\nname = \"per-ip\"\nalgorithm = \"sliding_log\"\nsubject = \"client_ip\"\nlimit = 5\nwindow = \"24h\"\n",
+        &[],
+    );
+    let (upstream, _) = start_counting_echo();
+    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
+    let key = sidecar.create_key("acme", "ip", &[]);
+    let statuses: Vec<u16> = (0..20)
+        .map(|i| {
+            let xff = format!("203.0.113.{i}");
+            get(&envoy.url("/"), &[("x-api-key", key.raw.as_str()), ("x-forwarded-for", xff.as_str())]).status
+        })
+        .collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 5, "{statuses:?}");
+
+    let other = sidecar.create_key("acme", "gold", &[]);
+    let r = get(&envoy.url("/"), &[("x-api-key", other.raw.as_str()), ("x_tollgate_tenant", "evil"), ("x_api_key", "tg_x")]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = r.echoed();
+    assert_eq!(seen.header("x-tollgate-tenant"), Some("acme"));
+    assert!(seen.headers.iter().all(|(n, _)| !n.contains('_')), "an underscored name reached the upstream: {:?}", seen.headers);
+
+    // a credential in any whitespace form is found and stripped; two different keys are refused
+    for auth in [format!("Bearer\t{}", other.raw), format!("bEaReR   {} ", other.raw), format!("\tBEARER\t\t{}", other.raw)] {
+        let r = raw::get(envoy.port, b"/", &[("authorization", auth.as_bytes())]);
+        assert_eq!(r.status, 200, "{auth:?}: {r:?}");
+        let seen: tollgate_tests::Echoed = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(seen.header("authorization"), None, "{auth:?} reached the upstream");
+        assert_eq!(seen.header("x-tollgate-tenant"), Some("acme"));
+    }
+    let path = format!("/?api_key={}", key.raw);
+    let r = get(&envoy.url(&path), &[("x-api-key", other.raw.as_str())]);
+    assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("invalid_request")), "{}", r.body);
 }

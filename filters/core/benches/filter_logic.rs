@@ -39,7 +39,7 @@ fn key_benches(c: &mut Criterion) {
 
     // The common case: the key in `x-api-key` (the bearer source is looked at first, absent).
     let headers = [("host", "api.example.com"), ("x-api-key", RAW_KEY), ("accept", "application/json")];
-    let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    let header = |name: &str| headers.iter().filter(|(n, _)| *n == name).map(|(_, v)| v.as_bytes()).collect::<Vec<_>>();
     g.bench_function("extract_header_and_hash", |b| {
         b.iter(|| {
             let plan = key::plan(black_box(&sources), header, black_box("/v1/chat/completions"));
@@ -50,7 +50,7 @@ fn key_benches(c: &mut Criterion) {
     // `Authorization: Bearer <key>`, the first source.
     let bearer = format!("Bearer {RAW_KEY}");
     let headers_b = [("host", "api.example.com"), ("authorization", bearer.as_str())];
-    let header_b = |name: &str| headers_b.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    let header_b = |name: &str| headers_b.iter().filter(|(n, _)| *n == name).map(|(_, v)| v.as_bytes()).collect::<Vec<_>>();
     g.bench_function("extract_bearer_and_hash", |b| {
         b.iter(|| {
             let plan = key::plan(black_box(&sources), header_b, black_box("/v1/chat/completions"));
@@ -60,7 +60,7 @@ fn key_benches(c: &mut Criterion) {
 
     // The key in the query string: percent-decoding and the rewritten `:path`.
     let path = format!("/v1/items?page=2&api_key={RAW_KEY}&sort=name%20asc");
-    let no_headers = |_: &str| -> Option<&str> { None };
+    let no_headers = |_: &str| -> Vec<&[u8]> { Vec::new() };
     g.bench_function("extract_query_and_hash", |b| {
         b.iter(|| {
             let plan = key::plan(black_box(&sources), no_headers, black_box(&path));

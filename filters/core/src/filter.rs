@@ -136,8 +136,9 @@ pub struct CallSpec {
 
 /// Everything the filter needs from Envoy. Header names are lowercase.
 pub trait Host {
-    fn request_headers(&self) -> Vec<(String, String)>;
-    fn request_header(&self, name: &str) -> Option<String>;
+    /// Every request header as the client sent it: names lowercase, values raw bytes (a client
+    /// may send any byte; see [`RequestHeaders`]).
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
     fn set_request_header(&mut self, name: &str, value: &str);
     fn remove_request_header(&mut self, name: &str);
     fn add_response_header(&mut self, name: &str, value: &str);
@@ -153,10 +154,10 @@ pub trait Host {
     /// VM-wide shared data (all workers of one Envoy see it).
     fn shared_get(&self, key: &str) -> Option<Vec<u8>>;
     fn shared_set(&mut self, key: &str, value: &[u8]);
-    /// A response header (lowercase name), e.g. `:status`.
+    /// A response header (lowercase name), e.g. `:status`; `None` when absent or not UTF-8.
     fn response_header(&self, name: &str) -> Option<String>;
-    /// Every response header (lowercase names), for storing a response (issue 7).
-    fn response_headers(&self) -> Vec<(String, String)>;
+    /// Every response header (lowercase names, raw values), for storing a response (issue 7).
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)>;
     /// `size` bytes of the response body chunk being processed, from `start`.
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
     /// `size` bytes of the (buffered) request body, from `start`.
@@ -392,16 +393,31 @@ impl AuthFilter {
             return Action::Continue;
         }
         self.state = State::Done;
-        let headers = host.request_headers();
+        let headers = RequestHeaders::new(host.request_headers());
         // First of all: a client must never be able to speak in our header namespace.
-        for (name, _) in headers.iter().filter(|(n, _)| n.starts_with(INTERNAL_HEADER_PREFIX)) {
+        for name in headers.names().filter(|n| n.starts_with(INTERNAL_HEADER_PREFIX)) {
             host.remove_request_header(name);
         }
-        let path = header_in(&headers, ":path").unwrap_or("/").to_string();
-        let plan = key::plan(&self.config.key_sources, |n| header_in(&headers, n), &path);
+        let plan = key::plan(&self.config.key_sources, |n| headers.all_raw(n), headers.get(":path").unwrap_or(""));
         for name in &plan.remove_headers {
             host.remove_request_header(name);
         }
+        if headers.has_non_utf8(":path") {
+            // RFC 3986 has no raw bytes above 0x7F in a URI: a key in its query could not be
+            // found or stripped reliably, so the request is refused.
+            return self.deny(host, 400, codes::INVALID_REQUEST, "the request path is not valid UTF-8 (percent-encode it)", &[]);
+        }
+        match plan.problem {
+            Some(key::KeyProblem::NotUtf8) => {
+                return self.deny(host, 400, codes::INVALID_REQUEST, "the API key is not valid UTF-8", &[]);
+            }
+            Some(key::KeyProblem::Conflicting) => {
+                let why = "more than one API key was sent: use one method (RFC 6750)";
+                return self.deny(host, 400, codes::INVALID_REQUEST, why, &[]);
+            }
+            None => {}
+        }
+        let path = headers.get(":path").unwrap_or("/").to_string();
         let upstream_path = match plan.new_path {
             Some(p) => {
                 host.set_request_header(":path", &p);
@@ -411,18 +427,18 @@ impl AuthFilter {
         };
         if self.meter.is_some() {
             self.request = Some(RequestInfo {
-                method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
-                authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
+                method: headers.get(":method").unwrap_or("GET").to_string(),
+                authority: headers.get(":authority").unwrap_or("").to_string(),
                 path: event_path(&upstream_path),
                 start_ms: host.now_ms(),
             });
         }
         if let Some(routes) = self.routes.clone() {
             let req = RequestView {
-                authority: header_in(&headers, ":authority").unwrap_or(""),
-                method: header_in(&headers, ":method").unwrap_or("GET"),
+                authority: headers.get(":authority").unwrap_or(""),
+                method: headers.get(":method").unwrap_or("GET"),
                 path: &upstream_path,
-                header: |n: &str| header_in(&headers, n),
+                header: |n: &str| headers.get(n),
             };
             let found = routes.borrow_mut().lookup(host, &req);
             match found {
@@ -455,10 +471,10 @@ impl AuthFilter {
         }
         let mut request = DecideRequest {
             key_hash,
-            method: header_in(&headers, ":method").unwrap_or("GET").to_string(),
-            authority: header_in(&headers, ":authority").unwrap_or("").to_string(),
+            method: headers.get(":method").unwrap_or("GET").to_string(),
+            authority: headers.get(":authority").unwrap_or("").to_string(),
             path: upstream_path,
-            request_id: header_in(&headers, "x-request-id").map(str::to_string),
+            request_id: headers.get("x-request-id").map(str::to_string),
             decision_id: None,
             // an Envoy attribute (a costly host call): read only for a call (below)
             client_ip: None,
@@ -466,7 +482,7 @@ impl AuthFilter {
                 .config
                 .forward_headers
                 .iter()
-                .filter_map(|n| header_in(&headers, n).map(|v| Header::new(n.as_str(), v)))
+                .filter_map(|n| headers.get(n).map(|v| Header::new(n.as_str(), v)))
                 .collect(),
             token_estimate: None,
             route: self.route().map(|r| r.id.clone()),
@@ -482,7 +498,7 @@ impl AuthFilter {
             }
         }
         request.client_ip = host.client_ip();
-        let json_body = !end_of_stream && header_in(&headers, "content-type").is_some_and(|c| c.contains("json"));
+        let json_body = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
         if (self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream) {
             // Decided when the body is in (Envoy buffers it meanwhile).
             self.state = State::AwaitingBody { request: Box::new(request), lookup };
@@ -500,13 +516,17 @@ impl AuthFilter {
     /// DELETE with an `Idempotency-Key`; a malformed key is 400), else a cache lookup on a route
     /// with a cache TTL (unless the request's `Cache-Control` or method rules it out: then the
     /// response says `x-tollgate-cache: bypass`).
-    fn plan_lookup(&mut self, host: &mut impl Host, headers: &[(String, String)]) -> Result<Option<LookupPlan>, Action> {
+    fn plan_lookup(&mut self, host: &mut impl Host, headers: &RequestHeaders) -> Result<Option<LookupPlan>, Action> {
         if self.responses.is_none() {
             return Ok(None);
         }
-        let method = header_in(headers, ":method").unwrap_or("GET");
-        let content_type = header_in(headers, "content-type").map(str::to_string);
-        let idem_key = header_in(headers, tollgate_wire::responses::IDEMPOTENCY_KEY_HEADER);
+        let method = headers.get(":method").unwrap_or("GET");
+        let content_type = headers.get("content-type").map(str::to_string);
+        let idem_key = headers.get(tollgate_wire::responses::IDEMPOTENCY_KEY_HEADER);
+        if idem_key.is_none() && headers.has_non_utf8(tollgate_wire::responses::IDEMPOTENCY_KEY_HEADER) {
+            let message = "the Idempotency-Key header is not valid UTF-8: use a quoted string of 1-255 characters";
+            return Err(self.deny(host, 400, codes::INVALID_IDEMPOTENCY_KEY, message, &[]));
+        }
         if let (true, Some(raw)) = (self.config.idempotency.enabled && resp::IDEMPOTENT_METHODS.contains(&method), idem_key) {
             return match resp::parse_idempotency_key(raw) {
                 Ok(key) => Ok(Some(LookupPlan { kind: LookupKind::Idempotency { key }, content_type })),
@@ -521,13 +541,13 @@ impl AuthFilter {
         };
         let bypass = !resp::CACHEABLE_METHODS.contains(&method)
             || idem_key.is_some()
-            || header_in(headers, "cache-control").is_some_and(resp::forbids_caching);
+            || headers.get("cache-control").is_some_and(resp::forbids_caching);
         if bypass {
             self.cache_status = Some("bypass");
             return Ok(None);
         }
         let key_headers =
-            route.cache_key_headers.iter().map(|n| (n.clone(), header_in(headers, n).map(str::to_string))).collect();
+            route.cache_key_headers.iter().map(|n| (n.clone(), headers.get(n).map(str::to_string))).collect();
         self.cache_status = Some("miss");
         Ok(Some(LookupPlan { kind: LookupKind::Cache { headers: key_headers }, content_type }))
     }
@@ -836,13 +856,19 @@ impl AuthFilter {
         }
         if let Some(p) = &mut self.pending_store {
             let status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
-            let headers = host.response_headers();
+            // An upstream may send any byte in a header value (Latin-1, say). Such a response is
+            // not cached (a replay could not carry it as sent); an idempotent outcome is still
+            // stored — the operation ran — without those headers.
+            let raw = host.response_headers();
+            let all_utf8 = raw.iter().all(|(_, v)| std::str::from_utf8(v).is_ok());
+            let headers: Vec<(String, String)> =
+                raw.into_iter().filter_map(|(n, v)| String::from_utf8(v).ok().map(|v| (n, v))).collect();
             let key_headers = self.route.as_ref().and_then(Routed::spec).map(|r| r.cache_key_headers.as_slice()).unwrap_or(&[]);
             p.status = status;
             p.storable = if p.is_idempotency() {
                 (200..=299).contains(&status)
             } else {
-                resp::cacheable_response(status, &headers, key_headers)
+                all_utf8 && resp::cacheable_response(status, &headers, key_headers)
             };
             p.complete = end_of_stream;
             if p.storable {
@@ -1042,6 +1068,35 @@ fn reply_json(host: &mut impl Host, status: u16, code: &str, message: &str, limi
     host.send_reply(status, &headers, &body);
 }
 
-fn header_in<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+/// The request's headers as the host gave them: names lowercase, values raw bytes. A value that
+/// is not UTF-8 reads as absent through [`RequestHeaders::get`] — the filter never guesses at
+/// bytes — and the places where absence is not safe (the key, the path, an Idempotency-Key)
+/// ask [`RequestHeaders::has_non_utf8`] or read the bytes and refuse the request.
+#[derive(Debug, Clone, Default)]
+pub struct RequestHeaders(Vec<(String, Vec<u8>)>);
+
+impl RequestHeaders {
+    pub fn new(pairs: Vec<(String, Vec<u8>)>) -> RequestHeaders {
+        RequestHeaders(pairs)
+    }
+
+    /// The first value of `name` when it is UTF-8; `None` when absent or not UTF-8.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    /// Every value of `name`, as sent.
+    pub fn all_raw(&self, name: &str) -> Vec<&[u8]> {
+        self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+    }
+
+    /// Whether some value of `name` is not UTF-8.
+    pub fn has_non_utf8(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, v)| n == name && std::str::from_utf8(v).is_err())
+    }
+
+    /// Every header name (repeated names repeat).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(n, _)| n.as_str())
+    }
 }

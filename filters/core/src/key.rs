@@ -32,48 +32,83 @@ pub fn hash_key(key: &str) -> String {
 
 /// What to do to the request's key-bearing parts.
 pub struct KeyPlan {
-    /// The first key found, in source order.
+    /// The key, when exactly one was sent (the same value in several sources counts as one).
     pub key: Option<RawKey>,
+    /// Why the request's credentials cannot be used, when they cannot (answered with 400).
+    pub problem: Option<KeyProblem>,
     /// Headers to remove (lowercase names) because they carry a key.
     pub remove_headers: Vec<String>,
     /// The new `:path` when a key query parameter was removed.
     pub new_path: Option<String>,
 }
 
-/// Looks for the key in `sources` (in order) and plans its removal from every source.
+/// Credentials the filter refuses to guess about (every source is stripped all the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyProblem {
+    /// A key-bearing header's value is not UTF-8: no key of ours looks like that.
+    NotUtf8,
+    /// Two different keys (in two sources, or a header sent twice): RFC 6750 §2 allows one
+    /// method per request, and picking one would let the other reach the upstream unchecked.
+    Conflicting,
+}
+
+/// Looks for the key in `sources` and plans its removal from every source.
 ///
-/// `header` returns a request header's value by lowercase name; `path` is the `:path`.
-pub fn plan<'a>(sources: &[KeySource], header: impl Fn(&str) -> Option<&'a str>, path: &str) -> KeyPlan {
-    let mut key = None;
+/// `header` returns every value of a request header by lowercase name, as raw bytes (a client
+/// may send any byte); `path` is the `:path`. Every configured source is stripped whatever is
+/// found; a key is used only when one value was sent.
+pub fn plan<'a>(sources: &[KeySource], header: impl Fn(&str) -> Vec<&'a [u8]>, path: &str) -> KeyPlan {
+    let mut found: Vec<String> = Vec::new();
+    let mut problem = None;
     let mut remove_headers = Vec::new();
     let mut query_names: Vec<&str> = Vec::new();
     for source in sources {
-        let found = match source {
-            KeySource::Bearer => match header("authorization").and_then(bearer_token) {
-                Some(token) => {
+        match source {
+            KeySource::Bearer => {
+                let mut strip = false;
+                for value in header("authorization") {
+                    match bearer_credential(value) {
+                        Credential::Token(Ok(token)) => {
+                            strip = true;
+                            found.push(token.to_string());
+                        }
+                        Credential::Token(Err(())) => {
+                            strip = true;
+                            problem = Some(KeyProblem::NotUtf8);
+                        }
+                        Credential::Empty => strip = true,
+                        Credential::OtherScheme => {}
+                    }
+                }
+                if strip {
                     remove_headers.push("authorization".to_string());
-                    Some(token.to_string())
                 }
-                None => None,
-            },
-            KeySource::Header { name } => match header(name) {
-                Some(v) => {
+            }
+            KeySource::Header { name } => {
+                let values = header(name);
+                if !values.is_empty() {
                     remove_headers.push(name.clone());
-                    non_empty(v.trim())
                 }
-                None => None,
-            },
+                for value in values {
+                    match std::str::from_utf8(value) {
+                        Ok(v) => found.extend(non_empty(v.trim())),
+                        Err(_) => problem = Some(KeyProblem::NotUtf8),
+                    }
+                }
+            }
             KeySource::Query { name } => {
                 query_names.push(name);
-                query_param(path, name).and_then(|v| non_empty(&v).map(|s| s.to_string()))
+                found.extend(query_params(path, name).into_iter().filter_map(|v| non_empty(&v)));
             }
-        };
-        if key.is_none() {
-            key = found.map(RawKey);
         }
     }
     let new_path = if query_names.is_empty() { None } else { remove_query_params(path, &query_names) };
-    KeyPlan { key, remove_headers, new_path }
+    found.dedup();
+    if problem.is_none() && found.iter().any(|k| *k != found[0]) {
+        problem = Some(KeyProblem::Conflicting);
+    }
+    let key = if problem.is_none() { found.into_iter().next().map(RawKey) } else { None };
+    KeyPlan { key, problem, remove_headers, new_path }
 }
 
 fn non_empty(s: &str) -> Option<String> {
@@ -84,33 +119,56 @@ fn non_empty(s: &str) -> Option<String> {
     }
 }
 
-/// The token of an `Authorization: Bearer <token>` value (scheme case-insensitive).
-pub fn bearer_token(value: &str) -> Option<&str> {
-    let value = value.trim();
-    let (scheme, rest) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
+/// What an `Authorization` value holds for the bearer source.
+#[derive(Debug, PartialEq, Eq)]
+enum Credential<'a> {
+    /// `Bearer <token>`, with any case of the scheme and any whitespace around and between
+    /// (spaces, tabs); `Err` when the token is not UTF-8.
+    Token(Result<&'a str, ()>),
+    /// The bearer scheme with no token: nothing to use, but stripped all the same.
+    Empty,
+    /// Another scheme (e.g. `Basic`): not ours, left for the upstream.
+    OtherScheme,
+}
+
+fn bearer_credential(value: &[u8]) -> Credential<'_> {
+    let value = value.trim_ascii();
+    let scheme_end = value.iter().position(u8::is_ascii_whitespace).unwrap_or(value.len());
+    let (scheme, rest) = value.split_at(scheme_end);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return Credential::OtherScheme;
     }
-    let token = rest.trim();
-    if token.is_empty() {
-        None
-    } else {
-        Some(token)
+    match rest.trim_ascii() {
+        [] => Credential::Empty,
+        token => Credential::Token(std::str::from_utf8(token).map_err(|_| ())),
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value (scheme case-insensitive, any
+/// whitespace between).
+pub fn bearer_token(value: &str) -> Option<&str> {
+    match bearer_credential(value.as_bytes()) {
+        Credential::Token(Ok(t)) => Some(t),
+        _ => None,
     }
 }
 
 /// The percent-decoded value of the first query parameter `name` in `path`.
 pub fn query_param(path: &str, name: &str) -> Option<String> {
-    let query = path.split_once('?')?.1;
+    query_params(path, name).into_iter().next()
+}
+
+/// The percent-decoded values of every query parameter `name` in `path`, in order.
+pub fn query_params(path: &str, name: &str) -> Vec<String> {
+    let Some((_, query)) = path.split_once('?') else { return Vec::new() };
     let query = query.split_once('#').map_or(query, |(q, _)| q);
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if percent_decode(k) == name {
-            Some(percent_decode(v))
-        } else {
-            None
-        }
-    })
+    query
+        .split('&')
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k) == name).then(|| percent_decode(v))
+        })
+        .collect()
 }
 
 /// `path` without the query parameters named in `names`, or `None` when none was present.
@@ -194,8 +252,8 @@ mod tests {
         ]
     }
 
-    fn headers<'a>(h: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<&'a str> {
-        move |name| h.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    fn headers<'a>(h: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Vec<&'a [u8]> {
+        move |name| h.iter().filter(|(n, _)| *n == name).map(|(_, v)| v.as_bytes()).collect()
     }
 
     #[test]
@@ -204,19 +262,51 @@ mod tests {
     }
 
     #[test]
-    fn bearer_wins_and_every_source_is_stripped() {
-        let h = [("authorization", "Bearer k1"), ("x-api-key", "k2")];
-        let p = plan(&sources(), headers(&h), "/v1/x?api_key=k3&a=1");
+    fn one_key_in_several_sources_is_used_and_every_source_is_stripped() {
+        let h = [("authorization", "Bearer k1"), ("x-api-key", "k1")];
+        let p = plan(&sources(), headers(&h), "/v1/x?api_key=k1&a=1");
         assert_eq!(p.key.unwrap().hash(), hash_key("k1"));
+        assert_eq!(p.problem, None);
         assert_eq!(p.remove_headers, vec!["authorization", "x-api-key"]);
         assert_eq!(p.new_path.as_deref(), Some("/v1/x?a=1"));
     }
 
     #[test]
+    fn different_keys_in_two_sources_are_refused_and_all_stripped() {
+        let cases: [(&[(&str, &str)], &str); 4] = [
+            (&[("authorization", "Bearer k1"), ("x-api-key", "k2")], "/"),
+            (&[("x-api-key", "k1")], "/?api_key=k2"),
+            (&[("x-api-key", "k1"), ("x-api-key", "k2")], "/"),
+            (&[], "/?api_key=k1&api_key=k2"),
+        ];
+        for (h, path) in cases {
+            let p = plan(&sources(), headers(h), path);
+            assert!(p.key.is_none(), "{h:?} {path}");
+            assert_eq!(p.problem, Some(KeyProblem::Conflicting), "{h:?} {path}");
+        }
+        let p = plan(&sources(), headers(&[("authorization", "Bearer k1"), ("x-api-key", "k2")]), "/?api_key=k3");
+        assert_eq!(p.remove_headers, vec!["authorization", "x-api-key"]);
+        assert_eq!(p.new_path.as_deref(), Some("/"));
+    }
+
+    #[test]
+    fn a_key_that_is_not_utf8_is_refused_and_stripped() {
+        let raw: &[u8] = b"tg_\xff";
+        for (name, value) in [("x-api-key", raw.to_vec()), ("authorization", [b"Bearer ".as_slice(), raw].concat())] {
+            let h = |n: &str| if n == name { vec![value.as_slice()] } else { vec![] };
+            let p = plan(&sources(), h, "/");
+            assert!(p.key.is_none());
+            assert_eq!(p.problem, Some(KeyProblem::NotUtf8));
+            assert_eq!(p.remove_headers, vec![name.to_string()]);
+        }
+        // not ours (another scheme): left alone, whatever its bytes
+        let basic = [b"Basic ".as_slice(), raw].concat();
+        let p = plan(&sources(), |n: &str| if n == "authorization" { vec![basic.as_slice()] } else { vec![] }, "/");
+        assert_eq!((p.problem, p.remove_headers.len()), (None, 0));
+    }
+
+    #[test]
     fn order_is_respected() {
-        let h = [("x-api-key", "hk")];
-        let p = plan(&sources(), headers(&h), "/?api_key=qk");
-        assert_eq!(p.key.unwrap().hash(), hash_key("hk"));
         let p = plan(&sources(), headers(&[]), "/p?api_key=q%2Bk+1");
         assert_eq!(p.key.unwrap().hash(), hash_key("q+k 1"));
         assert_eq!(p.new_path.as_deref(), Some("/p"));
@@ -236,8 +326,24 @@ mod tests {
         let h = [("authorization", "Bearer   "), ("x-api-key", " ")];
         let p = plan(&sources(), headers(&h), "/a?api_key=&b=2");
         assert!(p.key.is_none());
-        assert_eq!(p.remove_headers, vec!["x-api-key"]);
+        assert_eq!(p.problem, None);
+        assert_eq!(p.remove_headers, vec!["authorization", "x-api-key"]);
         assert_eq!(p.new_path.as_deref(), Some("/a?b=2"));
+    }
+
+    #[test]
+    fn bearer_in_any_whitespace_form_is_found_and_stripped() {
+        for v in ["Bearer\tk1", "bearer   k1", "BEARER \t k1 ", "\tBeArEr k1\t", "Bearer\t\tk1"] {
+            let h = [("authorization", v)];
+            let p = plan(&sources(), headers(&h), "/");
+            assert_eq!(p.key.map(|k| k.hash()), Some(hash_key("k1")), "{v:?}");
+            assert_eq!(p.remove_headers, vec!["authorization"], "{v:?}");
+        }
+        for v in ["Bearer", "bearer\t", " BEARER  "] {
+            let p = plan(&sources(), headers(&[("authorization", v)]), "/");
+            assert!(p.key.is_none(), "{v:?}");
+            assert_eq!(p.remove_headers, vec!["authorization"], "{v:?}: a bare scheme is stripped too");
+        }
     }
 
     #[test]
@@ -261,7 +367,9 @@ mod tests {
     fn bearer_parsing() {
         assert_eq!(bearer_token("bearer abc"), Some("abc"));
         assert_eq!(bearer_token("BEARER  abc "), Some("abc"));
+        assert_eq!(bearer_token("Bearer\tabc"), Some("abc"));
         assert_eq!(bearer_token("Bearer"), None);
         assert_eq!(bearer_token("Token abc"), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
     }
 }

@@ -13,7 +13,8 @@ pub struct Reply {
 
 #[derive(Debug, Default)]
 pub struct MockHost {
-    pub request_headers: Vec<(String, String)>,
+    /// Values are raw bytes, as a client may send them.
+    pub request_headers: Vec<(String, Vec<u8>)>,
     pub response_headers: Vec<(String, String)>,
     pub client_ip: Option<String>,
     pub calls: Vec<CallSpec>,
@@ -33,7 +34,7 @@ pub struct MockHost {
     /// write fail with a mismatch, as a concurrent update would).
     pub interfere: Vec<(String, Vec<u8>)>,
     /// Headers of the response being filtered, as the upstream (or Envoy) sent them.
-    pub upstream_response: Vec<(String, String)>,
+    pub upstream_response: Vec<(String, Vec<u8>)>,
     /// Envoy attributes by dotted path, e.g. `xds.cluster_name`.
     pub properties: HashMap<String, Vec<u8>>,
     pub route_cache_clears: u32,
@@ -46,7 +47,17 @@ impl MockHost {
     }
     pub fn with_header(mut self, name: &str, value: &str) -> MockHost {
         self.remove_request_header(name);
-        self.request_headers.push((name.to_string(), value.to_string()));
+        self.request_headers.push((name.to_string(), value.as_bytes().to_vec()));
+        self
+    }
+    /// Adds a header value of any bytes (repeating a name adds a second value).
+    pub fn with_raw_header(mut self, name: &str, value: &[u8]) -> MockHost {
+        self.request_headers.push((name.to_string(), value.to_vec()));
+        self
+    }
+    /// Adds a response header (as the upstream sent it) of any bytes.
+    pub fn with_upstream_header(mut self, name: &str, value: &[u8]) -> MockHost {
+        self.upstream_response.push((name.to_string(), value.to_vec()));
         self
     }
     /// A host sharing `other`'s shared data and clock: the next request on the same Envoy.
@@ -72,8 +83,9 @@ impl MockHost {
         self.dispatch_error = Some(e.to_string());
         self
     }
+    /// A request header's value (`None` when absent or not UTF-8).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.request_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.request_headers.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
     pub fn count_of(&self, m: Metric) -> u64 {
         self.metrics.get(&m).copied().unwrap_or(0)
@@ -81,7 +93,10 @@ impl MockHost {
     /// Every byte the filter let out of the host: headers, call bodies, replies and logs.
     pub fn everything_sent(&self) -> String {
         let mut s = String::new();
-        for (n, v) in self.request_headers.iter().chain(self.response_headers.iter()) {
+        for (n, v) in &self.request_headers {
+            s.push_str(&format!("{n}: {}\n", String::from_utf8_lossy(v)));
+        }
+        for (n, v) in &self.response_headers {
             s.push_str(&format!("{n}: {v}\n"));
         }
         for c in &self.calls {
@@ -102,15 +117,12 @@ impl MockHost {
 }
 
 impl Host for MockHost {
-    fn request_headers(&self) -> Vec<(String, String)> {
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.request_headers.clone()
-    }
-    fn request_header(&self, name: &str) -> Option<String> {
-        self.header(name).map(str::to_string)
     }
     fn set_request_header(&mut self, name: &str, value: &str) {
         self.remove_request_header(name);
-        self.request_headers.push((name.to_string(), value.to_string()));
+        self.request_headers.push((name.to_string(), value.as_bytes().to_vec()));
     }
     fn remove_request_header(&mut self, name: &str) {
         self.request_headers.retain(|(n, _)| n != name);
@@ -174,9 +186,9 @@ impl Host for MockHost {
         Ok(())
     }
     fn response_header(&self, name: &str) -> Option<String> {
-        self.upstream_response.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+        self.upstream_response.iter().find(|(n, _)| n == name).and_then(|(_, v)| String::from_utf8(v.clone()).ok())
     }
-    fn response_headers(&self) -> Vec<(String, String)> {
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.upstream_response.clone()
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

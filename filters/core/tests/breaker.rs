@@ -206,7 +206,7 @@ fn request(shared: &MockHost, cluster: &str, status: u16, details: &str) -> (Moc
     let mut g = BreakerGuard::new(config());
     let a = g.on_request(&mut h);
     if a == Action::Continue {
-        h.upstream_response.push((":status".into(), status.to_string()));
+        h.upstream_response.push((":status".into(), status.to_string().into_bytes()));
         h.properties.insert("response.code_details".into(), details.as_bytes().to_vec());
         g.on_response(&mut h);
     }

@@ -434,3 +434,46 @@ fn the_gateway_names_each_decision_never_the_client() {
     seen.dedup();
     assert_eq!(seen.len(), 3, "one id per decision, whatever the client sent");
 }
+
+#[test]
+fn bytes_that_are_not_utf8_never_panic_and_are_judged_per_header() {
+    // in an unrelated header: absent for the filter, the request goes on as usual
+    let mut host = MockHost::new().with_header("x-api-key", KEY).with_raw_header("user-agent", b"curl\xff");
+    let mut f = filter(r#"{"forwardHeaders":["user-agent"]}"#);
+    assert_eq!(f.on_request_headers(&mut host, true), Action::Pause);
+    let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+    assert!(req.headers.is_empty(), "an unreadable value is not forwarded: {:?}", req.headers);
+
+    // in the key: a 400 JSON error, and the header is stripped all the same
+    let mut host = MockHost::new().with_raw_header("x-api-key", b"tg_\xff\xfe");
+    assert_eq!(filter("{}").on_request_headers(&mut host, true), Action::Pause);
+    let reply = host.reply.clone().unwrap();
+    assert_eq!(reply.status, 400);
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&reply.body).unwrap()["error"], "invalid_request");
+    assert!(host.request_headers.iter().all(|(n, _)| n != "x-api-key"));
+    assert!(host.calls.is_empty());
+    assert_eq!(host.count_of(Metric::Denied(DenyReason::of("invalid_request"))), 1);
+
+    // in the path
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    host.request_headers.retain(|(n, _)| n != ":path");
+    let mut host = host.with_raw_header(":path", b"/caf\xe9?api_key=x");
+    assert_eq!(filter("{}").on_request_headers(&mut host, true), Action::Pause);
+    assert_eq!(host.reply.clone().unwrap().status, 400);
+    assert!(host.calls.is_empty());
+}
+
+#[test]
+fn two_different_keys_are_refused_and_neither_reaches_the_upstream() {
+    let mut host = MockHost::new().with_header("x-api-key", KEY).with_header(":path", "/v1?api_key=tg_other");
+    assert_eq!(filter("{}").on_request_headers(&mut host, true), Action::Pause);
+    let reply = host.reply.clone().unwrap();
+    assert_eq!(reply.status, 400);
+    assert!(String::from_utf8_lossy(&reply.body).contains("more than one API key"));
+    assert!(host.calls.is_empty());
+    // the same key twice is one key
+    let mut host = MockHost::new().with_header("x-api-key", KEY).with_header(":path", &format!("/v1?api_key={KEY}"));
+    assert_eq!(filter("{}").on_request_headers(&mut host, true), Action::Pause);
+    assert_eq!(host.calls.len(), 1);
+    assert_eq!(host.header(":path"), Some("/v1"));
+}

@@ -70,7 +70,7 @@ const MISS: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"
 
 fn upstream(host: &mut MockHost, status: &str, headers: &[(&str, &str)]) {
     host.upstream_response = vec![(":status".into(), status.into())];
-    host.upstream_response.extend(headers.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+    host.upstream_response.extend(headers.iter().map(|(n, v)| (n.to_string(), v.as_bytes().to_vec())));
 }
 
 #[test]

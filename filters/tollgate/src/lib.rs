@@ -19,6 +19,8 @@
 //! Usage (when `usage.enabled`): every request with an identity pushes a usage event to the
 //! worker's `Meter`; the root context sends it as `POST /v1/usage` every `usage.flushInterval`.
 
+mod raw;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as WasmAction, BufferType, ContextType, LogLevel as WasmLogLevel, MapType, MetricType};
@@ -310,7 +312,8 @@ fn call_status(num_headers: usize) -> Option<u16> {
     if num_headers == 0 {
         return None;
     }
-    hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status").ok().flatten().and_then(|s| s.parse().ok())
+    let status = raw::map_value(MapType::HttpCallResponseHeaders, ":status")?;
+    std::str::from_utf8(&status).ok()?.parse().ok()
 }
 
 /// The body of a finished `dispatch_http_call` (empty when the call ended without a response).
@@ -318,7 +321,7 @@ fn call_body(num_headers: usize, body_size: usize) -> Vec<u8> {
     if num_headers == 0 || body_size == 0 {
         return Vec::new();
     }
-    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default()
+    raw::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default()
 }
 
 /// 32 secret random bytes for this VM's decision ids: four keyed hashes whose keys `RandomState`
@@ -503,11 +506,8 @@ impl<'a> EnvoyHost<'a> {
 }
 
 impl Host for EnvoyHost<'_> {
-    fn request_headers(&self) -> Vec<(String, String)> {
-        hostcalls::get_map(proxy_wasm::types::MapType::HttpRequestHeaders).unwrap_or_default()
-    }
-    fn request_header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(proxy_wasm::types::MapType::HttpRequestHeaders, name).ok().flatten()
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+        raw::map_pairs(MapType::HttpRequestHeaders)
     }
     fn set_request_header(&mut self, name: &str, value: &str) {
         let _ = hostcalls::set_map_value(proxy_wasm::types::MapType::HttpRequestHeaders, name, Some(value));
@@ -519,7 +519,7 @@ impl Host for EnvoyHost<'_> {
         let _ = hostcalls::add_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name, value);
     }
     fn client_ip(&self) -> Option<String> {
-        let bytes = hostcalls::get_property(vec!["source", "address"]).ok().flatten()?;
+        let bytes = raw::property(&["source", "address"])?;
         let addr = String::from_utf8(bytes).ok()?;
         // "ip:port" or "[v6]:port" → ip
         let ip = match addr.rsplit_once(':') {
@@ -578,23 +578,23 @@ impl Host for EnvoyHost<'_> {
         }
     }
     fn response_header(&self, name: &str) -> Option<String> {
-        let read = || hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, name).ok().flatten();
+        let read = || raw::map_value(MapType::HttpResponseHeaders, name).and_then(|v| String::from_utf8(v).ok());
         if name != ":status" {
             return read();
         }
         self.status.borrow_mut().get_or_insert_with(read).clone()
     }
-    fn response_headers(&self) -> Vec<(String, String)> {
-        hostcalls::get_map(proxy_wasm::types::MapType::HttpResponseHeaders).unwrap_or_default()
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
+        raw::map_pairs(MapType::HttpResponseHeaders)
     }
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, size).ok().flatten()
+        raw::buffer(BufferType::HttpRequestBody, start, size)
     }
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpResponseBody, start, size).ok().flatten()
+        raw::buffer(BufferType::HttpResponseBody, start, size)
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        hostcalls::get_property(path.to_vec()).ok().flatten()
+        raw::property(path)
     }
     fn clear_route_cache(&mut self) {
         // Envoy's foreign function; harmless if header mutation already cleared it.

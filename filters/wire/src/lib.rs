@@ -238,6 +238,9 @@ pub mod codes {
     pub const IDEMPOTENCY_IN_FLIGHT: &str = "idempotency_in_flight";
     /// The idempotency key was used with a different request (IETF draft: 422).
     pub const IDEMPOTENCY_KEY_REUSED: &str = "idempotency_key_reused";
+    /// The request cannot be read safely (a path or API key that is not UTF-8, two different API
+    /// keys): 400, decided by the filter.
+    pub const INVALID_REQUEST: &str = "invalid_request";
     /// Every deny code this version knows, for per-reason metrics.
     pub const ALL_DENY: &[&str] = &[
         MISSING_KEY,
@@ -255,6 +258,7 @@ pub mod codes {
         IDEMPOTENCY_BODY_TOO_LARGE,
         IDEMPOTENCY_IN_FLIGHT,
         IDEMPOTENCY_KEY_REUSED,
+        INVALID_REQUEST,
     ];
 }
 

@@ -1,0 +1,109 @@
+//! Host reads that never panic, whatever the host returns.
+//!
+//! The SDK's readers unwrap: a header value that is not UTF-8 (`get_map`, `get_map_value`) or a
+//! status they do not expect panics, and a panic kills the Wasm VM and every later request on
+//! its worker. These call the proxy-wasm ABI directly, take bytes as bytes, and turn any status
+//! but `Ok` into "absent". Decoding the map buffer is pure and tested in the core crate
+//! (`tollgate_filter_core::hostmap`).
+
+// The SDK declares the same imports with its own enums for arguments and status; plain
+// integers here keep an unknown status from ever being read as an enum.
+#![allow(clashing_extern_declarations)]
+
+use proxy_wasm::types::{BufferType, MapType};
+use std::ptr::null_mut;
+use tollgate_filter_core::hostmap::parse_pairs;
+
+const OK: u32 = 0;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_get_header_map_pairs(map_type: u32, return_map_data: *mut *mut u8, return_map_size: *mut usize) -> u32;
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+}
+
+/// Takes ownership of a buffer the host allocated through the module's allocator
+/// (`proxy_on_memory_allocate`, a `Vec<u8>` of exactly `size`).
+///
+/// # Safety
+/// `data` must be null or a buffer of `size` bytes the host just returned from an ABI call.
+unsafe fn take(data: *mut u8, size: usize) -> Option<Vec<u8>> {
+    if data.is_null() {
+        None
+    } else {
+        // SAFETY: per the ABI, the host allocated `size` bytes with our allocator and hands
+        // them over to us.
+        Some(unsafe { Vec::from_raw_parts(data, size, size) })
+    }
+}
+
+/// Every pair of a header map: names (lossily) as text, values as bytes. Empty on any failure.
+pub fn map_pairs(map: MapType) -> Vec<(String, Vec<u8>)> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: the out-pointers are valid for the call; the result is taken over by `take`.
+    let bytes = unsafe {
+        match proxy_get_header_map_pairs(map as u32, &mut data, &mut size) {
+            OK => take(data, size),
+            _ => None,
+        }
+    };
+    let pairs = bytes.and_then(|b| parse_pairs(&b)).unwrap_or_default();
+    pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).into_owned(), v)).collect()
+}
+
+/// One header's value as bytes (`None`: absent, or the host could not say).
+pub fn map_value(map: MapType, name: &str) -> Option<Vec<u8>> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: `name` outlives the call; the result is taken over by `take`.
+    unsafe {
+        match proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut data, &mut size) {
+            OK => Some(take(data, size).unwrap_or_default()),
+            _ => None,
+        }
+    }
+}
+
+/// `size` bytes of a buffer from `start` (`None`: absent, or the host could not say).
+pub fn buffer(kind: BufferType, start: usize, size: usize) -> Option<Vec<u8>> {
+    let (mut data, mut len) = (null_mut(), 0usize);
+    // SAFETY: the out-pointers are valid for the call; the result is taken over by `take`.
+    unsafe {
+        match proxy_get_buffer_bytes(kind as u32, start, size, &mut data, &mut len) {
+            OK => take(data, len),
+            _ => None,
+        }
+    }
+}
+
+/// An Envoy attribute (`None`: absent, or the host could not say).
+pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+    // The ABI's path: the segments joined by NUL bytes.
+    let serialized = path.join("\0").into_bytes();
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: `serialized` outlives the call; the result is taken over by `take`.
+    unsafe {
+        match proxy_get_property(serialized.as_ptr(), serialized.len(), &mut data, &mut size) {
+            OK => take(data, size),
+            _ => None,
+        }
+    }
+}
