@@ -6,10 +6,10 @@
 //! broker acknowledged every event in it, so an outage never loses an event (it waits on disk),
 //! while a crash between the ack and the delete ships a segment twice (at-least-once; the billing
 //! consumer counts each event id once — and each aggregate id, which a re-shipped segment
-//! reproduces exactly: crate::aggregate). Messages are keyed by tenant: one tenant's events stay in
+//! reproduces exactly: tollgate_shared::aggregate). Messages are keyed by tenant: one tenant's events stay in
 //! one partition, in order (seed 003). Nothing here runs on the request path.
 
-use crate::aggregate::{Outgoing, SegmentPlan};
+use tollgate_shared::aggregate::{Outgoing, SegmentPlan};
 use crate::spool::{read_segment, remove_segment, sealed_segments};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -66,7 +66,7 @@ impl Default for KafkaConfig {
 }
 
 /// The `schema` header of every single-event usage message (docs/usage-events.md; aggregates
-/// carry crate::aggregate::SCHEMA).
+/// carry tollgate_shared::aggregate::SCHEMA).
 pub const SCHEMA: &str = "tollgate.usage.v1";
 
 /// Properties the billing guarantees depend on: not overridable.
@@ -307,7 +307,7 @@ impl Shipper {
     }
 
     /// Sends every event of one segment (one message each, or combined in aggregates where the
-    /// spool marked them: crate::aggregate) and waits for all acknowledgements.
+    /// spool marked them: tollgate_shared::aggregate) and waits for all acknowledgements.
     async fn ship_segment(&self, segment: &std::path::Path) -> Result<SegmentPlan, DeliveryFailure> {
         let (lines, bad) = match read_segment(segment) {
             Ok(r) => r,
@@ -321,14 +321,14 @@ impl Shipper {
             metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "torn").increment(bad as u64);
             tracing::warn!(segment = %segment.display(), lines = bad, "usage: skipped torn spool records (a crash mid-write; never acknowledged)");
         }
-        let plan = crate::aggregate::plan_segment(&lines);
+        let plan = tollgate_shared::aggregate::plan_segment(&lines);
         let mut pending = Vec::with_capacity(plan.messages.len());
         for message in &plan.messages {
             let (key, payload, schema): (&str, std::borrow::Cow<'_, [u8]>, &str) = match message {
                 Outgoing::Line { index, tenant } => (tenant, std::borrow::Cow::Borrowed(lines[*index].as_slice()), SCHEMA),
                 Outgoing::Aggregate(a) => {
                     let json = serde_json::to_vec(a).map_err(|_| DeliveryFailure::Fatal)?;
-                    (&a.tenant, std::borrow::Cow::Owned(json), crate::aggregate::SCHEMA)
+                    (&a.tenant, std::borrow::Cow::Owned(json), tollgate_shared::aggregate::SCHEMA)
                 }
             };
             let headers = OwnedHeaders::new().insert(Header { key: "schema", value: Some(schema) });

@@ -2,7 +2,6 @@
 //! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
 
 pub mod admin;
-pub mod aggregate;
 pub mod apikey;
 pub mod cache;
 pub mod clock;
@@ -11,7 +10,6 @@ pub mod config_store;
 pub mod decide;
 pub mod hints;
 pub mod kafka;
-pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod propagation;
@@ -20,6 +18,9 @@ pub mod server;
 pub mod spool;
 pub mod store;
 pub mod usage;
+
+/// The typed Redis keys (shared with billing: `tollgate_shared::keys`).
+pub use tollgate_shared::keys;
 
 use config::Config;
 use std::future::{Future, IntoFuture};

@@ -5,7 +5,7 @@
 
 use crate::db::Db;
 use std::collections::{BTreeMap, HashMap};
-use tollgate_sidecar::keys::{Id, UsageMeterKey};
+use tollgate_shared::keys::{Id, UsageMeterKey};
 use tollgate_wire::usage::{Day, UsageClass};
 
 /// One day's counters: requests by class (in [`UsageClass::ALL`] order) and tokens.

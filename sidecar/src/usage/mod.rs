@@ -9,7 +9,7 @@
 //! ```
 //!
 //! With `aggregate_above_rps`, `accept` marks the events of tenants above that rate in their
-//! spool lines, and the shipper sends those as per-second aggregates (crate::aggregate).
+//! spool lines, and the shipper sends those as per-second aggregates (`intake`, `tollgate_shared::aggregate`).
 //!
 //! Invariants: an event is acknowledged only once durable on disk; the request path never waits
 //! on the spool or Kafka (denials are spooled from a spawned task); every loss is counted
@@ -17,7 +17,9 @@
 //! view (it may count a re-sent batch twice, and its keys may be evicted); billing reads the
 //! PostgreSQL rollup, which counts each event id once.
 
-use crate::aggregate::{Intake, RateTracker, RecentIds};
+pub mod intake;
+
+use intake::{Intake, RateTracker, RecentIds};
 use crate::kafka::{KafkaConfig, Shipper};
 use crate::keys::{Id, UsageMeterKey};
 use crate::spool::{Spool, SpoolError};
@@ -48,7 +50,7 @@ pub struct UsageConfig {
     pub meter: bool,
     /// Per-second aggregation (seed 003): a tenant with more than this many events per second at
     /// this sidecar gets its events combined per second into `tollgate.usage.aggregate.v1`
-    /// messages (crate::aggregate). 0 = off: one message per request.
+    /// messages (tollgate_shared::aggregate). 0 = off: one message per request.
     pub aggregate_above_rps: u64,
     /// On shutdown, how long the shipper may keep sending what is spooled.
     #[serde(with = "humantime_serde")]
@@ -175,11 +177,11 @@ fn seed_recent(dir: &std::path::Path, recent: &mut RecentIds) {
 }
 
 /// JSON lines of `events`, as the spool stores them; `marks[i]` marks event `i` for aggregation
-/// (crate::aggregate; missing marks are `false`).
+/// (tollgate_shared::aggregate; missing marks are `false`).
 pub fn encode_lines(events: &[UsageEvent], marks: &[bool]) -> Vec<u8> {
     let mut out = Vec::with_capacity(events.len() * 256);
     for (i, e) in events.iter().enumerate() {
-        crate::aggregate::encode_line(&mut out, e, marks.get(i).copied().unwrap_or(false));
+        tollgate_shared::aggregate::encode_line(&mut out, e, marks.get(i).copied().unwrap_or(false));
     }
     out
 }
