@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use tollgate_sidecar::apikey::{self, KeyRecord};
 use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::limits::{self, PlanConfig, Plans, RequestCtx};
+use tollgate_sidecar::decision::limits::{self, PlanConfig, Plans, RequestCtx};
 use tollgate_wire::{DecideRequest, DecideResponse, Header};
 
 /// A plan with several limits (TOML as operators write it, so new optional fields need no change).

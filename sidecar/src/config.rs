@@ -32,17 +32,17 @@ pub struct Config {
     pub cache: CacheConfig,
     pub log: LogConfig,
     /// Plans by name, each a list of limits (docs/configuration.md). A key's `plan` selects one.
-    pub plans: std::collections::BTreeMap<String, crate::limits::PlanConfig>,
-    /// Circuit-breaker hints (`[breaker]`, see crate::hints).
-    pub breaker: crate::hints::BreakerConfig,
-    /// Where tenants, products, plans and routes come from (`[source]`, crate::config_store).
-    pub source: crate::config_store::SourceConfig,
-    /// The admin HTTP API (`[admin]`, crate::admin).
-    pub admin: crate::config_store::AdminConfig,
+    pub plans: std::collections::BTreeMap<String, crate::decision::limits::PlanConfig>,
+    /// Circuit-breaker hints (`[breaker]`, see crate::decision::hints).
+    pub breaker: crate::decision::hints::BreakerConfig,
+    /// Where tenants, products, plans and routes come from (`[source]`, crate::control::model).
+    pub source: crate::control::model::SourceConfig,
+    /// The admin HTTP API (`[admin]`, crate::control::admin).
+    pub admin: crate::control::model::AdminConfig,
     /// File source: tenants (`[[tenants]]`), API products (`[[products]]`), routes (`[[routes]]`).
-    pub tenants: Vec<crate::config_store::Tenant>,
-    pub products: Vec<crate::config_store::Product>,
-    pub routes: Vec<crate::config_store::Route>,
+    pub tenants: Vec<crate::control::model::Tenant>,
+    pub products: Vec<crate::control::model::Product>,
+    pub routes: Vec<crate::control::model::Route>,
     /// Usage metering (`[usage]`, see crate::usage).
     pub usage: crate::usage::UsageConfig,
     /// Threads of the sidecar's async runtime; 0 (the default): one per CPU core.
@@ -222,7 +222,7 @@ impl Config {
         if self.cache.max_entries == 0 {
             return bad("cache.max_entries: must be at least 1");
         }
-        crate::limits::Plans::compile(&self.plans).map_err(ConfigError::Invalid)?;
+        crate::decision::limits::Plans::compile(&self.plans).map_err(ConfigError::Invalid)?;
         self.usage.validate().map_err(ConfigError::Invalid)?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return bad("log.level: not a tracing filter directive");
@@ -230,9 +230,9 @@ impl Config {
         self.validate_config_model()
     }
 
-    /// `[source]`, `[admin]` and the file's configuration model (crate::config_store).
+    /// `[source]`, `[admin]` and the file's configuration model (crate::control::model).
     fn validate_config_model(&self) -> Result<(), ConfigError> {
-        use crate::config_store::{Snapshot, SourceKind};
+        use crate::control::model::{Snapshot, SourceKind};
         self.admin.validate().map_err(ConfigError::Invalid)?;
         if self.source.kind == SourceKind::Postgres && self.source.postgres_url.parse::<tokio_postgres::Config>().is_err() {
             return Err(ConfigError::Invalid("source.postgres_url: not a PostgreSQL URL (postgres://user@host:port/db)".into()));

@@ -1,21 +1,13 @@
 //! Tollgate's sidecar: decides requests for the Envoy filter from Redis, manages API keys, and
 //! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
 
-pub mod admin;
 pub mod apikey;
-pub mod cache;
 pub mod clock;
 pub mod config;
-pub mod config_store;
-pub mod decide;
-pub mod hints;
-pub mod kafka;
-pub mod limits;
+pub mod control;
+pub mod decision;
 pub mod metrics;
-pub mod propagation;
-pub mod responses;
 pub mod server;
-pub mod spool;
 pub mod store;
 pub mod usage;
 
@@ -23,6 +15,8 @@ pub mod usage;
 pub use tollgate_shared::keys;
 
 use config::Config;
+use control::{admin, propagation};
+use decision::{hints, limits};
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -79,7 +73,7 @@ impl Sidecar {
             false => None,
         };
         let state = Arc::new(server::AppState {
-            decider: decide::Decider::new(
+            decider: decision::Decider::new(
                 store.clone(),
                 &config.cache,
                 limits::Plans::compile(&config.plans).map_err(Error::Config)?,
@@ -123,7 +117,7 @@ impl Sidecar {
         if let Some((url, every)) = self.propagation.clone() {
             tasks.spawn(propagation::run(self.control.clone(), url, every, background.clone()));
         }
-        if matches!(self.control.source, config_store::Source::Postgres(_)) {
+        if matches!(self.control.source, control::model::Source::Postgres(_)) {
             tasks.spawn(propagation::rewarm(self.control.clone(), background.clone()));
         }
         if let Some((listener, token)) = self.admin {
@@ -209,7 +203,7 @@ type ConfigParts =
 /// Opens the configuration source (PostgreSQL: connect, migrate, load — an unreachable server is
 /// an error), puts its plans in force, binds the admin listener, picks the pub/sub node.
 async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<ConfigParts, Error> {
-    use config_store::{ConfigSource, FileSource, PgSource, Snapshot, Source, SourceKind};
+    use control::model::{ConfigSource, FileSource, PgSource, Snapshot, Source, SourceKind};
     let (source, snapshot) = match config.source.kind {
         SourceKind::File => {
             let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use tollgate_sidecar::apikey::{self, KeyRecord};
 use tollgate_sidecar::config::{Config, LogFormat};
-use tollgate_sidecar::decide::unix_now;
+use tollgate_sidecar::decision::unix_now;
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::store::Store;
 

@@ -5,7 +5,7 @@
 //! malformed, 503 when no decision can be made now. The filter treats anything but a 200 as a
 //! sidecar failure and applies its configured failure mode.
 
-use crate::decide::{DecideError, Decider};
+use crate::decision::{DecideError, Decider};
 use crate::store::Store;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -22,8 +22,8 @@ pub struct AppState {
     pub decider: Decider,
     pub store: Store,
     pub prometheus: PrometheusHandle,
-    /// Circuit-breaker hints (crate::hints).
-    pub hints: crate::hints::Hints,
+    /// Circuit-breaker hints (crate::decision::hints).
+    pub hints: crate::decision::hints::Hints,
     /// Usage metering (crate::usage), when enabled.
     pub usage: Option<Arc<crate::usage::Usage>>,
 }
@@ -37,7 +37,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
-        .route(tollgate_wire::breaker::HINTS_PATH, get(crate::hints::list).post(crate::hints::record))
+        .route(tollgate_wire::breaker::HINTS_PATH, get(crate::decision::hints::list).post(crate::decision::hints::record))
         .with_state(state)
 }
 
@@ -81,11 +81,11 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
         for r in results {
             match r {
                 Ok(()) => {}
-                Err(crate::decide::CompleteError::BadTicket(what)) => {
+                Err(crate::decision::CompleteError::BadTicket(what)) => {
                     invalid += 1;
                     tracing::debug!(field = %what, "refused a completion with an invalid ticket");
                 }
-                Err(crate::decide::CompleteError::Store(e)) => {
+                Err(crate::decision::CompleteError::Store(e)) => {
                     return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string());
                 }
             }
@@ -132,7 +132,7 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 /// Stores (or releases) a batch of finished responses: cache entries and idempotency outcomes
-/// (crate::responses). Always 200 with the counts once the batch is read: storing is best effort
+/// (crate::decision::responses). Always 200 with the counts once the batch is read: storing is best effort
 /// and the filter does not retry (a lost entry is a later miss; a lost outcome's claim expires).
 async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let batch: tollgate_wire::responses::StoreBatch = match serde_json::from_slice(&body) {
@@ -140,7 +140,7 @@ async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid response batch: {e}")),
     };
     let routing = state.decider.routing();
-    let ack = crate::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route)).await;
+    let ack = crate::decision::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route)).await;
     json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
 }
 

@@ -18,11 +18,13 @@
 //! PostgreSQL rollup, which counts each event id once.
 
 pub mod intake;
+pub mod kafka;
+pub mod spool;
 
 use intake::{Intake, RateTracker, RecentIds};
-use crate::kafka::{KafkaConfig, Shipper};
+use crate::usage::kafka::{KafkaConfig, Shipper};
 use crate::keys::{Id, UsageMeterKey};
-use crate::spool::{Spool, SpoolError};
+use crate::usage::spool::{Spool, SpoolError};
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -158,11 +160,11 @@ fn seed_recent(dir: &std::path::Path, recent: &mut RecentIds) {
     }
     let mut segments: Vec<Vec<Vec<u8>>> = Vec::new();
     let mut n = 0;
-    for seg in crate::spool::sealed_segments(dir).iter().rev() {
+    for seg in crate::usage::spool::sealed_segments(dir).iter().rev() {
         if n >= RECENT_IDS {
             break;
         }
-        if let Ok((lines, _)) = crate::spool::read_segment(seg) {
+        if let Ok((lines, _)) = crate::usage::spool::read_segment(seg) {
             n += lines.len();
             segments.push(lines);
         }
@@ -212,7 +214,7 @@ impl Usage {
         let sealed = Arc::new(tokio::sync::Notify::new());
         let spool = Spool::start(&config.spool_dir, config.max_spool_mb << 20, config.segment_age, sealed.clone())
             .map_err(|e| UsageError::Setup(format!("spool {}: {e}", config.spool_dir.display())))?;
-        let producer = crate::kafka::producer(&config.kafka).map_err(UsageError::Setup)?;
+        let producer = crate::usage::kafka::producer(&config.kafka).map_err(UsageError::Setup)?;
         // Before the shipper starts: a batch the filter sends again after a crash is in the
         // segment that was open then (sealed by `Spool::start`).
         let intake = (config.aggregate_above_rps > 0).then(|| {

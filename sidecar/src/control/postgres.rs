@@ -6,10 +6,10 @@
 //! path: it is read at start, on change events and by admin writes. One connection, re-made on
 //! demand after it breaks (an outage fails admin writes with a clear error; decisions go on).
 
-use super::{ConfigSource, Kind, Plan, Product, Route, Snapshot, SourceError, Tenant};
+use super::model::{ConfigSource, Kind, Plan, Product, Route, Snapshot, SourceError, Tenant};
 use crate::apikey::{KeyRecord, KeyStatus};
 use crate::keys::{Id, KeyHash};
-use crate::limits::PlanConfig;
+use crate::decision::limits::PlanConfig;
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};

@@ -2,7 +2,7 @@
 //! filter matches requests against (`tollgate_wire::routes`: host, exact path or prefix, method,
 //! headers — the one matching rule, shared by both sides).
 
-use super::{check_id, invalid, FailureMode, Invalid, Route, Snapshot};
+use super::model::{check_id, invalid, FailureMode, Invalid, Route, Snapshot};
 use sha2::{Digest, Sha256};
 use tollgate_wire::routes::{HeaderRule, RouteFailureMode, RouteSpec, RouteTable};
 
@@ -95,7 +95,7 @@ pub fn table(s: &Snapshot, version: u64) -> RouteTable {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Change, Kind};
+    use super::super::model::{Change, Kind};
     use super::*;
     use serde_json::json;
 

@@ -15,14 +15,19 @@
 //! authenticates the key again and takes only a lease, admitting no request: it is counted in
 //! `tollgate_sidecar_leases_total`, never as a decision or a usage event.
 
+pub mod cache;
+pub mod hints;
+pub mod limits;
+pub mod responses;
+
 use crate::apikey::{self, KeyRecord};
-use crate::cache::{Lookup, TtlCache};
-use crate::responses::{self, Lookup as ResponseLookup, Outcome};
+use cache::{Lookup, TtlCache};
+use responses::{Lookup as ResponseLookup, Outcome};
 use tollgate_wire::responses::{Replay, ReplayKind, StoreTicket};
 use crate::clock::Clock;
 use crate::config::CacheConfig;
 use crate::keys::{ConcurrencyKey, Id, KeyHash, ReservationKey, Subject, TokenBudgetKey};
-use crate::limits::{self, LimitFailureMode, Plans, RequestCtx};
+use limits::{LimitFailureMode, Plans, RequestCtx};
 use crate::metrics as m;
 use crate::store::{CompleteCall, Store, StoreError};
 use rand::distr::{Alphanumeric, SampleString};
@@ -74,9 +79,9 @@ struct RouteEffect {
 
 impl Routing {
     /// The routing of a validated snapshot, at configuration generation `version`.
-    pub fn of(snapshot: &crate::config_store::Snapshot, version: u64) -> Routing {
+    pub fn of(snapshot: &crate::control::model::Snapshot, version: u64) -> Routing {
         Routing {
-            table: crate::config_store::routes::table(snapshot, version),
+            table: crate::control::routes::table(snapshot, version),
             routes: snapshot
                 .routes
                 .values()
@@ -561,7 +566,7 @@ pub enum CompleteError {
     Store(#[from] StoreError),
 }
 
-/// Live reconfiguration (crate::propagation): swap the plans, evict cached key answers.
+/// Live reconfiguration (crate::control::propagation): swap the plans, evict cached key answers.
 impl Decider {
     /// The plans in force now.
     pub fn plans(&self) -> Arc<Plans> {

@@ -3,14 +3,14 @@
 //!
 //! Every write: validate against a copy of the configuration in force (bad input → 400 naming
 //! the field, nothing changes), commit to the store of record, install locally, then
-//! `INCR cfg:routing:version` + `PUBLISH config_changed:{tenant}` (crate::propagation). The token
+//! `INCR cfg:routing:version` + `PUBLISH config_changed:{tenant}` (crate::control::propagation). The token
 //! is compared in constant time and never logged.
 
 use crate::apikey::{self, KeyRecord};
-use crate::config_store::{self, Change, Kind, Source};
-use crate::decide::unix_now;
+use crate::control::model::{self, Change, Kind, Source};
+use crate::decision::unix_now;
 use crate::keys::{Id, KeyHash};
-use crate::propagation::Control;
+use crate::control::propagation::Control;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::Uri;
@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// The OpenAPI document, served at `GET /openapi.json` and kept in docs/.
-pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
 pub struct AdminState {
     pub control: Arc<Control>,
@@ -170,7 +170,7 @@ async fn delete(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String
 /// Validate → commit → install → announce.
 async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
     let Source::Postgres(pg) = &s.control.source else {
-        return error(StatusCode::CONFLICT, "read_only_source", None, config_store::SourceError::ReadOnly);
+        return error(StatusCode::CONFLICT, "read_only_source", None, model::SourceError::ReadOnly);
     };
     // validate-then-commit against one snapshot; no reload may install in between
     let serial = s.control.installing.lock().await;
@@ -192,7 +192,7 @@ async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
     }
     s.control.install(next);
     drop(serial);
-    let tenant = config_store::tenant_of(&change);
+    let tenant = model::tenant_of(&change);
     announced(s, tenant.as_ref(), ok, body).await
 }
 

@@ -8,12 +8,11 @@
 //! PostgreSQL (store of record) and in Redis `apikey:{sha256}` (the hot copy the request path
 //! reads). Nothing here is on the request path.
 
-pub mod postgres;
-pub use postgres::PgSource;
-pub mod routes;
+use super::routes;
+pub use super::postgres::{self, PgSource};
 
 use crate::keys::{Id, ALL_TENANTS};
-use crate::limits::{LimitConfig, PlanConfig, Plans};
+use crate::decision::limits::{LimitConfig, PlanConfig, Plans};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -42,7 +41,7 @@ pub struct Product {
     pub name: String,
 }
 
-/// A plan as the admin API carries it: an id and the limits of crate::limits.
+/// A plan as the admin API carries it: an id and the limits of crate::decision::limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
@@ -173,7 +172,7 @@ pub struct Invalid {
     pub reason: String,
 }
 
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
+pub(super) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
     Invalid { field: field.into(), reason: reason.into() }
 }
 
@@ -184,7 +183,7 @@ fn from_serde(e: serde_json::Error) -> Invalid {
     invalid(field, msg)
 }
 
-fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
+pub(super) fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
     Id::parse(id).map(|_| ()).ok_or_else(|| invalid(field, "use 1-64 of letters, digits, '_', '-', '.'"))
 }
 

@@ -10,7 +10,7 @@
 //! one partition, in order (seed 003). Nothing here runs on the request path.
 
 use tollgate_shared::aggregate::{Outgoing, SegmentPlan};
-use crate::spool::{read_segment, remove_segment, sealed_segments};
+use crate::usage::spool::{read_segment, remove_segment, sealed_segments};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

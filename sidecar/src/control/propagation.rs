@@ -12,9 +12,9 @@
 //! A reload that fails (PostgreSQL down) keeps the configuration in force and is retried at the
 //! next resync; the request path never waits on any of this.
 
-use crate::config_store::{ConfigSource, Live, Snapshot, Source, SourceError};
+use crate::control::model::{ConfigSource, Live, Snapshot, Source, SourceError};
 use crate::keys::{ConfigChangedChannel, Id, RoutingVersionKey, CONFIG_CHANGED_PATTERN};
-use crate::limits::Plans;
+use crate::decision::limits::Plans;
 use crate::server::AppState;
 use crate::store::{Store, StoreError};
 use futures_util::StreamExt;
@@ -48,7 +48,7 @@ impl Control {
         match Plans::compile(&snapshot.plans) {
             Ok(plans) => {
                 self.app.decider.set_plans(plans);
-                self.app.decider.set_routing(crate::decide::Routing::of(&snapshot, self.live.version()));
+                self.app.decider.set_routing(crate::decision::Routing::of(&snapshot, self.live.version()));
                 self.live.set(snapshot);
             }
             // cannot happen for a validated snapshot; keep what runs

@@ -16,13 +16,13 @@ use crate::keys::{
 use std::sync::LazyLock;
 
 /// `sidecar/lua/decide.lua`: every limit of a request, check-all-then-take-all.
-static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../lua/decide.lua")));
+static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/decide.lua")));
 /// `sidecar/lua/complete.lua`: settle a reservation, free a slot.
-static COMPLETE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../lua/complete.lua")));
+static COMPLETE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/complete.lua")));
 
 /// `sidecar/lua/idem_complete.lua`: store or release an idempotency claim (issue 7).
 static IDEM_COMPLETE_SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../lua/idem_complete.lua")));
+    LazyLock::new(|| redis::Script::new(include_str!("../../lua/idem_complete.lua")));
 
 /// One `complete.lua` call.
 #[derive(Debug, Clone)]
@@ -283,8 +283,8 @@ impl Store {
 
     /// Runs `decide.lua` for all of a request's limits and its response lookup: one round trip.
     /// The raw reply: numbers, then (with a lookup) an outcome and a value
-    /// (crate::responses::split_reply).
-    pub async fn run_decide(&self, inv: &crate::limits::Invocation) -> Result<Vec<redis::Value>, StoreError> {
+    /// (crate::decision::responses::split_reply).
+    pub async fn run_decide(&self, inv: &crate::decision::limits::Invocation) -> Result<Vec<redis::Value>, StoreError> {
         let keys = inv.keys.clone();
         let args = inv.args.clone();
         self.run("decide_lua", |mut c| async move {

@@ -3,7 +3,7 @@
 //! Lookups ride on the decision: [`Lookup`] adds its keys and arguments to the one `decide.lua`
 //! call of the request (after the limits'), so a decision with limits, a cache lookup or an
 //! idempotency claim still costs one Redis round trip (with the key record cached). The script
-//! answers an [`Outcome`]; [`crate::decide`] turns it into a replay, a store ticket or a 409/422.
+//! answers an [`Outcome`]; [`crate::decision`] turns it into a replay, a store ticket or a 409/422.
 //!
 //! Storing is off the request path: the filter sends finished responses in batches to
 //! `POST /v1/responses` ([`store_batch`]). A cache entry is one `SET … PX <route TTL>`; an
@@ -20,7 +20,7 @@ use crate::keys::{
     CacheHash, Id, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey,
     IDEMPOTENCY_IN_FLIGHT_TTL_MS, IDEMPOTENCY_TTL_MS,
 };
-use crate::limits::Invocation;
+use crate::decision::limits::Invocation;
 use crate::store::Store;
 use rand::distr::{Alphanumeric, SampleString};
 use tollgate_wire::responses::{StoreAck, StoreBatch, StoreItem, StoreTicket, StoredResponse, MAX_STORED_BODY};
