@@ -29,11 +29,6 @@ def modules(src: Path) -> dict:
     return out
 
 
-def strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return "\n".join(re.sub(r"//.*", "", line) for line in text.splitlines())
-
-
 def expand_use(tree: str) -> list:
     """`a::{b, c::{d, e}}` → [`a::b`, `a::c::d`, `a::c::e`] (a tree without braces is itself)."""
     tree = tree.strip()
@@ -56,25 +51,77 @@ def expand_use(tree: str) -> list:
     return [p for it in items if it.strip() for p in expand_use(prefix + "::" + it.strip())]
 
 
+def code_only(text: str) -> str:
+    """The text with comments removed and string and char literals emptied (so that neither a
+    `//` in a URL nor a brace in a string is taken for code)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        elif c == "r" and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")) and re.match(r'r#*"', text[i:]):
+            hashes = re.match(r"r(#*)", text[i:]).group(1)
+            j = text.find('"' + hashes, i + 2 + len(hashes))
+            out.append('""')
+            i = n if j < 0 else j + 1 + len(hashes)
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append('""')
+            i = j + 1
+        elif c == "'" and re.match(r"'(\\.[^']*|[^\\'])'", text[i:]):
+            m = re.match(r"'(\\.[^']*|[^\\'])'", text[i:])
+            out.append("' '")
+            i += m.end()
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def inline_depths(text: str) -> list:
+    """Per character, how many inline `mod name { … }` blocks enclose it."""
+    depth = [0] * (len(text) + 1)
+    opens = {m.end() - 1 for m in re.finditer(r"\bmod\s+\w+\s*\{", text)}
+    stack, level = [], 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            stack.append(i in opens)
+            level += i in opens
+        elif ch == "}" and stack:
+            level -= stack.pop()
+        depth[i] = level
+    return depth
+
+
 def references(text: str, here: str) -> set:
     """Absolute paths (`crate::…` with `crate::` dropped) this module's text names."""
-    text = strip_comments(text)
+    text = code_only(text)
+    depth = inline_depths(text)
     paths = []
     for m in re.finditer(r"\buse\s+([^;]+);", text):
-        paths += [p for p in expand_use(m.group(1)) if re.match(r"^(crate|super|self)::", p)]
-    paths += re.findall(r"\b(?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+", text)
+        paths += [(p, depth[m.start()]) for p in expand_use(m.group(1)) if re.match(r"^(crate|super|self)::", p)]
+    paths += [(m.group(0), depth[m.start()]) for m in re.finditer(r"\b(?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+", text)]
     out = set()
-    for p in paths:
+    for p, inline in paths:
         p = re.sub(r"\s+as\s+\w+$", "", p.strip())
         segs = p.split("::")
         base = here.split("::") if here else []
         if segs[0] == "crate":
             segs = segs[1:]
         else:
-            # `self::` inside a file module is that module; every `super::` goes one level up
+            # `self::` is this module; each `super::` leaves an inline `mod { }` first, then a file
             while segs and segs[0] in ("super", "self"):
                 if segs[0] == "super":
-                    base = base[:-1]
+                    if inline > 0:
+                        inline -= 1
+                    else:
+                        base = base[:-1]
                 segs = segs[1:]
             segs = base + segs
         out.add("::".join(s for s in segs if s not in ("self", "*")))
@@ -91,18 +138,36 @@ def resolve(path: str, mods: dict):
     return None
 
 
+def child_paths(text: str, here: str, mods: dict) -> set:
+    """Paths that start at a child module without `self::` (`use cache::TtlCache;`,
+    `limits::leasable(…)`), made absolute."""
+    text = code_only(text)
+    out = set()
+    for m in re.finditer(r"(?<![\w:])([a-z_][a-z0-9_]*)((?:::[A-Za-z_]\w*)+)", text):
+        child = f"{here}::{m.group(1)}" if here else m.group(1)
+        if child in mods:
+            out.add(child + m.group(2))
+    for m in re.finditer(r"\buse\s+([^;]+);", text):
+        for p in expand_use(m.group(1)):
+            first = p.split("::")[0]
+            child = f"{here}::{first}" if here else first
+            if child in mods and not re.match(r"^(crate|super|self)::", p):
+                out.add(here + "::" + p if here else p)
+    return out
+
+
 def graph(src: Path, depth: int = 0) -> dict:
     mods = modules(src)
     fold = (lambda m: "::".join(m.split("::")[:depth])) if depth else (lambda m: m)
     edges = {fold(m): set() for m in mods}
     for m, f in mods.items():
-        for ref in references(f.read_text(), m):
+        text = f.read_text()
+        for ref in references(text, m) | child_paths(text, m, mods):
             target = resolve(ref, mods)
             if target is None:
                 continue
             a, b = fold(m), fold(target)
-            # a module using its own children (or a folder its own files) is not an edge
-            if a != b and not b.startswith(a + "::"):
+            if a != b:
                 edges[a].add(b)
     return edges
 
@@ -149,7 +214,7 @@ def main():
         depth = int(args[args.index("--depth") + 1])
         del args[args.index("--depth") : args.index("--depth") + 2]
     rest = [a for a in args if not a.startswith("--")]
-    src = Path(rest[0] if rest else "sidecar/src")
+    src = Path(rest[0]) if rest else Path(__file__).resolve().parent.parent / "sidecar" / "src"
     edges = graph(src, depth)
     if show_edges:
         for a in sorted(edges):

@@ -8,7 +8,6 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 /// Prefix of environment overrides.
 pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
@@ -17,6 +16,11 @@ pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
 /// the binary path and URL that `.tollgate/demo.env` exports for scripts, and the port override
 /// `TOLLGATE_SIDECAR_PORT` of `./build.sh up`.
 const NOT_SETTINGS: &[&str] = &["config", "bin", "url", "port"];
+
+// Every section's type is defined by the module it configures (config depends on them, never
+// the other way round); `[redis]` and `[cache]` are re-exported here by their old names.
+pub use crate::decision::cache::CacheConfig;
+pub use crate::store::{RedisConfig, RedisMode};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -35,10 +39,10 @@ pub struct Config {
     pub plans: std::collections::BTreeMap<String, crate::decision::limits::PlanConfig>,
     /// Circuit-breaker hints (`[breaker]`, see crate::decision::hints).
     pub breaker: crate::decision::hints::BreakerConfig,
-    /// Where tenants, products, plans and routes come from (`[source]`, crate::control::model).
-    pub source: crate::control::model::SourceConfig,
+    /// Where tenants, products, plans and routes come from (`[source]`, crate::control::source).
+    pub source: crate::control::source::SourceConfig,
     /// The admin HTTP API (`[admin]`, crate::control::admin).
-    pub admin: crate::control::model::AdminConfig,
+    pub admin: crate::control::admin::AdminConfig,
     /// File source: tenants (`[[tenants]]`), API products (`[[products]]`), routes (`[[routes]]`).
     pub tenants: Vec<crate::control::model::Tenant>,
     pub products: Vec<crate::control::model::Product>,
@@ -47,45 +51,6 @@ pub struct Config {
     pub usage: crate::usage::UsageConfig,
     /// Threads of the sidecar's async runtime; 0 (the default): one per CPU core.
     pub worker_threads: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RedisConfig {
-    /// `single` (default: `url`), `cluster` (`nodes` are seed nodes) or `sentinel` (`nodes` are
-    /// the sentinels, `master_name` the monitored master).
-    pub mode: RedisMode,
-    /// `redis://host:port/db` (or `rediss://`), for `single` mode.
-    pub url: String,
-    /// Cluster seed nodes or sentinel addresses (`redis://host:port`).
-    pub nodes: Vec<String>,
-    /// The master's name in Sentinel.
-    pub master_name: String,
-    /// Deadline for one Redis command on the request path. Keep it under the filter's timeout so
-    /// the sidecar still answers (from cache, or "unavailable") before Envoy gives up.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Deadline for (re)connecting.
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// While Redis is unreachable, reconnects are attempted at most this often; requests in
-    /// between fail fast instead of queueing on a dead connection.
-    #[serde(with = "humantime_serde")]
-    pub reconnect_interval: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CacheConfig {
-    /// How long a key lookup (found or not) is answered locally without asking Redis. This bounds
-    /// how long a revocation takes to apply.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// While Redis is unreachable, a cached answer up to this old is still used.
-    #[serde(with = "humantime_serde")]
-    pub stale_grace: Duration,
-    /// Bound on cached entries (a flood of random keys cannot grow memory past it).
-    pub max_entries: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,34 +86,6 @@ impl Default for Config {
             usage: Default::default(),
             worker_threads: 0,
         }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RedisMode {
-    Single,
-    Cluster,
-    Sentinel,
-}
-
-impl Default for RedisConfig {
-    fn default() -> Self {
-        RedisConfig {
-            mode: RedisMode::Single,
-            nodes: Vec::new(),
-            master_name: "mymaster".into(),
-            url: "redis://127.0.0.1:6379".into(),
-            timeout: Duration::from_millis(15),
-            connect_timeout: Duration::from_millis(250),
-            reconnect_interval: Duration::from_millis(500),
-        }
-    }
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        CacheConfig { ttl: Duration::from_millis(500), stale_grace: Duration::from_secs(60), max_entries: 100_000 }
     }
 }
 
@@ -232,7 +169,7 @@ impl Config {
 
     /// `[source]`, `[admin]` and the file's configuration model (crate::control::model).
     fn validate_config_model(&self) -> Result<(), ConfigError> {
-        use crate::control::model::{Snapshot, SourceKind};
+        use crate::control::{model::Snapshot, source::SourceKind};
         self.admin.validate().map_err(ConfigError::Invalid)?;
         if self.source.kind == SourceKind::Postgres && self.source.postgres_url.parse::<tokio_postgres::Config>().is_err() {
             return Err(ConfigError::Invalid("source.postgres_url: not a PostgreSQL URL (postgres://user@host:port/db)".into()));
@@ -246,6 +183,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn defaults_are_valid_and_file_overrides() {

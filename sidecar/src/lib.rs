@@ -15,7 +15,7 @@ pub mod usage;
 pub use tollgate_shared::keys;
 
 use config::Config;
-use control::{admin, propagation};
+use control::{admin, propagation, Control};
 use decision::{hints, limits};
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
@@ -44,7 +44,7 @@ pub struct Sidecar {
     unix: Option<(tokio::net::UnixListener, std::path::PathBuf)>,
     state: Arc<server::AppState>,
     /// Configuration in force, its source, and what the admin API and the subscriber share.
-    control: Arc<propagation::Control>,
+    control: Arc<Control>,
     /// The admin API's listener and token, when `admin.listen` is set.
     admin: Option<(tokio::net::TcpListener, String)>,
     /// A Redis node to subscribe to change events on, and the resync interval.
@@ -73,13 +73,10 @@ impl Sidecar {
             false => None,
         };
         let state = Arc::new(server::AppState {
-            decider: decision::Decider::new(
-                store.clone(),
-                &config.cache,
-                limits::Plans::compile(&config.plans).map_err(Error::Config)?,
-                clock,
-            )
-            .with_usage(usage.clone()),
+            decider: Arc::new(
+                decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans).map_err(Error::Config)?, clock)
+                    .with_usage(usage.clone()),
+            ),
             store,
             prometheus: metrics::handle(),
             hints: hints::Hints::new(&config.breaker),
@@ -95,7 +92,7 @@ impl Sidecar {
     }
 
     /// The configuration in force and its source.
-    pub fn control(&self) -> Arc<propagation::Control> {
+    pub fn control(&self) -> Arc<Control> {
         self.control.clone()
     }
 
@@ -117,7 +114,7 @@ impl Sidecar {
         if let Some((url, every)) = self.propagation.clone() {
             tasks.spawn(propagation::run(self.control.clone(), url, every, background.clone()));
         }
-        if matches!(self.control.source, control::model::Source::Postgres(_)) {
+        if matches!(self.control.source, control::Source::Postgres(_)) {
             tasks.spawn(propagation::rewarm(self.control.clone(), background.clone()));
         }
         if let Some((listener, token)) = self.admin {
@@ -198,12 +195,14 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
 }
 
 type ConfigParts =
-    (Arc<propagation::Control>, Option<(tokio::net::TcpListener, String)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
+    (Arc<Control>, Option<(tokio::net::TcpListener, String)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
 
 /// Opens the configuration source (PostgreSQL: connect, migrate, load — an unreachable server is
 /// an error), puts its plans in force, binds the admin listener, picks the pub/sub node.
 async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<ConfigParts, Error> {
-    use control::model::{ConfigSource, FileSource, PgSource, Snapshot, Source, SourceKind};
+    use control::model::Snapshot;
+    use control::source::{postgres::PgSource, ConfigSource, FileSource, SourceKind};
+    use control::Source;
     let (source, snapshot) = match config.source.kind {
         SourceKind::File => {
             let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)
@@ -222,7 +221,7 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
         }
     };
     let store = state.store.clone();
-    let control = Arc::new(propagation::Control::new(source, snapshot.clone(), store, state));
+    let control = Arc::new(Control::new(source, snapshot.clone(), store, state.decider.clone()));
     control.install(snapshot);
     let admin = match config.admin.listen {
         Some(addr) => {

@@ -5,6 +5,7 @@
 //! malformed, 503 when no decision can be made now. The filter treats anything but a 200 as a
 //! sidecar failure and applies its configured failure mode.
 
+use crate::decision::hints::{Hints, Recorded};
 use crate::decision::{DecideError, Decider};
 use crate::store::Store;
 use axum::body::Bytes;
@@ -15,15 +16,16 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
+use tollgate_wire::breaker::HintReport;
 use tollgate_wire::usage::{UsageAck, UsageBatch, USAGE_PATH};
 use tollgate_wire::{CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
 
 pub struct AppState {
-    pub decider: Decider,
+    pub decider: Arc<Decider>,
     pub store: Store,
     pub prometheus: PrometheusHandle,
     /// Circuit-breaker hints (crate::decision::hints).
-    pub hints: crate::decision::hints::Hints,
+    pub hints: Hints,
     /// Usage metering (crate::usage), when enabled.
     pub usage: Option<Arc<crate::usage::Usage>>,
 }
@@ -37,7 +39,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
-        .route(tollgate_wire::breaker::HINTS_PATH, get(crate::decision::hints::list).post(crate::decision::hints::record))
+        .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
         .with_state(state)
 }
 
@@ -169,4 +171,24 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.prometheus.render()).into_response()
+}
+
+/// `POST /v1/breaker/hints`: 204 stored, 202 accepted but not shared (Redis trouble), 400 bad.
+async fn record_hint(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let bad = |message: String| json(StatusCode::BAD_REQUEST, format!(r#"{{"error":"bad_request","message":"{message}"}}"#).into_bytes());
+    let report: HintReport = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(e.to_string()),
+    };
+    match state.hints.record(&state.store, &report).await {
+        Ok(Recorded::Shared) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Recorded::NotShared) => StatusCode::ACCEPTED.into_response(),
+        Err(e) => bad(e.to_string()),
+    }
+}
+
+/// `GET /v1/breaker/hints`: always 200; empty while Redis is unreachable.
+async fn list_hints(State(state): State<Arc<AppState>>) -> Response {
+    let list = state.hints.list(&state.store).await;
+    json(StatusCode::OK, serde_json::to_vec(&list).unwrap_or_default())
 }

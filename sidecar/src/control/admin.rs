@@ -7,10 +7,11 @@
 //! is compared in constant time and never logged.
 
 use crate::apikey::{self, KeyRecord};
-use crate::control::model::{self, Change, Kind, Source};
+use crate::control::model::{self, Change, Kind};
+use crate::control::{Control, Source};
+use crate::control::source::SourceError;
 use crate::decision::unix_now;
 use crate::keys::{Id, KeyHash};
-use crate::control::propagation::Control;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::Uri;
@@ -19,10 +20,50 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// `[admin]`: the admin HTTP API (off unless `listen` is set).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Loopback address of the admin API, e.g. `127.0.0.1:9091`. Empty: no admin API.
+    pub listen: Option<std::net::SocketAddr>,
+    /// Bearer token every admin request must carry (env `TOLLGATE_SIDECAR_ADMIN__TOKEN`). At
+    /// least 16 characters. Never logged.
+    pub token: String,
+    /// How often each replica compares `cfg:routing:version` with what it loaded, in case a
+    /// change event was missed while its pub/sub connection was up but silent. Reconnects always
+    /// resynchronise at once.
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { listen: None, token: String::new(), resync_interval: Duration::from_secs(5) }
+    }
+}
+
+impl AdminConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(addr) = self.listen {
+            if !addr.ip().is_loopback() {
+                return Err("admin.listen: must be a loopback address".into());
+            }
+            if self.token.len() < 16 {
+                return Err("admin.token: at least 16 characters are required when admin.listen is set".into());
+            }
+        }
+        if self.resync_interval.is_zero() {
+            return Err("admin.resync_interval: must be above zero".into());
+        }
+        Ok(())
+    }
+}
 
 /// The OpenAPI document, served at `GET /openapi.json` and kept in docs/.
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
@@ -170,7 +211,7 @@ async fn delete(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String
 /// Validate → commit → install → announce.
 async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
     let Source::Postgres(pg) = &s.control.source else {
-        return error(StatusCode::CONFLICT, "read_only_source", None, model::SourceError::ReadOnly);
+        return error(StatusCode::CONFLICT, "read_only_source", None, SourceError::ReadOnly);
     };
     // validate-then-commit against one snapshot; no reload may install in between
     let serial = s.control.installing.lock().await;
@@ -356,5 +397,14 @@ mod tests {
         for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/version"] {
             assert!(doc["paths"].get(p).is_some(), "{p} missing from docs/openapi.json");
         }
+    }
+
+    #[test]
+    fn admin_config_is_checked() {
+        let mut a = AdminConfig { listen: Some("0.0.0.0:1".parse().unwrap()), token: "x".repeat(16), ..AdminConfig::default() };
+        assert!(a.validate().unwrap_err().contains("admin.listen"));
+        a.listen = Some("127.0.0.1:1".parse().unwrap());
+        a.token = "short".into();
+        assert!(a.validate().unwrap_err().contains("admin.token"));
     }
 }

@@ -19,13 +19,16 @@ pub mod cache;
 pub mod hints;
 pub mod limits;
 pub mod responses;
+pub mod routing;
+
+pub use routing::Routing;
 
 use crate::apikey::{self, KeyRecord};
-use cache::{Lookup, TtlCache};
+use cache::{CacheConfig, Lookup, TtlCache};
 use responses::{Lookup as ResponseLookup, Outcome};
 use tollgate_wire::responses::{Replay, ReplayKind, StoreTicket};
 use crate::clock::Clock;
-use crate::config::CacheConfig;
+
 use crate::keys::{ConcurrencyKey, Id, KeyHash, ReservationKey, Subject, TokenBudgetKey};
 use limits::{LimitFailureMode, Plans, RequestCtx};
 use crate::metrics as m;
@@ -56,54 +59,6 @@ pub struct Decider {
     /// Usage metering: denials of known tenants become usage events.
     usage: Option<Arc<crate::usage::Usage>>,
     routing: std::sync::RwLock<Arc<Routing>>,
-}
-
-/// What decisions and the filters need from the routing configuration: the table the filters
-/// match against, and per route what the sidecar applies (product subscription, plan override).
-#[derive(Debug, Default)]
-pub struct Routing {
-    /// Served as is on `GET /v1/routes`.
-    pub table: tollgate_wire::routes::RouteTable,
-    routes: std::collections::HashMap<String, RouteEffect>,
-    /// Tenant → the products it subscribes to.
-    subscriptions: std::collections::HashMap<String, std::collections::BTreeSet<String>>,
-}
-
-#[derive(Debug)]
-struct RouteEffect {
-    product: Option<Id>,
-    plan: Option<String>,
-    /// The response cache's TTL on this route (issue 7), with the route's id as a key segment.
-    cache: Option<(Id, u64)>,
-}
-
-impl Routing {
-    /// The routing of a validated snapshot, at configuration generation `version`.
-    pub fn of(snapshot: &crate::control::model::Snapshot, version: u64) -> Routing {
-        Routing {
-            table: crate::control::routes::table(snapshot, version),
-            routes: snapshot
-                .routes
-                .values()
-                .map(|r| {
-                    let cache = r
-                        .cache_ttl
-                        .map(|d| d.as_millis() as u64)
-                        .filter(|ms| *ms > 0)
-                        .and_then(|ms| Id::parse(&r.id).map(|id| (id, ms)));
-                    (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone(), cache })
-                })
-                .collect(),
-            subscriptions: snapshot.tenants.values().map(|t| (t.id.clone(), t.products.iter().cloned().collect())).collect(),
-        }
-    }
-}
-
-impl Routing {
-    /// The response-cache TTL of a route id (none: unknown route, or it does not cache).
-    pub fn cache_ttl_ms(&self, route: &str) -> Option<u64> {
-        self.routes.get(route).and_then(|r| r.cache.as_ref()).map(|(_, ms)| *ms)
-    }
 }
 
 /// Wall-clock unix seconds.
@@ -142,10 +97,10 @@ impl Decider {
         // The route the filter matched: an id this replica does not know (yet, or any more)
         // has no effect — the tables converge within a refresh.
         let routing = self.routing();
-        let route = req.route.as_deref().and_then(|id| routing.routes.get(id));
+        let route = req.route.as_deref().and_then(|id| routing.route(id));
         let product = route.and_then(|r| r.product.as_ref());
         if let (Some(r), Some(p), DecideResponse::Allow { .. }) = (&record, product, &response) {
-            if !routing.subscriptions.get(r.tenant.as_str()).is_some_and(|s| s.contains(p.as_str())) {
+            if !routing.subscribes(&r.tenant, p) {
                 response = DecideResponse::Deny {
                     status: 403,
                     error: codes::NOT_SUBSCRIBED.into(),

@@ -8,7 +8,7 @@
 //! transition, never per request.
 
 use crate::apikey::{KeyRecord, KeyStatus};
-use crate::config::{RedisConfig, RedisMode};
+use serde::{Deserialize, Serialize};
 use crate::keys::{
     ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, AuthFailKey, ConcurrencyKey, Id, KeyHash, ReservationKey, TokenBudgetKey,
     API_KEY_ID_PATTERN, AUTH_FAIL_TTL_SECS, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS,
@@ -41,6 +41,54 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
+
+/// `[redis]` of the sidecar configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `single` (default: `url`), `cluster` (`nodes` are seed nodes) or `sentinel` (`nodes` are
+    /// the sentinels, `master_name` the monitored master).
+    pub mode: RedisMode,
+    /// `redis://host:port/db` (or `rediss://`), for `single` mode.
+    pub url: String,
+    /// Cluster seed nodes or sentinel addresses (`redis://host:port`).
+    pub nodes: Vec<String>,
+    /// The master's name in Sentinel.
+    pub master_name: String,
+    /// Deadline for one Redis command on the request path. Keep it under the filter's timeout so
+    /// the sidecar still answers (from cache, or "unavailable") before Envoy gives up.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Deadline for (re)connecting.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// While Redis is unreachable, reconnects are attempted at most this often; requests in
+    /// between fail fast instead of queueing on a dead connection.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            mode: RedisMode::Single,
+            nodes: Vec::new(),
+            master_name: "mymaster".into(),
+            url: "redis://127.0.0.1:6379".into(),
+            timeout: Duration::from_millis(15),
+            connect_timeout: Duration::from_millis(250),
+            reconnect_interval: Duration::from_millis(500),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -356,25 +404,6 @@ impl Store {
             inv.arg(crate::keys::IDEMPOTENCY_TTL_MS);
             let done: i64 = inv.invoke_async(&mut c).await?;
             Ok(done == 1)
-        })
-        .await
-    }
-
-    /// Adds usage counts to the per-day meters (`HINCRBY` each field, then `PEXPIRE` 35 days):
-    /// one pipeline per batch, off the request path.
-    pub async fn meter_usage(&self, incs: Vec<(crate::keys::UsageMeterKey, Vec<(&'static str, i64)>)>) -> Result<(), StoreError> {
-        if incs.is_empty() {
-            return Ok(());
-        }
-        self.run_with_deadline("meter_usage", Self::BATCH_DEADLINE, |mut c| async move {
-            let mut pipe = redis::pipe();
-            for (key, fields) in &incs {
-                for (field, n) in fields {
-                    pipe.hincr(key, *field, *n).ignore();
-                }
-                pipe.pexpire(key, crate::keys::USAGE_METER_TTL_MS as i64).ignore();
-            }
-            pipe.query_async::<()>(&mut c).await
         })
         .await
     }

@@ -19,20 +19,20 @@
 
 pub mod intake;
 pub mod kafka;
+pub mod meter;
 pub mod spool;
 
 use intake::{Intake, RateTracker, RecentIds};
 use crate::usage::kafka::{KafkaConfig, Shipper};
-use crate::keys::{Id, UsageMeterKey};
+use crate::keys::Id;
 use crate::usage::spool::{Spool, SpoolError};
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tollgate_wire::usage::{event_path, UsageClass, UsageEvent, MAX_PATH};
+use tollgate_wire::usage::{event_path, UsageEvent, MAX_PATH};
 
 /// `[usage]` of the sidecar configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,24 +127,6 @@ pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
         return Some("product");
     }
     None
-}
-
-/// Counters of one tenant on one day.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DayCounts {
-    pub by_class: BTreeMap<UsageClass, i64>,
-    pub tokens: i64,
-}
-
-/// What the Redis meter adds for `events`: per (tenant, `yyyyMMdd`).
-pub fn meter_increments(events: &[UsageEvent]) -> BTreeMap<(String, String), DayCounts> {
-    let mut out: BTreeMap<(String, String), DayCounts> = BTreeMap::new();
-    for e in events {
-        let c = out.entry((e.tenant.clone(), e.day().compact())).or_default();
-        *c.by_class.entry(e.class()).or_insert(0) += 1;
-        c.tokens += e.tokens.unwrap_or(0) as i64;
-    }
-    out
 }
 
 /// Event ids remembered at intake when aggregation is on (≈ 10 MB; at 10 000 events/s, the last
@@ -275,21 +257,10 @@ impl Usage {
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
             .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
         if self.meter {
-            let incs = meter_increments(events);
+            let incs = meter::increments(events);
             let store = self.store.clone();
             tokio::spawn(async move {
-                let incs: Vec<(UsageMeterKey, Vec<(&'static str, i64)>)> = incs
-                    .into_iter()
-                    .filter_map(|((tenant, day), c)| {
-                        let key = UsageMeterKey::new(&Id::parse(&tenant)?, &day)?;
-                        let mut fields: Vec<(&'static str, i64)> = c.by_class.iter().map(|(k, v)| (k.name(), *v)).collect();
-                        if c.tokens > 0 {
-                            fields.push(("tokens", c.tokens));
-                        }
-                        Some((key, fields))
-                    })
-                    .collect();
-                if let Err(e) = store.meter_usage(incs).await {
+                if let Err(e) = meter::add(&store, incs).await {
                     metrics::counter!(crate::metrics::USAGE_METER_ERRORS).increment(1);
                     tracing::debug!(error = %e, "usage meter not updated");
                 }
@@ -354,6 +325,7 @@ pub fn denial_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_wire::usage::UsageClass;
 
     fn ev(id: &str, tenant: &str, status: u16, start_ms: u64, tokens: Option<u64>) -> UsageEvent {
         UsageEvent {
@@ -389,7 +361,7 @@ mod tests {
             denied,
             ev("id000005", "beta", 502, DAY, None),
         ];
-        let incs = meter_increments(&events);
+        let incs = meter::increments(&events);
         let acme = &incs[&("acme".to_string(), "20251130".to_string())];
         assert_eq!(acme.by_class[&UsageClass::Ok], 1);
         assert_eq!(acme.by_class[&UsageClass::ClientError], 1);
