@@ -7,6 +7,7 @@ pub mod config;
 pub mod control;
 pub mod decision;
 pub mod metrics;
+pub mod scripts;
 pub mod server;
 pub mod store;
 pub mod usage;

@@ -83,11 +83,11 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
         for r in results {
             match r {
                 Ok(()) => {}
-                Err(crate::decision::CompleteError::BadTicket(what)) => {
+                Err(crate::decision::complete::CompleteError::BadTicket(what)) => {
                     invalid += 1;
                     tracing::debug!(field = %what, "refused a completion with an invalid ticket");
                 }
-                Err(crate::decision::CompleteError::Store(e)) => {
+                Err(crate::decision::complete::CompleteError::Store(e)) => {
                     return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string());
                 }
             }
