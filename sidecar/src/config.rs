@@ -4,6 +4,7 @@
 //! are reached from the environment with `__`: `TOLLGATE_SIDECAR_REDIS__URL=redis://…`.
 
 use figment::providers::{Env, Format, Serialized, Toml};
+use crate::invalid::{invalid, Invalid};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -101,7 +102,9 @@ pub enum ConfigError {
     #[error("configuration: {0}")]
     Parse(#[from] Box<figment::Error>),
     #[error("configuration: {0}")]
-    Invalid(String),
+    Invalid(#[from] Invalid),
+    #[error("configuration: config file {0} does not exist")]
+    NoFile(std::path::PathBuf),
 }
 
 impl Config {
@@ -110,7 +113,7 @@ impl Config {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.exists() {
-                return Err(ConfigError::Invalid(format!("config file {} does not exist", path.display())));
+                return Err(ConfigError::NoFile(path.to_path_buf()));
             }
             fig = fig.merge(Toml::file(path));
         }
@@ -134,35 +137,35 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        let bad = |field: &str, reason: &str| Err(ConfigError::Invalid(invalid(field, reason)));
         if let Some(path) = &self.listen_unix {
             // sun_path holds 108 bytes with the terminating NUL on Linux.
             if path.as_os_str().is_empty() || path.as_os_str().len() > 107 {
-                return bad("listen_unix: a socket path of 1 to 107 bytes");
+                return bad("listen_unix", "a socket path of 1 to 107 bytes");
             }
         }
         if !(self.redis.url.starts_with("redis://") || self.redis.url.starts_with("rediss://")) {
-            return bad("redis.url: must start with redis:// or rediss://");
+            return bad("redis.url", "must start with redis:// or rediss://");
         }
         if redis::Client::open(self.redis.url.as_str()).is_err() {
-            return bad("redis.url: not a valid Redis URL");
+            return bad("redis.url", "not a valid Redis URL");
         }
         if self.redis.mode != RedisMode::Single && self.redis.nodes.is_empty() {
-            return bad("redis.nodes: cluster and sentinel modes need at least one node");
+            return bad("redis.nodes", "cluster and sentinel modes need at least one node");
         }
         if self.redis.nodes.iter().any(|n| redis::Client::open(n.as_str()).is_err()) {
-            return bad("redis.nodes: not a list of valid Redis URLs");
+            return bad("redis.nodes", "not a list of valid Redis URLs");
         }
         if self.redis.timeout.is_zero() || self.redis.connect_timeout.is_zero() {
-            return bad("redis.timeout and redis.connect_timeout: must be above zero");
+            return bad("redis.timeout and redis.connect_timeout", "must be above zero");
         }
         if self.cache.max_entries == 0 {
-            return bad("cache.max_entries: must be at least 1");
+            return bad("cache.max_entries", "must be at least 1");
         }
-        crate::decision::limits::Plans::compile(&self.plans).map_err(ConfigError::Invalid)?;
-        self.usage.validate().map_err(ConfigError::Invalid)?;
+        crate::decision::limits::Plans::compile(&self.plans)?;
+        self.usage.validate()?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return bad("log.level: not a tracing filter directive");
+            return bad("log.level", "not a tracing filter directive");
         }
         self.validate_config_model()
     }
@@ -170,12 +173,11 @@ impl Config {
     /// `[source]`, `[admin]` and the file's configuration model (crate::control::model).
     fn validate_config_model(&self) -> Result<(), ConfigError> {
         use crate::control::{model::Snapshot, source::SourceKind};
-        self.admin.validate().map_err(ConfigError::Invalid)?;
+        self.admin.validate()?;
         if self.source.kind == SourceKind::Postgres && self.source.postgres_url.parse::<tokio_postgres::Config>().is_err() {
-            return Err(ConfigError::Invalid("source.postgres_url: not a PostgreSQL URL (postgres://user@host:port/db)".into()));
+            return Err(invalid("source.postgres_url", "not a PostgreSQL URL (postgres://user@host:port/db)").into());
         }
-        Snapshot::from_file(&self.tenants, &self.products, &self.plans, &self.routes)
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Snapshot::from_file(&self.tenants, &self.products, &self.plans, &self.routes)?;
         Ok(())
     }
 }

@@ -6,6 +6,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod decision;
+pub mod invalid;
 pub mod metrics;
 pub mod scripts;
 pub mod server;
@@ -34,6 +35,8 @@ pub enum Error {
     Serve(std::io::Error),
     #[error("configuration: {0}")]
     Config(String),
+    #[error("configuration: {0}")]
+    Invalid(#[from] invalid::Invalid),
     #[error(transparent)]
     Usage(#[from] usage::UsageError),
 }
@@ -75,7 +78,7 @@ impl Sidecar {
         };
         let state = Arc::new(server::AppState {
             decider: Arc::new(
-                decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans).map_err(Error::Config)?, clock)
+                decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans)?, clock)
                     .with_usage(usage.clone()),
             ),
             store,
@@ -206,8 +209,7 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
     use control::Source;
     let (source, snapshot) = match config.source.kind {
         SourceKind::File => {
-            let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)
-                .map_err(|e| Error::Config(e.to_string()))?;
+            let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)?;
             (Source::File(FileSource::new(s.clone())), s)
         }
         SourceKind::Postgres => {

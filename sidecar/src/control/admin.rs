@@ -11,6 +11,7 @@ use crate::control::model::{self, Change, Kind};
 use crate::control::{Control, Source};
 use crate::control::source::SourceError;
 use crate::decision::unix_now;
+use crate::invalid::{invalid, Invalid};
 use crate::keys::{Id, KeyHash};
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
@@ -49,17 +50,17 @@ impl Default for AdminConfig {
 }
 
 impl AdminConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(addr) = self.listen {
             if !addr.ip().is_loopback() {
-                return Err("admin.listen: must be a loopback address".into());
+                return Err(invalid("admin.listen", "must be a loopback address"));
             }
             if self.token.len() < 16 {
-                return Err("admin.token: at least 16 characters are required when admin.listen is set".into());
+                return Err(invalid("admin.token", "at least 16 characters are required when admin.listen is set"));
             }
         }
         if self.resync_interval.is_zero() {
-            return Err("admin.resync_interval: must be above zero".into());
+            return Err(invalid("admin.resync_interval", "must be above zero"));
         }
         Ok(())
     }
@@ -402,9 +403,9 @@ mod tests {
     #[test]
     fn admin_config_is_checked() {
         let mut a = AdminConfig { listen: Some("0.0.0.0:1".parse().unwrap()), token: "x".repeat(16), ..AdminConfig::default() };
-        assert!(a.validate().unwrap_err().contains("admin.listen"));
+        assert_eq!(a.validate().unwrap_err().field, "admin.listen");
         a.listen = Some("127.0.0.1:1".parse().unwrap());
         a.token = "short".into();
-        assert!(a.validate().unwrap_err().contains("admin.token"));
+        assert_eq!(a.validate().unwrap_err().field, "admin.token");
     }
 }

@@ -39,6 +39,15 @@ impl ConfigSource for Source {
     }
 }
 
+/// Why API-key records could not be copied into Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum RewarmError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// What the admin API and the subscriber share: the source, the configuration in force, Redis.
 pub struct Control {
     pub source: Source,
@@ -122,11 +131,11 @@ impl Control {
 
     /// Copies every key record from PostgreSQL into Redis (a wiped Redis loses no key).
     /// Returns how many; a no-op for the file source (Redis is the keys' store there).
-    pub async fn rewarm_keys(&self) -> Result<usize, String> {
+    pub async fn rewarm_keys(&self) -> Result<usize, RewarmError> {
         let Source::Postgres(pg) = &self.source else { return Ok(0) };
-        let keys = pg.keys(None).await.map_err(|e| e.to_string())?;
+        let keys = pg.keys(None).await?;
         for (hash, record) in &keys {
-            self.store.create_key(hash, record).await.map_err(|e| e.to_string())?;
+            self.store.create_key(hash, record).await?;
         }
         Ok(keys.len())
     }

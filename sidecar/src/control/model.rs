@@ -8,6 +8,9 @@
 //! PostgreSQL (store of record) and in Redis `apikey:{sha256}` (the hot copy the request path
 //! reads). Nothing here is on the request path.
 
+pub use crate::invalid::Invalid;
+
+use crate::invalid::invalid;
 use crate::keys::{Id, ALL_TENANTS};
 use crate::decision::limits::{LimitConfig, PlanConfig, Plans};
 use serde::{Deserialize, Serialize};
@@ -158,18 +161,6 @@ pub enum Change {
     Delete(Kind, String),
 }
 
-/// Why a configuration or a change was refused; `field` names the offending field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct Invalid {
-    pub field: String,
-    pub reason: String,
-}
-
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
-    Invalid { field: field.into(), reason: reason.into() }
-}
-
 /// Names the field in a serde error ("unknown field `x`", "missing field `y`", "… at line …").
 fn from_serde(e: serde_json::Error) -> Invalid {
     let msg = e.to_string();
@@ -225,10 +216,7 @@ impl Snapshot {
         for id in self.products.keys() {
             check_id(&format!("products.{id}.id"), id)?;
         }
-        Plans::compile(&self.plans).map_err(|m| {
-            let (field, reason) = m.split_once(": ").unwrap_or(("plans", m.as_str()));
-            invalid(field, reason)
-        })?;
+        Plans::compile(&self.plans)?;
         for (id, r) in &self.routes {
             validate_route(id, r, self)?;
         }

@@ -10,6 +10,7 @@
 //! lives at most `LEASE_MAX_TTL_MS`, never past the end of the window it was taken from. The
 //! limit is therefore never over-admitted; leased units left unspent at expiry are under-use.
 
+use crate::invalid::{invalid, Invalid};
 use crate::keys::Id;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -171,18 +172,18 @@ impl Limit {
 pub struct Plans(BTreeMap<String, Vec<Limit>>);
 
 impl Plans {
-    pub fn compile(raw: &BTreeMap<String, PlanConfig>) -> Result<Plans, String> {
+    pub fn compile(raw: &BTreeMap<String, PlanConfig>) -> Result<Plans, Invalid> {
         let mut out = BTreeMap::new();
         for (plan, cfg) in raw {
             if Id::parse(plan).is_none() {
-                return Err(format!("plans.{plan}: not a valid plan id"));
+                return Err(invalid(format!("plans.{plan}"), "not a valid plan id"));
             }
             let mut limits = Vec::new();
             for (i, l) in cfg.limits.iter().enumerate() {
                 let at = format!("plans.{plan}.limits[{i}]");
-                let name = Id::parse(&l.name).ok_or_else(|| format!("{at}.name: not a valid id"))?;
+                let name = Id::parse(&l.name).ok_or_else(|| invalid(format!("{at}.name"), "not a valid id"))?;
                 if limits.iter().any(|x: &Limit| x.name == name) {
-                    return Err(format!("{at}.name: '{name}' is used twice in this plan"));
+                    return Err(invalid(format!("{at}.name"), format!("'{name}' is used twice in this plan")));
                 }
                 let subject = match l.subject.as_str() {
                     "key" => SubjectKind::Key,
@@ -193,14 +194,14 @@ impl Plans {
                         Some(h) if !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => {
                             SubjectKind::Header(h.to_ascii_lowercase())
                         }
-                        _ => return Err(format!("{at}.subject: '{s}' is not key, tenant, tenant_product, client_ip or header:<name>")),
+                        _ => return Err(invalid(format!("{at}.subject"), format!("'{s}' is not key, tenant, tenant_product, client_ip or header:<name>"))),
                     },
                 };
                 if l.limit == 0 {
-                    return Err(format!("{at}.limit: must be at least 1"));
+                    return Err(invalid(format!("{at}.limit"), "must be at least 1"));
                 }
                 if l.cost == 0 {
-                    return Err(format!("{at}.cost: must be at least 1"));
+                    return Err(invalid(format!("{at}.cost"), "must be at least 1"));
                 }
                 let default_window = match l.algorithm {
                     Algorithm::Concurrency => Duration::from_secs(300),
@@ -208,13 +209,13 @@ impl Plans {
                 };
                 let window = l.window.unwrap_or(default_window);
                 if window < Duration::from_millis(1) || window > Duration::from_secs(366 * 86400) {
-                    return Err(format!("{at}.window: must be between 1ms and 366 days"));
+                    return Err(invalid(format!("{at}.window"), "must be between 1ms and 366 days"));
                 }
                 let auth_class = match (l.algorithm, l.class.as_deref()) {
                     (_, None) | (Algorithm::SlidingLog, Some("api")) => false,
                     (Algorithm::SlidingLog, Some("auth")) => true,
-                    (Algorithm::SlidingLog, Some(c)) => return Err(format!("{at}.class: '{c}' is not api or auth")),
-                    (_, Some(_)) => return Err(format!("{at}.class: only sliding_log limits have a class")),
+                    (Algorithm::SlidingLog, Some(c)) => return Err(invalid(format!("{at}.class"), format!("'{c}' is not api or auth"))),
+                    (_, Some(_)) => return Err(invalid(format!("{at}.class"), "only sliding_log limits have a class")),
                 };
                 if l.mode == LimitMode::Leased {
                     // A lease is units taken ahead from a counter that only grows within its
@@ -222,13 +223,13 @@ impl Plans {
                     // admits more than the limit. Sliding windows and logs count each request
                     // at its own time, budgets and concurrency hold per-request state.
                     if !matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket) {
-                        return Err(format!("{at}.mode: leased applies to fixed_window and token_bucket only"));
+                        return Err(invalid(format!("{at}.mode"), "leased applies to fixed_window and token_bucket only"));
                     }
                     if !matches!(subject, SubjectKind::Key | SubjectKind::Tenant | SubjectKind::TenantProduct) {
-                        return Err(format!("{at}.mode: a leased limit counts per key, tenant or tenant_product (the filter keeps leases per key)"));
+                        return Err(invalid(format!("{at}.mode"), "a leased limit counts per key, tenant or tenant_product (the filter keeps leases per key)"));
                     }
                     if l.shadow {
-                        return Err(format!("{at}.mode: a shadow limit counts each request's would-deny; it cannot be leased"));
+                        return Err(invalid(format!("{at}.mode"), "a shadow limit counts each request's would-deny; it cannot be leased"));
                     }
                 }
                 limits.push(Limit {
@@ -303,7 +304,7 @@ mod tests {
             plans: BTreeMap<String, PlanConfig>,
         }
         let w: W = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        Plans::compile(&w.plans)
+        Plans::compile(&w.plans).map_err(|e| e.to_string())
     }
 
     #[test]

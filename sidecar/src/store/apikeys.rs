@@ -14,7 +14,7 @@ impl Store {
     pub async fn lookup(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
         let key = ApiKeyRecordKey::new(hash);
         let map: HashMap<String, String> = self.run("hgetall", |mut c| async move { c.hgetall(key).await }).await?;
-        KeyRecord::from_fields(&map).map_err(StoreError::Malformed)
+        KeyRecord::from_fields(&map).map_err(|e| StoreError::Malformed(e.to_string()))
     }
 
     /// `SET apikey:authfail:{keyId} 1 EX 3600 NX`: true when this caller should write the audit
@@ -93,7 +93,7 @@ impl Store {
         let key = ApiKeyRecordKey::new(hash);
         let map: HashMap<String, String> =
             self.run_with_deadline("hgetall", Self::ADMIN_DEADLINE, |mut c| async move { c.hgetall(key).await }).await?;
-        KeyRecord::from_fields(&map).map_err(StoreError::Malformed)
+        KeyRecord::from_fields(&map).map_err(|e| StoreError::Malformed(e.to_string()))
     }
 
     /// The records of one tenant's keys, or of every key, sorted by creation time.

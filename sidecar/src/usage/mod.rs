@@ -24,6 +24,7 @@ pub mod spool;
 
 use intake::{Intake, RateTracker, RecentIds};
 use crate::usage::kafka::{KafkaConfig, Shipper};
+use crate::invalid::{invalid, Invalid};
 use crate::keys::Id;
 use crate::usage::spool::{Spool, SpoolError};
 use crate::store::Store;
@@ -76,18 +77,18 @@ impl Default for UsageConfig {
 }
 
 impl UsageConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !self.enabled {
             return Ok(());
         }
         if self.spool_dir.as_os_str().is_empty() {
-            return Err("usage.spool_dir: required when usage is enabled".into());
+            return Err(invalid("usage.spool_dir", "required when usage is enabled"));
         }
         if self.max_spool_mb == 0 {
-            return Err("usage.max_spool_mb: at least 1".into());
+            return Err(invalid("usage.max_spool_mb", "at least 1"));
         }
         if self.segment_age < Duration::from_millis(10) || self.segment_age > Duration::from_secs(60) {
-            return Err("usage.segment_age: between 10ms and 60s".into());
+            return Err(invalid("usage.segment_age", "between 10ms and 60s"));
         }
         self.kafka.validate()
     }
@@ -186,8 +187,10 @@ pub struct Usage {
 pub enum UsageError {
     #[error(transparent)]
     Spool(#[from] SpoolError),
+    #[error("usage: spool {dir}: {source}")]
+    SpoolDir { dir: PathBuf, source: std::io::Error },
     #[error("usage: {0}")]
-    Setup(String),
+    Kafka(#[from] kafka::SetupError),
 }
 
 impl Usage {
@@ -195,8 +198,8 @@ impl Usage {
     pub fn start(config: &UsageConfig, store: Store) -> Result<Usage, UsageError> {
         let sealed = Arc::new(tokio::sync::Notify::new());
         let spool = Spool::start(&config.spool_dir, config.max_spool_mb << 20, config.segment_age, sealed.clone())
-            .map_err(|e| UsageError::Setup(format!("spool {}: {e}", config.spool_dir.display())))?;
-        let producer = crate::usage::kafka::producer(&config.kafka).map_err(UsageError::Setup)?;
+            .map_err(|source| UsageError::SpoolDir { dir: config.spool_dir.clone(), source })?;
+        let producer = kafka::producer(&config.kafka)?;
         // Before the shipper starts: a batch the filter sends again after a crash is in the
         // segment that was open then (sealed by `Spool::start`).
         let intake = (config.aggregate_above_rps > 0).then(|| {
