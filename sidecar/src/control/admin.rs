@@ -296,10 +296,8 @@ async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
         Source::File(_) => None,
     };
     let now = unix_now();
-    let expires_at = match req.expires_in.as_deref().map(humantime::parse_duration) {
-        None => None,
-        Some(Ok(d)) if !d.is_zero() => Some(now + d.as_secs().max(1)),
-        Some(_) => return bad("expires_in", "a duration above zero, e.g. \"30d\"".into()),
+    let Ok(expires_at) = super::keys::expiry(req.expires_in.as_deref(), now) else {
+        return bad("expires_in", "a duration above zero, e.g. \"30d\"".into());
     };
     let issued = apikey::issue(tenant, plan, now, expires_at);
     if let Some(pg) = pg {

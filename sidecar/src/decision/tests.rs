@@ -22,37 +22,14 @@ use tollgate_wire::{BudgetHold, Completion, DecideRequest, DecideResponse, Lease
 /// 2025-11-30T00:00:00Z: the start of a minute (a fixed window's lease may last its maximum).
 const T0: u64 = 1_764_460_800_000;
 
+/// Plans of one fixed window each (named `pm`, but `one`'s `once`), and `free` without limits.
 const PLANS: &str = r#"
-[[two.limits]]
-name = "pm"
-algorithm = "fixed_window"
-limit = 2
-
-[[closed.limits]]
-name = "pm"
-algorithm = "fixed_window"
-limit = 5
-failure_mode = "closed"
-
-[[shadow-closed.limits]]
-name = "pm"
-algorithm = "fixed_window"
-limit = 5
-failure_mode = "closed"
-shadow = true
-
-[[leased.limits]]
-name = "pm"
-algorithm = "fixed_window"
-limit = 100
-mode = "leased"
-
-[[one.limits]]
-name = "once"
-algorithm = "fixed_window"
-limit = 1
-
-[free]
+two.limits = [{ name = "pm", algorithm = "fixed_window", limit = 2 }]
+closed.limits = [{ name = "pm", algorithm = "fixed_window", limit = 5, failure_mode = "closed" }]
+shadow-closed.limits = [{ name = "pm", algorithm = "fixed_window", limit = 5, failure_mode = "closed", shadow = true }]
+leased.limits = [{ name = "pm", algorithm = "fixed_window", limit = 100, mode = "leased" }]
+one.limits = [{ name = "once", algorithm = "fixed_window", limit = 1 }]
+free = {}
 "#;
 
 fn id(s: &str) -> Id {
@@ -95,21 +72,10 @@ impl Lab {
     }
 }
 
+/// A request with the key `hash` and nothing optional.
 fn req(hash: &KeyHash) -> DecideRequest {
-    DecideRequest {
-        key_hash: hash.as_str().to_string(),
-        method: "POST".into(),
-        authority: "api.test".into(),
-        path: "/v1/chat".into(),
-        request_id: None,
-        client_ip: None,
-        headers: vec![],
-        token_estimate: None,
-        route: None,
-        cache_key: None,
-        idempotency: None,
-        lease: None,
-    }
+    let json = serde_json::json!({"keyHash": hash.as_str(), "method": "POST", "authority": "api.test", "path": "/v1/chat"});
+    serde_json::from_value(json).unwrap()
 }
 
 /// A deny's status and code, or a panic with what came instead.
