@@ -1,5 +1,17 @@
-//! Tollgate's sidecar: decides requests for the Envoy filter from Redis, manages API keys, and
-//! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
+//! Tollgate's sidecar: decides requests for the Envoy filter from Redis, meters usage, serves the
+//! configuration plane, and exports metrics. `main.rs` is a thin CLI over this library; tests run
+//! [`Sidecar`] in-process.
+//!
+//! Laid out by plane:
+//! - [`decision`]: the request path — a filter's decision (key, limits, lookup) and completion.
+//! - [`usage`]: the usage pipeline — intake, durable spool, Kafka shipper, Redis meter.
+//! - [`control`]: the configuration plane — model, sources, admin API, propagation, key commands.
+//!
+//! and the infrastructure they share: [`server`] (the filter-facing HTTP API), [`store`] (the
+//! Redis connection and the API-key store), [`scripts`] (one module per Lua script), [`keys`]
+//! (typed Redis keys), [`apikey`] (key records), [`config`] (the settings file), [`clock`],
+//! [`metrics`], [`invalid`]. The shared modules use no plane; `scripts/module-graph.py` checks
+//! that no module imports another in a circle.
 
 pub mod apikey;
 pub mod clock;

@@ -1,6 +1,5 @@
-//! The configuration model (tenants, API products, plans, subscriptions, routes) and its two
-//! sources behind one trait: the TOML file ([`FileSource`]) and PostgreSQL
-//! ([`postgres::PgSource`]).
+//! The configuration model (tenants, API products, plans, subscriptions, routes) and its
+//! validation, routes' included; its sources are in [`super::source`].
 //!
 //! Invariants: a [`Snapshot`] in force has passed [`Snapshot::validate`]; a change is applied to
 //! a copy ([`Snapshot::apply`]), validated, and only then written, so bad input leaves the

@@ -1,6 +1,6 @@
 //! The Redis side: one connection (single, cluster or sentinel mode; redis-rs `ConnectionManager`
 //! in single mode) with a deadline on every command, fail-fast while Redis is unreachable, and
-//! the API-key store operations ([`apikeys`]). What runs on it is the callers': the scripts'
+//! the API-key store operations (`store/apikeys.rs`). What runs on it is the callers': the scripts'
 //! modules (crate::scripts), the hints, the meter, the configuration plane.
 //!
 //! Failure policy: a command that errors or misses its deadline returns [`StoreError`] at once,

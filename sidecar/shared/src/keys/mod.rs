@@ -452,7 +452,7 @@ impl Default for RoutingVersionKey {
 }
 
 /// The tenant segment of a change that concerns every tenant (plans, products, routes):
-/// `config_changed:_all`. Tenant ids may not start with `_` (crate::config_store validates it),
+/// `config_changed:_all`. Tenant ids may not start with `_` (the sidecar's control::model validates it),
 /// so it cannot collide with a tenant.
 pub const ALL_TENANTS: &str = "_all";
 
