@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""The module graph of a Rust crate's `src/`, from its `crate::`, `super::` and `self::` paths, and
-its import circles (strongly connected components of more than one module).
+"""The module graph of a Rust crate's `src/` and its import circles (strongly connected components
+of more than one module).
 
     scripts/module-graph.py [SRC_DIR] [--edges] [--depth N]
 
-SRC_DIR defaults to sidecar/src. A module is a file (`a/b.rs` or `a/b/mod.rs` is `a::b`); `lib.rs`
-is the crate root and is left out (it declares and wires the modules). Binaries (`main.rs`,
-`bin/`) are not part of the library. Every reference counts, in `use` lines and inline paths,
-tests included. `--depth 1` folds modules into their top-level folder (the "planes"), which shows
-the dependencies between folders. Exits 1 when there is a circle.
+SRC_DIR defaults to the repository's sidecar/src. A module is a file (`a/b.rs` or `a/b/mod.rs` is
+`a::b`); `lib.rs` is the crate root and is left out (it declares and wires the modules); binaries
+(`main.rs`, `bin/`) are not part of the library. An edge is any path from one module into
+another: `crate::…`, `super::…` (leaving inline `mod … { }` blocks first), and paths that start at
+a child module (`use cache::TtlCache;`, `limits::leasable(…)`), in `use` lines and inline,
+tests included, comments and string literals not. A parent's use of its child counts too, so a
+`mod.rs` that re-exports a child which uses the parent is a circle. `--depth 1` folds modules into
+their top-level folder (the planes) and shows the dependencies between folders. Exits 1 when there
+is a circle.
 """
 
 import re
