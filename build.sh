@@ -136,6 +136,7 @@ run_tests() {
   cargo clippy -q --release --workspace --all-targets -- -D warnings
   log "tier 1: native unit tests (filter logic via mock host, sidecar logic)"
   cargo test -q --release -p tollgate-wire -p tollgate-filter-core
+  cargo test -q --release -p tollgate-shared
   cargo test -q --release -p tollgate-sidecar --lib --bins
   cargo test -q --release -p tollgate-billing --lib --bins
   log "tier 2: filter logic under wasm-bindgen-test (wasm32-unknown-unknown, node)"

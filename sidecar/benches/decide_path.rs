@@ -5,15 +5,18 @@
 //!
 //! - `wire/*`: the filter's `DecideRequest` JSON in, the `DecideResponse` JSON out.
 //! - `apikey/*`: an HGETALL answer read into a key record, and the verdict at a given time.
-//! - `limits/*`: one `decide.lua` invocation (keys + args) for a plan with five limits of five
-//!   algorithms, and its reply read back into the verdict, RateLimit headers and the ticket.
+//! - `limits/*`: one `decide.lua` call (the limits' checks, encoded into keys + args) for a plan
+//!   with five limits of five algorithms, and its reply read back into the verdict, RateLimit
+//!   headers and the ticket.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use tollgate_sidecar::apikey::{self, KeyRecord};
 use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::limits::{self, PlanConfig, Plans, RequestCtx};
+use tollgate_sidecar::decision::checks::{self, RequestCtx};
+use tollgate_sidecar::decision::limits::{PlanConfig, Plans};
+use tollgate_sidecar::scripts::decide::{self, DecideCall};
 use tollgate_wire::{DecideRequest, DecideResponse, Header};
 
 /// A plan with several limits (TOML as operators write it, so new optional fields need no change).
@@ -110,22 +113,28 @@ fn limit_path(c: &mut Criterion) {
         now_ms: 1_764_460_812_345,
         token_estimate: Some(256),
     };
-    let inv = limits::invocation(limits, &ctx);
-    let n = inv.meta.len();
-    // An allowing reply: {1, 0, (remaining, reset_ms, would_deny) per limit}.
-    let mut reply = vec![1i64, 0];
+    let call = |ctx: &RequestCtx<'_>| {
+        let planned = checks::checks(limits, ctx);
+        let call = DecideCall { now_ms: ctx.now_ms, request_id: ctx.request_id.clone(), limits: planned.checks, lease: None, lookup: None };
+        (call.encode(), planned.meta)
+    };
+    let (_, meta) = call(&ctx);
+    let n = meta.len();
+    // An allowing reply: {1, 0, (remaining, reset_ms, would_deny) per limit, granted}.
+    let mut reply = vec![redis::Value::Int(1), redis::Value::Int(0)];
     for (i, l) in limits.iter().enumerate() {
-        reply.extend([l.limit as i64 - 1 - i as i64, 40_000 + i as i64, 0]);
+        reply.extend([l.limit as i64 - 1 - i as i64, 40_000 + i as i64, 0].map(redis::Value::Int));
     }
+    reply.push(redis::Value::Int(0));
     let mut g = c.benchmark_group("limits");
-    g.bench_function("invocation_5_limits", |b| b.iter(|| limits::invocation(black_box(limits), black_box(&ctx))));
-    g.bench_function("read_reply_5_limits", |b| b.iter(|| limits::read_reply(black_box(&reply), n).expect("reply")));
+    g.bench_function("invocation_5_limits", |b| b.iter(|| call(black_box(&ctx))));
+    g.bench_function("read_reply_5_limits", |b| b.iter(|| decide::parse(black_box(&reply), n).expect("reply")));
     // What an allowed decision builds after the reply: the nearest limit's headers and the ticket.
     g.bench_function("allow_headers_and_ticket", |b| {
         b.iter(|| {
-            let v = limits::read_reply(black_box(&reply), n).expect("reply");
-            let headers = limits::nearest(&inv.meta, &v.states).map(|i| limits::ratelimit_headers(&inv.meta[i], &v.states[i]));
-            (headers, limits::ticket(&inv.meta, &tenant, &request_id))
+            let v = decide::parse(black_box(&reply), n).expect("reply");
+            let headers = checks::nearest(&meta, &v.states).map(|i| checks::ratelimit_headers(&meta[i], &v.states[i]));
+            (headers, checks::ticket(&meta, &tenant, &request_id))
         })
     });
     g.finish();

@@ -62,22 +62,22 @@ impl KeyRecord {
 
     /// Reads HGETALL's answer. An empty map is "no such key" (`Ok(None)`); a malformed record is
     /// an error naming the field (and is treated as unknown by the decision path).
-    pub fn from_fields(map: &HashMap<String, String>) -> Result<Option<KeyRecord>, String> {
+    pub fn from_fields(map: &HashMap<String, String>) -> Result<Option<KeyRecord>, BadRecord> {
         if map.is_empty() {
             return Ok(None);
         }
-        let get = |f: &str| map.get(f).ok_or_else(|| format!("record field {f} missing"));
-        let id = |f: &str| get(f).and_then(|v| Id::parse(v).ok_or_else(|| format!("record field {f} invalid")));
-        let num = |f: &str| -> Result<Option<u64>, String> {
+        let get = |f: &'static str| map.get(f).ok_or(BadRecord::Missing(f));
+        let id = |f: &'static str| get(f).and_then(|v| Id::parse(v).ok_or(BadRecord::Invalid(f)));
+        let num = |f: &'static str| -> Result<Option<u64>, BadRecord> {
             match map.get(f).map(String::as_str) {
                 None | Some("") => Ok(None),
-                Some(v) => v.parse().map(Some).map_err(|_| format!("record field {f} invalid")),
+                Some(v) => v.parse().map(Some).map_err(|_| BadRecord::Invalid(f)),
             }
         };
         let status = match get("status")?.as_str() {
             "active" => KeyStatus::Active,
             "revoked" => KeyStatus::Revoked,
-            _ => return Err("record field status invalid".into()),
+            _ => return Err(BadRecord::Invalid("status")),
         };
         Ok(Some(KeyRecord {
             key_id: id("key_id")?,
@@ -89,6 +89,15 @@ impl KeyRecord {
             revoked_at: num("revoked_at")?,
         }))
     }
+}
+
+/// A stored record that cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadRecord {
+    #[error("record field {0} missing")]
+    Missing(&'static str),
+    #[error("record field {0} invalid")]
+    Invalid(&'static str),
 }
 
 /// The verdict on a looked-up key at time `now` (unix seconds).
@@ -175,7 +184,7 @@ mod tests {
         assert_eq!(KeyRecord::from_fields(&HashMap::new()).unwrap(), None);
         let mut bad = map.clone();
         bad.insert("status".into(), "weird".into());
-        assert!(KeyRecord::from_fields(&bad).unwrap_err().contains("status"));
+        assert_eq!(KeyRecord::from_fields(&bad).unwrap_err(), BadRecord::Invalid("status"));
     }
 
     #[test]

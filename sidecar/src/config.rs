@@ -4,11 +4,11 @@
 //! are reached from the environment with `__`: `TOLLGATE_SIDECAR_REDIS__URL=redis://…`.
 
 use figment::providers::{Env, Format, Serialized, Toml};
+use crate::invalid::{invalid, Invalid};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 /// Prefix of environment overrides.
 pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
@@ -17,6 +17,11 @@ pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
 /// the binary path and URL that `.tollgate/demo.env` exports for scripts, and the port override
 /// `TOLLGATE_SIDECAR_PORT` of `./build.sh up`.
 const NOT_SETTINGS: &[&str] = &["config", "bin", "url", "port"];
+
+// Every section's type is defined by the module it configures (config depends on them, never
+// the other way round); `[redis]` and `[cache]` are re-exported here by their old names.
+pub use crate::decision::cache::CacheConfig;
+pub use crate::store::{RedisConfig, RedisMode};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -32,60 +37,21 @@ pub struct Config {
     pub cache: CacheConfig,
     pub log: LogConfig,
     /// Plans by name, each a list of limits (docs/configuration.md). A key's `plan` selects one.
-    pub plans: std::collections::BTreeMap<String, crate::limits::PlanConfig>,
-    /// Circuit-breaker hints (`[breaker]`, see crate::hints).
-    pub breaker: crate::hints::BreakerConfig,
-    /// Where tenants, products, plans and routes come from (`[source]`, crate::config_store).
-    pub source: crate::config_store::SourceConfig,
-    /// The admin HTTP API (`[admin]`, crate::admin).
-    pub admin: crate::config_store::AdminConfig,
+    pub plans: std::collections::BTreeMap<String, crate::decision::limits::PlanConfig>,
+    /// Circuit-breaker hints (`[breaker]`, see crate::decision::hints).
+    pub breaker: crate::decision::hints::BreakerConfig,
+    /// Where tenants, products, plans and routes come from (`[source]`, crate::control::source).
+    pub source: crate::control::source::SourceConfig,
+    /// The admin HTTP API (`[admin]`, crate::control::admin).
+    pub admin: crate::control::admin::AdminConfig,
     /// File source: tenants (`[[tenants]]`), API products (`[[products]]`), routes (`[[routes]]`).
-    pub tenants: Vec<crate::config_store::Tenant>,
-    pub products: Vec<crate::config_store::Product>,
-    pub routes: Vec<crate::config_store::Route>,
+    pub tenants: Vec<crate::control::model::Tenant>,
+    pub products: Vec<crate::control::model::Product>,
+    pub routes: Vec<crate::control::model::Route>,
     /// Usage metering (`[usage]`, see crate::usage).
     pub usage: crate::usage::UsageConfig,
     /// Threads of the sidecar's async runtime; 0 (the default): one per CPU core.
     pub worker_threads: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RedisConfig {
-    /// `single` (default: `url`), `cluster` (`nodes` are seed nodes) or `sentinel` (`nodes` are
-    /// the sentinels, `master_name` the monitored master).
-    pub mode: RedisMode,
-    /// `redis://host:port/db` (or `rediss://`), for `single` mode.
-    pub url: String,
-    /// Cluster seed nodes or sentinel addresses (`redis://host:port`).
-    pub nodes: Vec<String>,
-    /// The master's name in Sentinel.
-    pub master_name: String,
-    /// Deadline for one Redis command on the request path. Keep it under the filter's timeout so
-    /// the sidecar still answers (from cache, or "unavailable") before Envoy gives up.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Deadline for (re)connecting.
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// While Redis is unreachable, reconnects are attempted at most this often; requests in
-    /// between fail fast instead of queueing on a dead connection.
-    #[serde(with = "humantime_serde")]
-    pub reconnect_interval: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CacheConfig {
-    /// How long a key lookup (found or not) is answered locally without asking Redis. This bounds
-    /// how long a revocation takes to apply.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// While Redis is unreachable, a cached answer up to this old is still used.
-    #[serde(with = "humantime_serde")]
-    pub stale_grace: Duration,
-    /// Bound on cached entries (a flood of random keys cannot grow memory past it).
-    pub max_entries: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,34 +90,6 @@ impl Default for Config {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RedisMode {
-    Single,
-    Cluster,
-    Sentinel,
-}
-
-impl Default for RedisConfig {
-    fn default() -> Self {
-        RedisConfig {
-            mode: RedisMode::Single,
-            nodes: Vec::new(),
-            master_name: "mymaster".into(),
-            url: "redis://127.0.0.1:6379".into(),
-            timeout: Duration::from_millis(15),
-            connect_timeout: Duration::from_millis(250),
-            reconnect_interval: Duration::from_millis(500),
-        }
-    }
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        CacheConfig { ttl: Duration::from_millis(500), stale_grace: Duration::from_secs(60), max_entries: 100_000 }
-    }
-}
-
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig { format: LogFormat::Json, level: "info".into() }
@@ -164,7 +102,9 @@ pub enum ConfigError {
     #[error("configuration: {0}")]
     Parse(#[from] Box<figment::Error>),
     #[error("configuration: {0}")]
-    Invalid(String),
+    Invalid(#[from] Invalid),
+    #[error("configuration: config file {0} does not exist")]
+    NoFile(std::path::PathBuf),
 }
 
 impl Config {
@@ -173,7 +113,7 @@ impl Config {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.exists() {
-                return Err(ConfigError::Invalid(format!("config file {} does not exist", path.display())));
+                return Err(ConfigError::NoFile(path.to_path_buf()));
             }
             fig = fig.merge(Toml::file(path));
         }
@@ -197,48 +137,47 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        let bad = |field: &str, reason: &str| Err(ConfigError::Invalid(invalid(field, reason)));
         if let Some(path) = &self.listen_unix {
             // sun_path holds 108 bytes with the terminating NUL on Linux.
             if path.as_os_str().is_empty() || path.as_os_str().len() > 107 {
-                return bad("listen_unix: a socket path of 1 to 107 bytes");
+                return bad("listen_unix", "a socket path of 1 to 107 bytes");
             }
         }
         if !(self.redis.url.starts_with("redis://") || self.redis.url.starts_with("rediss://")) {
-            return bad("redis.url: must start with redis:// or rediss://");
+            return bad("redis.url", "must start with redis:// or rediss://");
         }
         if redis::Client::open(self.redis.url.as_str()).is_err() {
-            return bad("redis.url: not a valid Redis URL");
+            return bad("redis.url", "not a valid Redis URL");
         }
         if self.redis.mode != RedisMode::Single && self.redis.nodes.is_empty() {
-            return bad("redis.nodes: cluster and sentinel modes need at least one node");
+            return bad("redis.nodes", "cluster and sentinel modes need at least one node");
         }
         if self.redis.nodes.iter().any(|n| redis::Client::open(n.as_str()).is_err()) {
-            return bad("redis.nodes: not a list of valid Redis URLs");
+            return bad("redis.nodes", "not a list of valid Redis URLs");
         }
         if self.redis.timeout.is_zero() || self.redis.connect_timeout.is_zero() {
-            return bad("redis.timeout and redis.connect_timeout: must be above zero");
+            return bad("redis.timeout and redis.connect_timeout", "must be above zero");
         }
         if self.cache.max_entries == 0 {
-            return bad("cache.max_entries: must be at least 1");
+            return bad("cache.max_entries", "must be at least 1");
         }
-        crate::limits::Plans::compile(&self.plans).map_err(ConfigError::Invalid)?;
-        self.usage.validate().map_err(ConfigError::Invalid)?;
+        crate::decision::limits::Plans::compile(&self.plans)?;
+        self.usage.validate()?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return bad("log.level: not a tracing filter directive");
+            return bad("log.level", "not a tracing filter directive");
         }
         self.validate_config_model()
     }
 
-    /// `[source]`, `[admin]` and the file's configuration model (crate::config_store).
+    /// `[source]`, `[admin]` and the file's configuration model (crate::control::model).
     fn validate_config_model(&self) -> Result<(), ConfigError> {
-        use crate::config_store::{Snapshot, SourceKind};
-        self.admin.validate().map_err(ConfigError::Invalid)?;
+        use crate::control::{model::Snapshot, source::SourceKind};
+        self.admin.validate()?;
         if self.source.kind == SourceKind::Postgres && self.source.postgres_url.parse::<tokio_postgres::Config>().is_err() {
-            return Err(ConfigError::Invalid("source.postgres_url: not a PostgreSQL URL (postgres://user@host:port/db)".into()));
+            return Err(invalid("source.postgres_url", "not a PostgreSQL URL (postgres://user@host:port/db)").into());
         }
-        Snapshot::from_file(&self.tenants, &self.products, &self.plans, &self.routes)
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Snapshot::from_file(&self.tenants, &self.products, &self.plans, &self.routes)?;
         Ok(())
     }
 }
@@ -246,6 +185,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn defaults_are_valid_and_file_overrides() {

@@ -1,27 +1,36 @@
-//! Tollgate's sidecar: decides requests for the Envoy filter from Redis, manages API keys, and
-//! exports metrics. `main.rs` is a thin CLI over this library; tests run [`Sidecar`] in-process.
+//! Tollgate's sidecar: decides requests for the Envoy filter from Redis, meters usage, serves the
+//! configuration plane, and exports metrics. `main.rs` is a thin CLI over this library; tests run
+//! [`Sidecar`] in-process.
+//!
+//! Laid out by plane:
+//! - [`decision`]: the request path — a filter's decision (key, limits, lookup) and completion.
+//! - [`usage`]: the usage pipeline — intake, durable spool, Kafka shipper, Redis meter.
+//! - [`control`]: the configuration plane — model, sources, admin API, propagation, key commands.
+//!
+//! and the infrastructure they share: [`server`] (the filter-facing HTTP API), [`store`] (the
+//! Redis connection and the API-key store), [`scripts`] (one module per Lua script), [`keys`]
+//! (typed Redis keys), [`apikey`] (key records), [`config`] (the settings file), [`clock`],
+//! [`metrics`], [`invalid`]. The shared modules use no plane; `scripts/module-graph.py` checks
+//! that no module imports another in a circle.
 
-pub mod admin;
-pub mod aggregate;
 pub mod apikey;
-pub mod cache;
 pub mod clock;
 pub mod config;
-pub mod config_store;
-pub mod decide;
-pub mod hints;
-pub mod kafka;
-pub mod keys;
-pub mod limits;
+pub mod control;
+pub mod decision;
+pub mod invalid;
 pub mod metrics;
-pub mod propagation;
-pub mod responses;
+pub mod scripts;
 pub mod server;
-pub mod spool;
 pub mod store;
 pub mod usage;
 
+/// The typed Redis keys (shared with billing: `tollgate_shared::keys`).
+pub use tollgate_shared::keys;
+
 use config::Config;
+use control::{admin, propagation, Control};
+use decision::{hints, limits};
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +47,8 @@ pub enum Error {
     Serve(std::io::Error),
     #[error("configuration: {0}")]
     Config(String),
+    #[error("configuration: {0}")]
+    Invalid(#[from] invalid::Invalid),
     #[error(transparent)]
     Usage(#[from] usage::UsageError),
 }
@@ -49,7 +60,7 @@ pub struct Sidecar {
     unix: Option<(tokio::net::UnixListener, std::path::PathBuf)>,
     state: Arc<server::AppState>,
     /// Configuration in force, its source, and what the admin API and the subscriber share.
-    control: Arc<propagation::Control>,
+    control: Arc<Control>,
     /// The admin API's listener and token, when `admin.listen` is set.
     admin: Option<(tokio::net::TcpListener, String)>,
     /// A Redis node to subscribe to change events on, and the resync interval.
@@ -78,13 +89,10 @@ impl Sidecar {
             false => None,
         };
         let state = Arc::new(server::AppState {
-            decider: decide::Decider::new(
-                store.clone(),
-                &config.cache,
-                limits::Plans::compile(&config.plans).map_err(Error::Config)?,
-                clock,
-            )
-            .with_usage(usage.clone()),
+            decider: Arc::new(
+                decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans)?, clock)
+                    .with_usage(usage.clone()),
+            ),
             store,
             prometheus: metrics::handle(),
             hints: hints::Hints::new(&config.breaker),
@@ -100,7 +108,7 @@ impl Sidecar {
     }
 
     /// The configuration in force and its source.
-    pub fn control(&self) -> Arc<propagation::Control> {
+    pub fn control(&self) -> Arc<Control> {
         self.control.clone()
     }
 
@@ -122,7 +130,7 @@ impl Sidecar {
         if let Some((url, every)) = self.propagation.clone() {
             tasks.spawn(propagation::run(self.control.clone(), url, every, background.clone()));
         }
-        if matches!(self.control.source, config_store::Source::Postgres(_)) {
+        if matches!(self.control.source, control::Source::Postgres(_)) {
             tasks.spawn(propagation::rewarm(self.control.clone(), background.clone()));
         }
         if let Some((listener, token)) = self.admin {
@@ -203,16 +211,17 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
 }
 
 type ConfigParts =
-    (Arc<propagation::Control>, Option<(tokio::net::TcpListener, String)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
+    (Arc<Control>, Option<(tokio::net::TcpListener, String)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
 
 /// Opens the configuration source (PostgreSQL: connect, migrate, load — an unreachable server is
 /// an error), puts its plans in force, binds the admin listener, picks the pub/sub node.
 async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<ConfigParts, Error> {
-    use config_store::{ConfigSource, FileSource, PgSource, Snapshot, Source, SourceKind};
+    use control::model::Snapshot;
+    use control::source::{postgres::PgSource, ConfigSource, FileSource, SourceKind};
+    use control::Source;
     let (source, snapshot) = match config.source.kind {
         SourceKind::File => {
-            let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)
-                .map_err(|e| Error::Config(e.to_string()))?;
+            let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)?;
             (Source::File(FileSource::new(s.clone())), s)
         }
         SourceKind::Postgres => {
@@ -227,7 +236,7 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
         }
     };
     let store = state.store.clone();
-    let control = Arc::new(propagation::Control::new(source, snapshot.clone(), store, state));
+    let control = Arc::new(Control::new(source, snapshot.clone(), store, state.decider.clone()));
     control.install(snapshot);
     let admin = match config.admin.listen {
         Some(addr) => {

@@ -1,11 +1,12 @@
 //! `tollgate-sidecar`: run the sidecar, check a configuration, or manage API keys.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use tollgate_sidecar::apikey::{self, KeyRecord};
 use tollgate_sidecar::config::{Config, LogFormat};
-use tollgate_sidecar::decide::unix_now;
+use tollgate_sidecar::control::keys::{expiry, issued_text, KeyCommand};
+use tollgate_sidecar::decision::unix_now;
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::store::Store;
 
@@ -18,6 +19,9 @@ struct Cli {
     /// Validate the configuration, print it, and exit.
     #[arg(long)]
     check_config: bool,
+    /// `keys list`: JSON lines instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -27,31 +31,7 @@ enum Command {
     /// Manage API keys (stored as sha256 hashes only).
     Keys {
         #[command(subcommand)]
-        action: KeysAction,
-    },
-}
-
-#[derive(Subcommand)]
-enum KeysAction {
-    /// Issue a key. The raw key is printed once, alone on the last line.
-    Create {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        plan: String,
-        /// Lifetime, e.g. "30d" or "12h"; default: never expires.
-        #[arg(long)]
-        expires_in: Option<String>,
-    },
-    /// Revoke a key by its id.
-    Revoke { key_id: String },
-    /// List keys (never their hashes or raw values).
-    List {
-        #[arg(long)]
-        tenant: Option<String>,
-        /// JSON lines instead of a table.
-        #[arg(long)]
-        json: bool,
+        action: KeyCommand,
     },
 }
 
@@ -81,7 +61,7 @@ fn main() -> Result<()> {
                 tollgate_sidecar::run(&config, shutdown_signal()).await.context("sidecar failed")
             })
         }
-        Some(Command::Keys { action }) => runtime.block_on(keys(&config, action)),
+        Some(Command::Keys { action }) => runtime.block_on(keys(&config, action, cli.json)),
     }
 }
 
@@ -119,39 +99,25 @@ fn parse_id(what: &str, s: &str) -> Result<Id> {
     Id::parse(s).with_context(|| format!("--{what} '{s}': use 1-64 of letters, digits, '_', '-', '.'"))
 }
 
-async fn keys(config: &Config, action: KeysAction) -> Result<()> {
+async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
     let store = Store::new(&config.redis)?;
     match action {
-        KeysAction::Create { tenant, plan, expires_in } => {
+        KeyCommand::Create { tenant, plan, expires_in } => {
             let tenant = parse_id("tenant", &tenant)?;
             let plan = parse_id("plan", &plan)?;
             let now = unix_now();
-            let expires_at = match expires_in {
-                Some(s) => {
-                    let d = humantime::parse_duration(&s).with_context(|| format!("--expires-in '{s}'"))?;
-                    if d.is_zero() {
-                        bail!("--expires-in must be above zero");
-                    }
-                    Some(now + d.as_secs().max(1))
-                }
-                None => None,
-            };
+            let expires_at = expiry(expires_in.as_deref(), now).with_context(|| format!("--expires-in '{}'", expires_in.unwrap_or_default()))?;
             let issued = apikey::issue(tenant, plan, now, expires_at);
             store.create_key(&issued.hash, &issued.record).await.context("storing the key in Redis")?;
             let r = &issued.record;
-            println!("key id:  {}", r.key_id);
-            println!("tenant:  {}", r.tenant);
-            println!("plan:    {}", r.plan);
-            println!("expires: {}", fmt_time(r.expires_at));
-            println!("The raw key is shown only now; store it safely:");
-            println!("{}", issued.raw);
+            println!("{}", issued_text(r.key_id.as_str(), r.tenant.as_str(), r.plan.as_str(), Some(&fmt_time(r.expires_at)), &issued.raw));
         }
-        KeysAction::Revoke { key_id } => {
+        KeyCommand::Revoke { key_id } => {
             let id = parse_id("key-id", &key_id)?;
             let r = store.revoke_key(&id, unix_now()).await.with_context(|| format!("revoking {id}"))?;
             println!("revoked {} (tenant {})", r.key_id, r.tenant);
         }
-        KeysAction::List { tenant, json } => {
+        KeyCommand::List { tenant } => {
             let tenant = tenant.map(|t| parse_id("tenant", &t)).transpose()?;
             let records = store.list_keys(tenant.as_ref()).await.context("listing keys")?;
             if json {
@@ -195,4 +161,20 @@ fn record_json(r: &KeyRecord) -> String {
         "revokedAt": r.revoked_at,
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed_and_takes_json_after_the_subcommand() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["tollgate-sidecar", "keys", "list", "--tenant", "acme", "--json"]).unwrap();
+        assert!(cli.json);
+        assert!(matches!(cli.command, Some(Command::Keys { action: KeyCommand::List { tenant: Some(t) } }) if t == "acme"));
+        let cli = Cli::try_parse_from(["tollgate-sidecar", "keys", "create", "--tenant", "t", "--plan", "p", "--expires-in", "30d"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Keys { action: KeyCommand::Create { expires_in: Some(_), .. } })));
+    }
 }

@@ -5,7 +5,8 @@
 //! malformed, 503 when no decision can be made now. The filter treats anything but a 200 as a
 //! sidecar failure and applies its configured failure mode.
 
-use crate::decide::{DecideError, Decider};
+use crate::decision::hints::{Hints, Recorded};
+use crate::decision::{DecideError, Decider};
 use crate::store::Store;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -15,15 +16,16 @@ use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
+use tollgate_wire::breaker::HintReport;
 use tollgate_wire::usage::{UsageAck, UsageBatch, USAGE_PATH};
 use tollgate_wire::{CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
 
 pub struct AppState {
-    pub decider: Decider,
+    pub decider: Arc<Decider>,
     pub store: Store,
     pub prometheus: PrometheusHandle,
-    /// Circuit-breaker hints (crate::hints).
-    pub hints: crate::hints::Hints,
+    /// Circuit-breaker hints (crate::decision::hints).
+    pub hints: Hints,
     /// Usage metering (crate::usage), when enabled.
     pub usage: Option<Arc<crate::usage::Usage>>,
 }
@@ -37,7 +39,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
-        .route(tollgate_wire::breaker::HINTS_PATH, get(crate::hints::list).post(crate::hints::record))
+        .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
         .with_state(state)
 }
 
@@ -81,11 +83,11 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
         for r in results {
             match r {
                 Ok(()) => {}
-                Err(crate::decide::CompleteError::BadTicket(what)) => {
+                Err(crate::decision::complete::CompleteError::BadTicket(what)) => {
                     invalid += 1;
                     tracing::debug!(field = %what, "refused a completion with an invalid ticket");
                 }
-                Err(crate::decide::CompleteError::Store(e)) => {
+                Err(crate::decision::complete::CompleteError::Store(e)) => {
                     return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string());
                 }
             }
@@ -132,7 +134,7 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 /// Stores (or releases) a batch of finished responses: cache entries and idempotency outcomes
-/// (crate::responses). Always 200 with the counts once the batch is read: storing is best effort
+/// (crate::decision::responses). Always 200 with the counts once the batch is read: storing is best effort
 /// and the filter does not retry (a lost entry is a later miss; a lost outcome's claim expires).
 async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let batch: tollgate_wire::responses::StoreBatch = match serde_json::from_slice(&body) {
@@ -140,7 +142,7 @@ async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid response batch: {e}")),
     };
     let routing = state.decider.routing();
-    let ack = crate::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route)).await;
+    let ack = crate::decision::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route)).await;
     json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
 }
 
@@ -169,4 +171,24 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.prometheus.render()).into_response()
+}
+
+/// `POST /v1/breaker/hints`: 204 stored, 202 accepted but not shared (Redis trouble), 400 bad.
+async fn record_hint(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let bad = |message: String| json(StatusCode::BAD_REQUEST, format!(r#"{{"error":"bad_request","message":"{message}"}}"#).into_bytes());
+    let report: HintReport = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(e.to_string()),
+    };
+    match state.hints.record(&state.store, &report).await {
+        Ok(Recorded::Shared) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Recorded::NotShared) => StatusCode::ACCEPTED.into_response(),
+        Err(e) => bad(e.to_string()),
+    }
+}
+
+/// `GET /v1/breaker/hints`: always 200; empty while Redis is unreachable.
+async fn list_hints(State(state): State<Arc<AppState>>) -> Response {
+    let list = state.hints.list(&state.store).await;
+    json(StatusCode::OK, serde_json::to_vec(&list).unwrap_or_default())
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use tollgate_sidecar::apikey;
 use tollgate_sidecar::clock::ManualClock;
 use tollgate_sidecar::config::Config;
-use tollgate_sidecar::decide::Decider;
+use tollgate_sidecar::decision::Decider;
 use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::limits::Plans;
+use tollgate_sidecar::decision::limits::Plans;
 use tollgate_sidecar::store::Store;
 use tollgate_tests::{poll_until, Redis};
 use tollgate_wire::{Completion, DecideRequest, DecideResponse, Ticket};
@@ -379,7 +379,7 @@ async fn redis_down_applies_each_limits_failure_mode_within_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_applies_its_plan_override_and_requires_the_products_subscription() {
     use serde_json::json;
-    use tollgate_sidecar::config_store::{Change, Kind, Snapshot};
+    use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
     let toml = "[[plans.p.limits]]\nname = \"roomy\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"60s\"\n\
                 [[plans.strict.limits]]\nname = \"tight\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"60s\"\n";
     let mut lab = Lab::new(toml).key("p").await;
@@ -394,7 +394,7 @@ async fn a_route_applies_its_plan_override_and_requires_the_products_subscriptio
     ] {
         s = s.apply(&change).unwrap();
     }
-    lab.decider.set_routing(tollgate_sidecar::decide::Routing::of(&s, 1));
+    lab.decider.set_routing(tollgate_sidecar::decision::Routing::of(&s, 1));
 
     // the route's plan: two, then the override's limit denies, naming it
     assert!(allowed(&lab.call_on(Some("r_chat")).await));

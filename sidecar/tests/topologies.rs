@@ -6,9 +6,9 @@ use std::time::Duration;
 use tollgate_sidecar::apikey;
 use tollgate_sidecar::clock::ManualClock;
 use tollgate_sidecar::config::{Config, RedisConfig, RedisMode};
-use tollgate_sidecar::decide::Decider;
+use tollgate_sidecar::decision::Decider;
 use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::limits::Plans;
+use tollgate_sidecar::decision::limits::Plans;
 use tollgate_sidecar::store::Store;
 use tollgate_tests::{RedisCluster, RedisSentinel};
 use tollgate_wire::{Completion, DecideRequest, DecideResponse};
@@ -72,12 +72,12 @@ async fn exercise(decider: &Decider, store: &Store) {
 /// A response-cache miss, store and hit, and an idempotency claim, store and replay (issue 7):
 /// the lookup keys share the limits' slot, so the one script call works on Cluster too.
 async fn exercise_lookups(decider: &Decider, store: &Store) {
-    use tollgate_sidecar::config_store::{Change, Kind, Snapshot};
+    use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
     use tollgate_wire::responses::{IdempotencyRequest, StoreBatch, StoreItem, StoredResponse};
     let s = Snapshot::default()
         .apply(&Change::Put(Kind::Routes, serde_json::json!({"id": "chat", "cluster": "a", "cache_ttl": "30s"})))
         .unwrap();
-    decider.set_routing(tollgate_sidecar::decide::Routing::of(&s, 1));
+    decider.set_routing(tollgate_sidecar::decision::Routing::of(&s, 1));
     let routing = decider.routing();
     for idem in [false, true] {
         let key = apikey::issue(Id::parse("acme").unwrap(), Id::parse("all").unwrap(), 1, None);
@@ -94,7 +94,7 @@ async fn exercise_lookups(decider: &Decider, store: &Store) {
         };
         let response = StoredResponse::new(200, vec![], b"{}".to_vec(), 1);
         let batch = StoreBatch { responses: vec![StoreItem { ticket, response: Some(response) }] };
-        let ack = tollgate_sidecar::responses::store_batch(store, &batch, |r| routing.cache_ttl_ms(r)).await;
+        let ack = tollgate_sidecar::decision::responses::store_batch(store, &batch, |r| routing.cache_ttl_ms(r)).await;
         assert_eq!(ack.stored, 1, "{ack:?}");
         match decider.decide(&DecideRequest { request_id: Some("r-11".into()), ..req }).await.unwrap() {
             DecideResponse::Allow { replay: Some(r), .. } => assert_eq!(r.response.body, "{}"),

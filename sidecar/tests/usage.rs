@@ -222,7 +222,7 @@ fn a_tenant_above_the_rate_reaches_kafka_as_aggregates_with_their_own_schema() {
             "tollgate.usage.v1" => *single.entry(key.clone()).or_default() += 1,
             "tollgate.usage.aggregate.v1" => {
                 assert_eq!(key, "acme");
-                let a: tollgate_sidecar::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
+                let a: tollgate_shared::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
                 assert_eq!(a.invalid_reason(), None);
                 assert_eq!(a.second_ms, DAY);
                 let k = &a.keys[0];
@@ -339,7 +339,7 @@ fn shipping_events_per_second() {
             let mut data = Vec::with_capacity(4 << 20);
             while seq < TOTAL && data.len() < (4 << 20) - 1024 {
                 let e = event(["acme", "beta", "gamma", "delta"][(seq % 4) as usize], seq);
-                tollgate_sidecar::aggregate::encode_line(&mut data, &e, aggregate);
+                tollgate_shared::aggregate::encode_line(&mut data, &e, aggregate);
                 seq += 1;
             }
             std::fs::write(spool.path().join(format!("{n:020}.seg")), data).unwrap();

@@ -99,13 +99,28 @@ impl Default for LogConfig {
 /// Properties the exactly-once bookkeeping depends on.
 const FIXED: &[&str] = &["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"];
 
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0} does not exist")]
+    NoFile(std::path::PathBuf),
+    #[error("{0}")]
+    Parse(#[from] Box<figment::Error>),
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: &'static str },
+}
+
+fn invalid(field: impl Into<String>, reason: &'static str) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), reason }
+}
+
 impl Config {
     /// Defaults, then the file (if any), then `TOLLGATE_BILLING_*`.
-    pub fn load(file: Option<&Path>) -> Result<Config, String> {
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(p) = file {
             if !p.exists() {
-                return Err(format!("config file {} does not exist", p.display()));
+                return Err(ConfigError::NoFile(p.to_path_buf()));
             }
             fig = fig.merge(Toml::file(p));
         }
@@ -114,26 +129,26 @@ impl Config {
                 .filter(|k| !NOT_SETTINGS.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)))
                 .split("__"),
         );
-        let c: Config = fig.extract().map_err(|e| e.to_string())?;
+        let c: Config = fig.extract().map_err(Box::new)?;
         c.validate()?;
         Ok(c)
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.kafka.brokers.trim().is_empty() || self.kafka.topic.is_empty() || self.kafka.group_id.is_empty() {
-            return Err("kafka.brokers, kafka.topic and kafka.group_id: required".into());
+            return Err(invalid("kafka.brokers, kafka.topic and kafka.group_id", "required"));
         }
         if let Some(k) = self.kafka.properties.keys().find(|k| FIXED.contains(&k.as_str())) {
-            return Err(format!("kafka.properties.{k}: fixed by the billing consumer"));
+            return Err(invalid(format!("kafka.properties.{k}"), "fixed by the billing consumer"));
         }
         if self.batch_max == 0 || self.batch_max > 100_000 {
-            return Err("batch_max: between 1 and 100000".into());
+            return Err(invalid("batch_max", "between 1 and 100000"));
         }
         if self.events_retention < Duration::from_secs(8 * 24 * 3600) {
-            return Err("events_retention: at least 8 days (longer than the topic's 7-day retention)".into());
+            return Err(invalid("events_retention", "at least 8 days (longer than the topic's 7-day retention)"));
         }
         if self.postgres.url.is_empty() || self.postgres.url.parse::<tokio_postgres::Config>().is_err() {
-            return Err("postgres.url: not a PostgreSQL connection string".into());
+            return Err(invalid("postgres.url", "not a PostgreSQL connection string"));
         }
         Ok(())
     }
@@ -152,11 +167,11 @@ mod tests {
     fn bad_values_are_refused_by_name() {
         let mut c = Config::default();
         c.kafka.properties.insert("enable.auto.commit".into(), "true".into());
-        assert!(c.validate().unwrap_err().contains("kafka.properties.enable.auto.commit"));
+        assert!(c.validate().unwrap_err().to_string().contains("kafka.properties.enable.auto.commit"));
         let c = Config { events_retention: Duration::from_secs(3600), ..Config::default() };
-        assert!(c.validate().unwrap_err().contains("events_retention"));
+        assert!(c.validate().unwrap_err().to_string().contains("events_retention"));
         let c = Config { postgres: PostgresConfig { url: "nope://".into() }, ..Config::default() };
-        assert!(c.validate().unwrap_err().contains("postgres.url"));
+        assert!(c.validate().unwrap_err().to_string().contains("postgres.url"));
     }
 
     #[test]
@@ -168,7 +183,7 @@ mod tests {
             let c = Config::load(None).unwrap();
             assert_eq!(c.kafka.topic, "t2");
             jail.set_env("TOLLGATE_BILLING_BATCH_MAXX", "1");
-            assert!(Config::load(None).unwrap_err().contains("batch_maxx"));
+            assert!(Config::load(None).unwrap_err().to_string().contains("batch_maxx"));
             Ok(())
         });
     }

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;
-use tollgate_sidecar::aggregate::{UsageAggregate, SCHEMA as AGGREGATE_SCHEMA};
+use tollgate_shared::aggregate::{UsageAggregate, SCHEMA as AGGREGATE_SCHEMA};
 use tollgate_wire::usage::{UsageClass, UsageEvent};
 
 pub const SCHEMA: &str = r#"
@@ -455,12 +455,12 @@ mod tests {
         let mut lines = Vec::new();
         for e in events {
             let mut l = Vec::new();
-            tollgate_sidecar::aggregate::encode_line(&mut l, e, true);
+            tollgate_shared::aggregate::encode_line(&mut l, e, true);
             l.pop();
             lines.push(l);
         }
-        match tollgate_sidecar::aggregate::plan_segment(&lines).messages.remove(0) {
-            tollgate_sidecar::aggregate::Outgoing::Aggregate(a) => a,
+        match tollgate_shared::aggregate::plan_segment(&lines).messages.remove(0) {
+            tollgate_shared::aggregate::Outgoing::Aggregate(a) => a,
             other => panic!("{other:?}"),
         }
     }

@@ -36,7 +36,7 @@ pub enum Error {
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
     #[error("configuration: {0}")]
-    Config(String),
+    Config(#[from] config::ConfigError),
 }
 
 /// The consumer's librdkafka configuration: a consumer group, offsets committed by us (after the
@@ -89,7 +89,7 @@ impl Consumed {
 /// Runs the consumer until `shutdown`. Returns an error only for what retrying cannot fix
 /// (bad configuration); PostgreSQL and Kafka outages are waited out.
 pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
-    config.validate().map_err(Error::Config)?;
+    config.validate()?;
     let stop = CancellationToken::new();
     {
         let stop = stop.clone();

@@ -89,7 +89,7 @@ async fn usage(config: &Config, tenant: &str, day: Option<String>, month: Option
         Some(url) => Some(redis::Client::open(url).context("redis url")?.get_multiplexed_async_connection().await.context("connecting to redis")?),
         None => None,
     };
-    let days = report::usage(&db, conn.as_mut(), tenant, &from, &to).await.map_err(anyhow::Error::msg)?;
+    let days = report::usage(&db, conn.as_mut(), tenant, &from, &to).await?;
     println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}", "DAY", "OK", "4XX", "5XX", "DENIED", "ABORTED", "TOKENS");
     for (day, u) in &days {
         let c = u.by_class;

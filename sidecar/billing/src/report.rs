@@ -5,7 +5,7 @@
 
 use crate::db::Db;
 use std::collections::{BTreeMap, HashMap};
-use tollgate_sidecar::keys::{Id, UsageMeterKey};
+use tollgate_shared::keys::{Id, UsageMeterKey};
 use tollgate_wire::usage::{Day, UsageClass};
 
 /// One day's counters: requests by class (in [`UsageClass::ALL`] order) and tokens.
@@ -104,6 +104,19 @@ pub fn month_days(month: &str) -> Option<(String, String)> {
     Some((format!("{y:04}-{m:02}-01"), Day::of_ms(u64::try_from(last).ok()? * 86_400_000).iso()))
 }
 
+/// Why a usage report could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("days must be yyyy-MM-dd, from <= to, at most 366 days")]
+    Days,
+    #[error("not a tenant id")]
+    Tenant,
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
 /// A tenant's usage per day from `from` to `to`: the rollup, merged with the Redis meter when
 /// one is given.
 pub async fn usage(
@@ -112,22 +125,21 @@ pub async fn usage(
     tenant: &str,
     from: &str,
     to: &str,
-) -> Result<BTreeMap<String, DayUsage>, String> {
-    let range = days(from, to).ok_or("days must be yyyy-MM-dd, from <= to, at most 366 days")?;
+) -> Result<BTreeMap<String, DayUsage>, ReportError> {
+    let range = days(from, to).ok_or(ReportError::Days)?;
     let rollup: BTreeMap<String, DayUsage> = db
         .daily(tenant, from, to)
-        .await
-        .map_err(|e| format!("postgres: {e}"))?
+        .await?
         .into_iter()
         .map(|(d, c, t)| (d, DayUsage { by_class: c, tokens: t }))
         .collect();
     let mut meter = BTreeMap::new();
     if let Some(conn) = redis {
-        let t = Id::parse(tenant).ok_or("not a tenant id")?;
+        let t = Id::parse(tenant).ok_or(ReportError::Tenant)?;
         for day in range {
             let Some(key) = UsageMeterKey::new(&t, &day.replace('-', "")) else { continue };
             let m: HashMap<String, i64> =
-                redis::cmd("HGETALL").arg(key.as_str()).query_async(conn).await.map_err(|e| format!("redis: {e}"))?;
+                redis::cmd("HGETALL").arg(key.as_str()).query_async(conn).await?;
             if !m.is_empty() {
                 meter.insert(day, DayUsage::from_meter(&m));
             }

@@ -6,6 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
+use tollgate_sidecar::control::keys::{issued_text, KeyCommand};
 
 #[derive(Parser)]
 #[command(name = "tollgate", version, about = "Tollgate admin CLI (over the sidecar's admin API)")]
@@ -48,7 +49,7 @@ enum Command {
     /// API keys.
     Keys {
         #[command(subcommand)]
-        action: KeyAction,
+        action: KeyCommand,
     },
     /// The configuration version.
     Version,
@@ -125,26 +126,6 @@ enum RouteAction {
     List,
     Get { id: String },
     Delete { id: String },
-}
-
-#[derive(Subcommand)]
-enum KeyAction {
-    /// Issue a key: prints its id, then the raw key alone on the last line (shown only now).
-    Create {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        plan: String,
-        #[arg(long)]
-        expires_in: Option<String>,
-    },
-    /// Revoke a key by id.
-    Revoke { key_id: String },
-    /// List keys (never hashes or raw keys).
-    List {
-        #[arg(long)]
-        tenant: Option<String>,
-    },
 }
 
 struct Api {
@@ -310,7 +291,7 @@ fn run() -> Result<()> {
             RouteAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/routes/{id}"), None)?, &["deleted", "version"]),
         },
         Command::Keys { action } => match action {
-            KeyAction::Create { tenant, plan, expires_in } => {
+            KeyCommand::Create { tenant, plan, expires_in } => {
                 let mut body = json!({"tenant": tenant, "plan": plan});
                 if let Some(e) = expires_in {
                     body["expires_in"] = json!(e);
@@ -319,14 +300,10 @@ fn run() -> Result<()> {
                 if j {
                     println!("{v}");
                 } else {
-                    println!("key id:  {}", cell(&v, "key_id"));
-                    println!("tenant:  {}", cell(&v, "tenant"));
-                    println!("plan:    {}", cell(&v, "plan"));
-                    println!("The raw key is shown only now; store it safely:");
-                    println!("{}", cell(&v, "key"));
+                    println!("{}", issued_text(&cell(&v, "key_id"), &cell(&v, "tenant"), &cell(&v, "plan"), None, &cell(&v, "key")));
                 }
             }
-            KeyAction::Revoke { key_id } => {
+            KeyCommand::Revoke { key_id } => {
                 let v = api.call("POST", &format!("/v1/keys/{key_id}/revoke"), None)?;
                 if j {
                     println!("{v}");
@@ -334,7 +311,7 @@ fn run() -> Result<()> {
                     println!("revoked {} (tenant {})", cell(&v, "key_id"), cell(&v, "tenant"));
                 }
             }
-            KeyAction::List { tenant } => {
+            KeyCommand::List { tenant } => {
                 let path = match tenant {
                     Some(t) => format!("/v1/keys?tenant={t}"),
                     None => "/v1/keys".into(),
@@ -350,6 +327,13 @@ fn run() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_take_the_global_json_flag() {
+        let cli = Cli::try_parse_from(["tollgate", "keys", "list", "--json"]).unwrap();
+        assert!(cli.json && matches!(cli.command, Command::Keys { action: KeyCommand::List { tenant: None } }));
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
 
     #[test]
     fn limits_parse_from_the_short_form() {

@@ -2,56 +2,11 @@
 //! filter matches requests against (`tollgate_wire::routes`: host, exact path or prefix, method,
 //! headers — the one matching rule, shared by both sides).
 
-use super::{check_id, invalid, FailureMode, Invalid, Route, Snapshot};
+use super::model::{FailureMode, Route, Snapshot};
+use crate::decision::routing::{RouteEffect, Routing};
+use crate::keys::Id;
 use sha2::{Digest, Sha256};
 use tollgate_wire::routes::{HeaderRule, RouteFailureMode, RouteSpec, RouteTable};
-
-const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"];
-
-/// Checks one route against the rest of the snapshot.
-pub fn validate(id: &str, r: &Route, s: &Snapshot) -> Result<(), Invalid> {
-    let f = format!("routes.{id}");
-    check_id(&format!("{f}.id"), id)?;
-    let m = &r.matches;
-    if m.path.is_some() && m.path_prefix.is_some() {
-        return Err(invalid(format!("{f}.match.path"), "give path or path_prefix, not both"));
-    }
-    for (name, p) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
-        if p.as_ref().is_some_and(|p| !p.starts_with('/')) {
-            return Err(invalid(format!("{f}.match.{name}"), "must start with '/'"));
-        }
-    }
-    if m.host.as_ref().is_some_and(|h| h.is_empty() || h.contains(['/', ' '])) {
-        return Err(invalid(format!("{f}.match.host"), "not a host name"));
-    }
-    if m.method.as_ref().is_some_and(|x| !METHODS.contains(&x.as_str())) {
-        return Err(invalid(format!("{f}.match.method"), "an upper-case HTTP method"));
-    }
-    let header_name = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    for (i, h) in m.headers.iter().enumerate() {
-        if !header_name(&h.name) {
-            return Err(invalid(format!("{f}.match.headers[{i}].name"), "not a header name"));
-        }
-    }
-    for (i, h) in r.cache_key_headers.iter().enumerate() {
-        if !header_name(h) {
-            return Err(invalid(format!("{f}.cache_key_headers[{i}]"), "not a header name"));
-        }
-    }
-    // Envoy cluster names are free-form, but this one travels in a header: keep it plain.
-    check_id(&format!("{f}.cluster"), &r.cluster)?;
-    if let Some(p) = &r.product {
-        if !s.products.contains_key(p) {
-            return Err(invalid(format!("{f}.product"), format!("no product '{p}'")));
-        }
-    }
-    if let Some(p) = &r.plan {
-        if !s.plans.contains_key(p) {
-            return Err(invalid(format!("{f}.plan"), format!("no plan '{p}'")));
-        }
-    }
-    Ok(())
-}
 
 /// The routes in matching order.
 pub fn ordered(s: &Snapshot) -> Vec<&Route> {
@@ -93,9 +48,29 @@ pub fn table(s: &Snapshot, version: u64) -> RouteTable {
     RouteTable { version, etag, routes }
 }
 
+impl Routing {
+    /// The routing of a validated snapshot, at configuration generation `version`.
+    pub fn of(snapshot: &Snapshot, version: u64) -> Routing {
+        let routes = snapshot
+            .routes
+            .values()
+            .map(|r| {
+                let cache = r
+                    .cache_ttl
+                    .map(|d| d.as_millis() as u64)
+                    .filter(|ms| *ms > 0)
+                    .and_then(|ms| Id::parse(&r.id).map(|id| (id, ms)));
+                (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone(), cache })
+            })
+            .collect();
+        let subscriptions = snapshot.tenants.values().map(|t| (t.id.clone(), t.products.iter().cloned().collect())).collect();
+        Routing::new(table(snapshot, version), routes, subscriptions)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{Change, Kind};
+    use super::super::model::{Change, Kind};
     use super::*;
     use serde_json::json;
 

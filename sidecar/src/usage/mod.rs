@@ -9,7 +9,7 @@
 //! ```
 //!
 //! With `aggregate_above_rps`, `accept` marks the events of tenants above that rate in their
-//! spool lines, and the shipper sends those as per-second aggregates (crate::aggregate).
+//! spool lines, and the shipper sends those as per-second aggregates (`intake`, `tollgate_shared::aggregate`).
 //!
 //! Invariants: an event is acknowledged only once durable on disk; the request path never waits
 //! on the spool or Kafka (denials are spooled from a spawned task); every loss is counted
@@ -17,18 +17,23 @@
 //! view (it may count a re-sent batch twice, and its keys may be evicted); billing reads the
 //! PostgreSQL rollup, which counts each event id once.
 
-use crate::aggregate::{Intake, RateTracker, RecentIds};
-use crate::kafka::{KafkaConfig, Shipper};
-use crate::keys::{Id, UsageMeterKey};
-use crate::spool::{Spool, SpoolError};
+pub mod intake;
+pub mod kafka;
+pub mod meter;
+pub mod spool;
+
+use intake::{Intake, RateTracker, RecentIds};
+use crate::usage::kafka::{KafkaConfig, Shipper};
+use crate::invalid::{invalid, Invalid};
+use crate::keys::Id;
+use crate::usage::spool::{Spool, SpoolError};
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tollgate_wire::usage::{event_path, UsageClass, UsageEvent, MAX_PATH};
+use tollgate_wire::usage::{event_path, UsageEvent, MAX_PATH};
 
 /// `[usage]` of the sidecar configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,7 +53,7 @@ pub struct UsageConfig {
     pub meter: bool,
     /// Per-second aggregation (seed 003): a tenant with more than this many events per second at
     /// this sidecar gets its events combined per second into `tollgate.usage.aggregate.v1`
-    /// messages (crate::aggregate). 0 = off: one message per request.
+    /// messages (tollgate_shared::aggregate). 0 = off: one message per request.
     pub aggregate_above_rps: u64,
     /// On shutdown, how long the shipper may keep sending what is spooled.
     #[serde(with = "humantime_serde")]
@@ -72,18 +77,18 @@ impl Default for UsageConfig {
 }
 
 impl UsageConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !self.enabled {
             return Ok(());
         }
         if self.spool_dir.as_os_str().is_empty() {
-            return Err("usage.spool_dir: required when usage is enabled".into());
+            return Err(invalid("usage.spool_dir", "required when usage is enabled"));
         }
         if self.max_spool_mb == 0 {
-            return Err("usage.max_spool_mb: at least 1".into());
+            return Err(invalid("usage.max_spool_mb", "at least 1"));
         }
         if self.segment_age < Duration::from_millis(10) || self.segment_age > Duration::from_secs(60) {
-            return Err("usage.segment_age: between 10ms and 60s".into());
+            return Err(invalid("usage.segment_age", "between 10ms and 60s"));
         }
         self.kafka.validate()
     }
@@ -125,24 +130,6 @@ pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
     None
 }
 
-/// Counters of one tenant on one day.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DayCounts {
-    pub by_class: BTreeMap<UsageClass, i64>,
-    pub tokens: i64,
-}
-
-/// What the Redis meter adds for `events`: per (tenant, `yyyyMMdd`).
-pub fn meter_increments(events: &[UsageEvent]) -> BTreeMap<(String, String), DayCounts> {
-    let mut out: BTreeMap<(String, String), DayCounts> = BTreeMap::new();
-    for e in events {
-        let c = out.entry((e.tenant.clone(), e.day().compact())).or_default();
-        *c.by_class.entry(e.class()).or_insert(0) += 1;
-        c.tokens += e.tokens.unwrap_or(0) as i64;
-    }
-    out
-}
-
 /// Event ids remembered at intake when aggregation is on (≈ 10 MB; at 10 000 events/s, the last
 /// ~26 s — far longer than the filter takes to send a batch again).
 pub const RECENT_IDS: usize = 262_144;
@@ -156,11 +143,11 @@ fn seed_recent(dir: &std::path::Path, recent: &mut RecentIds) {
     }
     let mut segments: Vec<Vec<Vec<u8>>> = Vec::new();
     let mut n = 0;
-    for seg in crate::spool::sealed_segments(dir).iter().rev() {
+    for seg in crate::usage::spool::sealed_segments(dir).iter().rev() {
         if n >= RECENT_IDS {
             break;
         }
-        if let Ok((lines, _)) = crate::spool::read_segment(seg) {
+        if let Ok((lines, _)) = crate::usage::spool::read_segment(seg) {
             n += lines.len();
             segments.push(lines);
         }
@@ -175,11 +162,11 @@ fn seed_recent(dir: &std::path::Path, recent: &mut RecentIds) {
 }
 
 /// JSON lines of `events`, as the spool stores them; `marks[i]` marks event `i` for aggregation
-/// (crate::aggregate; missing marks are `false`).
+/// (tollgate_shared::aggregate; missing marks are `false`).
 pub fn encode_lines(events: &[UsageEvent], marks: &[bool]) -> Vec<u8> {
     let mut out = Vec::with_capacity(events.len() * 256);
     for (i, e) in events.iter().enumerate() {
-        crate::aggregate::encode_line(&mut out, e, marks.get(i).copied().unwrap_or(false));
+        tollgate_shared::aggregate::encode_line(&mut out, e, marks.get(i).copied().unwrap_or(false));
     }
     out
 }
@@ -200,8 +187,10 @@ pub struct Usage {
 pub enum UsageError {
     #[error(transparent)]
     Spool(#[from] SpoolError),
+    #[error("usage: spool {dir}: {source}")]
+    SpoolDir { dir: PathBuf, source: std::io::Error },
     #[error("usage: {0}")]
-    Setup(String),
+    Kafka(#[from] kafka::SetupError),
 }
 
 impl Usage {
@@ -209,8 +198,8 @@ impl Usage {
     pub fn start(config: &UsageConfig, store: Store) -> Result<Usage, UsageError> {
         let sealed = Arc::new(tokio::sync::Notify::new());
         let spool = Spool::start(&config.spool_dir, config.max_spool_mb << 20, config.segment_age, sealed.clone())
-            .map_err(|e| UsageError::Setup(format!("spool {}: {e}", config.spool_dir.display())))?;
-        let producer = crate::kafka::producer(&config.kafka).map_err(UsageError::Setup)?;
+            .map_err(|source| UsageError::SpoolDir { dir: config.spool_dir.clone(), source })?;
+        let producer = kafka::producer(&config.kafka)?;
         // Before the shipper starts: a batch the filter sends again after a crash is in the
         // segment that was open then (sealed by `Spool::start`).
         let intake = (config.aggregate_above_rps > 0).then(|| {
@@ -271,21 +260,10 @@ impl Usage {
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
             .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
         if self.meter {
-            let incs = meter_increments(events);
+            let incs = meter::increments(events);
             let store = self.store.clone();
             tokio::spawn(async move {
-                let incs: Vec<(UsageMeterKey, Vec<(&'static str, i64)>)> = incs
-                    .into_iter()
-                    .filter_map(|((tenant, day), c)| {
-                        let key = UsageMeterKey::new(&Id::parse(&tenant)?, &day)?;
-                        let mut fields: Vec<(&'static str, i64)> = c.by_class.iter().map(|(k, v)| (k.name(), *v)).collect();
-                        if c.tokens > 0 {
-                            fields.push(("tokens", c.tokens));
-                        }
-                        Some((key, fields))
-                    })
-                    .collect();
-                if let Err(e) = store.meter_usage(incs).await {
+                if let Err(e) = meter::add(&store, incs).await {
                     metrics::counter!(crate::metrics::USAGE_METER_ERRORS).increment(1);
                     tracing::debug!(error = %e, "usage meter not updated");
                 }
@@ -350,6 +328,7 @@ pub fn denial_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_wire::usage::UsageClass;
 
     fn ev(id: &str, tenant: &str, status: u16, start_ms: u64, tokens: Option<u64>) -> UsageEvent {
         UsageEvent {
@@ -385,7 +364,7 @@ mod tests {
             denied,
             ev("id000005", "beta", 502, DAY, None),
         ];
-        let incs = meter_increments(&events);
+        let incs = meter::increments(&events);
         let acme = &incs[&("acme".to_string(), "20251130".to_string())];
         assert_eq!(acme.by_class[&UsageClass::Ok], 1);
         assert_eq!(acme.by_class[&UsageClass::ClientError], 1);

@@ -1,6 +1,5 @@
-//! The configuration model (tenants, API products, plans, subscriptions, routes) and its two
-//! sources behind one trait: the TOML file ([`FileSource`]) and PostgreSQL
-//! ([`postgres::PgSource`]).
+//! The configuration model (tenants, API products, plans, subscriptions, routes) and its
+//! validation, routes' included; its sources are in [`super::source`].
 //!
 //! Invariants: a [`Snapshot`] in force has passed [`Snapshot::validate`]; a change is applied to
 //! a copy ([`Snapshot::apply`]), validated, and only then written, so bad input leaves the
@@ -8,17 +7,13 @@
 //! PostgreSQL (store of record) and in Redis `apikey:{sha256}` (the hot copy the request path
 //! reads). Nothing here is on the request path.
 
-pub mod postgres;
-pub use postgres::PgSource;
-pub mod routes;
+pub use crate::invalid::Invalid;
 
+use crate::invalid::invalid;
 use crate::keys::{Id, ALL_TENANTS};
-use crate::limits::{LimitConfig, PlanConfig, Plans};
+use crate::decision::limits::{LimitConfig, PlanConfig, Plans};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// A tenant and its subscriptions (the API products it may use).
@@ -42,7 +37,7 @@ pub struct Product {
     pub name: String,
 }
 
-/// A plan as the admin API carries it: an id and the limits of crate::limits.
+/// A plan as the admin API carries it: an id and the limits of crate::decision::limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
@@ -165,18 +160,6 @@ pub enum Change {
     Delete(Kind, String),
 }
 
-/// Why a configuration or a change was refused; `field` names the offending field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct Invalid {
-    pub field: String,
-    pub reason: String,
-}
-
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
-    Invalid { field: field.into(), reason: reason.into() }
-}
-
 /// Names the field in a serde error ("unknown field `x`", "missing field `y`", "… at line …").
 fn from_serde(e: serde_json::Error) -> Invalid {
     let msg = e.to_string();
@@ -232,12 +215,9 @@ impl Snapshot {
         for id in self.products.keys() {
             check_id(&format!("products.{id}.id"), id)?;
         }
-        Plans::compile(&self.plans).map_err(|m| {
-            let (field, reason) = m.split_once(": ").unwrap_or(("plans", m.as_str()));
-            invalid(field, reason)
-        })?;
+        Plans::compile(&self.plans)?;
         for (id, r) in &self.routes {
-            routes::validate(id, r, self)?;
+            validate_route(id, r, self)?;
         }
         Ok(())
     }
@@ -310,154 +290,59 @@ impl Snapshot {
     }
 }
 
+const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"];
+
+/// Checks one route against the rest of the snapshot.
+fn validate_route(id: &str, r: &Route, s: &Snapshot) -> Result<(), Invalid> {
+    let f = format!("routes.{id}");
+    check_id(&format!("{f}.id"), id)?;
+    let m = &r.matches;
+    if m.path.is_some() && m.path_prefix.is_some() {
+        return Err(invalid(format!("{f}.match.path"), "give path or path_prefix, not both"));
+    }
+    for (name, p) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
+        if p.as_ref().is_some_and(|p| !p.starts_with('/')) {
+            return Err(invalid(format!("{f}.match.{name}"), "must start with '/'"));
+        }
+    }
+    if m.host.as_ref().is_some_and(|h| h.is_empty() || h.contains(['/', ' '])) {
+        return Err(invalid(format!("{f}.match.host"), "not a host name"));
+    }
+    if m.method.as_ref().is_some_and(|x| !METHODS.contains(&x.as_str())) {
+        return Err(invalid(format!("{f}.match.method"), "an upper-case HTTP method"));
+    }
+    let header_name = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    for (i, h) in m.headers.iter().enumerate() {
+        if !header_name(&h.name) {
+            return Err(invalid(format!("{f}.match.headers[{i}].name"), "not a header name"));
+        }
+    }
+    for (i, h) in r.cache_key_headers.iter().enumerate() {
+        if !header_name(h) {
+            return Err(invalid(format!("{f}.cache_key_headers[{i}]"), "not a header name"));
+        }
+    }
+    // Envoy cluster names are free-form, but this one travels in a header: keep it plain.
+    check_id(&format!("{f}.cluster"), &r.cluster)?;
+    if let Some(p) = &r.product {
+        if !s.products.contains_key(p) {
+            return Err(invalid(format!("{f}.product"), format!("no product '{p}'")));
+        }
+    }
+    if let Some(p) = &r.plan {
+        if !s.plans.contains_key(p) {
+            return Err(invalid(format!("{f}.plan"), format!("no plan '{p}'")));
+        }
+    }
+    Ok(())
+}
+
 /// The tenant a change concerns (`None`: every tenant — plans, products and routes are shared).
 pub fn tenant_of(change: &Change) -> Option<Id> {
     match change {
         Change::Put(Kind::Tenants, v) => v.get("id").and_then(|i| i.as_str()).and_then(Id::parse),
         Change::Delete(Kind::Tenants, id) => Id::parse(id),
         _ => None,
-    }
-}
-
-/// Why a source could not answer.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    #[error("PostgreSQL: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
-    #[error("PostgreSQL unreachable: {0}")]
-    Unreachable(String),
-    #[error("stored configuration is invalid: {0}")]
-    Invalid(#[from] Invalid),
-    #[error("stored configuration is unreadable: {0}")]
-    Corrupt(String),
-    #[error("the file source is read-only: change the TOML file and restart, or use the PostgreSQL source")]
-    ReadOnly,
-}
-
-/// A source of configuration snapshots.
-pub trait ConfigSource: Send + Sync {
-    /// The configuration as stored now, validated.
-    fn load(&self) -> impl Future<Output = Result<Snapshot, SourceError>> + Send;
-}
-
-/// The TOML file's configuration, fixed for the life of the process.
-pub struct FileSource(Snapshot);
-
-impl FileSource {
-    pub fn new(snapshot: Snapshot) -> FileSource {
-        FileSource(snapshot)
-    }
-}
-
-impl ConfigSource for FileSource {
-    async fn load(&self) -> Result<Snapshot, SourceError> {
-        Ok(self.0.clone())
-    }
-}
-
-/// Either source, chosen by `[source] kind`. One per process: the size difference is moot.
-#[allow(clippy::large_enum_variant)]
-pub enum Source {
-    File(FileSource),
-    Postgres(postgres::PgSource),
-}
-
-impl ConfigSource for Source {
-    async fn load(&self) -> Result<Snapshot, SourceError> {
-        match self {
-            Source::File(f) => f.load().await,
-            Source::Postgres(p) => p.load().await,
-        }
-    }
-}
-
-/// The configuration in force in this process, and the generation it was loaded at.
-pub struct Live {
-    snapshot: RwLock<Arc<Snapshot>>,
-    version: AtomicU64,
-}
-
-impl Live {
-    pub fn new(snapshot: Snapshot) -> Live {
-        Live { snapshot: RwLock::new(Arc::new(snapshot)), version: AtomicU64::new(0) }
-    }
-    pub fn get(&self) -> Arc<Snapshot> {
-        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-    pub fn set(&self, s: Snapshot) {
-        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(s);
-    }
-    /// The `cfg:routing:version` this process last synchronised with.
-    pub fn version(&self) -> u64 {
-        self.version.load(Ordering::Relaxed)
-    }
-    pub fn set_version(&self, v: u64) {
-        self.version.store(v, Ordering::Relaxed);
-    }
-}
-
-/// `[source]`: where tenants, products, plans and routes come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SourceConfig {
-    /// `file` (default: this TOML file) or `postgres`.
-    pub kind: SourceKind,
-    /// `postgres://user@host:port/db` when `kind = "postgres"`.
-    pub postgres_url: String,
-    /// Deadline for connecting to PostgreSQL (at start and on admin writes).
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceKind {
-    File,
-    Postgres,
-}
-
-impl Default for SourceConfig {
-    fn default() -> Self {
-        SourceConfig { kind: SourceKind::File, postgres_url: String::new(), connect_timeout: Duration::from_secs(5) }
-    }
-}
-
-/// `[admin]`: the admin HTTP API (off unless `listen` is set).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// Loopback address of the admin API, e.g. `127.0.0.1:9091`. Empty: no admin API.
-    pub listen: Option<std::net::SocketAddr>,
-    /// Bearer token every admin request must carry (env `TOLLGATE_SIDECAR_ADMIN__TOKEN`). At
-    /// least 16 characters. Never logged.
-    pub token: String,
-    /// How often each replica compares `cfg:routing:version` with what it loaded, in case a
-    /// change event was missed while its pub/sub connection was up but silent. Reconnects always
-    /// resynchronise at once.
-    #[serde(with = "humantime_serde")]
-    pub resync_interval: Duration,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig { listen: None, token: String::new(), resync_interval: Duration::from_secs(5) }
-    }
-}
-
-impl AdminConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if let Some(addr) = self.listen {
-            if !addr.ip().is_loopback() {
-                return Err("admin.listen: must be a loopback address".into());
-            }
-            if self.token.len() < 16 {
-                return Err("admin.token: at least 16 characters are required when admin.listen is set".into());
-            }
-        }
-        if self.resync_interval.is_zero() {
-            return Err("admin.resync_interval: must be above zero".into());
-        }
-        Ok(())
     }
 }
 
@@ -517,12 +402,4 @@ mod tests {
         assert_eq!(e.field, "tenants[1].id");
     }
 
-    #[test]
-    fn admin_config_is_checked() {
-        let mut a = AdminConfig { listen: Some("0.0.0.0:1".parse().unwrap()), token: "x".repeat(16), ..AdminConfig::default() };
-        assert!(a.validate().unwrap_err().contains("admin.listen"));
-        a.listen = Some("127.0.0.1:1".parse().unwrap());
-        a.token = "short".into();
-        assert!(a.validate().unwrap_err().contains("admin.token"));
-    }
 }

@@ -6,11 +6,12 @@
 //! broker acknowledged every event in it, so an outage never loses an event (it waits on disk),
 //! while a crash between the ack and the delete ships a segment twice (at-least-once; the billing
 //! consumer counts each event id once — and each aggregate id, which a re-shipped segment
-//! reproduces exactly: crate::aggregate). Messages are keyed by tenant: one tenant's events stay in
+//! reproduces exactly: tollgate_shared::aggregate). Messages are keyed by tenant: one tenant's events stay in
 //! one partition, in order (seed 003). Nothing here runs on the request path.
 
-use crate::aggregate::{Outgoing, SegmentPlan};
-use crate::spool::{read_segment, remove_segment, sealed_segments};
+use tollgate_shared::aggregate::{Outgoing, SegmentPlan};
+use crate::usage::spool::{read_segment, remove_segment, sealed_segments};
+use crate::invalid::{invalid, Invalid};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -66,31 +67,31 @@ impl Default for KafkaConfig {
 }
 
 /// The `schema` header of every single-event usage message (docs/usage-events.md; aggregates
-/// carry crate::aggregate::SCHEMA).
+/// carry tollgate_shared::aggregate::SCHEMA).
 pub const SCHEMA: &str = "tollgate.usage.v1";
 
 /// Properties the billing guarantees depend on: not overridable.
 const FIXED: &[&str] = &["enable.idempotence", "acks", "bootstrap.servers", "message.timeout.ms", "delivery.timeout.ms"];
 
 impl KafkaConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.brokers.trim().is_empty() {
-            return Err("usage.kafka.brokers: must not be empty".into());
+            return Err(invalid("usage.kafka.brokers", "must not be empty"));
         }
         let topic_ok = !self.topic.is_empty()
             && self.topic.len() <= 249
             && self.topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if !topic_ok {
-            return Err("usage.kafka.topic: 1-249 of letters, digits, '.', '_', '-'".into());
+            return Err(invalid("usage.kafka.topic", "1-249 of letters, digits, '.', '_', '-'"));
         }
         if self.partitions < 1 || self.replication_factor < 1 {
-            return Err("usage.kafka.partitions and replication_factor: at least 1".into());
+            return Err(invalid("usage.kafka.partitions and replication_factor", "at least 1"));
         }
         if self.delivery_timeout < Duration::from_millis(100) {
-            return Err("usage.kafka.delivery_timeout: at least 100ms".into());
+            return Err(invalid("usage.kafka.delivery_timeout", "at least 100ms"));
         }
         if let Some(k) = self.properties.keys().find(|k| FIXED.contains(&k.as_str())) {
-            return Err(format!("usage.kafka.properties.{k}: fixed by Tollgate (idempotent producer, acks=all)"));
+            return Err(invalid(format!("usage.kafka.properties.{k}"), "fixed by Tollgate (idempotent producer, acks=all)"));
         }
         Ok(())
     }
@@ -168,33 +169,42 @@ fn classify_error(e: &KafkaError) -> DeliveryFailure {
     classify(e.rdkafka_error_code())
 }
 
+/// Why the producer or the topic could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("kafka producer: {0}")]
+    Producer(KafkaError),
+    #[error(transparent)]
+    Admin(#[from] KafkaError),
+    #[error("cannot create topic {0}: {1}")]
+    CreateTopic(String, RDKafkaErrorCode),
+}
+
 /// Creates the topic if it does not exist (an existing one is left as it is).
-pub async fn ensure_topic(k: &KafkaConfig) -> Result<(), String> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &k.brokers)
-        .set("socket.connection.setup.timeout.ms", "5000")
-        .create()
-        .map_err(|e| e.to_string())?;
+pub async fn ensure_topic(k: &KafkaConfig) -> Result<(), SetupError> {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &k.brokers).set("socket.connection.setup.timeout.ms", "5000").create()?;
     let retention = k.retention.as_millis().to_string();
     let topic = NewTopic::new(&k.topic, k.partitions, TopicReplication::Fixed(k.replication_factor))
         .set("retention.ms", &retention);
     let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
-    let results = admin.create_topics([&topic], &opts).await.map_err(|e| e.to_string())?;
+    let results = admin.create_topics([&topic], &opts).await?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, code)) => return Err(format!("cannot create topic {t}: {code}")),
+            Err((t, code)) => return Err(SetupError::CreateTopic(t, code)),
         }
     }
     Ok(())
 }
 
-pub fn producer(k: &KafkaConfig) -> Result<FutureProducer, String> {
+/// The idempotent producer ([`producer_config`]); Kafka need not be up.
+pub fn producer(k: &KafkaConfig) -> Result<FutureProducer, SetupError> {
     let mut c = ClientConfig::new();
     for (key, v) in producer_config(k) {
         c.set(key, v);
     }
-    c.create().map_err(|e| format!("kafka producer: {e}"))
+    c.create().map_err(SetupError::Producer)
 }
 
 /// Moves sealed spool segments to Kafka, oldest first, until `stop`; then one last pass bounded
@@ -307,7 +317,7 @@ impl Shipper {
     }
 
     /// Sends every event of one segment (one message each, or combined in aggregates where the
-    /// spool marked them: crate::aggregate) and waits for all acknowledgements.
+    /// spool marked them: tollgate_shared::aggregate) and waits for all acknowledgements.
     async fn ship_segment(&self, segment: &std::path::Path) -> Result<SegmentPlan, DeliveryFailure> {
         let (lines, bad) = match read_segment(segment) {
             Ok(r) => r,
@@ -321,14 +331,14 @@ impl Shipper {
             metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "torn").increment(bad as u64);
             tracing::warn!(segment = %segment.display(), lines = bad, "usage: skipped torn spool records (a crash mid-write; never acknowledged)");
         }
-        let plan = crate::aggregate::plan_segment(&lines);
+        let plan = tollgate_shared::aggregate::plan_segment(&lines);
         let mut pending = Vec::with_capacity(plan.messages.len());
         for message in &plan.messages {
             let (key, payload, schema): (&str, std::borrow::Cow<'_, [u8]>, &str) = match message {
                 Outgoing::Line { index, tenant } => (tenant, std::borrow::Cow::Borrowed(lines[*index].as_slice()), SCHEMA),
                 Outgoing::Aggregate(a) => {
                     let json = serde_json::to_vec(a).map_err(|_| DeliveryFailure::Fatal)?;
-                    (&a.tenant, std::borrow::Cow::Owned(json), crate::aggregate::SCHEMA)
+                    (&a.tenant, std::borrow::Cow::Owned(json), tollgate_shared::aggregate::SCHEMA)
                 }
             };
             let headers = OwnedHeaders::new().insert(Header { key: "schema", value: Some(schema) });
@@ -389,9 +399,9 @@ mod tests {
         let mut k = KafkaConfig::default();
         assert!(k.validate().is_ok());
         k.properties.insert("acks".into(), "1".into());
-        assert!(k.validate().unwrap_err().contains("usage.kafka.properties.acks"));
+        assert_eq!(k.validate().unwrap_err().field, "usage.kafka.properties.acks");
         let k = KafkaConfig { topic: "bad topic".into(), ..Default::default() };
-        assert!(k.validate().unwrap_err().contains("usage.kafka.topic"));
+        assert_eq!(k.validate().unwrap_err().field, "usage.kafka.topic");
         let k = KafkaConfig { brokers: " ".into(), ..Default::default() };
         assert!(k.validate().is_err());
     }

@@ -8,7 +8,7 @@
 //!
 //! Layout: `<dir>/<seq:020>.open` is the segment being written (at most one), `<dir>/<seq>.seg`
 //! are sealed segments waiting to be shipped, oldest first. Each line is one event's JSON (ending
-//! `,"aggregate":true}` when intake marked it for per-second aggregation: crate::aggregate).
+//! `,"aggregate":true}` when intake marked it for per-second aggregation: tollgate_shared::aggregate).
 //!
 //! Invariants:
 //! - `append` returns only after the bytes are `fdatasync`ed (group commit: one sync for every

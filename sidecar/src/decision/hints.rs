@@ -14,15 +14,9 @@
 //! transition only.
 
 use crate::keys::{BreakerHintKey, BREAKER_HINT_INDEX, BREAKER_HINT_INDEX_SLACK_MS, BREAKER_HINT_TTL_SECS};
-use crate::server::AppState;
 use crate::store::{Store, StoreError};
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
 use std::time::Duration;
 use tollgate_wire::breaker::{Hint, HintList, HintReport};
 
@@ -81,11 +75,56 @@ fn epoch_ms() -> u64 {
     crate::clock::SystemClock.now_ms()
 }
 
-impl Store {
-    /// `SET cb:hint:{provider}:{model} <value> EX ttl`, then the index: `ZADD cb:hints <expiry>
-    /// <name>` and `ZREMRANGEBYSCORE cb:hints -inf <long expired>` (one pipeline, one slot).
-    pub async fn put_breaker_hint(&self, key: BreakerHintKey, value: String, ttl_secs: u64) -> Result<(), StoreError> {
-        self.run_with_deadline("set_breaker_hint", DEADLINE, |mut c| async move {
+/// How a report ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// Stored: the other replicas see it at their next poll.
+    Shared,
+    /// Redis could not take it now (logged at debug level; the store logs the transition).
+    NotShared,
+}
+
+/// A report naming no valid provider or model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid provider or model")]
+pub struct InvalidHint;
+
+impl Hints {
+    /// Stores the hint of a local OPEN transition for the other replicas.
+    pub async fn record(&self, store: &Store, report: &HintReport) -> Result<Recorded, InvalidHint> {
+        let key = BreakerHintKey::new(&report.provider, &report.model).ok_or(InvalidHint)?;
+        let value = HintValue { replica: self.replica.clone(), opened_at_ms: report.opened_at_ms };
+        let value = serde_json::to_string(&value).unwrap_or_default();
+        match put(store, key, value, self.ttl_secs).await {
+            Ok(()) => {
+                tracing::info!(provider = %report.provider, model = %report.model, "breaker hint recorded");
+                Ok(Recorded::Shared)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "breaker hint not shared");
+                Ok(Recorded::NotShared)
+            }
+        }
+    }
+
+    /// The live hints of the other replicas; none while Redis is unreachable.
+    pub async fn list(&self, store: &Store) -> HintList {
+        let hints = match live(store).await {
+            Ok(found) => others(&self.replica, found),
+            Err(e) => {
+                tracing::debug!(error = %e, "breaker hints not listed");
+                Vec::new()
+            }
+        };
+        HintList { hints }
+    }
+}
+
+/// `SET cb:hint:{provider}:{model} <value> EX ttl`, then the index: `ZADD cb:hints <expiry>
+/// <name>` and `ZREMRANGEBYSCORE cb:hints -inf <long expired>` (one pipeline, one slot).
+async fn put(store: &Store, key: BreakerHintKey, value: String, ttl_secs: u64) -> Result<(), StoreError> {
+    store
+        .run_with_deadline("set_breaker_hint", DEADLINE, |mut c| async move {
             c.set_ex::<_, _, ()>(&key, value, ttl_secs).await?;
             let now = epoch_ms();
             redis::pipe()
@@ -97,12 +136,13 @@ impl Store {
                 .await
         })
         .await
-    }
+}
 
-    /// Every live hint key with its value: the index's recent members (`ZRANGEBYSCORE`), then
-    /// one pipelined round of GETs (an expired hint reads as nil).
-    pub async fn breaker_hints(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
-        self.run_with_deadline("list_breaker_hints", DEADLINE, |mut c| async move {
+/// Every live hint key with its value: the index's recent members (`ZRANGEBYSCORE`), then one
+/// pipelined round of GETs (an expired hint reads as nil).
+async fn live(store: &Store) -> Result<Vec<(String, Option<String>)>, StoreError> {
+    store
+        .run_with_deadline("list_breaker_hints", DEADLINE, |mut c| async move {
             let since = epoch_ms().saturating_sub(BREAKER_HINT_INDEX_SLACK_MS);
             let names: Vec<String> = c.zrangebyscore(BREAKER_HINT_INDEX, since, "+inf").await?;
             if names.is_empty() {
@@ -116,34 +156,6 @@ impl Store {
             Ok(names.into_iter().zip(values).collect())
         })
         .await
-    }
-}
-
-fn json(status: StatusCode, body: Vec<u8>) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-/// `POST /v1/breaker/hints`: 204 stored, 202 accepted but not shared (Redis trouble), 400 bad.
-pub async fn record(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let report: HintReport = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return json(StatusCode::BAD_REQUEST, format!(r#"{{"error":"bad_request","message":"{e}"}}"#).into_bytes()),
-    };
-    let Some(key) = BreakerHintKey::new(&report.provider, &report.model) else {
-        return json(StatusCode::BAD_REQUEST, br#"{"error":"bad_request","message":"invalid provider or model"}"#.to_vec());
-    };
-    let value = HintValue { replica: state.hints.replica.clone(), opened_at_ms: report.opened_at_ms };
-    let value = serde_json::to_string(&value).unwrap_or_default();
-    match state.store.put_breaker_hint(key, value, state.hints.ttl_secs).await {
-        Ok(()) => {
-            tracing::info!(provider = %report.provider, model = %report.model, "breaker hint recorded");
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "breaker hint not shared");
-            StatusCode::ACCEPTED.into_response()
-        }
-    }
 }
 
 /// The hints of other replicas among `(key name, value)` pairs.
@@ -156,18 +168,6 @@ fn others(replica: &str, found: Vec<(String, Option<String>)>) -> Vec<Hint> {
             (v.replica != replica).then_some(Hint { provider, model, replica: v.replica, opened_at_ms: v.opened_at_ms })
         })
         .collect()
-}
-
-/// `GET /v1/breaker/hints`: always 200; empty while Redis is unreachable.
-pub async fn list(State(state): State<Arc<AppState>>) -> Response {
-    let hints = match state.store.breaker_hints().await {
-        Ok(found) => others(&state.hints.replica, found),
-        Err(e) => {
-            tracing::debug!(error = %e, "breaker hints not listed");
-            Vec::new()
-        }
-    };
-    json(StatusCode::OK, serde_json::to_vec(&HintList { hints }).unwrap_or_default())
 }
 
 #[cfg(test)]

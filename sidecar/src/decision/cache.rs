@@ -5,10 +5,32 @@
 //! full, expired entries are swept, and if that frees nothing the oldest-inserted eighth goes.
 //! Time is passed in, so the rules are tested without sleeping.
 
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// `[cache]` of the sidecar configuration: the key-record cache of the decision path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// How long a key lookup (found or not) is answered locally without asking Redis. This bounds
+    /// how long a revocation takes to apply.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// While Redis is unreachable, a cached answer up to this old is still used.
+    #[serde(with = "humantime_serde")]
+    pub stale_grace: Duration,
+    /// Bound on cached entries (a flood of random keys cannot grow memory past it).
+    pub max_entries: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { ttl: Duration::from_millis(500), stale_grace: Duration::from_secs(60), max_entries: 100_000 }
+    }
+}
 
 pub struct TtlCache<K, V> {
     inner: Mutex<HashMap<K, (V, Instant)>>,

@@ -3,14 +3,16 @@
 //!
 //! Every write: validate against a copy of the configuration in force (bad input → 400 naming
 //! the field, nothing changes), commit to the store of record, install locally, then
-//! `INCR cfg:routing:version` + `PUBLISH config_changed:{tenant}` (crate::propagation). The token
+//! `INCR cfg:routing:version` + `PUBLISH config_changed:{tenant}` (crate::control::propagation). The token
 //! is compared in constant time and never logged.
 
 use crate::apikey::{self, KeyRecord};
-use crate::config_store::{self, Change, Kind, Source};
-use crate::decide::unix_now;
+use crate::control::model::{self, Change, Kind};
+use crate::control::{Control, Source};
+use crate::control::source::SourceError;
+use crate::decision::unix_now;
+use crate::invalid::{invalid, Invalid};
 use crate::keys::{Id, KeyHash};
-use crate::propagation::Control;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::Uri;
@@ -19,13 +21,53 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// `[admin]`: the admin HTTP API (off unless `listen` is set).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Loopback address of the admin API, e.g. `127.0.0.1:9091`. Empty: no admin API.
+    pub listen: Option<std::net::SocketAddr>,
+    /// Bearer token every admin request must carry (env `TOLLGATE_SIDECAR_ADMIN__TOKEN`). At
+    /// least 16 characters. Never logged.
+    pub token: String,
+    /// How often each replica compares `cfg:routing:version` with what it loaded, in case a
+    /// change event was missed while its pub/sub connection was up but silent. Reconnects always
+    /// resynchronise at once.
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { listen: None, token: String::new(), resync_interval: Duration::from_secs(5) }
+    }
+}
+
+impl AdminConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if let Some(addr) = self.listen {
+            if !addr.ip().is_loopback() {
+                return Err(invalid("admin.listen", "must be a loopback address"));
+            }
+            if self.token.len() < 16 {
+                return Err(invalid("admin.token", "at least 16 characters are required when admin.listen is set"));
+            }
+        }
+        if self.resync_interval.is_zero() {
+            return Err(invalid("admin.resync_interval", "must be above zero"));
+        }
+        Ok(())
+    }
+}
+
 /// The OpenAPI document, served at `GET /openapi.json` and kept in docs/.
-pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
 pub struct AdminState {
     pub control: Arc<Control>,
@@ -170,7 +212,7 @@ async fn delete(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String
 /// Validate → commit → install → announce.
 async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
     let Source::Postgres(pg) = &s.control.source else {
-        return error(StatusCode::CONFLICT, "read_only_source", None, config_store::SourceError::ReadOnly);
+        return error(StatusCode::CONFLICT, "read_only_source", None, SourceError::ReadOnly);
     };
     // validate-then-commit against one snapshot; no reload may install in between
     let serial = s.control.installing.lock().await;
@@ -192,7 +234,7 @@ async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
     }
     s.control.install(next);
     drop(serial);
-    let tenant = config_store::tenant_of(&change);
+    let tenant = model::tenant_of(&change);
     announced(s, tenant.as_ref(), ok, body).await
 }
 
@@ -254,10 +296,8 @@ async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
         Source::File(_) => None,
     };
     let now = unix_now();
-    let expires_at = match req.expires_in.as_deref().map(humantime::parse_duration) {
-        None => None,
-        Some(Ok(d)) if !d.is_zero() => Some(now + d.as_secs().max(1)),
-        Some(_) => return bad("expires_in", "a duration above zero, e.g. \"30d\"".into()),
+    let Ok(expires_at) = super::keys::expiry(req.expires_in.as_deref(), now) else {
+        return bad("expires_in", "a duration above zero, e.g. \"30d\"".into());
     };
     let issued = apikey::issue(tenant, plan, now, expires_at);
     if let Some(pg) = pg {
@@ -356,5 +396,14 @@ mod tests {
         for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/version"] {
             assert!(doc["paths"].get(p).is_some(), "{p} missing from docs/openapi.json");
         }
+    }
+
+    #[test]
+    fn admin_config_is_checked() {
+        let mut a = AdminConfig { listen: Some("0.0.0.0:1".parse().unwrap()), token: "x".repeat(16), ..AdminConfig::default() };
+        assert_eq!(a.validate().unwrap_err().field, "admin.listen");
+        a.listen = Some("127.0.0.1:1".parse().unwrap());
+        a.token = "short".into();
+        assert_eq!(a.validate().unwrap_err().field, "admin.token");
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Writers (the admin API of any replica) commit to the store of record, then `INCR
 //! cfg:routing:version` and `PUBLISH config_changed:{tenant}` with the new version
-//! ([`Control::announce`]). Every replica runs [`run`]: a dedicated pub/sub connection
+//! ([`Control::announce`](super::Control::announce)). Every replica runs [`run`]: a dedicated pub/sub connection
 //! PSUBSCRIBEd to `config_changed:*`; a message reloads the configuration and evicts that
 //! tenant's cached key answers (`_all`: every tenant's). After every (re)subscription, and every
 //! `admin.resync_interval`, the replica compares `cfg:routing:version` with the version it last
@@ -12,109 +12,12 @@
 //! A reload that fails (PostgreSQL down) keeps the configuration in force and is retried at the
 //! next resync; the request path never waits on any of this.
 
-use crate::config_store::{ConfigSource, Live, Snapshot, Source, SourceError};
-use crate::keys::{ConfigChangedChannel, Id, RoutingVersionKey, CONFIG_CHANGED_PATTERN};
-use crate::limits::Plans;
-use crate::server::AppState;
-use crate::store::{Store, StoreError};
+use super::Control;
+use crate::keys::{ConfigChangedChannel, CONFIG_CHANGED_PATTERN};
 use futures_util::StreamExt;
-use redis::AsyncCommands;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// What the admin API and the subscriber share: the source, the configuration in force, Redis.
-pub struct Control {
-    pub source: Source,
-    pub live: Live,
-    pub store: Store,
-    pub app: Arc<AppState>,
-    /// Whether the last reload failed (log the transition once, not every retry).
-    reload_failing: AtomicBool,
-    /// Held across load-and-install (reloads) and validate-commit-install (admin writes), so a
-    /// reload that read the store before a local write committed cannot install over it.
-    pub installing: tokio::sync::Mutex<()>,
-}
-
-impl Control {
-    pub fn new(source: Source, snapshot: Snapshot, store: Store, app: Arc<AppState>) -> Control {
-        Control { source, live: Live::new(snapshot), store, app, reload_failing: AtomicBool::new(false), installing: tokio::sync::Mutex::new(()) }
-    }
-
-    /// Puts `snapshot` (validated) in force: routes and products for the admin view, plans for
-    /// decisions.
-    pub fn install(&self, snapshot: Snapshot) {
-        match Plans::compile(&snapshot.plans) {
-            Ok(plans) => {
-                self.app.decider.set_plans(plans);
-                self.app.decider.set_routing(crate::decide::Routing::of(&snapshot, self.live.version()));
-                self.live.set(snapshot);
-            }
-            // cannot happen for a validated snapshot; keep what runs
-            Err(e) => tracing::error!(error = %e, "refused a configuration whose plans do not compile"),
-        }
-    }
-
-    /// Loads from the source and installs; evicts `tenant`'s cached keys (`None`: all).
-    pub async fn reload(&self, tenant: Option<&Id>, version: u64) -> Result<(), SourceError> {
-        let _installing = self.installing.lock().await;
-        match self.source.load().await {
-            Ok(s) => {
-                self.live.set_version(version);
-                self.install(s);
-                self.app.decider.evict(tenant);
-                if self.reload_failing.swap(false, Ordering::Relaxed) {
-                    tracing::info!(version, "configuration reloads work again");
-                }
-                Ok(())
-            }
-            Err(e) => {
-                // Keys are still revoked in Redis by the writer: forget cached answers anyway.
-                self.app.decider.evict(tenant);
-                if !self.reload_failing.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(error = %e, "cannot reload the configuration; keeping the one in force");
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// After a committed write: bump the generation and tell every replica. Returns the version.
-    pub async fn announce(&self, tenant: Option<&Id>) -> Result<u64, StoreError> {
-        let channel = tenant.map_or_else(ConfigChangedChannel::all, ConfigChangedChannel::tenant);
-        let version: u64 = self
-            .store
-            .run_with_deadline("announce_change", Duration::from_secs(5), |mut c| async move {
-                let v: u64 = c.incr(RoutingVersionKey::new(), 1u64).await?;
-                c.publish::<_, _, ()>(channel, v).await?;
-                Ok(v)
-            })
-            .await?;
-        Ok(version)
-    }
-
-    /// `cfg:routing:version` now (0 when never written).
-    pub async fn routing_version(&self) -> Result<u64, StoreError> {
-        self.store
-            .run_with_deadline("routing_version", Duration::from_secs(2), |mut c| async move {
-                let v: Option<u64> = c.get(RoutingVersionKey::new()).await?;
-                Ok(v.unwrap_or(0))
-            })
-            .await
-    }
-
-    /// Copies every key record from PostgreSQL into Redis (a wiped Redis loses no key).
-    /// Returns how many; a no-op for the file source (Redis is the keys' store there).
-    pub async fn rewarm_keys(&self) -> Result<usize, String> {
-        let Source::Postgres(pg) = &self.source else { return Ok(0) };
-        let keys = pg.keys(None).await.map_err(|e| e.to_string())?;
-        for (hash, record) in &keys {
-            self.store.create_key(hash, record).await.map_err(|e| e.to_string())?;
-        }
-        Ok(keys.len())
-    }
-}
 
 /// Re-warms Redis from PostgreSQL until it works once (Redis may come up after the sidecar).
 pub async fn rewarm(control: Arc<Control>, shutdown: CancellationToken) {

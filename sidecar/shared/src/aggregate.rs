@@ -1,17 +1,17 @@
 //! Per-second aggregation of a high-rate tenant's usage events (seed 003: "one message per API
 //! request, or, for high-volume tenants, one batch per gateway replica per second"), off by
-//! default (`usage.aggregate_above_rps = 0`).
+//! default (`usage.aggregate_above_rps = 0`): the message format and how it is made.
 //!
 //! Two halves, both pure (time is passed in):
-//! - **At accept** ([`RateTracker`]): the sidecar counts each tenant's events as they arrive; an
-//!   event of a tenant above `aggregate_above_rps` at this sidecar is *marked* for aggregation,
-//!   and the mark is written into its spool line (`…,"aggregate":true}`, [`encode_line`]). The
-//!   decision is thereby durable: it does not depend on anything held in memory or on the
-//!   configuration in force when the segment is (re-)shipped.
-//! - **At ship** ([`plan_segment`]): the shipper turns one sealed segment into Kafka messages:
-//!   unmarked lines as they are (one event each), marked ones combined per (tenant, UTC second of
-//!   `startMs`) into [`UsageAggregate`]s, one row per (key, plan) with the counts and sums the
-//!   billing rollup needs.
+//! - **At accept** (the sidecar's `usage::intake`): the sidecar counts each tenant's events as
+//!   they arrive; an event of a tenant above `aggregate_above_rps` at this sidecar is *marked* for
+//!   aggregation, and the mark is written into its spool line (`…,"aggregate":true}`,
+//!   [`encode_line`]). The decision is thereby durable: it does not depend on anything held in
+//!   memory or on the configuration in force when the segment is (re-)shipped.
+//! - **At ship** ([`plan_segment`], here): the shipper turns one sealed segment into Kafka
+//!   messages: unmarked lines as they are (one event each), marked ones combined per (tenant, UTC
+//!   second of `startMs`) into [`UsageAggregate`]s, one row per (key, plan) with the counts and
+//!   sums the billing rollup needs. The billing consumer reads the same [`UsageAggregate`].
 //!
 //! Invariants:
 //! - A segment is immutable once sealed, and [`plan_segment`] is a function of its bytes alone:
@@ -141,141 +141,6 @@ impl UsageAggregate {
             return Some("secondMs");
         }
         None
-    }
-}
-
-// ---- at accept: who is above the rate ---------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Rate {
-    second: u64,
-    count: u64,
-    previous: u64,
-}
-
-/// Each tenant's events per second arriving at this sidecar, and which to aggregate.
-#[derive(Debug)]
-pub struct RateTracker {
-    above_rps: u64,
-    tenants: HashMap<String, Rate>,
-    pruned_at: u64,
-}
-
-/// Tenants tracked before idle ones are forgotten (at most once a second).
-const PRUNE_ABOVE: usize = 4096;
-
-impl RateTracker {
-    /// `above_rps` = 0: nothing is ever marked.
-    pub fn new(above_rps: u64) -> RateTracker {
-        RateTracker { above_rps, tenants: HashMap::new(), pruned_at: 0 }
-    }
-
-    /// Counts `events` as arriving at `now_ms` and says, event by event, which to aggregate: an
-    /// event of a tenant that has had more than `above_rps` events in this second (counting the
-    /// ones before it), or had in the previous second. A tenant thus turns aggregated within the
-    /// second it crosses the rate, and stays so for the whole next second.
-    pub fn mark(&mut self, events: &[UsageEvent], now_ms: u64) -> Vec<bool> {
-        if self.above_rps == 0 {
-            return vec![false; events.len()];
-        }
-        let second = now_ms / 1000;
-        if self.tenants.len() > PRUNE_ABOVE && self.pruned_at != second {
-            self.pruned_at = second;
-            self.tenants.retain(|_, r| r.second + 1 >= second);
-        }
-        let mut out = Vec::with_capacity(events.len());
-        for e in events {
-            let r = match self.tenants.get_mut(&e.tenant) {
-                Some(r) => r,
-                None => self.tenants.entry(e.tenant.clone()).or_default(),
-            };
-            if r.second != second {
-                r.previous = if r.second + 1 == second { r.count } else { 0 };
-                r.second = second;
-                r.count = 0;
-            }
-            r.count += 1;
-            out.push(r.count > self.above_rps || r.previous > self.above_rps);
-        }
-        out
-    }
-}
-
-/// The ids of the events accepted lately (the last [`RecentIds::new`]'s `capacity`), as 128-bit
-/// keyed hashes. With aggregation on, intake drops an event whose id is here: a batch the filter
-/// sends again after the sidecar already spooled it (its call timed out, or the sidecar crashed
-/// between the fsync and its answer). Single events would be deduplicated by id at the consumer;
-/// events inside aggregates cannot be, so they must not be spooled twice.
-pub struct RecentIds {
-    keys: (std::hash::RandomState, std::hash::RandomState),
-    set: HashSet<u128>,
-    order: std::collections::VecDeque<u128>,
-    capacity: usize,
-}
-
-impl RecentIds {
-    pub fn new(capacity: usize) -> RecentIds {
-        RecentIds {
-            keys: (std::hash::RandomState::new(), std::hash::RandomState::new()),
-            set: HashSet::with_capacity(capacity.min(1 << 16)),
-            order: std::collections::VecDeque::with_capacity(capacity.min(1 << 16)),
-            capacity: capacity.max(1),
-        }
-    }
-
-    fn key(&self, id: &str) -> u128 {
-        use std::hash::BuildHasher;
-        (u128::from(self.keys.0.hash_one(id)) << 64) | u128::from(self.keys.1.hash_one(id))
-    }
-
-    /// Remembers `id`; `false` when it was already there.
-    pub fn insert(&mut self, id: &str) -> bool {
-        let k = self.key(id);
-        if !self.set.insert(k) {
-            return false;
-        }
-        self.order.push_back(k);
-        if self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-        true
-    }
-
-    /// Forgets `id` (its batch was not spooled after all: when it comes again it is new).
-    pub fn forget(&mut self, id: &str) {
-        let k = self.key(id);
-        self.set.remove(&k);
-    }
-
-    pub fn len(&self) -> usize {
-        self.order.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
-    }
-}
-
-/// Intake with aggregation on: the rates, and the ids accepted lately.
-pub struct Intake {
-    pub rates: RateTracker,
-    pub recent: RecentIds,
-}
-
-impl Intake {
-    /// Which of `events` are new (an id accepted lately, or twice in `events`, is not); then the
-    /// new ones' marks, in their order ([`RateTracker::mark`]).
-    pub fn admit(&mut self, events: &[UsageEvent], now_ms: u64) -> (Vec<bool>, Vec<bool>) {
-        let fresh: Vec<bool> = events.iter().map(|e| self.recent.insert(&e.id)).collect();
-        let marks = if fresh.iter().all(|f| *f) {
-            self.rates.mark(events, now_ms)
-        } else {
-            let kept: Vec<UsageEvent> = events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e.clone()).collect();
-            self.rates.mark(&kept, now_ms)
-        };
-        (fresh, marks)
     }
 }
 
@@ -538,51 +403,6 @@ mod tests {
                 out
             })
             .collect()
-    }
-
-    #[test]
-    fn a_tenant_above_the_rate_is_marked_from_the_event_that_crosses_it_and_the_whole_next_second() {
-        let mut t = RateTracker::new(3);
-        let hot: Vec<UsageEvent> = (0..5).map(|i| ev(&format!("h{i:07}"), "hot", "k", 200, SEC)).collect();
-        let cold = [ev("c0000001", "cold", "k", 200, SEC)];
-        assert_eq!(t.mark(&hot, SEC + 10), [false, false, false, true, true]);
-        assert_eq!(t.mark(&cold, SEC + 20), [false]);
-        // the next second: marked from its first event (the previous second was above)
-        assert_eq!(t.mark(&hot[..1], SEC + 1000), [true]);
-        assert_eq!(t.mark(&cold, SEC + 1000), [false]);
-        // two seconds later with 1 event in between: below again
-        assert_eq!(t.mark(&hot[..2], SEC + 2000), [false, false]);
-        assert_eq!(t.mark(&hot[..1], SEC + 4000), [false], "a gap forgets the old rate");
-        // off: nothing is marked
-        assert_eq!(RateTracker::new(0).mark(&hot, SEC), [false; 5]);
-    }
-
-    #[test]
-    fn intake_drops_ids_accepted_lately_and_marks_the_rest() {
-        let mut intake = Intake { rates: RateTracker::new(1), recent: RecentIds::new(3) };
-        let batch: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("e{i:07}"), "hot", "k", 200, SEC)).collect();
-        assert_eq!(intake.admit(&batch, SEC), (vec![true; 3], vec![false, true, true]));
-        // the filter sends the batch again, with one new event
-        let mut again = batch.clone();
-        again.push(ev("e0000003", "hot", "k", 200, SEC));
-        assert_eq!(intake.admit(&again, SEC), (vec![false, false, false, true], vec![true]));
-        // the window is bounded: the oldest ids are forgotten
-        assert_eq!(intake.recent.len(), 3);
-        assert!(intake.recent.insert("e0000000"));
-        assert!(!intake.recent.insert("e0000003"));
-        // a batch the spool refused is forgotten, so that it is taken when it comes again
-        intake.recent.forget("e0000003");
-        assert!(intake.recent.insert("e0000003"));
-    }
-
-    #[test]
-    fn idle_tenants_are_forgotten() {
-        let mut t = RateTracker::new(1);
-        for i in 0..PRUNE_ABOVE + 10 {
-            t.mark(&[ev("x0000001", &format!("t{i}"), "k", 200, SEC)], SEC);
-        }
-        t.mark(&[ev("x0000001", "now", "k", 200, SEC)], SEC + 5000);
-        assert_eq!(t.tenants.len(), 1);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The response cache and Idempotency-Key replay on the sidecar's side (issue 7).
 //!
-//! Lookups ride on the decision: [`Lookup`] adds its keys and arguments to the one `decide.lua`
-//! call of the request (after the limits'), so a decision with limits, a cache lookup or an
-//! idempotency claim still costs one Redis round trip (with the key record cached). The script
-//! answers an [`Outcome`]; [`crate::decide`] turns it into a replay, a store ticket or a 409/422.
+//! Lookups ride on the decision: a [`Lookup`] goes in the one `decide.lua` call of the request
+//! ([`Lookup::script_lookup`]), so a decision with limits, a cache lookup or an idempotency claim
+//! still costs one Redis round trip (with the key record cached). The script answers an
+//! [`Outcome`]; [`crate::decision`] turns it into a replay, a store ticket or a 409/422.
 //!
 //! Storing is off the request path: the filter sends finished responses in batches to
 //! `POST /v1/responses` ([`store_batch`]). A cache entry is one `SET … PX <route TTL>`; an
@@ -20,8 +20,10 @@ use crate::keys::{
     CacheHash, Id, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey,
     IDEMPOTENCY_IN_FLIGHT_TTL_MS, IDEMPOTENCY_TTL_MS,
 };
-use crate::limits::Invocation;
-use crate::store::Store;
+use crate::scripts::decide::Lookup as ScriptLookup;
+use crate::scripts::idem_complete::{self, IdemComplete};
+use crate::store::{Store, StoreError};
+use std::time::Duration;
 use rand::distr::{Alphanumeric, SampleString};
 use tollgate_wire::responses::{StoreAck, StoreBatch, StoreItem, StoreTicket, StoredResponse, MAX_STORED_BODY};
 use tollgate_wire::DecideRequest;
@@ -75,24 +77,18 @@ impl Lookup {
         })
     }
 
-    /// Adds this lookup to the decision's script call (contract: sidecar/lua/decide.lua).
-    pub fn append_to(&self, inv: &mut Invocation) {
+    /// This lookup as part of the decision's `decide.lua` call.
+    pub fn script_lookup(&self) -> ScriptLookup {
         match self {
-            Lookup::Cache { key, .. } => {
-                inv.keys.push(key.as_str().to_string());
-                inv.args.push("cache".into());
-            }
-            Lookup::Idempotency { owner, memo, digest, token, .. } => {
-                inv.keys.push(owner.as_str().to_string());
-                inv.keys.push(memo.as_str().to_string());
-                inv.args.extend([
-                    "idem".to_string(),
-                    digest.as_str().to_string(),
-                    token.clone(),
-                    IDEMPOTENCY_IN_FLIGHT_TTL_MS.to_string(),
-                    IDEMPOTENCY_TTL_MS.to_string(),
-                ]);
-            }
+            Lookup::Cache { key, .. } => ScriptLookup::Cache { key: key.clone() },
+            Lookup::Idempotency { owner, memo, digest, token, .. } => ScriptLookup::Idempotency {
+                owner: owner.clone(),
+                memo: memo.clone(),
+                digest: digest.clone(),
+                token: token.clone(),
+                in_flight_ttl_ms: IDEMPOTENCY_IN_FLIGHT_TTL_MS,
+                owner_ttl_ms: IDEMPOTENCY_TTL_MS,
+            },
         }
     }
 
@@ -107,54 +103,8 @@ impl Lookup {
     }
 }
 
-/// What the script found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Cache hit: the stored response JSON.
-    Hit(String),
-    Miss,
-    /// Idempotent replay: the stored response JSON.
-    Replay(String),
-    /// The key is now this request's (owner set, in-flight marker set).
-    Claimed,
-    /// Another request with this key and operation is in flight (409; nothing taken).
-    InFlight,
-    /// The key is held by a different operation (422; nothing taken).
-    Conflict,
-}
-
-/// Splits `decide.lua`'s reply into the limit numbers and the lookup outcome (when present).
-pub fn split_reply(values: Vec<redis::Value>) -> Result<(Vec<i64>, Option<Outcome>), String> {
-    let text = |v: &redis::Value| -> Option<String> {
-        match v {
-            redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-            redis::Value::SimpleString(s) => Some(s.clone()),
-            _ => None,
-        }
-    };
-    let mut numbers = Vec::with_capacity(values.len());
-    let mut strings = Vec::new();
-    for v in &values {
-        match v {
-            redis::Value::Int(i) if strings.is_empty() => numbers.push(*i),
-            other => strings.push(text(other).ok_or_else(|| format!("decide.lua returned an unexpected value {other:?}"))?),
-        }
-    }
-    let outcome = match strings.as_slice() {
-        [] => None,
-        [o, v] => Some(match o.as_str() {
-            "hit" => Outcome::Hit(v.clone()),
-            "miss" => Outcome::Miss,
-            "replay" => Outcome::Replay(v.clone()),
-            "claimed" => Outcome::Claimed,
-            "in_flight" => Outcome::InFlight,
-            "conflict" => Outcome::Conflict,
-            other => return Err(format!("decide.lua returned an unknown lookup outcome {other:?}")),
-        }),
-        _ => return Err(format!("decide.lua returned {} trailing values", strings.len())),
-    };
-    Ok((numbers, outcome))
-}
+/// What the script found (crate::scripts::decide).
+pub use crate::scripts::decide::Outcome;
 
 /// A stored response read back from Redis, or `None` when it is not one (then it is not used).
 pub fn read_stored(json: &str) -> Option<StoredResponse> {
@@ -186,6 +136,20 @@ pub fn idempotency_target(ticket: &StoreTicket) -> Option<(IdempotencyOwnerKey, 
     Some((IdempotencyOwnerKey::new(&tenant, &key_id, &idem), IdempotencyMemoKey::new(&tenant, &key_id, &digest, &idem), digest, token.clone()))
 }
 
+/// Off the request path: the filter's batch waits, not a request.
+const STORE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// `SET cache:exact:… <json> PX <ttl>`: one cached response.
+async fn set(store: &Store, key: &ResponseCacheKey, json: String, ttl_ms: u64) -> Result<(), StoreError> {
+    let key = key.clone();
+    let opts = redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(ttl_ms.max(1)));
+    store
+        .run_with_deadline("set_response", STORE_DEADLINE, |mut c| async move {
+            redis::AsyncCommands::set_options::<_, _, ()>(&mut c, key, json, opts).await
+        })
+        .await
+}
+
 enum Done {
     Stored,
     Released,
@@ -200,7 +164,7 @@ async fn store_one(store: &Store, item: &StoreItem, route_ttl_ms: &(impl Fn(&str
             let kind = "cache";
             let (Some((key, ttl)), Some(r)) = (cache_target(t, route_ttl_ms), response) else { return (kind, Done::Refused) };
             let Ok(json) = serde_json::to_string(r) else { return (kind, Done::Refused) };
-            match store.set_response(&key, json, ttl).await {
+            match set(store, &key, json, ttl).await {
                 Ok(()) => (kind, Done::Stored),
                 Err(e) => {
                     tracing::debug!(error = %e, "a response could not be cached");
@@ -221,7 +185,7 @@ async fn store_one(store: &Store, item: &StoreItem, route_ttl_ms: &(impl Fn(&str
                 (Some(_), None) => None,
             };
             let storing = json.is_some();
-            match store.run_idem_complete(&owner, &memo, &token, &digest, json).await {
+            match idem_complete::run(store, &IdemComplete { owner, memo, token, digest, response: json }).await {
                 Ok(true) if storing => (kind, Done::Stored),
                 Ok(true) => (kind, Done::Released),
                 Ok(false) => (kind, Done::Refused),
@@ -281,10 +245,8 @@ mod tests {
     fn a_cache_lookup_needs_a_caching_route_and_a_valid_hash() {
         let (t, k, r) = (Id::parse("acme").unwrap(), Id::parse("key_1").unwrap(), Id::parse("chat").unwrap());
         let l = Lookup::of(&req(), &t, &k, Some(&r)).unwrap();
-        let mut inv = Invocation { keys: vec!["rl:x".into()], args: vec!["1".into(), "r".into(), "0".into()], meta: vec![] };
-        l.append_to(&mut inv);
-        assert_eq!(inv.keys[1], format!("cache:exact:{{acme}}:chat:{}", "cd".repeat(32)));
-        assert_eq!(inv.args[3], "cache");
+        let ScriptLookup::Cache { key } = l.script_lookup() else { panic!("{l:?}") };
+        assert_eq!(key.as_str(), format!("cache:exact:{{acme}}:chat:{}", "cd".repeat(32)));
         assert_eq!(l.ticket(), StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "cd".repeat(32) });
         assert_eq!(Lookup::of(&req(), &t, &k, None), None, "the route does not cache");
         assert_eq!(Lookup::of(&DecideRequest { cache_key: Some("xyz".into()), ..req() }, &t, &k, Some(&r)), None);
@@ -299,29 +261,14 @@ mod tests {
         };
         let l = Lookup::of(&with("k-1", &"0a".repeat(16)), &t, &k, Some(&Id::parse("chat").unwrap())).unwrap();
         assert!(l.is_idempotency());
-        let mut inv = Invocation { keys: vec![], args: vec!["1".into(), "r".into(), "0".into()], meta: vec![] };
-        l.append_to(&mut inv);
-        assert_eq!(inv.keys, vec!["idem:key:{acme}:key_1:k-1".to_string(), format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16))]);
-        assert_eq!(&inv.args[3..4], &["idem".to_string()]);
-        assert_eq!(inv.args[6], "300000");
-        assert_eq!(inv.args[7], "86400000");
+        let ScriptLookup::Idempotency { owner, memo, token: sent, in_flight_ttl_ms, owner_ttl_ms, .. } = l.script_lookup() else { panic!("{l:?}") };
+        assert_eq!((owner.as_str(), memo.as_str()), ("idem:key:{acme}:key_1:k-1", format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16)).as_str()));
+        assert_eq!((in_flight_ttl_ms, owner_ttl_ms), (300_000, 86_400_000));
         let StoreTicket::Idempotency { token, .. } = l.ticket() else { panic!() };
-        assert_eq!(inv.args[5], token);
+        assert_eq!(sent, token);
         assert!(idempotency_target(&l.ticket()).is_some());
         assert_eq!(Lookup::of(&with("", &"0a".repeat(16)), &t, &k, None), None);
         assert_eq!(Lookup::of(&with("k", "short"), &t, &k, None), None);
-    }
-
-    #[test]
-    fn replies_split_into_numbers_and_an_outcome() {
-        use redis::Value::{BulkString, Int};
-        assert_eq!(split_reply(vec![Int(1), Int(0)]).unwrap(), (vec![1, 0], None));
-        let (n, o) = split_reply(vec![Int(1), Int(0), Int(4), Int(10), Int(0), BulkString(b"hit".to_vec()), BulkString(b"{}".to_vec())]).unwrap();
-        assert_eq!((n, o), (vec![1, 0, 4, 10, 0], Some(Outcome::Hit("{}".into()))));
-        assert_eq!(split_reply(vec![Int(1), Int(0), BulkString(b"miss".to_vec()), BulkString(vec![])]).unwrap().1, Some(Outcome::Miss));
-        assert_eq!(split_reply(vec![Int(1), Int(0), BulkString(b"conflict".to_vec()), BulkString(vec![])]).unwrap().1, Some(Outcome::Conflict));
-        assert!(split_reply(vec![Int(1), Int(0), BulkString(b"what".to_vec()), BulkString(vec![])]).is_err());
-        assert!(split_reply(vec![Int(1), BulkString(b"hit".to_vec()), Int(0)]).is_err());
     }
 
     #[test]

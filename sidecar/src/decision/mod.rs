@@ -14,20 +14,42 @@
 //! may take a lease in the same script call; a *renewal* (sent by the filter off the request path)
 //! authenticates the key again and takes only a lease, admitting no request: it is counted in
 //! `tollgate_sidecar_leases_total`, never as a decision or a usage event.
+//!
+//! The [`Decider`] is generic over its store ([`DecisionStore`]: Redis in the sidecar, memory in
+//! the unit tests). Around it: [`limits`] (plans as configured, the lease policy), [`checks`] (a
+//! request's limits as `decide.lua` checks; headers, ticket), [`responses`] (cache and
+//! idempotency lookups, storing finished responses), [`routing`], [`cache`] (the key-record
+//! cache), [`complete`] (the completion path) and [`hints`] (circuit-breaker hints between
+//! replicas, off the request path).
+
+pub mod cache;
+pub mod checks;
+pub mod complete;
+pub mod hints;
+pub mod limits;
+pub mod responses;
+pub mod routing;
+pub mod store;
+#[cfg(test)]
+mod tests;
+
+pub use routing::Routing;
+pub use store::DecisionStore;
 
 use crate::apikey::{self, KeyRecord};
-use crate::cache::{Lookup, TtlCache};
-use crate::responses::{self, Lookup as ResponseLookup, Outcome};
-use tollgate_wire::responses::{Replay, ReplayKind, StoreTicket};
 use crate::clock::Clock;
-use crate::config::CacheConfig;
-use crate::keys::{ConcurrencyKey, Id, KeyHash, ReservationKey, Subject, TokenBudgetKey};
-use crate::limits::{self, LimitFailureMode, Plans, RequestCtx};
+use crate::keys::{Id, KeyHash};
 use crate::metrics as m;
-use crate::store::{CompleteCall, Store, StoreError};
+use crate::scripts::decide::{DecideCall, DecideReply, Lease, LimitState};
+use crate::store::Store;
+use cache::{CacheConfig, Lookup, TtlCache};
+use checks::{Checks, Meta, RequestCtx};
+use limits::{Limit, LimitFailureMode, Plans};
+use responses::{Lookup as ResponseLookup, Outcome};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse, Header};
+use tollgate_wire::responses::{Replay, ReplayKind, StoreTicket};
+use tollgate_wire::{codes, DecideRequest, DecideResponse, Header};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecideError {
@@ -37,8 +59,9 @@ pub enum DecideError {
     Unavailable(String),
 }
 
-pub struct Decider {
-    store: Store,
+/// The decision and completion paths over a store (Redis in the sidecar, [`DecisionStore`]).
+pub struct Decider<S = Store> {
+    store: S,
     ttl: Duration,
     cache: TtlCache<KeyHash, Option<KeyRecord>>,
     /// Keys audited recently by this process: spares Redis the SET NX on every repeat.
@@ -50,54 +73,6 @@ pub struct Decider {
     /// Usage metering: denials of known tenants become usage events.
     usage: Option<Arc<crate::usage::Usage>>,
     routing: std::sync::RwLock<Arc<Routing>>,
-}
-
-/// What decisions and the filters need from the routing configuration: the table the filters
-/// match against, and per route what the sidecar applies (product subscription, plan override).
-#[derive(Debug, Default)]
-pub struct Routing {
-    /// Served as is on `GET /v1/routes`.
-    pub table: tollgate_wire::routes::RouteTable,
-    routes: std::collections::HashMap<String, RouteEffect>,
-    /// Tenant → the products it subscribes to.
-    subscriptions: std::collections::HashMap<String, std::collections::BTreeSet<String>>,
-}
-
-#[derive(Debug)]
-struct RouteEffect {
-    product: Option<Id>,
-    plan: Option<String>,
-    /// The response cache's TTL on this route (issue 7), with the route's id as a key segment.
-    cache: Option<(Id, u64)>,
-}
-
-impl Routing {
-    /// The routing of a validated snapshot, at configuration generation `version`.
-    pub fn of(snapshot: &crate::config_store::Snapshot, version: u64) -> Routing {
-        Routing {
-            table: crate::config_store::routes::table(snapshot, version),
-            routes: snapshot
-                .routes
-                .values()
-                .map(|r| {
-                    let cache = r
-                        .cache_ttl
-                        .map(|d| d.as_millis() as u64)
-                        .filter(|ms| *ms > 0)
-                        .and_then(|ms| Id::parse(&r.id).map(|id| (id, ms)));
-                    (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone(), cache })
-                })
-                .collect(),
-            subscriptions: snapshot.tenants.values().map(|t| (t.id.clone(), t.products.iter().cloned().collect())).collect(),
-        }
-    }
-}
-
-impl Routing {
-    /// The response-cache TTL of a route id (none: unknown route, or it does not cache).
-    pub fn cache_ttl_ms(&self, route: &str) -> Option<u64> {
-        self.routes.get(route).and_then(|r| r.cache.as_ref()).map(|(_, ms)| *ms)
-    }
 }
 
 /// The id of a decision: the filter's `decisionId` when it is one (32 lowercase hex), else a
@@ -116,8 +91,31 @@ pub fn unix_now() -> u64 {
     crate::clock::SystemClock.now_ms() / 1000
 }
 
-impl Decider {
-    pub fn new(store: Store, cache: &CacheConfig, plans: Plans, clock: Arc<dyn Clock>) -> Decider {
+/// One decision's context: the request, what its route says, the time, the key record's freshness.
+struct Cx<'a> {
+    req: &'a DecideRequest,
+    product: Option<&'a Id>,
+    now_ms: u64,
+    /// Whether the key record is fresh (not served from the stale grace): leases need it.
+    fresh: bool,
+}
+
+/// What a decision's script call asked, to read its reply against.
+struct Asked {
+    meta: Vec<Meta>,
+    request_id: Id,
+    /// How long a granted lease may be spent.
+    lease_ttl_ms: u64,
+    lookup: Option<ResponseLookup>,
+}
+
+/// Milliseconds until the key expires (`u64::MAX`: never).
+fn key_left_ms(r: &KeyRecord, now_ms: u64) -> u64 {
+    r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms))
+}
+
+impl<S: DecisionStore> Decider<S> {
+    pub fn new(store: S, cache: &CacheConfig, plans: Plans, clock: Arc<dyn Clock>) -> Decider<S> {
         let minute = Duration::from_secs(60);
         Decider {
             store,
@@ -133,7 +131,7 @@ impl Decider {
     }
 
     /// Meters this decider's denials into `usage` (when metering is on).
-    pub fn with_usage(mut self, usage: Option<Arc<crate::usage::Usage>>) -> Decider {
+    pub fn with_usage(mut self, usage: Option<Arc<crate::usage::Usage>>) -> Decider<S> {
         self.usage = usage;
         self
     }
@@ -147,10 +145,10 @@ impl Decider {
         // The route the filter matched: an id this replica does not know (yet, or any more)
         // has no effect — the tables converge within a refresh.
         let routing = self.routing();
-        let route = req.route.as_deref().and_then(|id| routing.routes.get(id));
+        let route = req.route.as_deref().and_then(|id| routing.route(id));
         let product = route.and_then(|r| r.product.as_ref());
         if let (Some(r), Some(p), DecideResponse::Allow { .. }) = (&record, product, &response) {
-            if !routing.subscriptions.get(r.tenant.as_str()).is_some_and(|s| s.contains(p.as_str())) {
+            if !routing.subscribes(&r.tenant, p) {
                 response = DecideResponse::Deny {
                     status: 403,
                     error: codes::NOT_SUBSCRIBED.into(),
@@ -161,8 +159,9 @@ impl Decider {
             }
         }
         let plan_override = route.and_then(|x| x.plan.as_deref());
+        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some() };
         if req.lease.is_some_and(|l| l.renewal) {
-            return Ok(self.renew(record.as_ref(), fresh_for.is_some(), response, req, plan_override, product, now_ms).await);
+            return Ok(self.renew(record.as_ref(), response, plan_override, &cx).await);
         }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             let plans = self.plans();
@@ -171,13 +170,12 @@ impl Decider {
             let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
             let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, route_cache);
             if !limits.is_empty() || lookup.is_some() {
-                response = self.limit(r, limits, req, product, now_ms, lookup, fresh_for.is_some()).await;
+                response = self.limit(&cx, r, limits, lookup).await;
             } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
                 // No limits: the answer is the same for every request of this key, so the filter
                 // may reuse it while ours is fresh — never past the key's expiry: a revocation
                 // still applies within one cache TTL end to end.
-                let until_expiry = r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
-                let ms = (fresh_for.as_millis() as u64).min(until_expiry);
+                let ms = (fresh_for.as_millis() as u64).min(key_left_ms(r, now_ms));
                 *cache_for_ms = (ms > 0).then_some(ms);
             }
         }
@@ -214,44 +212,24 @@ impl Decider {
     /// A lease renewal: the key is judged as for a decision (a revoked key's renewal is denied,
     /// which makes the filter drop its lease), then, for a leasable plan with a fresh key record,
     /// one script call takes the lease and nothing else.
-    #[allow(clippy::too_many_arguments)]
-    async fn renew(
-        &self,
-        record: Option<&KeyRecord>,
-        fresh: bool,
-        verdict: DecideResponse,
-        req: &DecideRequest,
-        plan_override: Option<&str>,
-        product: Option<&Id>,
-        now_ms: u64,
-    ) -> DecideResponse {
+    async fn renew(&self, record: Option<&KeyRecord>, verdict: DecideResponse, plan_override: Option<&str>, cx: &Cx<'_>) -> DecideResponse {
         let (Some(r), DecideResponse::Allow { .. }) = (record, &verdict) else {
             metrics::counter!(m::LEASES, "call" => "renewal", "result" => "denied").increment(1);
             return verdict;
         };
         let plans = self.plans();
         let limits = plans.limits(plan_override.unwrap_or(r.plan.as_str()));
-        let key_left_ms = r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
-        if !limits::leasable(limits) || !fresh || limits::lease_ttl_ms(limits, now_ms, key_left_ms) == 0 {
+        if !limits::leasable(limits) || !cx.fresh || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
             metrics::counter!(m::LEASES, "call" => "renewal", "result" => "none").increment(1);
             return verdict;
         }
-        self.limit(r, limits, req, product, now_ms, None, fresh).await
+        self.limit(cx, r, limits, None).await
     }
 
     /// Runs every limit of the plan, and the response lookup, in one script call and turns the
     /// reply into the answer.
-    #[allow(clippy::too_many_arguments)]
-    async fn limit(
-        &self,
-        r: &KeyRecord,
-        limits: &[limits::Limit],
-        req: &DecideRequest,
-        product: Option<&Id>,
-        now_ms: u64,
-        lookup: Option<ResponseLookup>,
-        fresh: bool,
-    ) -> DecideResponse {
+    async fn limit(&self, cx: &Cx<'_>, r: &KeyRecord, limits: &[Limit], lookup: Option<ResponseLookup>) -> DecideResponse {
+        let req = cx.req;
         // The decision's id keys what it takes (log member, slot, reservation, ticket): the
         // filter's own id for it, or one made here — never the client's `x-request-id`, which
         // would let a client make all its requests one log entry or one slot.
@@ -259,78 +237,70 @@ impl Decider {
         let ctx = RequestCtx {
             tenant: &r.tenant,
             key_id: &r.key_id,
-            product,
+            product: cx.product,
             client_ip: req.client_ip.as_deref().and_then(|s| s.parse().ok()),
             headers: &req.headers,
             request_id: &request_id,
-            now_ms,
+            now_ms: cx.now_ms,
             token_estimate: req.token_estimate.filter(|n| *n > 0),
         };
-        let mut inv = limits::invocation(limits, &ctx);
-        // Leases: only for plans whose limits are all leased, only while the key record is fresh
-        // (so a revocation is seen within the cache TTL + the lease lifetime).
-        let renewal = req.lease.is_some_and(|l| l.renewal);
-        let key_left_ms = r.expires_at.map_or(u64::MAX, |e| (e * 1000).saturating_sub(now_ms));
-        let lease_ttl = match req.lease {
-            Some(_) if fresh && limits::leasable(limits) => limits::lease_ttl_ms(limits, now_ms, key_left_ms),
-            _ => 0,
+        let Checks { checks, meta } = checks::checks(limits, &ctx);
+        let (lease, lease_ttl_ms) = Self::lease(cx, r, limits);
+        let call = DecideCall { now_ms: cx.now_ms, request_id, limits: checks, lease, lookup: lookup.as_ref().map(ResponseLookup::script_lookup) };
+        let reply = self.store.decide(&call).await;
+        let asked = Asked { meta, request_id: call.request_id, lease_ttl_ms, lookup };
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => return self.limits_unavailable(r, &asked, &e.to_string()),
         };
-        let leasing = req.lease.is_some() && (lease_ttl > 0 || renewal);
-        if let (Some(ask), true) = (req.lease, leasing) {
-            inv = limits::with_lease(inv, if lease_ttl > 0 { ask.want } else { 0 }, renewal);
+        self.note_shadow_denials(r, &asked.meta, &reply.states);
+        match reply.denied {
+            Some(i) => too_many(&asked.meta[i], &reply.states[i]),
+            None => self.allowed(cx, r, asked, reply),
         }
-        if let Some(l) = &lookup {
-            if !leasing {
-                // the lookup's arguments follow the lease's, so those are present: no lease
-                inv = limits::with_lease(inv, 0, false);
-            }
-            l.append_to(&mut inv);
+    }
+
+    /// The lease a decision asks for with its limits, and how long it may be spent (0: none).
+    /// Only for plans whose limits are all leased, only while the key record is fresh (so a
+    /// revocation is seen within the cache TTL + the lease lifetime). A renewal says so even when
+    /// nothing can be granted: it admits no request.
+    fn lease(cx: &Cx<'_>, r: &KeyRecord, limits: &[Limit]) -> (Option<Lease>, u64) {
+        let Some(ask) = cx.req.lease else { return (None, 0) };
+        let ttl = match cx.fresh && limits::leasable(limits) {
+            true => limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)),
+            false => 0,
+        };
+        let lease = (ttl > 0 || ask.renewal).then(|| checks::lease(if ttl > 0 { ask.want } else { 0 }, ask.renewal));
+        (lease, ttl)
+    }
+
+    /// Redis could not answer the limits: each limit's failure mode applies (any fail-closed,
+    /// non-shadow limit → 503; else allowed without limit headers), and the lookup is a miss.
+    fn limits_unavailable(&self, r: &KeyRecord, asked: &Asked, why: &str) -> DecideResponse {
+        if let Some(l) = &asked.lookup {
+            self.lookup_unavailable(l, why);
         }
-        let mut outcome = None;
-        let verdict = match self.store.run_decide(&inv).await {
-            Ok(reply) => responses::split_reply(reply).and_then(|(numbers, o)| {
-                outcome = o;
-                limits::read_reply(&numbers, inv.meta.len())
-            }),
-            Err(e) => Err(e.to_string()),
-        };
-        let allow = |response_headers: Vec<Header>, ticket, lease, replay, store| DecideResponse::Allow {
-            tenant: r.tenant.to_string(),
-            key_id: r.key_id.to_string(),
-            plan: r.plan.to_string(),
-            request_headers: vec![],
-            response_headers,
-            cache_for_ms: None,
-            ticket,
-            replay,
-            store,
-            lease,
-        };
-        let verdict = match verdict {
-            Ok(v) => v,
-            Err(why) => {
-                if let Some(l) = &lookup {
-                    self.lookup_unavailable(l, &why);
-                }
-                let closed = inv.meta.iter().any(|m| !m.shadow && m.failure_mode == LimitFailureMode::Closed);
-                let mode = if closed { "closed" } else { "open" };
-                metrics::counter!(m::LIMITS_FAILED, "mode" => mode).increment(1);
-                tracing::debug!(error = %why, mode, "limits could not be checked");
-                return if closed {
-                    DecideResponse::Deny {
-                        status: 503,
-                        error: codes::LIMITS_UNAVAILABLE.into(),
-                        message: "rate limits cannot be checked right now".into(),
-                        limit: None,
-                        response_headers: vec![Header::new("retry-after", "1")],
-                    }
-                } else {
-                    // fail-open: a cache miss, an idempotency key executed without being recorded
-                    allow(vec![], None, None, None, None)
-                };
+        let closed = asked.meta.iter().any(|m| !m.shadow && m.failure_mode == LimitFailureMode::Closed);
+        let mode = if closed { "closed" } else { "open" };
+        metrics::counter!(m::LIMITS_FAILED, "mode" => mode).increment(1);
+        tracing::debug!(error = %why, mode, "limits could not be checked");
+        if closed {
+            DecideResponse::Deny {
+                status: 503,
+                error: codes::LIMITS_UNAVAILABLE.into(),
+                message: "rate limits cannot be checked right now".into(),
+                limit: None,
+                response_headers: vec![Header::new("retry-after", "1")],
             }
-        };
-        for (meta, state) in inv.meta.iter().zip(&verdict.states) {
+        } else {
+            // fail-open: a cache miss, an idempotency key executed without being recorded
+            allow(r, vec![], None, None, None, None)
+        }
+    }
+
+    /// Counts the shadow limits that would have denied; logs each at most once a minute.
+    fn note_shadow_denials(&self, r: &KeyRecord, meta: &[Meta], states: &[LimitState]) {
+        for (meta, state) in meta.iter().zip(states) {
             if meta.shadow && state.would_deny {
                 metrics::counter!(m::SHADOW_DENIALS, "limit" => meta.name.clone()).increment(1);
                 let key = format!("{}/{}", r.tenant, meta.name);
@@ -341,48 +311,37 @@ impl Decider {
                 }
             }
         }
-        match verdict.denied {
-            Some(i) => {
-                let (meta, state) = (&inv.meta[i], &verdict.states[i]);
-                let mut headers = vec![Header::new("retry-after", state.reset_ms.div_ceil(1000).max(1).to_string())];
-                headers.extend(limits::ratelimit_headers(meta, state));
-                DecideResponse::Deny {
-                    status: 429,
-                    error: limits::deny_code(meta.algorithm).into(),
-                    message: format!("limit '{}' exceeded", meta.name),
-                    limit: Some(meta.name.clone()),
-                    response_headers: headers,
-                }
-            }
-            None => {
-                let nearest = limits::nearest(&inv.meta, &verdict.states);
-                let headers = nearest
-                    .map(|i| limits::ratelimit_headers(&inv.meta[i], &verdict.states[i]).to_vec())
-                    .unwrap_or_default();
-                let lease = (verdict.granted > 0).then(|| tollgate_wire::Lease {
-                    units: verdict.granted,
-                    ttl_ms: lease_ttl,
-                    // the policy only: the remaining count is known here, not where the lease is spent
-                    response_headers: headers.iter().filter(|h| h.name == "ratelimit-policy").cloned().collect(),
-                });
-                if req.lease.is_some() {
-                    let call = if renewal { "renewal" } else { "request" };
-                    let result = if lease.is_some() { "granted" } else { "none" };
-                    metrics::counter!(m::LEASES, "call" => call, "result" => result).increment(1);
-                    if let Some(l) = &lease {
-                        metrics::counter!(m::LEASE_UNITS).increment(l.units);
-                    }
-                }
-                let (replay, store) = match (lookup, outcome) {
-                    (None, _) => (None, None),
-                    (Some(l), o) => match self.apply_outcome(&l, o) {
-                        Ok(x) => x,
-                        Err(deny) => return deny,
-                    },
-                };
-                allow(headers, limits::ticket(&inv.meta, &r.tenant, &request_id), lease, replay, store.map(Box::new))
+    }
+
+    /// Every limit passed: the nearest limit's headers, the lease, the ticket, and what the
+    /// lookup found (a replay, a store ticket, or a 409/422).
+    fn allowed(&self, cx: &Cx<'_>, r: &KeyRecord, asked: Asked, reply: DecideReply) -> DecideResponse {
+        let nearest = checks::nearest(&asked.meta, &reply.states);
+        let headers = nearest
+            .map(|i| checks::ratelimit_headers(&asked.meta[i], &reply.states[i]).to_vec())
+            .unwrap_or_default();
+        let lease = (reply.granted > 0).then(|| tollgate_wire::Lease {
+            units: reply.granted,
+            ttl_ms: asked.lease_ttl_ms,
+            // the policy only: the remaining count is known here, not where the lease is spent
+            response_headers: headers.iter().filter(|h| h.name == "ratelimit-policy").cloned().collect(),
+        });
+        if let Some(ask) = cx.req.lease {
+            let call = if ask.renewal { "renewal" } else { "request" };
+            let result = if lease.is_some() { "granted" } else { "none" };
+            metrics::counter!(m::LEASES, "call" => call, "result" => result).increment(1);
+            if let Some(l) = &lease {
+                metrics::counter!(m::LEASE_UNITS).increment(l.units);
             }
         }
+        let (replay, store) = match (&asked.lookup, reply.outcome) {
+            (None, _) => (None, None),
+            (Some(l), o) => match self.apply_outcome(l, o) {
+                Ok(x) => x,
+                Err(deny) => return deny,
+            },
+        };
+        allow(r, headers, checks::ticket(&asked.meta, &r.tenant, &asked.request_id), lease, replay, store.map(Box::new))
     }
 
     /// What a lookup's outcome means for the answer: a replay, a store ticket, or a 409/422.
@@ -466,7 +425,7 @@ impl Decider {
             metrics::counter!(m::CACHE, "result" => "fresh").increment(1);
             return Ok((r, Some(left)));
         }
-        match self.store.lookup(hash).await {
+        match self.store.key_record(hash).await {
             Ok(r) => {
                 metrics::counter!(m::CACHE, "result" => "miss").increment(1);
                 self.cache.insert(hash.clone(), r.clone(), now);
@@ -490,58 +449,6 @@ impl Decider {
         }
     }
 
-    /// Settles one completed request: its token reservations (actual vs reserved) and its
-    /// concurrency slots. Idempotent (a retried report changes nothing twice).
-    pub async fn complete(&self, c: &Completion) -> Result<(), CompleteError> {
-        let t = &c.ticket;
-        let bad = |what: &str| CompleteError::BadTicket(what.to_string());
-        let tenant = Id::parse(&t.tenant).ok_or_else(|| bad("tenant"))?;
-        let request_id = Id::parse(&t.request_id).ok_or_else(|| bad("requestId"))?;
-        let mut slots = Vec::new();
-        for s in &t.slots {
-            let limit = Id::parse(&s.limit).ok_or_else(|| bad("slots.limit"))?;
-            let subject = Subject::parse(&s.subject).ok_or_else(|| bad("slots.subject"))?;
-            slots.push(ConcurrencyKey::new(&tenant, &limit, &subject));
-        }
-        let mut calls = Vec::new();
-        for b in &t.budgets {
-            let limit = Id::parse(&b.limit).ok_or_else(|| bad("budgets.limit"))?;
-            let subject = Subject::parse(&b.subject).ok_or_else(|| bad("budgets.subject"))?;
-            if !(190_001..=999_912).contains(&b.period) {
-                return Err(bad("budgets.period"));
-            }
-            calls.push(CompleteCall {
-                budget: Some((
-                    TokenBudgetKey::new(&tenant, &limit, &subject, b.period),
-                    ReservationKey::new(&tenant, &request_id),
-                )),
-                slot: slots.pop(),
-                // No usage reported: the reservation stands as the charge.
-                actual: c.tokens.unwrap_or(b.reserved),
-                estimate: b.reserved,
-                request_id: request_id.to_string(),
-            });
-        }
-        for slot in slots {
-            calls.push(CompleteCall { budget: None, slot: Some(slot), actual: 0, estimate: 0, request_id: request_id.to_string() });
-        }
-        for call in calls {
-            let (delta, found) = self.store.run_complete(call).await?;
-            let outcome = match found {
-                1 => "reconciled",
-                2 => "duplicate",
-                _ => "expired",
-            };
-            metrics::counter!(m::COMPLETIONS, "outcome" => outcome).increment(1);
-            if delta > 0 {
-                metrics::counter!(m::BUDGET_DELTA, "direction" => "overrun").increment(delta as u64);
-            } else if delta < 0 {
-                metrics::counter!(m::BUDGET_DELTA, "direction" => "refund").increment(delta.unsigned_abs());
-            }
-        }
-        Ok(())
-    }
-
     /// One audit line per key per hour (`apikey:authfail:{keyId}`), fail-open: if Redis cannot
     /// say, the line is written anyway. Runs off the request path.
     fn audit(&self, record: &KeyRecord, reason: &'static str) {
@@ -553,7 +460,7 @@ impl Decider {
         let store = self.store.clone();
         let (key_id, tenant) = (record.key_id.clone(), record.tenant.clone());
         tokio::spawn(async move {
-            let write = store.claim_auth_failure_audit(&key_id).await.unwrap_or(true);
+            let write = store.claim_audit(&key_id).await.unwrap_or(true);
             if write {
                 metrics::counter!(m::AUDITS).increment(1);
                 tracing::info!(target: "audit", event = "api_key.auth_failure", key_id = %key_id, tenant = %tenant, reason);
@@ -562,16 +469,8 @@ impl Decider {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum CompleteError {
-    #[error("invalid ticket field {0}")]
-    BadTicket(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Live reconfiguration (crate::propagation): swap the plans, evict cached key answers.
-impl Decider {
+/// Live reconfiguration (crate::control): swap the plans and the routing, evict cached key answers.
+impl<S> Decider<S> {
     /// The plans in force now.
     pub fn plans(&self) -> Arc<Plans> {
         self.plans.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -602,41 +501,38 @@ impl Decider {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(decision_id: Option<&str>, request_id: Option<&str>) -> DecideRequest {
-        DecideRequest {
-            key_hash: "0".repeat(64),
-            method: "GET".into(),
-            authority: "a".into(),
-            path: "/".into(),
-            request_id: request_id.map(str::to_string),
-            decision_id: decision_id.map(str::to_string),
-            client_ip: None,
-            headers: vec![],
-            token_estimate: None,
-            route: None,
-            cache_key: None,
-            idempotency: None,
-            lease: None,
-        }
+/// An allow answer for `r`'s key.
+fn allow(
+    r: &KeyRecord,
+    response_headers: Vec<Header>,
+    ticket: Option<tollgate_wire::Ticket>,
+    lease: Option<tollgate_wire::Lease>,
+    replay: Option<Box<Replay>>,
+    store: Option<Box<StoreTicket>>,
+) -> DecideResponse {
+    DecideResponse::Allow {
+        tenant: r.tenant.to_string(),
+        key_id: r.key_id.to_string(),
+        plan: r.plan.to_string(),
+        request_headers: vec![],
+        response_headers,
+        cache_for_ms: None,
+        ticket,
+        replay,
+        store,
+        lease,
     }
+}
 
-    #[test]
-    fn a_decision_is_named_by_the_gateway_never_by_the_clients_request_id() {
-        let filter_id = "0123456789abcdef0123456789abcdef";
-        assert_eq!(decision_id(&req(Some(filter_id), Some("fixed-1"))).as_str(), filter_id);
-        // no filter id: a fresh random one each time, never the client's
-        let (a, b) = (decision_id(&req(None, Some("fixed-1"))), decision_id(&req(None, Some("fixed-1"))));
-        assert_ne!(a, b);
-        assert!(a.as_str().len() == 32 && a.as_str() != "fixed-1");
-        // anything but 32 lowercase hex from the filter is replaced too
-        for bad in ["fixed-1", "0123456789ABCDEF0123456789ABCDEF", "", "0123"] {
-            let id = decision_id(&req(Some(bad), None));
-            assert_ne!(id.as_str(), bad);
-            assert_eq!(id.as_str().len(), 32);
-        }
+/// A 429 for the limit that denied: `Retry-After` and its RateLimit headers.
+fn too_many(meta: &Meta, state: &LimitState) -> DecideResponse {
+    let mut headers = vec![Header::new("retry-after", state.reset_ms.div_ceil(1000).max(1).to_string())];
+    headers.extend(checks::ratelimit_headers(meta, state));
+    DecideResponse::Deny {
+        status: 429,
+        error: checks::deny_code(meta.algorithm).into(),
+        message: format!("limit '{}' exceeded", meta.name),
+        limit: Some(meta.name.clone()),
+        response_headers: headers,
     }
 }

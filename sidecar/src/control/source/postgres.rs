@@ -6,16 +6,17 @@
 //! path: it is read at start, on change events and by admin writes. One connection, re-made on
 //! demand after it breaks (an outage fails admin writes with a clear error; decisions go on).
 
-use super::{ConfigSource, Kind, Plan, Product, Route, Snapshot, SourceError, Tenant};
+use super::{ConfigSource, SourceError};
+use crate::control::model::{Kind, Plan, Product, Route, Snapshot, Tenant};
 use crate::apikey::{KeyRecord, KeyStatus};
 use crate::keys::{Id, KeyHash};
-use crate::limits::PlanConfig;
+use crate::decision::limits::PlanConfig;
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
 
 /// The migrations, in order: (version, SQL).
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/config/0001_init.sql"))];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../migrations/config/0001_init.sql"))];
 
 /// Any constant: the advisory lock that serialises migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x7011_6a7e;

@@ -1,0 +1,81 @@
+//! API-key management as people drive it, one implementation for both command lines —
+//! `tollgate-sidecar keys …` (straight to Redis, the file source's store of record) and
+//! `tollgate keys …` (through the admin API): the commands, the lifetime rule of a new key (the
+//! admin API applies it too), and how an issued key is printed (its raw value alone on the last
+//! line, where scripts read it).
+
+/// `keys create | revoke | list`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum KeyCommand {
+    /// Issue a key: prints its id, then the raw key alone on the last line (shown only now).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        plan: String,
+        /// Lifetime, e.g. "30d" or "12h"; default: never expires.
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// Revoke a key by its id.
+    Revoke { key_id: String },
+    /// List keys (never their hashes or raw values).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+}
+
+/// A lifetime that makes no key.
+#[derive(Debug, thiserror::Error)]
+pub enum BadLifetime {
+    #[error("not a duration (e.g. \"30d\"): {0}")]
+    Unreadable(#[from] humantime::DurationError),
+    #[error("must be above zero")]
+    Zero,
+}
+
+/// When a key issued at `now` (unix seconds) with lifetime `expires_in` expires: `None` without
+/// one; at least a second later with one.
+pub fn expiry(expires_in: Option<&str>, now: u64) -> Result<Option<u64>, BadLifetime> {
+    let Some(text) = expires_in else { return Ok(None) };
+    let d = humantime::parse_duration(text)?;
+    if d.is_zero() {
+        return Err(BadLifetime::Zero);
+    }
+    Ok(Some(now + d.as_secs().max(1)))
+}
+
+/// What is printed when a key is issued; `expires` is printed when given.
+pub fn issued_text(key_id: &str, tenant: &str, plan: &str, expires: Option<&str>, raw: &str) -> String {
+    let mut out = format!("key id:  {key_id}\ntenant:  {tenant}\nplan:    {plan}\n");
+    if let Some(e) = expires {
+        out.push_str(&format!("expires: {e}\n"));
+    }
+    out.push_str("The raw key is shown only now; store it safely:\n");
+    out.push_str(raw);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lifetime_is_at_least_a_second_and_above_zero() {
+        assert_eq!(expiry(None, 100).unwrap(), None);
+        assert_eq!(expiry(Some("30d"), 100).unwrap(), Some(100 + 30 * 86_400));
+        assert_eq!(expiry(Some("10ms"), 100).unwrap(), Some(101));
+        assert!(matches!(expiry(Some("0s"), 100), Err(BadLifetime::Zero)));
+        assert!(matches!(expiry(Some("soon"), 100), Err(BadLifetime::Unreadable(_))));
+    }
+
+    #[test]
+    fn the_raw_key_is_alone_on_the_last_line() {
+        let text = issued_text("key_1", "acme", "gold", Some("never"), "tg_x");
+        assert_eq!(text.lines().last(), Some("tg_x"));
+        assert_eq!(text.lines().next(), Some("key id:  key_1"));
+        assert!(text.contains("expires: never\n"));
+        assert!(!issued_text("key_1", "acme", "gold", None, "tg_x").contains("expires"));
+    }
+}

@@ -1,0 +1,168 @@
+//! The configuration plane: tenants, products, plans and routes — their model and validation
+//! ([`model`]), where they come from (the TOML file or PostgreSQL, [`source`]), the routing table
+//! built from them ([`routes`]), the admin HTTP API that changes them ([`admin`]), and how a
+//! change reaches every replica ([`propagation`]). [`Control`] is what the admin API and the
+//! subscriber share. Nothing here is on the request path: the decision path only sees what
+//! [`Control::install`] hands it (plans and routing) and the key records in Redis.
+
+pub mod admin;
+pub mod keys;
+pub mod model;
+pub mod propagation;
+pub mod routes;
+pub mod source;
+
+use crate::decision::limits::Plans;
+use crate::decision::{Decider, Routing};
+use crate::keys::{ConfigChangedChannel, Id, RoutingVersionKey};
+use crate::store::{Store, StoreError};
+use model::Snapshot;
+use redis::AsyncCommands;
+use source::postgres::PgSource;
+use source::{ConfigSource, FileSource, SourceError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// Either source, chosen by `[source] kind`. One per process: the size difference is moot.
+#[allow(clippy::large_enum_variant)]
+pub enum Source {
+    File(FileSource),
+    Postgres(PgSource),
+}
+
+impl ConfigSource for Source {
+    async fn load(&self) -> Result<Snapshot, SourceError> {
+        match self {
+            Source::File(f) => f.load().await,
+            Source::Postgres(p) => p.load().await,
+        }
+    }
+}
+
+/// Why API-key records could not be copied into Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum RewarmError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What the admin API and the subscriber share: the source, the configuration in force, Redis.
+pub struct Control {
+    pub source: Source,
+    pub live: Live,
+    pub store: Store,
+    /// The decision path, whose plans and routing an install replaces.
+    pub decider: Arc<Decider>,
+    /// Whether the last reload failed (log the transition once, not every retry).
+    reload_failing: AtomicBool,
+    /// Held across load-and-install (reloads) and validate-commit-install (admin writes), so a
+    /// reload that read the store before a local write committed cannot install over it.
+    pub installing: tokio::sync::Mutex<()>,
+}
+
+impl Control {
+    pub fn new(source: Source, snapshot: Snapshot, store: Store, decider: Arc<Decider>) -> Control {
+        Control { source, live: Live::new(snapshot), store, decider, reload_failing: AtomicBool::new(false), installing: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Puts `snapshot` (validated) in force: routes and products for the admin view, plans for
+    /// decisions.
+    pub fn install(&self, snapshot: Snapshot) {
+        match Plans::compile(&snapshot.plans) {
+            Ok(plans) => {
+                self.decider.set_plans(plans);
+                self.decider.set_routing(Routing::of(&snapshot, self.live.version()));
+                self.live.set(snapshot);
+            }
+            // cannot happen for a validated snapshot; keep what runs
+            Err(e) => tracing::error!(error = %e, "refused a configuration whose plans do not compile"),
+        }
+    }
+
+    /// Loads from the source and installs; evicts `tenant`'s cached keys (`None`: all).
+    pub async fn reload(&self, tenant: Option<&Id>, version: u64) -> Result<(), SourceError> {
+        let _installing = self.installing.lock().await;
+        match self.source.load().await {
+            Ok(s) => {
+                self.live.set_version(version);
+                self.install(s);
+                self.decider.evict(tenant);
+                if self.reload_failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(version, "configuration reloads work again");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Keys are still revoked in Redis by the writer: forget cached answers anyway.
+                self.decider.evict(tenant);
+                if !self.reload_failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "cannot reload the configuration; keeping the one in force");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// After a committed write: bump the generation and tell every replica. Returns the version.
+    pub async fn announce(&self, tenant: Option<&Id>) -> Result<u64, StoreError> {
+        let channel = tenant.map_or_else(ConfigChangedChannel::all, ConfigChangedChannel::tenant);
+        let version: u64 = self
+            .store
+            .run_with_deadline("announce_change", Duration::from_secs(5), |mut c| async move {
+                let v: u64 = c.incr(RoutingVersionKey::new(), 1u64).await?;
+                c.publish::<_, _, ()>(channel, v).await?;
+                Ok(v)
+            })
+            .await?;
+        Ok(version)
+    }
+
+    /// `cfg:routing:version` now (0 when never written).
+    pub async fn routing_version(&self) -> Result<u64, StoreError> {
+        self.store
+            .run_with_deadline("routing_version", Duration::from_secs(2), |mut c| async move {
+                let v: Option<u64> = c.get(RoutingVersionKey::new()).await?;
+                Ok(v.unwrap_or(0))
+            })
+            .await
+    }
+
+    /// Copies every key record from PostgreSQL into Redis (a wiped Redis loses no key).
+    /// Returns how many; a no-op for the file source (Redis is the keys' store there).
+    pub async fn rewarm_keys(&self) -> Result<usize, RewarmError> {
+        let Source::Postgres(pg) = &self.source else { return Ok(0) };
+        let keys = pg.keys(None).await?;
+        for (hash, record) in &keys {
+            self.store.create_key(hash, record).await?;
+        }
+        Ok(keys.len())
+    }
+}
+
+/// The configuration in force in this process, and the generation it was loaded at.
+pub struct Live {
+    snapshot: RwLock<Arc<Snapshot>>,
+    version: AtomicU64,
+}
+
+impl Live {
+    pub fn new(snapshot: Snapshot) -> Live {
+        Live { snapshot: RwLock::new(Arc::new(snapshot)), version: AtomicU64::new(0) }
+    }
+    pub fn get(&self) -> Arc<Snapshot> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    pub fn set(&self, s: Snapshot) {
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(s);
+    }
+    /// The `cfg:routing:version` this process last synchronised with.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Relaxed)
+    }
+    pub fn set_version(&self, v: u64) {
+        self.version.store(v, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,312 @@
+//! A request's limits as `decide.lua` checks ([`checks`]), and what the script's reply means for
+//! the answer: the deny code, the IETF RateLimit / RateLimit-Policy headers, the limit nearest
+//! exhaustion, the ticket an allowed request holds until completion. Pure.
+//!
+//! Every limit of one decision runs in ONE script call (one Redis round trip, atomic): check all,
+//! then take from all only if all pass, so a denied request consumes nothing.
+
+use super::limits::{Algorithm, Limit, LimitFailureMode, SubjectKind, LEASE_MAX_UNITS, LEASE_SHARE_DIVISOR};
+use crate::keys::{
+    ConcurrencyKey, FixedWindowKey, Id, ReservationKey, SlidingLogKey, SlidingWindowKey, Subject, TokenBucketKey,
+    TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS,
+};
+use crate::scripts::decide::{Check, Lease, LimitCheck, LimitState};
+use std::net::IpAddr;
+use tollgate_wire::{codes, BudgetHold, Header, SlotHold, Ticket};
+
+/// What one request is, for its limits.
+#[derive(Debug, Clone)]
+pub struct RequestCtx<'a> {
+    pub tenant: &'a Id,
+    pub key_id: &'a Id,
+    pub product: Option<&'a Id>,
+    pub client_ip: Option<IpAddr>,
+    pub headers: &'a [Header],
+    pub request_id: &'a Id,
+    pub now_ms: u64,
+    /// Tokens the request says it may use (e.g. `max_tokens`), for budgets.
+    pub token_estimate: Option<u64>,
+}
+
+/// What one limit's entry in the reply is about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Meta {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub window_ms: u64,
+    pub shadow: bool,
+    pub failure_mode: LimitFailureMode,
+    pub subject: String,
+    /// Budgets: the period charged and the tokens reserved.
+    pub budget: Option<(u32, u64)>,
+}
+
+fn subject_of(kind: &SubjectKind, ctx: &RequestCtx<'_>) -> Subject {
+    match kind {
+        SubjectKind::Key => Subject::key(ctx.key_id),
+        SubjectKind::Tenant => Subject::tenant(),
+        SubjectKind::TenantProduct => match ctx.product {
+            Some(p) => Subject::product(p),
+            None => Subject::tenant(),
+        },
+        SubjectKind::ClientIp => match ctx.client_ip {
+            Some(ip) => Subject::ip(ip),
+            None => Subject::header("client-ip", None),
+        },
+        SubjectKind::Header(h) => {
+            Subject::header(h, ctx.headers.iter().find(|x| x.name.eq_ignore_ascii_case(h)).map(|x| x.value.as_str()))
+        }
+    }
+}
+
+/// A request's limits in `decide.lua`'s terms, and per limit what its reply entry is about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checks {
+    pub checks: Vec<LimitCheck>,
+    pub meta: Vec<Meta>,
+}
+
+/// The checks of all `limits` of a request (one script call). Keys carry the tenant's hash tag
+/// (crate::keys), so the call touches one Cluster slot.
+pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
+    let mut checks = Vec::with_capacity(limits.len());
+    let mut meta = Vec::with_capacity(limits.len());
+    for l in limits {
+        let subject = subject_of(&l.subject, ctx);
+        let w = l.window_ms;
+        let bucket = ctx.now_ms / w;
+        let (tenant, name) = (ctx.tenant, &l.name);
+        let (kind, cost, budget) = match l.algorithm {
+            Algorithm::FixedWindow => (Check::Fixed { key: FixedWindowKey::new(tenant, name, &subject, bucket), window_ms: w }, l.cost, None),
+            Algorithm::SlidingWindow => {
+                let current = SlidingWindowKey::new(tenant, name, &subject, bucket);
+                let previous = SlidingWindowKey::new(tenant, name, &subject, bucket.saturating_sub(1));
+                (Check::Sliding { current, previous, window_ms: w }, l.cost, None)
+            }
+            Algorithm::TokenBucket => (Check::Bucket { key: TokenBucketKey::new(tenant, name, &subject), refill_ms: w }, l.cost, None),
+            Algorithm::SlidingLog => {
+                (Check::Log { key: SlidingLogKey::new(l.auth_class, tenant, name, &subject), window_ms: w }, l.cost, None)
+            }
+            Algorithm::TokenBudget => {
+                let (period, to_end) = month_of(ctx.now_ms);
+                let estimate = ctx.token_estimate.unwrap_or(l.estimate).max(1);
+                let check = Check::Budget {
+                    counter: TokenBudgetKey::new(tenant, name, &subject, period),
+                    reservation: ReservationKey::new(tenant, ctx.request_id),
+                    reservation_ttl_ms: RESERVATION_TTL_MS,
+                    counter_ttl_ms: TOKEN_BUDGET_TTL_MS,
+                    period_left_ms: to_end,
+                };
+                (check, estimate, Some((period, estimate)))
+            }
+            Algorithm::Concurrency => (Check::Concurrency { key: ConcurrencyKey::new(tenant, name, &subject), slot_timeout_ms: w }, 1, None),
+        };
+        checks.push(LimitCheck { limit: l.limit, cost, shadow: l.shadow, kind });
+        meta.push(Meta {
+            name: l.name.to_string(),
+            algorithm: l.algorithm,
+            limit: l.limit,
+            window_ms: w,
+            shadow: l.shadow,
+            failure_mode: l.failure_mode,
+            subject: subject.as_str().to_string(),
+            budget,
+        });
+    }
+    Checks { checks, meta }
+}
+
+/// A lease of `want` units (capped at [`LEASE_MAX_UNITS`]) taken with the request's own check;
+/// a `renewal` admits no request itself (the limits are charged only for what is granted).
+pub fn lease(want: u64, renewal: bool) -> Lease {
+    Lease { want: want.min(LEASE_MAX_UNITS), renewal, share: LEASE_SHARE_DIVISOR }
+}
+
+/// The deny code of an algorithm.
+pub fn deny_code(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::TokenBudget => codes::QUOTA_EXCEEDED,
+        Algorithm::Concurrency => codes::CONCURRENCY_LIMITED,
+        _ => codes::RATE_LIMITED,
+    }
+}
+
+fn secs_ceil(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// The window a `RateLimit-Policy` advertises, in seconds.
+fn policy_window_s(m: &Meta) -> u64 {
+    match m.algorithm {
+        Algorithm::TokenBudget => 30 * 86400,
+        _ => secs_ceil(m.window_ms).max(1),
+    }
+}
+
+/// `RateLimit-Policy` and `RateLimit` (IETF draft, structured-field form) for limit `i`.
+pub fn ratelimit_headers(m: &Meta, s: &LimitState) -> [Header; 2] {
+    [
+        Header::new("ratelimit-policy", format!("\"{}\";q={};w={}", m.name, m.limit, policy_window_s(m))),
+        Header::new("ratelimit", format!("\"{}\";r={};t={}", m.name, s.remaining, secs_ceil(s.reset_ms))),
+    ]
+}
+
+/// The limit nearest exhaustion (lowest remaining share), ignoring shadow limits.
+pub fn nearest(meta: &[Meta], states: &[LimitState]) -> Option<usize> {
+    meta.iter()
+        .zip(states)
+        .enumerate()
+        .filter(|(_, (m, _))| !m.shadow)
+        .min_by(|(_, (ma, sa)), (_, (mb, sb))| {
+            // compare remaining/limit without floats: ra*lb vs rb*la
+            (u128::from(sa.remaining) * u128::from(mb.limit)).cmp(&(u128::from(sb.remaining) * u128::from(ma.limit)))
+        })
+        .map(|(i, _)| i)
+}
+
+/// The ticket an allowed request holds until completion (None when it holds nothing).
+pub fn ticket(meta: &[Meta], tenant: &Id, request_id: &Id) -> Option<Ticket> {
+    let budgets: Vec<BudgetHold> = meta
+        .iter()
+        .filter_map(|m| {
+            m.budget.map(|(period, reserved)| BudgetHold { limit: m.name.clone(), subject: m.subject.clone(), period, reserved })
+        })
+        .collect();
+    let slots: Vec<SlotHold> = meta
+        .iter()
+        .filter(|m| m.algorithm == Algorithm::Concurrency)
+        .map(|m| SlotHold { limit: m.name.clone(), subject: m.subject.clone() })
+        .collect();
+    if budgets.is_empty() && slots.is_empty() {
+        return None;
+    }
+    Some(Ticket { tenant: tenant.to_string(), request_id: request_id.to_string(), budgets, slots })
+}
+
+/// `(yyyyMM, ms until the month ends)` of a unix-ms instant (UTC).
+pub fn month_of(now_ms: u64) -> (u32, u64) {
+    let days = (now_ms / 86_400_000) as i64;
+    let (y, m, _) = civil_from_days(days);
+    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    let next = days_from_civil(ny, nm, 1) as u64 * 86_400_000;
+    ((y as u32) * 100 + m, next.saturating_sub(now_ms))
+}
+
+// Howard Hinnant's civil-date algorithms (proleptic Gregorian, UTC).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripts::decide::DecideCall;
+
+    #[test]
+    fn a_lease_is_capped_and_shared() {
+        assert_eq!(lease(1 << 40, true), Lease { want: LEASE_MAX_UNITS, renewal: true, share: LEASE_SHARE_DIVISOR });
+        assert_eq!(lease(3, false).want, 3);
+    }
+
+    #[test]
+    fn one_invocation_for_all_limits_with_keys_in_one_slot() {
+        let t = Id::parse("acme").unwrap();
+        let k = Id::parse("key_1").unwrap();
+        let r = Id::parse("req-1").unwrap();
+        let hdrs = [Header::new("x-user", "bob")];
+        let ctx = RequestCtx {
+            tenant: &t,
+            key_id: &k,
+            product: None,
+            client_ip: Some("10.0.0.9".parse().unwrap()),
+            headers: &hdrs,
+            request_id: &r,
+            now_ms: 1_764_374_400_000, // 2025-11-29T00:00:00Z
+            token_estimate: Some(50),
+        };
+        let limits = [
+            Limit::example(Algorithm::FixedWindow, SubjectKind::Key),
+            Limit::example(Algorithm::SlidingWindow, SubjectKind::Tenant),
+            Limit::example(Algorithm::TokenBucket, SubjectKind::ClientIp),
+            Limit::example(Algorithm::SlidingLog, SubjectKind::Header("x-user".into())),
+            Limit::example(Algorithm::TokenBudget, SubjectKind::Key),
+            Limit::example(Algorithm::Concurrency, SubjectKind::Key),
+        ];
+        let planned = checks(&limits, &ctx);
+        let call = DecideCall { now_ms: ctx.now_ms, request_id: r.clone(), limits: planned.checks, lease: None, lookup: None };
+        let (keys, args) = call.encode();
+        let bucket = 1_764_374_400_000u64 / 60_000;
+        assert_eq!(
+            keys,
+            vec![
+                format!("rl:{{acme}}:l:k.key_1:{bucket}"),
+                format!("rate:{{acme}}:l:t:{bucket}"),
+                format!("rate:{{acme}}:l:t:{}", bucket - 1),
+                "q:rps:{acme}:l:ip.10.0.0.9".to_string(),
+                "rl:api:{acme}:l:h.x-user.bob".to_string(),
+                "q:tokens:{acme}:l:k.key_1:202511".to_string(),
+                "q:reserved:{acme}:req-1".to_string(),
+                "q:conc:{acme}:l:k.key_1".to_string(),
+            ]
+        );
+        assert!(keys.iter().all(|k| k.contains("{acme}")));
+        assert_eq!(&args[..3], &["1764374400000", "req-1", "6"]);
+        assert_eq!(args.len(), 3 + 6 * 6);
+        // the budget takes the request's estimate and reserves for 5 minutes
+        assert_eq!(&args[3 + 4 * 6..3 + 5 * 6], &["budget", "10", "300000", "50", "0", &format!("{TOKEN_BUDGET_TTL_MS}:{}", 2 * 86_400_000)]);
+        let t = ticket(&planned.meta, &t, &r).unwrap();
+        assert_eq!(t.budgets, vec![BudgetHold { limit: "l".into(), subject: "k.key_1".into(), period: 202511, reserved: 50 }]);
+        assert_eq!(t.slots.len(), 1);
+    }
+
+    #[test]
+    fn headers_and_the_nearest_limit() {
+        let denied = LimitState { remaining: 0, reset_ms: 30_500, would_deny: true };
+        let m = Meta {
+            name: "per-min".into(),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            window_ms: 60_000,
+            shadow: false,
+            failure_mode: LimitFailureMode::Open,
+            subject: "k.x".into(),
+            budget: None,
+        };
+        let [p, r] = ratelimit_headers(&m, &denied);
+        assert_eq!((p.name.as_str(), p.value.as_str()), ("ratelimit-policy", "\"per-min\";q=10;w=60"));
+        assert_eq!((r.name.as_str(), r.value.as_str()), ("ratelimit", "\"per-min\";r=0;t=31"));
+        let mut m2 = m.clone();
+        m2.limit = 100;
+        let states = [LimitState { remaining: 5, reset_ms: 0, would_deny: false }, LimitState { remaining: 20, reset_ms: 0, would_deny: false }];
+        // 5/10 is nearer exhaustion than 20/100? no: 20/100 = 0.2 < 0.5
+        assert_eq!(nearest(&[m.clone(), m2], &states), Some(1));
+    }
+
+    #[test]
+    fn months() {
+        assert_eq!(month_of(1_764_374_400_000), (202511, 2 * 86_400_000)); // 2025-11-29
+        assert_eq!(month_of(1_767_225_599_999).0, 202512); // 2025-12-31T23:59:59.999Z
+        assert_eq!(month_of(1_767_225_600_000).0, 202601);
+        assert_eq!(month_of(951_782_400_000).0, 200002); // 2000-02-29
+    }
+}

@@ -1,0 +1,66 @@
+//! The completion path: a finished request's ticket settles what its decision held — token
+//! reservations (actual vs reserved) and concurrency slots — through `complete.lua`.
+
+use super::{DecisionStore, Decider};
+use crate::keys::{ConcurrencyKey, Id, ReservationKey, Subject, TokenBudgetKey};
+use crate::metrics as m;
+use crate::scripts::complete::CompleteCall;
+use crate::store::StoreError;
+use tollgate_wire::Completion;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompleteError {
+    #[error("invalid ticket field {0}")]
+    BadTicket(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl<S: DecisionStore> Decider<S> {
+    /// Settles one completed request: its token reservations (actual vs reserved) and its
+    /// concurrency slots. Idempotent (a retried report changes nothing twice).
+    pub async fn complete(&self, c: &Completion) -> Result<(), CompleteError> {
+        let t = &c.ticket;
+        let bad = |what: &str| CompleteError::BadTicket(what.to_string());
+        let tenant = Id::parse(&t.tenant).ok_or_else(|| bad("tenant"))?;
+        let request_id = Id::parse(&t.request_id).ok_or_else(|| bad("requestId"))?;
+        let mut slots = Vec::new();
+        for s in &t.slots {
+            let limit = Id::parse(&s.limit).ok_or_else(|| bad("slots.limit"))?;
+            let subject = Subject::parse(&s.subject).ok_or_else(|| bad("slots.subject"))?;
+            slots.push(ConcurrencyKey::new(&tenant, &limit, &subject));
+        }
+        let mut calls = Vec::new();
+        for b in &t.budgets {
+            let limit = Id::parse(&b.limit).ok_or_else(|| bad("budgets.limit"))?;
+            let subject = Subject::parse(&b.subject).ok_or_else(|| bad("budgets.subject"))?;
+            if !(190_001..=999_912).contains(&b.period) {
+                return Err(bad("budgets.period"));
+            }
+            calls.push(CompleteCall {
+                budget: Some((
+                    TokenBudgetKey::new(&tenant, &limit, &subject, b.period),
+                    ReservationKey::new(&tenant, &request_id),
+                )),
+                slot: slots.pop(),
+                // No usage reported: the reservation stands as the charge.
+                actual: c.tokens.unwrap_or(b.reserved),
+                estimate: b.reserved,
+                request_id: request_id.to_string(),
+            });
+        }
+        for slot in slots {
+            calls.push(CompleteCall { budget: None, slot: Some(slot), actual: 0, estimate: 0, request_id: request_id.to_string() });
+        }
+        for call in calls {
+            let (delta, settled) = self.store.complete(&call).await?;
+            metrics::counter!(m::COMPLETIONS, "outcome" => settled.as_str()).increment(1);
+            if delta > 0 {
+                metrics::counter!(m::BUDGET_DELTA, "direction" => "overrun").increment(delta as u64);
+            } else if delta < 0 {
+                metrics::counter!(m::BUDGET_DELTA, "direction" => "refund").increment(delta.unsigned_abs());
+            }
+        }
+        Ok(())
+    }
+}

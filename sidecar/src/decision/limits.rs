@@ -1,0 +1,412 @@
+//! Plans and their limits as configured (TOML under `[[plans.<plan>.limits]]`, or the admin
+//! API), validated into [`Plans`]; and the lease policy (which plans may be leased, for how long).
+//! How a request's limits are checked is [`super::checks`]'s.
+//!
+//! Leased limits (`mode = "leased"`, fixed windows and token buckets): a decision may also take
+//! a *lease* — `granted` more requests' worth of units from every limit of the plan, which the
+//! filter then admits locally without a call. The grant is taken in the same atomic script as
+//! the request's own check (still one round trip), is never more than `1 / LEASE_SHARE_DIVISOR`
+//! of what is left after the request (so replicas share and the tail of a window is exact), and
+//! lives at most `LEASE_MAX_TTL_MS`, never past the end of the window it was taken from. The
+//! limit is therefore never over-admitted; leased units left unspent at expiry are under-use.
+
+use crate::invalid::{invalid, Invalid};
+use crate::keys::Id;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The limit algorithms (seed names in docs/redis-keys.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Seed 004: `INCR` + `EXPIRE` per window, TTL 2 × window.
+    FixedWindow,
+    /// Seed 003: the current bucket plus the previous one weighted by how much of it is still
+    /// inside the window.
+    SlidingWindow,
+    /// Seed 000: refill, check and take in one script; `window` = time to refill from empty.
+    TokenBucket,
+    /// Seed 002: a zset of request timestamps.
+    SlidingLog,
+    /// Seed 000: monthly tokens, reserved at decide time and reconciled at completion.
+    TokenBudget,
+    /// Seed 000: requests in flight; `window` = how long a slot lives without a completion.
+    Concurrency,
+}
+
+/// What to do with a limit when Redis cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitFailureMode {
+    /// Let the request through (seed 002's default for rate limiters).
+    Open,
+    /// Refuse it with 503 `limits_unavailable`.
+    Closed,
+}
+
+/// How a limit is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitMode {
+    /// Every request is decided by the sidecar (one call, one script run).
+    #[default]
+    Exact,
+    /// The filter spends leases of units taken from the limit in advance (fixed windows and
+    /// token buckets only; see the module docs).
+    Leased,
+}
+
+impl LimitMode {
+    fn is_exact(&self) -> bool {
+        *self == LimitMode::Exact
+    }
+}
+
+/// The longest a lease may be spent (revocations and plan changes apply within it).
+pub const LEASE_MAX_TTL_MS: u64 = 500;
+/// A lease shorter than this is not worth its units (they would mostly expire unspent).
+pub const LEASE_MIN_TTL_MS: u64 = 50;
+/// A lease never takes more than 1/this of what a limit has left after the request.
+pub const LEASE_SHARE_DIVISOR: u64 = 2;
+/// The most units one lease may hold.
+pub const LEASE_MAX_UNITS: u64 = 10_000;
+
+/// A limit as configured (TOML under `[[plans.<plan>.limits]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    /// `key` | `tenant` | `tenant_product` | `client_ip` | `header:<name>`.
+    #[serde(default = "default_subject")]
+    pub subject: String,
+    /// Max per window / bucket capacity / monthly tokens / max in flight.
+    pub limit: u64,
+    /// Window (default 60 s; concurrency: slot timeout, default 300 s). Not used by budgets.
+    #[serde(default, with = "humantime_serde")]
+    pub window: Option<Duration>,
+    /// Units one request takes (not budgets: they take the estimate).
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// Budgets: tokens reserved when the request does not say (default 1000).
+    #[serde(default)]
+    pub estimate: Option<u64>,
+    /// Count would-deny (metric + log) but never block.
+    #[serde(default)]
+    pub shadow: bool,
+    #[serde(default = "default_failure_mode")]
+    pub failure_mode: LimitFailureMode,
+    /// Sliding log only: `auth` for the credential-route bucket (`rl:auth:`), default `api`.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// `exact` (default) or `leased` (fixed_window / token_bucket; see [`LimitMode`]).
+    #[serde(default, skip_serializing_if = "LimitMode::is_exact")]
+    pub mode: LimitMode,
+}
+
+fn default_subject() -> String {
+    "key".into()
+}
+fn one() -> u64 {
+    1
+}
+fn default_failure_mode() -> LimitFailureMode {
+    LimitFailureMode::Open
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PlanConfig {
+    #[serde(default)]
+    pub limits: Vec<LimitConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectKind {
+    Key,
+    Tenant,
+    TenantProduct,
+    ClientIp,
+    Header(String),
+}
+
+/// A validated limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limit {
+    pub name: Id,
+    pub algorithm: Algorithm,
+    pub subject: SubjectKind,
+    pub limit: u64,
+    pub window_ms: u64,
+    pub cost: u64,
+    pub estimate: u64,
+    pub shadow: bool,
+    pub failure_mode: LimitFailureMode,
+    pub auth_class: bool,
+    pub mode: LimitMode,
+}
+
+#[cfg(test)]
+impl Limit {
+    /// A limit of 10 per minute, as tests need one.
+    pub fn example(algorithm: Algorithm, subject: SubjectKind) -> Limit {
+        Limit {
+            name: Id::parse("l").unwrap(),
+            algorithm,
+            subject,
+            limit: 10,
+            window_ms: 60_000,
+            cost: 1,
+            estimate: 1000,
+            shadow: false,
+            failure_mode: LimitFailureMode::Open,
+            auth_class: false,
+            mode: LimitMode::Exact,
+        }
+    }
+}
+
+/// Plans by name, validated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plans(BTreeMap<String, Vec<Limit>>);
+
+impl Plans {
+    pub fn compile(raw: &BTreeMap<String, PlanConfig>) -> Result<Plans, Invalid> {
+        let mut out = BTreeMap::new();
+        for (plan, cfg) in raw {
+            if Id::parse(plan).is_none() {
+                return Err(invalid(format!("plans.{plan}"), "not a valid plan id"));
+            }
+            let mut limits = Vec::new();
+            for (i, l) in cfg.limits.iter().enumerate() {
+                let at = format!("plans.{plan}.limits[{i}]");
+                let name = Id::parse(&l.name).ok_or_else(|| invalid(format!("{at}.name"), "not a valid id"))?;
+                if limits.iter().any(|x: &Limit| x.name == name) {
+                    return Err(invalid(format!("{at}.name"), format!("'{name}' is used twice in this plan")));
+                }
+                let subject = match l.subject.as_str() {
+                    "key" => SubjectKind::Key,
+                    "tenant" => SubjectKind::Tenant,
+                    "tenant_product" => SubjectKind::TenantProduct,
+                    "client_ip" => SubjectKind::ClientIp,
+                    s => match s.strip_prefix("header:") {
+                        Some(h) if !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => {
+                            SubjectKind::Header(h.to_ascii_lowercase())
+                        }
+                        _ => return Err(invalid(format!("{at}.subject"), format!("'{s}' is not key, tenant, tenant_product, client_ip or header:<name>"))),
+                    },
+                };
+                if l.limit == 0 {
+                    return Err(invalid(format!("{at}.limit"), "must be at least 1"));
+                }
+                if l.cost == 0 {
+                    return Err(invalid(format!("{at}.cost"), "must be at least 1"));
+                }
+                let default_window = match l.algorithm {
+                    Algorithm::Concurrency => Duration::from_secs(300),
+                    _ => Duration::from_secs(60),
+                };
+                let window = l.window.unwrap_or(default_window);
+                if window < Duration::from_millis(1) || window > Duration::from_secs(366 * 86400) {
+                    return Err(invalid(format!("{at}.window"), "must be between 1ms and 366 days"));
+                }
+                let auth_class = match (l.algorithm, l.class.as_deref()) {
+                    (_, None) | (Algorithm::SlidingLog, Some("api")) => false,
+                    (Algorithm::SlidingLog, Some("auth")) => true,
+                    (Algorithm::SlidingLog, Some(c)) => return Err(invalid(format!("{at}.class"), format!("'{c}' is not api or auth"))),
+                    (_, Some(_)) => return Err(invalid(format!("{at}.class"), "only sliding_log limits have a class")),
+                };
+                if l.mode == LimitMode::Leased {
+                    // A lease is units taken ahead from a counter that only grows within its
+                    // window (fixed) or a bucket that only refills: spending them later never
+                    // admits more than the limit. Sliding windows and logs count each request
+                    // at its own time, budgets and concurrency hold per-request state.
+                    if !matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket) {
+                        return Err(invalid(format!("{at}.mode"), "leased applies to fixed_window and token_bucket only"));
+                    }
+                    if !matches!(subject, SubjectKind::Key | SubjectKind::Tenant | SubjectKind::TenantProduct) {
+                        return Err(invalid(format!("{at}.mode"), "a leased limit counts per key, tenant or tenant_product (the filter keeps leases per key)"));
+                    }
+                    if l.shadow {
+                        return Err(invalid(format!("{at}.mode"), "a shadow limit counts each request's would-deny; it cannot be leased"));
+                    }
+                }
+                limits.push(Limit {
+                    name,
+                    algorithm: l.algorithm,
+                    subject,
+                    limit: l.limit,
+                    window_ms: window.as_millis() as u64,
+                    cost: l.cost,
+                    estimate: l.estimate.unwrap_or(1000).max(1),
+                    shadow: l.shadow,
+                    failure_mode: l.failure_mode,
+                    auth_class,
+                    mode: l.mode,
+                });
+            }
+            out.insert(plan.clone(), limits);
+        }
+        Ok(Plans(out))
+    }
+
+    /// The limits of `plan`; an unknown plan has none (see docs/decisions.md).
+    pub fn limits(&self, plan: &str) -> &[Limit] {
+        self.0.get(plan).map_or(&[], Vec::as_slice)
+    }
+
+    /// Header names some limit counts per: the filter must forward them.
+    pub fn subject_headers(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .0
+            .values()
+            .flatten()
+            .filter_map(|l| match &l.subject {
+                SubjectKind::Header(h) => Some(h.clone()),
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+/// Whether a plan's limits can be leased: all of them are `leased` (an exact limit needs a call
+/// per request anyway, and then every limit is decided exactly in it).
+pub fn leasable(limits: &[Limit]) -> bool {
+    !limits.is_empty() && limits.iter().all(|l| l.mode == LimitMode::Leased)
+}
+
+/// How long a lease taken at `now_ms` may be spent: at most [`LEASE_MAX_TTL_MS`], never past the
+/// end of a fixed window it was taken from, nor past `key_left_ms` (the key's expiry). Zero when
+/// it would be shorter than [`LEASE_MIN_TTL_MS`] (then no lease is taken).
+pub fn lease_ttl_ms(limits: &[Limit], now_ms: u64, key_left_ms: u64) -> u64 {
+    let mut ttl = LEASE_MAX_TTL_MS.min(key_left_ms);
+    for l in limits.iter().filter(|l| l.algorithm == Algorithm::FixedWindow) {
+        ttl = ttl.min(l.window_ms - now_ms % l.window_ms);
+    }
+    if ttl < LEASE_MIN_TTL_MS {
+        0
+    } else {
+        ttl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plans(toml_text: &str) -> Result<Plans, String> {
+        #[derive(Deserialize)]
+        struct W {
+            plans: BTreeMap<String, PlanConfig>,
+        }
+        let w: W = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        Plans::compile(&w.plans).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn plans_compile_with_defaults_and_refuse_bad_limits() {
+        let p = plans(
+            r#"
+            [[plans.gold.limits]]
+            name = "per-min"
+            algorithm = "fixed_window"
+            limit = 10
+            [[plans.gold.limits]]
+            name = "conc"
+            algorithm = "concurrency"
+            limit = 2
+            subject = "tenant"
+            [[plans.gold.limits]]
+            name = "by-user"
+            algorithm = "sliding_log"
+            limit = 5
+            subject = "header:X-User"
+            class = "auth"
+            "#,
+        )
+        .unwrap();
+        let l = p.limits("gold");
+        assert_eq!(l.len(), 3);
+        assert_eq!(l[0].window_ms, 60_000);
+        assert_eq!(l[1].window_ms, 300_000);
+        assert_eq!(l[0].failure_mode, LimitFailureMode::Open);
+        assert!(l[2].auth_class);
+        assert_eq!(p.subject_headers(), vec!["x-user"]);
+        assert!(p.limits("unknown").is_empty());
+
+        for (bad, needle) in [
+            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 0", "limit"),
+            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nsubject = \"nobody\"", "subject"),
+            ("name = \"a b\"\nalgorithm = \"fixed_window\"\nlimit = 1", "name"),
+            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nclass = \"auth\"", "class"),
+            ("name = \"a\"\nalgorithm = \"leaky\"\nlimit = 1", "unknown variant"),
+            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nlimt = 2", "unknown field"),
+        ] {
+            let err = plans(&format!("[[plans.p.limits]]\n{bad}")).unwrap_err();
+            assert!(err.contains(needle), "{err} should mention {needle}");
+        }
+        let err = plans("[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"fixed_window\"\nlimit=1\n[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"token_bucket\"\nlimit=1").unwrap_err();
+        assert!(err.contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn leased_mode_is_for_fixed_windows_and_buckets_per_key_tenant_or_product() {
+        let p = plans(
+            "[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9\nmode = \"leased\"\n\
+             [[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 9\nmode = \"leased\"\nsubject = \"tenant\"\n\
+             [[plans.q.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9\nmode = \"leased\"\n\
+             [[plans.q.limits]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 9\n",
+        )
+        .unwrap();
+        assert!(leasable(p.limits("p")));
+        assert!(!leasable(p.limits("q")), "one exact limit makes every request exact");
+        assert!(!leasable(&[]));
+        assert_eq!(p.limits("q")[1].mode, LimitMode::Exact);
+        for (bad, needle) in [
+            ("algorithm = \"sliding_window\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"sliding_log\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"concurrency\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"token_budget\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"leased\"\nsubject = \"client_ip\"", "per key"),
+            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"leased\"\nshadow = true", "shadow"),
+            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"sometimes\"", "unknown variant"),
+        ] {
+            let err = plans(&format!("[[plans.p.limits]]\nname = \"a\"\n{bad}")).unwrap_err();
+            assert!(err.contains(needle), "{err} should mention {needle}");
+        }
+        // exact is the default and is not written back (admin JSON stays as it was)
+        let cfg = LimitConfig {
+            name: "a".into(),
+            algorithm: Algorithm::FixedWindow,
+            subject: "key".into(),
+            limit: 1,
+            window: None,
+            cost: 1,
+            estimate: None,
+            shadow: false,
+            failure_mode: LimitFailureMode::Open,
+            class: None,
+            mode: LimitMode::Exact,
+        };
+        assert!(!serde_json::to_string(&cfg).unwrap().contains(r#""mode""#));
+        let leased = LimitConfig { mode: LimitMode::Leased, ..cfg };
+        assert!(serde_json::to_string(&leased).unwrap().contains(r#""mode":"leased""#));
+    }
+
+    #[test]
+    fn lease_lifetime_is_bounded_by_the_window_the_key_and_the_maximum() {
+        let mut fixed = Limit::example(Algorithm::FixedWindow, SubjectKind::Key);
+        fixed.window_ms = 1_000;
+        let bucket = Limit::example(Algorithm::TokenBucket, SubjectKind::Key);
+        let t = 1_000_000u64;
+        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, u64::MAX), LEASE_MAX_TTL_MS);
+        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, 200), 200, "the key expires first");
+        assert_eq!(lease_ttl_ms(&[bucket.clone(), fixed.clone()], t + 700, u64::MAX), 300, "the window ends first");
+        assert_eq!(lease_ttl_ms(&[fixed.clone()], t + 960, u64::MAX), 0, "too short to be worth units");
+        assert_eq!(lease_ttl_ms(&[fixed], t + 999, u64::MAX), 0);
+    }
+}

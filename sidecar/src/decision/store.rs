@@ -1,0 +1,43 @@
+//! The decision path's port to its store: the four things a decision or a completion asks of
+//! Redis. [`crate::store::Store`] implements it over the real connection and scripts; the unit
+//! tests of the decision logic implement it in memory. Generic, so the hot path is statically
+//! dispatched (no boxing, no vtable).
+
+use crate::apikey::KeyRecord;
+use crate::keys::{Id, KeyHash};
+use crate::scripts::complete::{self, CompleteCall, Settled};
+use crate::scripts::decide::{self, DecideCall, DecideReply, ScriptError};
+use crate::store::{Store, StoreError};
+use std::future::Future;
+
+pub trait DecisionStore: Clone + Send + Sync + 'static {
+    /// The record of a key hash (`None`: no such key): `apikey:{sha256}`.
+    fn key_record(&self, hash: &KeyHash) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+
+    /// Every limit of a request, its lease and its lookup: one `decide.lua` call.
+    fn decide(&self, call: &DecideCall) -> impl Future<Output = Result<DecideReply, ScriptError>> + Send;
+
+    /// Settles a reservation and/or a slot: one `complete.lua` call.
+    fn complete(&self, call: &CompleteCall) -> impl Future<Output = Result<(i64, Settled), StoreError>> + Send;
+
+    /// Whether this caller writes the key's audit line (the first failure of the hour).
+    fn claim_audit(&self, key_id: &Id) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+impl DecisionStore for Store {
+    async fn key_record(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
+        self.lookup(hash).await
+    }
+
+    async fn decide(&self, call: &DecideCall) -> Result<DecideReply, ScriptError> {
+        decide::run(self, call).await
+    }
+
+    async fn complete(&self, call: &CompleteCall) -> Result<(i64, Settled), StoreError> {
+        complete::run(self, call).await
+    }
+
+    async fn claim_audit(&self, key_id: &Id) -> Result<bool, StoreError> {
+        self.claim_auth_failure_audit(key_id).await
+    }
+}

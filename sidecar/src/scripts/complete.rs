@@ -1,0 +1,116 @@
+//! `sidecar/lua/complete.lua`: settle one completed request's token reservation (actual vs
+//! reserved) and free its concurrency slot. Idempotent: a retried report changes nothing twice.
+
+use super::Invocation;
+use crate::keys::{ConcurrencyKey, ReservationKey, TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS};
+use crate::store::{Store, StoreError};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/complete.lua")));
+
+/// Off the request path: the filter's completion batch waits, not a request.
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// One `complete.lua` call: a budget reservation and/or a concurrency slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompleteCall {
+    /// The month counter and the reservation of a budget the request reserved from.
+    pub budget: Option<(TokenBudgetKey, ReservationKey)>,
+    pub slot: Option<ConcurrencyKey>,
+    /// Tokens used (the reservation when the response did not say).
+    pub actual: u64,
+    /// The tokens reserved at decide time.
+    pub estimate: u64,
+    /// The slot's member.
+    pub request_id: String,
+}
+
+/// What became of the reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Settled now: the counter moved by actual − reserved.
+    Reconciled,
+    /// Settled before (a retried report): nothing done.
+    Duplicate,
+    /// It had expired (or there was none): only an overrun was charged.
+    Expired,
+}
+
+impl Settled {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settled::Reconciled => "reconciled",
+            Settled::Duplicate => "duplicate",
+            Settled::Expired => "expired",
+        }
+    }
+}
+
+impl CompleteCall {
+    /// KEYS and ARGV, in the order of `complete.lua`'s contract.
+    pub fn encode(&self) -> (Vec<String>, Vec<String>) {
+        let mut keys = Vec::with_capacity(3);
+        if let Some((counter, reservation)) = &self.budget {
+            keys.extend([counter.as_str().to_string(), reservation.as_str().to_string()]);
+        }
+        if let Some(slot) = &self.slot {
+            keys.push(slot.as_str().to_string());
+        }
+        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+        let args = vec![
+            self.actual.to_string(),
+            self.estimate.to_string(),
+            self.request_id.clone(),
+            TOKEN_BUDGET_TTL_MS.to_string(),
+            flag(self.budget.is_some()),
+            flag(self.slot.is_some()),
+            RESERVATION_TTL_MS.to_string(),
+        ];
+        (keys, args)
+    }
+}
+
+/// Reads `{delta charged to the counter, 1 reconciled | 2 already settled | 0 expired}`.
+pub fn parse((delta, found): (i64, i64)) -> (i64, Settled) {
+    let settled = match found {
+        1 => Settled::Reconciled,
+        2 => Settled::Duplicate,
+        _ => Settled::Expired,
+    };
+    (delta, settled)
+}
+
+/// Runs the call; returns the tokens moved (positive: an overrun charged, negative: a refund).
+pub async fn run(store: &Store, call: &CompleteCall) -> Result<(i64, Settled), StoreError> {
+    let (keys, args) = call.encode();
+    let reply = Invocation { script: &SCRIPT, op: "complete_lua", keys, args }.run(store, Some(DEADLINE)).await?;
+    Ok(parse(reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{Id, Subject};
+
+    #[test]
+    fn a_budget_and_a_slot_in_the_contracts_order() {
+        let (t, l, r) = (Id::parse("acme").unwrap(), Id::parse("l").unwrap(), Id::parse("req-1").unwrap());
+        let s = Subject::tenant();
+        let both = CompleteCall {
+            budget: Some((TokenBudgetKey::new(&t, &l, &s, 202511), ReservationKey::new(&t, &r))),
+            slot: Some(ConcurrencyKey::new(&t, &l, &s)),
+            actual: 70,
+            estimate: 50,
+            request_id: "req-1".into(),
+        };
+        let (keys, args) = both.encode();
+        assert_eq!(keys, ["q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:req-1", "q:conc:{acme}:l:t"]);
+        assert_eq!(args, ["70", "50", "req-1", &TOKEN_BUDGET_TTL_MS.to_string(), "1", "1", &RESERVATION_TTL_MS.to_string()]);
+        let (keys, args) = CompleteCall { budget: None, actual: 0, estimate: 0, ..both }.encode();
+        assert_eq!((keys.len(), &args[4..6]), (1, &["0".to_string(), "1".to_string()][..]));
+        assert_eq!(parse((20, 1)), (20, Settled::Reconciled));
+        assert_eq!(parse((0, 2)), (0, Settled::Duplicate));
+        assert_eq!(parse((5, 0)), (5, Settled::Expired));
+    }
+}

@@ -1,0 +1,142 @@
+//! The API-key store in Redis: `apikey:{sha256}` records (the hot copy the decision path reads),
+//! the `apikey-id:` mapping and the per-tenant `apikey-index:` (docs/redis-keys.md), the
+//! once-an-hour audit claim.
+
+use super::{Backend, Store, StoreError};
+use crate::apikey::{KeyRecord, KeyStatus};
+use crate::keys::{ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, AuthFailKey, Id, KeyHash, API_KEY_ID_PATTERN, AUTH_FAIL_TTL_SECS};
+use redis::AsyncCommands;
+use std::collections::HashMap;
+use std::time::Duration;
+
+impl Store {
+    /// The record of a key hash, or `None` when there is none.
+    pub async fn lookup(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
+        let key = ApiKeyRecordKey::new(hash);
+        let map: HashMap<String, String> = self.run("hgetall", |mut c| async move { c.hgetall(key).await }).await?;
+        KeyRecord::from_fields(&map).map_err(|e| StoreError::Malformed(e.to_string()))
+    }
+
+    /// `SET apikey:authfail:{keyId} 1 EX 3600 NX`: true when this caller should write the audit
+    /// line (the first failure of the hour for this key).
+    pub async fn claim_auth_failure_audit(&self, key_id: &Id) -> Result<bool, StoreError> {
+        let key = AuthFailKey::new(key_id);
+        let opts = redis::SetOptions::default()
+            .conditional_set(redis::ExistenceCheck::NX)
+            .with_expiration(redis::SetExpiry::EX(AUTH_FAIL_TTL_SECS));
+        let set: Option<String> = self.run("set_authfail", |mut c| async move { c.set_options(key, 1, opts).await }).await?;
+        Ok(set.is_some())
+    }
+
+    // ---- admin path (generous deadlines: a person or a script is waiting, not a request) ----
+
+    const ADMIN_DEADLINE: Duration = Duration::from_secs(5);
+
+    /// Stores a new key: the record, its id mapping and the tenant index — in one MULTI where a
+    /// single node holds all three keys. On Cluster they live in different slots, so the writes
+    /// go one by one in dependency order (record first: the id and the index only ever point at a
+    /// record that exists).
+    pub async fn create_key(&self, hash: &KeyHash, record: &KeyRecord) -> Result<(), StoreError> {
+        let rec_key = ApiKeyRecordKey::new(hash);
+        let id_key = ApiKeyIdKey::new(&record.key_id);
+        let idx_key = ApiKeyIndexKey::new(&record.tenant);
+        let fields = record.to_fields();
+        let hash_s = hash.as_str().to_string();
+        let key_id = record.key_id.to_string();
+        if matches!(self.backend.as_ref(), Backend::Cluster(_)) {
+            self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
+                c.hset_multiple::<_, _, _, ()>(rec_key, &fields).await?;
+                c.set::<_, _, ()>(id_key, hash_s).await?;
+                c.sadd::<_, _, ()>(idx_key, key_id).await
+            })
+            .await
+        } else {
+            self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
+                redis::pipe()
+                    .atomic()
+                    .hset_multiple(rec_key, &fields)
+                    .ignore()
+                    .set(id_key, hash_s)
+                    .ignore()
+                    .sadd(idx_key, key_id)
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await
+        }
+    }
+
+    /// Marks a key revoked. Returns the updated record.
+    pub async fn revoke_key(&self, key_id: &Id, now: u64) -> Result<KeyRecord, StoreError> {
+        let hash = self.hash_of(key_id).await?;
+        let rec_key = ApiKeyRecordKey::new(&hash);
+        self.run_with_deadline("revoke_key", Self::ADMIN_DEADLINE, |mut c| async move {
+            c.hset_multiple::<_, _, _, ()>(
+                rec_key,
+                &[("status", KeyStatus::Revoked.as_str().to_string()), ("revoked_at", now.to_string())],
+            )
+            .await
+        })
+        .await?;
+        self.lookup_admin(&hash).await?.ok_or_else(|| StoreError::NotFound(key_id.to_string()))
+    }
+
+    async fn hash_of(&self, key_id: &Id) -> Result<KeyHash, StoreError> {
+        let id_key = ApiKeyIdKey::new(key_id);
+        let h: Option<String> = self.run_with_deadline("get_key_id", Self::ADMIN_DEADLINE, |mut c| async move { c.get(id_key).await }).await?;
+        let h = h.ok_or_else(|| StoreError::NotFound(format!("no key with id {key_id}")))?;
+        KeyHash::parse(&h).ok_or_else(|| StoreError::Malformed(format!("apikey-id:{key_id} holds no key hash")))
+    }
+
+    async fn lookup_admin(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
+        let key = ApiKeyRecordKey::new(hash);
+        let map: HashMap<String, String> =
+            self.run_with_deadline("hgetall", Self::ADMIN_DEADLINE, |mut c| async move { c.hgetall(key).await }).await?;
+        KeyRecord::from_fields(&map).map_err(|e| StoreError::Malformed(e.to_string()))
+    }
+
+    /// The records of one tenant's keys, or of every key, sorted by creation time.
+    pub async fn list_keys(&self, tenant: Option<&Id>) -> Result<Vec<KeyRecord>, StoreError> {
+        let ids: Vec<Id> = match tenant {
+            Some(t) => {
+                let idx = ApiKeyIndexKey::new(t);
+                let members: Vec<String> =
+                    self.run_with_deadline("smembers", Self::ADMIN_DEADLINE, |mut c| async move { c.smembers(idx).await }).await?;
+                members.iter().filter_map(|m| Id::parse(m)).collect()
+            }
+            None => {
+                let names: Vec<String> = self
+                    .run_with_deadline("scan", Self::ADMIN_DEADLINE, |mut c| async move {
+                        let mut it = c.scan_match::<_, String>(API_KEY_ID_PATTERN).await?;
+                        let mut out = Vec::new();
+                        while let Some(n) = futures_next(&mut it).await {
+                            out.push(n);
+                        }
+                        Ok(out)
+                    })
+                    .await?;
+                names.iter().filter_map(|n| ApiKeyIdKey::key_id_of(n)).collect()
+            }
+        };
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let hash = self.hash_of(&id).await?;
+            if let Some(r) = self.lookup_admin(&hash).await? {
+                out.push(r);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at, &a.key_id).cmp(&(b.created_at, &b.key_id)));
+        Ok(out)
+    }
+}
+
+async fn futures_next<T: redis::FromRedisValue + Unpin + Send>(it: &mut redis::AsyncIter<'_, T>) -> Option<T> {
+    loop {
+        match it.next_item().await {
+            Some(Ok(v)) => return Some(v),
+            Some(Err(_)) => continue,
+            None => return None,
+        }
+    }
+}

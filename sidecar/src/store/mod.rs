@@ -1,0 +1,290 @@
+//! The Redis side: one connection (single, cluster or sentinel mode; redis-rs `ConnectionManager`
+//! in single mode) with a deadline on every command, fail-fast while Redis is unreachable, and
+//! the API-key store operations (`store/apikeys.rs`). What runs on it is the callers': the scripts'
+//! modules (crate::scripts), the hints, the meter, the configuration plane.
+//!
+//! Failure policy: a command that errors or misses its deadline returns [`StoreError`] at once,
+//! with `is_transient()` telling callers whether retrying (or serving stale) makes sense. While
+//! Redis is down, reconnects are attempted at most once per `reconnect_interval`; requests in
+//! between fail immediately instead of piling up. "Down" and "back" are logged once, on the
+//! transition, never per request.
+
+mod apikeys;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+/// `[redis]` of the sidecar configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `single` (default: `url`), `cluster` (`nodes` are seed nodes) or `sentinel` (`nodes` are
+    /// the sentinels, `master_name` the monitored master).
+    pub mode: RedisMode,
+    /// `redis://host:port/db` (or `rediss://`), for `single` mode.
+    pub url: String,
+    /// Cluster seed nodes or sentinel addresses (`redis://host:port`).
+    pub nodes: Vec<String>,
+    /// The master's name in Sentinel.
+    pub master_name: String,
+    /// Deadline for one Redis command on the request path. Keep it under the filter's timeout so
+    /// the sidecar still answers (from cache, or "unavailable") before Envoy gives up.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Deadline for (re)connecting.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// While Redis is unreachable, reconnects are attempted at most this often; requests in
+    /// between fail fast instead of queueing on a dead connection.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            mode: RedisMode::Single,
+            nodes: Vec::new(),
+            master_name: "mymaster".into(),
+            url: "redis://127.0.0.1:6379".into(),
+            timeout: Duration::from_millis(15),
+            connect_timeout: Duration::from_millis(250),
+            reconnect_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("redis is unreachable: {0}")]
+    Unreachable(String),
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("malformed record: {0}")]
+    Malformed(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+impl StoreError {
+    /// A write reached a replica (a Sentinel failover happened): reconnect to the new master.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
+    }
+
+    /// Timeouts and connection trouble may pass; a malformed record or a missing key will not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) | StoreError::Unreachable(_) => true,
+            StoreError::Redis(e) => {
+                e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_io_error()
+            }
+            StoreError::Malformed(_) | StoreError::NotFound(_) => false,
+        }
+    }
+}
+
+struct ConnState {
+    conn: Option<Conn>,
+    last_attempt: Option<Instant>,
+}
+
+/// How to reach Redis.
+enum Backend {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+    Sentinel(Mutex<redis::sentinel::SentinelClient>),
+}
+
+/// A connection of any mode. Single mode reconnects by itself (ConnectionManager); cluster and
+/// sentinel connections are dropped on connection errors and made again (for Sentinel that
+/// re-resolves the master, which is how a failover is followed).
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+    Sentinel(redis::aio::MultiplexedConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
+        }
+    }
+}
+
+/// A shared handle on Redis. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<Backend>,
+    config: RedisConfig,
+    state: Arc<Mutex<ConnState>>,
+    up: Arc<AtomicBool>,
+}
+
+impl Store {
+    /// Does not connect: the first command does (so the sidecar starts while Redis is down).
+    pub fn new(config: &RedisConfig) -> Result<Store, StoreError> {
+        let backend = match config.mode {
+            RedisMode::Single => Backend::Single(redis::Client::open(config.url.as_str())?),
+            RedisMode::Cluster => Backend::Cluster(
+                redis::cluster::ClusterClientBuilder::new(config.nodes.clone())
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.timeout.max(Duration::from_millis(1)))
+                    .build()?,
+            ),
+            RedisMode::Sentinel => Backend::Sentinel(Mutex::new(redis::sentinel::SentinelClient::build(
+                config.nodes.clone(),
+                config.master_name.clone(),
+                None,
+                redis::sentinel::SentinelServerType::Master,
+            )?)),
+        };
+        Ok(Store {
+            backend: Arc::new(backend),
+            config: config.clone(),
+            state: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
+            up: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    async fn connect(&self) -> redis::RedisResult<Conn> {
+        match self.backend.as_ref() {
+            Backend::Single(client) => {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.config.connect_timeout))
+                    .set_response_timeout(Some(self.config.timeout.max(Duration::from_millis(1))))
+                    .set_number_of_retries(1)
+                    .set_max_delay(self.config.reconnect_interval);
+                Ok(Conn::Single(ConnectionManager::new_with_config(client.clone(), cfg).await?))
+            }
+            Backend::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+            Backend::Sentinel(client) => Ok(Conn::Sentinel(client.lock().await.get_async_connection().await?)),
+        }
+    }
+
+    /// Drops a cluster/sentinel connection after a connection error, so the next command makes a
+    /// new one (single mode's ConnectionManager reconnects by itself).
+    async fn forget_connection(&self) {
+        if !matches!(self.backend.as_ref(), Backend::Single(_)) {
+            self.state.lock().await.conn = None;
+        }
+    }
+
+    /// Whether the last command reached Redis.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    async fn connection(&self) -> Result<Conn, StoreError> {
+        let mut state = self.state.lock().await;
+        if let Some(c) = &state.conn {
+            return Ok(c.clone());
+        }
+        if let Some(at) = state.last_attempt {
+            if at.elapsed() < self.config.reconnect_interval {
+                return Err(StoreError::Unreachable("waiting before the next connection attempt".into()));
+            }
+        }
+        state.last_attempt = Some(Instant::now());
+        let attempt = tokio::time::timeout(self.config.connect_timeout, self.connect()).await;
+        match attempt {
+            Ok(Ok(conn)) => {
+                state.conn = Some(conn.clone());
+                Ok(conn)
+            }
+            Ok(Err(e)) => {
+                self.mark(false, &e.to_string());
+                Err(StoreError::Unreachable(e.to_string()))
+            }
+            Err(_) => {
+                self.mark(false, "connect timed out");
+                Err(StoreError::Timeout(self.config.connect_timeout))
+            }
+        }
+    }
+
+    fn mark(&self, up: bool, why: &str) {
+        let was = self.up.swap(up, Ordering::Relaxed);
+        if was && !up {
+            tracing::warn!(reason = why, "redis went down");
+        } else if !was && up {
+            tracing::info!("redis is back");
+        }
+    }
+
+    /// Runs one command with the configured deadline, recording latency and errors.
+    pub(crate) async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.run_with_deadline(op, self.config.timeout, f).await
+    }
+
+    pub(crate) async fn run_with_deadline<T, F, Fut>(&self, op: &'static str, deadline: Duration, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let started = Instant::now();
+        let result = match self.connection().await {
+            Ok(conn) => match tokio::time::timeout(deadline, f(conn)).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(StoreError::Redis(e)),
+                Err(_) => Err(StoreError::Timeout(deadline)),
+            },
+            Err(e) => Err(e),
+        };
+        metrics::histogram!(crate::metrics::REDIS_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => self.mark(true, ""),
+            Err(e) if e.is_transient() || e.is_read_only() => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "transient").increment(1);
+                self.mark(false, &e.to_string());
+                self.forget_connection().await;
+            }
+            Err(_) => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "other").increment(1);
+            }
+        }
+        result
+    }
+}
