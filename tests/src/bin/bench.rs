@@ -397,7 +397,7 @@ fn main() {
             // pause between warm-up and measurement would measure its slow start again)
             settle(&redis);
             let _ = wrk(&url, c.key, 2, conns);
-            let spid = c.sidecar.and_then(Sidecar::pid);
+            let spid = c.sidecar.and_then(|s| s.pid());
             let (e0, s0, r0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, secs, conns);
             settle(&redis);
@@ -434,7 +434,7 @@ fn main() {
             let url = c.envoy.url("/bench");
             settle(&redis);
             let _ = oha(&url, c.key, 2, conns, rate); // warm-up at the same rate, right before
-            let spid = c.sidecar.and_then(Sidecar::pid);
+            let spid = c.sidecar.and_then(|s| s.pid());
             let (e0, s0) = (cpu_us(c.envoy.pid()), cpu_us(spid));
             let Some(mut o) = oha(&url, c.key, secs, conns, rate) else { continue };
             settle(&redis);
