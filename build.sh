@@ -161,6 +161,8 @@ case "${1:-build}" in
       exec cargo bench -p tollgate-filter-core -p tollgate-sidecar --bench filter_logic --bench decide_path -- "$@"
     fi
     deps; install_oha; build; test_env
+    # The bench is its own crate (bench/) on the functional-test harness; only `bench` builds it.
+    cargo build -q --release -p tollgate-bench
     export TOLLGATE_OHA_BIN="$OHA_BIN"
     exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;
