@@ -1,6 +1,7 @@
 //! The functional-test harness: RAII guards for real processes (Redis, the sidecar, Envoy,
 //! PostgreSQL, a tansu broker, the billing consumer) and in-process servers (an echo upstream, a
-//! flaky one, a black hole), each on its own free port.
+//! flaky one, a black hole), each on its own free port, and the [`Gateway`] that puts them
+//! together the way a test needs.
 //!
 //! Rules: readiness is polled with a deadline, never assumed after a sleep; every guard kills its
 //! process on drop; when a test panics, each guard prints its process's log so the failure
@@ -9,12 +10,15 @@
 //!
 //! Modules: [`process`] (binaries, ports, polling, the process guards), [`redis`] (single,
 //! Cluster, Sentinel), [`sidecar`], [`envoy`] (options and templating), [`http`] (the client),
-//! [`upstream`] (in-process servers), [`postgres`], [`broker`], [`billing`].
+//! [`upstream`] (in-process servers), [`postgres`], [`broker`], [`billing`], [`fixtures`] (values
+//! shared by tests and the bench), and [`gateway`].
 
 pub mod billing;
 /// A real Kafka-compatible broker (tansu) and a topic reader (usage tests).
 pub mod broker;
 pub mod envoy;
+pub mod fixtures;
+pub mod gateway;
 pub mod http;
 pub mod postgres;
 pub mod process;
@@ -23,6 +27,7 @@ pub mod sidecar;
 pub mod upstream;
 
 pub use envoy::{render_template, sidecar_address_yaml, sidecar_protocol_yaml, Envoy, EnvoyOptions, SidecarTransport};
+pub use gateway::{default_plugin, Gateway, GatewayBuilder, Replica, Topology};
 pub use http::{get, post, send, Resp};
 pub use process::{envoy_bin, free_port, poll_until, redis_server_bin, root, sidecar_bin, wasm_path, Proc, Service};
 pub use redis::{Redis, RedisCluster, RedisSentinel};

@@ -1,7 +1,7 @@
 //! In-process servers on their own runtime threads, each on a free port and stopped on drop: the
 //! echo upstream (counting what reaches it), the flaky upstream that fails on command, and a
-//! black hole (accepts, never answers: a hung sidecar). [`Upstream`] names one for a test
-//! gateway to start; [`RunningUpstream`] is what it started.
+//! black hole (accepts, never answers: a hung sidecar). [`Upstream`] names one for a
+//! [`crate::Gateway`] to start; [`RunningUpstream`] is what it started.
 
 pub mod echo;
 pub mod flaky;
