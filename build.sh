@@ -7,6 +7,8 @@
 #   ./build.sh test     deps + build + every test tier
 #   ./build.sh bench    deps + oha + build + Envoy alone vs native C++ limiter vs Envoy + Tollgate,
 #                       interleaved: saturation (wrk) then open-loop latency (oha) (docs/benchmarks.md)
+#   ./build.sh bench cache | usage-intake | usage-shipping   the other measurements of tollgate-bench
+#                       (`./build.sh bench --help`)
 #   ./build.sh bench micro   criterion micro-benchmarks of the filter's and the sidecar's pure logic
 set -euo pipefail
 

@@ -2,10 +2,15 @@
 //! built on the functional-test harness. Measurements, not tests: nothing here passes or fails on
 //! a figure (the machine is shared and noisy); each prints what it measured.
 //!
-//! Options of the comparison run (Envoy alone vs Envoy's native rate limiter vs Envoy +
-//! Tollgate): [`compare`]; `--help` lists them.
+//! - no subcommand: Envoy alone vs Envoy's native rate limiter vs Envoy + Tollgate ([`compare`]);
+//! - `cache`: a response-cache hit next to a miss and an uncached route ([`cache`]);
+//! - `usage-intake [--aggregate-above-rps N] [--batches B]`: the sidecar's usage intake and
+//!   delivery ([`usage`]);
+//! - `usage-shipping [--events E]`: a full spool drained to the broker ([`usage`]).
 
+mod cache;
 mod compare;
+mod usage;
 
 fn args() -> Vec<String> {
     std::env::args().collect()
@@ -35,9 +40,15 @@ fn cpu_us(pid: Option<u32>) -> f64 {
 
 fn main() {
     match std::env::args().nth(1).as_deref() {
+        Some("cache") => cache::run(),
+        Some("usage-intake") => usage::intake(arg("--aggregate-above-rps", 0), arg("--batches", 200)),
+        Some("usage-shipping") => usage::shipping(arg("--events", 400_000)),
         Some("--help" | "-h" | "help") => println!(
             "usage: tollgate-bench [--duration SECS] [--rounds N] [--connections N] [--rate-fraction F] [--rate RPS]\n\
              \x20                     [--only NAME,NAME] [--compare-wasm PATH] [--saturation-only]\n\
+             \x20      tollgate-bench cache [--requests N] [--rounds N]\n\
+             \x20      tollgate-bench usage-intake [--aggregate-above-rps N] [--batches B]\n\
+             \x20      tollgate-bench usage-shipping [--events E]\n\
              (docs/benchmarks.md)"
         ),
         _ => compare::run(),
