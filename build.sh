@@ -7,6 +7,8 @@
 #   ./build.sh test     deps + build + every test tier
 #   ./build.sh bench    deps + oha + build + Envoy alone vs native C++ limiter vs Envoy + Tollgate,
 #                       interleaved: saturation (wrk) then open-loop latency (oha) (docs/benchmarks.md)
+#   ./build.sh bench cache | usage-intake | usage-shipping   the other measurements of tollgate-bench
+#                       (`./build.sh bench --help`)
 #   ./build.sh bench micro   criterion micro-benchmarks of the filter's and the sidecar's pure logic
 set -euo pipefail
 
@@ -163,6 +165,8 @@ case "${1:-build}" in
       exec cargo bench -p tollgate-filter-core -p tollgate-sidecar --bench filter_logic --bench decide_path -- "$@"
     fi
     deps; install_oha; build; test_env
+    # The bench is its own crate (bench/) on the functional-test harness; only `bench` builds it.
+    cargo build -q --release -p tollgate-bench
     export TOLLGATE_OHA_BIN="$OHA_BIN"
     exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;

@@ -8,10 +8,11 @@ use std::time::Duration;
 use tollgate_sidecar::apikey;
 use tollgate_sidecar::clock::ManualClock;
 use tollgate_sidecar::config::Config;
-use tollgate_sidecar::decision::Decider;
+use tollgate_sidecar::decide::Decider;
 use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::decision::limits::{Plans, LEASE_MAX_TTL_MS};
+use tollgate_sidecar::limits::{Plans, LEASE_MAX_TTL_MS};
 use tollgate_sidecar::store::Store;
+use tollgate_tests::redis::command_calls;
 use tollgate_tests::Redis;
 use tollgate_wire::{DecideRequest, DecideResponse, Lease, LeaseAsk};
 
@@ -43,21 +44,7 @@ impl Lab {
     }
 
     async fn call(&self, lease: Option<LeaseAsk>) -> DecideResponse {
-        let req = DecideRequest {
-            key_hash: self.key_hash.clone(),
-            method: "GET".into(),
-            authority: "api".into(),
-            path: "/".into(),
-            request_id: None,
-            decision_id: None,
-            client_ip: None,
-            headers: vec![],
-            token_estimate: None,
-            route: None,
-            cache_key: None,
-            idempotency: None,
-            lease,
-        };
+        let req = DecideRequest { lease, ..DecideRequest::new(self.key_hash.clone(), "GET", "api", "/") };
         self.decider.decide(&req).await.unwrap()
     }
 
@@ -70,12 +57,7 @@ impl Lab {
     }
 
     fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        let mut c = self.redis.connection().unwrap();
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut c).unwrap()
+        self.redis.cmd(args)
     }
 
     /// The fixed-window counter of limit `l` (0 when absent).
@@ -85,12 +67,7 @@ impl Lab {
     }
 
     fn evalsha_calls(&self) -> u64 {
-        let stats: String = self.cmd(&["INFO", "commandstats"]);
-        stats
-            .lines()
-            .find(|l| l.starts_with("cmdstat_evalsha:"))
-            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-            .unwrap_or(0)
+        command_calls(&self.redis.commandstats(), "evalsha")
     }
 }
 

@@ -11,6 +11,7 @@ use tollgate_sidecar::decision::Decider;
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::decision::limits::Plans;
 use tollgate_sidecar::store::Store;
+use tollgate_tests::redis::command_calls;
 use tollgate_tests::{poll_until, Redis};
 use tollgate_wire::{Completion, DecideRequest, DecideResponse, Ticket};
 
@@ -54,30 +55,17 @@ impl Lab {
     async fn call_on(&mut self, route: Option<&str>) -> DecideResponse {
         self.req += 1;
         let req = DecideRequest {
-            key_hash: self.key_hash.clone(),
-            method: "GET".into(),
-            authority: "api".into(),
-            path: "/".into(),
             request_id: Some(format!("req-{}", self.req)),
             decision_id: None,
             client_ip: Some("10.0.0.1".into()),
-            headers: vec![],
-            token_estimate: None,
             route: route.map(str::to_string),
-            cache_key: None,
-            idempotency: None,
-            lease: None,
+            ..DecideRequest::new(self.key_hash.clone(), "GET", "api", "/")
         };
         self.decider.decide(&req).await.unwrap()
     }
 
     fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        let mut c = self.redis.connection().unwrap();
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut c).unwrap()
+        self.redis.cmd(args)
     }
 
     fn keys(&self, pattern: &str) -> Vec<String> {
@@ -243,14 +231,8 @@ async fn each_decision_is_one_redis_round_trip() {
     for _ in 0..20 {
         assert!(allowed(&lab.call().await));
     }
-    let stats: String = lab.cmd(&["INFO", "commandstats"]);
-    let calls = |name: &str| -> u64 {
-        stats
-            .lines()
-            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
-            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
+    let stats = lab.redis.commandstats();
+    let calls = |name: &str| command_calls(&stats, name);
     // commandstats also counts the commands run inside the script; the client sent exactly one
     // EVALSHA per decision and nothing else (the key record came from the sidecar's cache)
     assert_eq!(calls("evalsha"), 20, "{stats}");

@@ -7,6 +7,7 @@ use tollgate_sidecar::config::Config;
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::store::{Store, StoreError};
 use tollgate_sidecar::Sidecar;
+use tollgate_tests::redis::command_calls;
 use tollgate_tests::{get, poll_until, Redis, Resp};
 use tollgate_wire::{DecideRequest, DecideResponse};
 
@@ -44,22 +45,7 @@ impl Running {
     }
 
     async fn decide(&self, key_hash: &str) -> Resp {
-        let body = serde_json::to_string(&DecideRequest {
-            key_hash: key_hash.to_string(),
-            method: "GET".into(),
-            authority: "api".into(),
-            path: "/".into(),
-            request_id: None,
-            decision_id: None,
-            client_ip: None,
-            headers: vec![],
-            token_estimate: None,
-            route: None,
-            cache_key: None,
-            idempotency: None,
-            lease: None,
-        })
-        .unwrap();
+        let body = serde_json::to_string(&DecideRequest::new(key_hash, "GET", "api", "/")).unwrap();
         self.post("/v1/decide", body).await
     }
 
@@ -240,10 +226,7 @@ async fn breaker_hints_are_listed_from_their_index_without_scanning_the_keyspace
     };
     let scans = |conn: &mut redis::Connection| -> u64 {
         let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-        info.lines()
-            .find(|l| l.starts_with("cmdstat_scan:"))
-            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-            .unwrap_or(0)
+        command_calls(&info, "scan")
     };
     let r = a.post("/v1/breaker/hints", r#"{"provider":"openai","model":"gpt-4o","openedAtMs":1234}"#.into()).await;
     assert_eq!(r.status, 204, "{}", r.body);

@@ -8,12 +8,13 @@ use std::time::Duration;
 use tollgate_sidecar::apikey;
 use tollgate_sidecar::clock::ManualClock;
 use tollgate_sidecar::config::{Config, RedisConfig};
-use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
-use tollgate_sidecar::decision::{Decider, Routing};
+use tollgate_sidecar::config_store::{Change, Kind, Snapshot};
+use tollgate_sidecar::decide::{Decider, Routing};
 use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::decision::limits::Plans;
-use tollgate_sidecar::decision::responses::store_batch;
+use tollgate_sidecar::limits::Plans;
+use tollgate_sidecar::responses::store_batch;
 use tollgate_sidecar::store::Store;
+use tollgate_tests::redis::command_calls;
 use tollgate_tests::Redis;
 use tollgate_wire::responses::{IdempotencyRequest, ReplayKind, StoreBatch, StoreItem, StoreTicket, StoredResponse};
 use tollgate_wire::{DecideRequest, DecideResponse};
@@ -57,19 +58,9 @@ impl Lab {
 
     fn req(&self, key: usize, route: &str) -> DecideRequest {
         DecideRequest {
-            key_hash: self.keys[key].clone(),
-            method: "POST".into(),
-            authority: "api".into(),
-            path: "/v1/chat".into(),
-            request_id: None,
-            decision_id: None,
-            client_ip: None,
-            headers: vec![],
-            token_estimate: None,
             route: Some(route.into()),
             cache_key: Some("ab".repeat(32)),
-            idempotency: None,
-            lease: None,
+            ..DecideRequest::new(self.keys[key].clone(), "POST", "api", "/v1/chat")
         }
     }
 
@@ -88,12 +79,7 @@ impl Lab {
     }
 
     fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        let mut c = self.redis.connection().unwrap();
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut c).unwrap()
+        self.redis.cmd(args)
     }
 }
 
@@ -140,14 +126,8 @@ async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     for _ in 0..9 {
         allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
     }
-    let stats: String = lab.cmd(&["INFO", "commandstats"]);
-    let calls = |name: &str| -> u64 {
-        stats
-            .lines()
-            .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
-            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
+    let stats = lab.redis.commandstats();
+    let calls = |name: &str| command_calls(&stats, name);
     // one EVALSHA per decision: the lookup rides on the limits' script call
     assert_eq!(calls("evalsha"), 10, "{stats}");
     assert_eq!(calls("hgetall") + calls("eval") + calls("script"), 0, "{stats}");

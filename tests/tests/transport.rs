@@ -3,14 +3,17 @@
 //! "Transport to the sidecar"), and the failure modes hold on each: a crashed sidecar fails
 //! closed, a restarted one (a new connection; for HTTP/2 after a GOAWAY on SIGTERM) is used again.
 
+use serde_json::{json, Value};
 use std::time::Duration;
-use tollgate_tests::{get, poll_until, start_echo, Envoy, EnvoyOptions, Sidecar, SidecarTransport};
+use tollgate_tests::{get, poll_until, Envoy, Gateway, SidecarTransport};
 
 const ALL: [SidecarTransport; 4] =
     [SidecarTransport::Http1Tcp, SidecarTransport::Http2Tcp, SidecarTransport::Http1Unix, SidecarTransport::Http2Unix];
 
-/// No auth cache: every request is a call to the sidecar. Generous timeout for a noisy machine.
-const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#;
+/// No auth cache: every request is a call to the sidecar, failing closed after `timeout`.
+fn plugin(timeout: &str) -> Value {
+    json!({"sidecar": {"timeout": timeout}, "failureMode": "closed", "authCacheMaxTtl": "0ms"})
+}
 
 fn status(envoy: &Envoy, key: &str) -> u16 {
     get(&envoy.url("/t"), &[("x-api-key", key)]).status
@@ -26,15 +29,12 @@ fn concurrent(envoy: &Envoy, key: &str, threads: usize, each: usize) -> Vec<u16>
 
 #[test]
 fn every_transport_decides_and_survives_a_sidecar_crash_and_a_graceful_restart() {
-    let redis = tollgate_tests::Redis::start();
-    let mut sidecar = Sidecar::start(&redis.url(), &[]);
-    let upstream = start_echo();
-    let key = sidecar.create_key("acme", "gold", &[]);
-    let socket = sidecar.unix_path().expect("the harness sidecar listens on a unix socket");
-    let envoys: Vec<(SidecarTransport, Envoy)> = ALL
-        .iter()
-        .map(|&t| (t, Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN).sidecar_transport(t))))
-        .collect();
+    // Generous timeout for a noisy machine; one Envoy per transport on the one sidecar.
+    let mut g = Gateway::builder().plugin(plugin("2s")).without_envoy().build();
+    let key = g.sidecar().create_key("acme", "gold", &[]);
+    let socket = g.sidecar().unix_path().expect("the harness sidecar listens on a unix socket");
+    let envoys: Vec<(SidecarTransport, Envoy)> = ALL.iter().map(|&t| (t, g.start_envoy(|o| o.sidecar_transport(t)))).collect();
+    let sidecar = g.sidecar_mut();
 
     for (t, envoy) in &envoys {
         let statuses = concurrent(envoy, &key.raw, 4, 10);
@@ -106,12 +106,8 @@ fn a_call_reset_after_its_response_headers_fails_that_request_only() {
     // Before the fix the filter read the missing answer's :status (BadArgument), the SDK
     // panicked, and the Wasm VM was dead: every later request failed, whatever the sidecar did.
     let (port, _thread) = start_headers_only_sidecar();
-    let upstream = start_echo();
-    let envoy = Envoy::start(
-        EnvoyOptions::new(upstream.port, port)
-            .plugin_config(r#"{"sidecar":{"timeout":"200ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#)
-            .sidecar_transport(SidecarTransport::Http1Tcp),
-    );
+    let g = Gateway::builder().sidecar_at(port).plugin(plugin("200ms")).transport(SidecarTransport::Http1Tcp).build();
+    let envoy = g.envoy();
     for i in 0..3 {
         let r = get(&envoy.url("/t"), &[("x-api-key", "tg_whatever")]);
         assert_eq!(r.status, 503, "request {i}: {}", r.body);
@@ -126,15 +122,10 @@ fn an_http2_call_that_times_out_fails_that_request_only() {
     // A black hole accepts the connection and never answers: an HTTP/2 stream times out (Envoy
     // resets it). The filter fails that request closed and keeps working (it once read the
     // missing answer's :status, which killed the Wasm VM).
-    let hole = tollgate_tests::start_black_hole();
-    let upstream = start_echo();
     for t in [SidecarTransport::Http2Tcp, SidecarTransport::Http1Tcp] {
-        let envoy = Envoy::start(
-            EnvoyOptions::new(upstream.port, hole.port)
-                .plugin_config(r#"{"sidecar":{"timeout":"200ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#)
-                .sidecar_transport(t),
-        );
-        let statuses = concurrent(&envoy, "tg_whatever", 3, 3);
+        let g = Gateway::builder().black_hole_sidecar().plugin(plugin("200ms")).transport(t).build();
+        let envoy = g.envoy();
+        let statuses = concurrent(envoy, "tg_whatever", 3, 3);
         assert!(statuses.iter().all(|&s| s == 503), "{t:?}: {statuses:?}");
         assert_eq!(envoy.counter("wasmcustom.tollgate.requests.failed_closed"), 9, "{t:?}");
         assert!(!envoy.log_text().contains("panicked"), "{t:?}: the filter panicked:\n{}", envoy.log_text());

@@ -6,44 +6,29 @@
 //! events come as per-second aggregates whose counts add up exactly, through an outage, a crash
 //! with a full spool, and a replay of already-shipped segments.
 
+use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
-use tollgate_tests::billing::{psql, psql_i64, Billing};
-use tollgate_tests::broker::{partitions_by_key, read_topic, Broker};
+use tollgate_tests::billing::{psql, psql_i64};
+use tollgate_tests::broker::{partitions_by_key, read_topic};
 use tollgate_tests::postgres::Postgres;
-use tollgate_tests::{get, poll_until, start_echo, Envoy, EnvoyOptions, InProcess, IssuedKey, Redis, Sidecar};
+use tollgate_tests::{get, poll_until, Envoy, Gateway, IssuedKey};
 use tollgate_wire::usage::UsageEvent;
 
-const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"usage":{"enabled":true,"flushInterval":"100ms"}}"#;
-
-struct Stack {
-    redis: Redis,
-    broker: Broker,
-    pg: Postgres,
-    _upstream: InProcess,
-    sidecar: Sidecar,
-    envoy: Envoy,
-    spool: tempfile::TempDir,
-}
-
-fn stack(topic: &str) -> Stack {
-    stack_with(topic, "")
-}
-
-/// The stack with more `[usage]` settings (lines).
-fn stack_with(topic: &str, usage: &str) -> Stack {
-    let (redis, broker, pg, upstream) = (Redis::start(), Broker::start(), Postgres::start(), start_echo());
-    let spool = tempfile::tempdir().unwrap();
-    let config = format!(
-        "[[plans.small.limits]]\nname = \"few\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1h\"\n\
-         [usage]\nenabled = true\nspool_dir = \"{}\"\nsegment_age = \"50ms\"\n{usage}\
-         [usage.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\npartitions = 4\ndelivery_timeout = \"3s\"\n",
-        spool.path().display(),
-        broker.brokers()
-    );
-    let sidecar = Sidecar::start_with_config(&redis.url(), &config, &[]);
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN).concurrency(2));
-    Stack { redis, broker, pg, _upstream: upstream, sidecar, envoy, spool }
+/// Every piece of the usage pipeline: Envoy (2 workers) metering, a sidecar spooling to the
+/// gateway's spool and shipping to the broker's topic `usage_events`, the billing consumer
+/// (group `billing`) writing to PostgreSQL. `usage` are more `[usage]` settings (lines).
+fn gateway(usage: &str) -> Gateway {
+    Gateway::builder()
+        .sidecar_toml(&format!(
+            "[[plans.small.limits]]\nname = \"few\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1h\"\n\
+             [usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n{usage}\
+             [usage.kafka]\nbrokers = \"${{BROKERS}}\"\ntopic = \"usage_events\"\npartitions = 4\ndelivery_timeout = \"3s\"\n"
+        ))
+        .plugin(json!({"sidecar": {"timeout": "2s"}, "usage": {"enabled": true, "flushInterval": "100ms"}}))
+        .concurrency(2)
+        .billing("usage_events", "billing")
+        .build()
 }
 
 /// Requests summed over the rollup per tenant: (all, ok, 4xx, 5xx, denied, tokens).
@@ -71,30 +56,29 @@ fn call(envoy: &Envoy, key: &IssuedKey, extra: &[(&str, &str)]) -> u16 {
 
 #[test]
 fn every_request_becomes_one_event_and_the_rollup_matches_the_traffic() {
-    let s = stack("usage_events");
-    let acme = s.sidecar.create_key("acme", "big", &[]);
-    let beta = s.sidecar.create_key("beta", "big", &[]);
-    let gamma = s.sidecar.create_key("gamma", "small", &[]);
-    let _billing = Billing::start(&s.broker.brokers(), "usage_events", "billing", &s.pg, &[]);
+    let s = gateway("");
+    let acme = s.sidecar().create_key("acme", "big", &[]);
+    let beta = s.sidecar().create_key("beta", "big", &[]);
+    let gamma = s.sidecar().create_key("gamma", "small", &[]);
 
     // acme: 30 ok (10 of them report 7 tokens), 5 answered 404, 5 answered 503 by the upstream
     for i in 0..30 {
         let usage = if i < 10 { vec![("x-echo-usage", "7")] } else { vec![] };
-        assert_eq!(call(&s.envoy, &acme, &usage), 200);
+        assert_eq!(call(s.envoy(), &acme, &usage), 200);
     }
     for _ in 0..5 {
-        assert_eq!(call(&s.envoy, &acme, &[("x-echo-status", "404")]), 404);
-        assert_eq!(call(&s.envoy, &acme, &[("x-echo-status", "503")]), 503);
+        assert_eq!(call(s.envoy(), &acme, &[("x-echo-status", "404")]), 404);
+        assert_eq!(call(s.envoy(), &acme, &[("x-echo-status", "503")]), 503);
     }
     // beta: 20 ok (many from the filter's auth cache, no call to the sidecar)
     for _ in 0..20 {
-        assert_eq!(call(&s.envoy, &beta, &[]), 200);
+        assert_eq!(call(s.envoy(), &beta, &[]), 200);
     }
     // gamma: a 5-request limit: 5 ok, then 5 denied by the sidecar
-    let statuses: Vec<u16> = (0..10).map(|_| call(&s.envoy, &gamma, &[])).collect();
+    let statuses: Vec<u16> = (0..10).map(|_| call(s.envoy(), &gamma, &[])).collect();
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 5, "{statuses:?}");
     // no key: the filter's own 401, nobody to bill
-    assert_eq!(get(&s.envoy.url("/"), &[]).status, 401);
+    assert_eq!(get(&s.envoy().url("/"), &[]).status, 401);
 
     let want: HashMap<String, [i64; 6]> = [
         ("acme".to_string(), [40, 30, 5, 5, 0, 70]),
@@ -102,18 +86,18 @@ fn every_request_becomes_one_event_and_the_rollup_matches_the_traffic() {
         ("gamma".to_string(), [10, 5, 0, 0, 5, 0]),
     ]
     .into();
-    poll_until("the rollup to match the traffic", Duration::from_secs(60), || rollup(&s.pg) == want);
-    assert_eq!(psql_i64(&s.pg, "SELECT count(*) FROM usage_events"), 70, "exactly one event per request");
+    poll_until("the rollup to match the traffic", Duration::from_secs(60), || rollup(s.pg()) == want);
+    assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), 70, "exactly one event per request");
 
     // on the topic: 70 events, each once, every tenant in one partition, in order
-    let got = read_topic(&s.broker.brokers(), "usage_events", 70, Duration::from_secs(30));
+    let got = read_topic(&s.broker().brokers(), "usage_events", 70, Duration::from_secs(30));
     let events: Vec<UsageEvent> = got.iter().map(|(_, v)| serde_json::from_str(v).unwrap()).collect();
     assert_eq!(events.iter().map(|e| e.id.clone()).collect::<HashSet<_>>().len(), 70);
     for e in &events {
         assert_eq!(e.path, "/v1/items", "no query string in events");
         assert!(e.key_id.starts_with("key_"));
     }
-    let parts = partitions_by_key(&s.broker.brokers(), "usage_events", 70, Duration::from_secs(30));
+    let parts = partitions_by_key(&s.broker().brokers(), "usage_events", 70, Duration::from_secs(30));
     assert!(["acme", "beta", "gamma"].iter().all(|t| parts[*t].len() == 1), "{parts:?}");
     let denied: Vec<&UsageEvent> = events.iter().filter(|e| e.denied.is_some()).collect();
     assert_eq!(denied.len(), 5);
@@ -123,50 +107,48 @@ fn every_request_becomes_one_event_and_the_rollup_matches_the_traffic() {
     for k in [&acme, &beta, &gamma] {
         assert!(!all.contains(&k.raw));
     }
-    s.redis.assert_no_raw_keys(&[&acme.raw, &beta.raw, &gamma.raw]);
+    s.redis().assert_no_raw_keys(&[&acme.raw, &beta.raw, &gamma.raw]);
     // the meter (Redis) saw the same day's traffic; every key carries its TTL
     let day = tollgate_wire::usage::Day::of_ms(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64,
     );
-    let mut c = s.redis.connection().unwrap();
+    let mut c = s.redis().connection().unwrap();
     let m: HashMap<String, i64> =
         redis::cmd("HGETALL").arg(format!("usage:{{gamma}}:{}", day.compact())).query(&mut c).unwrap();
     assert_eq!((m.get("ok"), m.get("denied")), (Some(&5), Some(&5)), "{m:?}");
-    s.redis.assert_ttl_invariant();
-    assert!(s.envoy.counter("wasmcustom.tollgate.usage.batches_sent") >= 1);
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.usage.dropped"), 0);
+    s.redis().assert_ttl_invariant();
+    assert!(s.envoy().counter("wasmcustom.tollgate.usage.batches_sent") >= 1);
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
 }
 
 #[test]
 fn a_broker_outage_during_traffic_loses_nothing_and_counts_nothing_twice() {
-    let mut s = stack("usage_events");
-    let acme = s.sidecar.create_key("acme", "big", &[]);
-    let beta = s.sidecar.create_key("beta", "big", &[]);
-    let mut billing = Billing::start(&s.broker.brokers(), "usage_events", "billing", &s.pg, &[]);
+    let mut s = gateway("");
+    let acme = s.sidecar().create_key("acme", "big", &[]);
+    let beta = s.sidecar().create_key("beta", "big", &[]);
     for _ in 0..10 {
-        assert_eq!(call(&s.envoy, &acme, &[]), 200);
-        assert_eq!(call(&s.envoy, &beta, &[]), 200);
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+        assert_eq!(call(s.envoy(), &beta, &[]), 200);
     }
     poll_until("the first 20 in the rollup", Duration::from_secs(60), || {
-        rollup(&s.pg).values().map(|v| v[0]).sum::<i64>() == 20
+        rollup(s.pg()).values().map(|v| v[0]).sum::<i64>() == 20
     });
 
     // the broker stops in the middle of the traffic; requests go on, their events wait on disk
-    s.broker.kill();
+    s.broker_mut().kill();
     for _ in 0..15 {
-        assert_eq!(call(&s.envoy, &acme, &[]), 200);
-        assert_eq!(call(&s.envoy, &beta, &[]), 200);
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+        assert_eq!(call(s.envoy(), &beta, &[]), 200);
     }
     // it comes back (tansu's memory storage: as an empty cluster, so the consumer starts again)
-    s.broker.restart();
-    billing.kill();
-    let _billing = Billing::start(&s.broker.brokers(), "usage_events", "billing", &s.pg, &[]);
+    s.broker_mut().restart();
+    s.billing_mut().restart();
     let want: HashMap<String, [i64; 6]> =
         [("acme".to_string(), [25, 25, 0, 0, 0, 0]), ("beta".to_string(), [25, 25, 0, 0, 0, 0])].into();
-    poll_until("every event delivered and counted once", Duration::from_secs(90), || rollup(&s.pg) == want);
-    assert_eq!(psql_i64(&s.pg, "SELECT count(*) FROM usage_events"), 50);
-    assert!(s.sidecar.log_text().contains("kafka went down"), "the outage was noticed (logged once)");
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.usage.dropped"), 0);
+    poll_until("every event delivered and counted once", Duration::from_secs(90), || rollup(s.pg()) == want);
+    assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), 50);
+    assert!(s.sidecar().log_text().contains("kafka went down"), "the outage was noticed (logged once)");
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
 }
 
 // ---- per-second aggregation (usage.aggregate_above_rps) ----------------------------------------
@@ -262,22 +244,21 @@ fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn a_high_rate_tenant_is_aggregated_per_second_and_every_request_still_counts_once() {
-    let mut s = stack_with("usage_events", "aggregate_above_rps = 10\n");
-    let (hot1, hot2) = (s.sidecar.create_key("hot", "big", &[]), s.sidecar.create_key("hot", "big", &[]));
-    let cold = s.sidecar.create_key("cold", "big", &[]);
-    let mut billing = Billing::start(&s.broker.brokers(), "usage_events", "billing", &s.pg, &[]);
+    let mut s = gateway("aggregate_above_rps = 10\n");
+    let (hot1, hot2) = (s.sidecar().create_key("hot", "big", &[]), s.sidecar().create_key("hot", "big", &[]));
+    let cold = s.sidecar().create_key("cold", "big", &[]);
 
     // 1. hot (2 keys) well above 10 requests/s, cold at ≤ 4/s
-    let mut want = mixed_traffic(&s.envoy, &[&hot1, &hot2], &cold, 8);
+    let mut want = mixed_traffic(s.envoy(), &[&hot1, &hot2], &cold, 8);
     let hot_n = want[&hot1.id][0] + want[&hot2.id][0];
     assert!(hot_n > 60, "the hot tenant must be above the threshold: {hot_n} requests in ~2 s");
-    poll_until("the rollup to match the traffic, key by key", Duration::from_secs(60), || rollup_by_key(&s.pg) == want);
+    poll_until("the rollup to match the traffic, key by key", Duration::from_secs(60), || rollup_by_key(s.pg()) == want);
 
     // on the topic: cold as single events; hot mostly in aggregates that add up exactly
-    let singles = psql_i64(&s.pg, "SELECT count(*) FROM usage_events");
-    let aggregates = psql_i64(&s.pg, "SELECT count(*) FROM usage_aggregates");
+    let singles = psql_i64(s.pg(), "SELECT count(*) FROM usage_events");
+    let aggregates = psql_i64(s.pg(), "SELECT count(*) FROM usage_aggregates");
     let total = (singles + aggregates) as usize;
-    let got = read_topic(&s.broker.brokers(), "usage_events", total, Duration::from_secs(30));
+    let got = read_topic(&s.broker().brokers(), "usage_events", total, Duration::from_secs(30));
     assert_eq!(got.len(), total);
     let (mut hot_single, mut hot_aggregated, mut hot_aggregates, mut cold_single) = (0i64, 0i64, 0i64, 0i64);
     let mut ids = HashSet::new();
@@ -304,65 +285,64 @@ fn a_high_rate_tenant_is_aggregated_per_second_and_every_request_still_counts_on
     assert_eq!(hot_single + hot_aggregated, hot_n, "the aggregates' counts and the single events add up to the requests");
     assert!(hot_aggregated * 2 >= hot_n, "most of the hot tenant is aggregated: {hot_aggregated} of {hot_n}");
     assert!(hot_aggregates + hot_single < hot_n, "fewer messages than requests: {hot_aggregates} aggregates + {hot_single} single");
-    let parts = partitions_by_key(&s.broker.brokers(), "usage_events", total, Duration::from_secs(30));
+    let parts = partitions_by_key(&s.broker().brokers(), "usage_events", total, Duration::from_secs(30));
     assert!(parts["hot"].len() == 1 && parts["cold"].len() == 1, "{parts:?}");
-    assert_eq!(s.sidecar.metric("tollgate_sidecar_usage_aggregates_total"), hot_aggregates as u64);
-    assert_eq!(s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"aggregated\"}"), hot_aggregated as u64);
+    assert_eq!(s.sidecar().metric("tollgate_sidecar_usage_aggregates_total"), hot_aggregates as u64);
+    assert_eq!(s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"aggregated\"}"), hot_aggregated as u64);
     // the Redis meter counts at the gateway, before aggregation: the same requests
     let day = tollgate_wire::usage::Day::of_ms(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64,
     );
-    let mut c = s.redis.connection().unwrap();
+    let mut c = s.redis().connection().unwrap();
     let m: HashMap<String, i64> = redis::cmd("HGETALL").arg(format!("usage:{{hot}}:{}", day.compact())).query(&mut c).unwrap();
     assert_eq!(m.get("ok").copied().unwrap_or(0) + m.get("4xx").copied().unwrap_or(0), hot_n, "{m:?}");
 
     // 2. the broker goes away during traffic, then the sidecar crashes with a full spool
-    poll_until("the first traffic's segments deleted", Duration::from_secs(30), || segments(s.spool.path()).is_empty());
-    let spooled_before = s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}");
-    s.broker.kill();
-    let during = mixed_traffic(&s.envoy, &[&hot1, &hot2], &cold, 5);
+    poll_until("the first traffic's segments deleted", Duration::from_secs(30), || segments(s.spool_dir()).is_empty());
+    let spooled_before = s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}");
+    s.broker_mut().kill();
+    let during = mixed_traffic(s.envoy(), &[&hot1, &hot2], &cold, 5);
     let during_n: i64 = during.values().map(|v| v[0]).sum();
     add(&mut want, &during);
     poll_until("the outage's events to be spooled", Duration::from_secs(30), || {
-        s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}") == spooled_before + during_n as u64
+        s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}") == spooled_before + during_n as u64
     });
-    s.sidecar.kill();
+    s.sidecar_mut().kill();
     // keep a copy of the spool: shipped later, it is what a crash between Kafka's ack and the
     // segment's delete would make the sidecar send again
     let backup = tempfile::tempdir().unwrap();
-    let spooled = segments(s.spool.path());
+    let spooled = segments(s.spool_dir());
     assert!(!spooled.is_empty());
     for p in &spooled {
         std::fs::copy(p, backup.path().join(p.with_extension("seg").file_name().unwrap())).unwrap();
     }
-    s.broker.restart();
-    s.sidecar.restart();
-    billing.kill();
-    let _billing = Billing::start(&s.broker.brokers(), "usage_events", "billing", &s.pg, &[]);
-    poll_until("the spooled events delivered and counted once", Duration::from_secs(90), || rollup_by_key(&s.pg) == want);
-    poll_until("the spool to drain", Duration::from_secs(30), || segments(s.spool.path()).is_empty());
+    s.broker_mut().restart();
+    s.sidecar_mut().restart();
+    s.billing_mut().restart();
+    poll_until("the spooled events delivered and counted once", Duration::from_secs(90), || rollup_by_key(s.pg()) == want);
+    poll_until("the spool to drain", Duration::from_secs(30), || segments(s.spool_dir()).is_empty());
     let (singles, aggregates) =
-        (psql_i64(&s.pg, "SELECT count(*) FROM usage_events"), psql_i64(&s.pg, "SELECT count(*) FROM usage_aggregates"));
+        (psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), psql_i64(s.pg(), "SELECT count(*) FROM usage_aggregates"));
 
     // 3. the same segments shipped again (a replay): nothing counts twice
-    s.sidecar.kill();
+    s.sidecar_mut().kill();
     for p in segments(backup.path()) {
-        std::fs::copy(&p, s.spool.path().join(p.file_name().unwrap())).unwrap();
+        std::fs::copy(&p, s.spool_dir().join(p.file_name().unwrap())).unwrap();
     }
-    s.sidecar.restart();
+    s.sidecar_mut().restart();
     // markers after the replay: each tenant's marker shares its partition with the replayed
     // messages and comes after them, so once the markers are counted the replay was read
-    assert_eq!(call(&s.envoy, &hot1, &[]), 200);
-    assert_eq!(call(&s.envoy, &cold, &[]), 200);
+    assert_eq!(call(s.envoy(), &hot1, &[]), 200);
+    assert_eq!(call(s.envoy(), &cold, &[]), 200);
     for k in [&hot1.id, &cold.id] {
         let r = want.get_mut(k).unwrap();
         r[0] += 1;
         r[1] += 1;
     }
-    poll_until("the markers to be counted", Duration::from_secs(90), || rollup_by_key(&s.pg) == want);
-    let replayed = s.sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"delivered\"}");
+    poll_until("the markers to be counted", Duration::from_secs(90), || rollup_by_key(s.pg()) == want);
+    let replayed = s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"delivered\"}");
     assert_eq!(replayed, during_n as u64 + 2, "the restored segments were shipped again, then the markers");
-    assert_eq!(psql_i64(&s.pg, "SELECT count(*) FROM usage_events"), singles + 2, "replayed single events counted once");
-    assert_eq!(psql_i64(&s.pg, "SELECT count(*) FROM usage_aggregates"), aggregates, "replayed aggregates counted once");
-    assert_eq!(s.envoy.counter("wasmcustom.tollgate.usage.dropped"), 0);
+    assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), singles + 2, "replayed single events counted once");
+    assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_aggregates"), aggregates, "replayed aggregates counted once");
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
 }

@@ -24,6 +24,13 @@ fn filter_with_queue(config: &str, queue: Rc<RefCell<CompletionQueue>>) -> AuthF
     AuthFilter::new(Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()), queue)
 }
 
+/// `f` through the headers phase of a request with the key: its call to the sidecar is out.
+fn with_key(mut f: AuthFilter) -> (AuthFilter, MockHost) {
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    f.on_request_headers(&mut host, true);
+    (f, host)
+}
+
 fn allow_body() -> &'static [u8] {
     br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","responseHeaders":[{"name":"x-rl","value":"9"}]}"#
 }
@@ -71,9 +78,7 @@ fn key_is_hashed_stripped_and_never_leaves_the_filter() {
 
 #[test]
 fn allow_sets_identity_headers_and_response_headers() {
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = filter("{}");
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(filter("{}"));
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
     assert_eq!(host.header("x-tollgate-tenant"), Some("acme"));
     assert_eq!(host.header("x-tollgate-key-id"), Some("key_7"));
@@ -98,9 +103,7 @@ fn client_supplied_internal_headers_are_stripped_first() {
 
 #[test]
 fn sidecar_deny_becomes_a_json_reply_with_its_status_and_code() {
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = filter("{}");
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(filter("{}"));
     let body = br#"{"verdict":"deny","status":401,"error":"revoked_key","message":"this key was revoked"}"#;
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), body), Action::Pause);
     let reply = host.reply.clone().unwrap();
@@ -113,9 +116,7 @@ fn sidecar_deny_becomes_a_json_reply_with_its_status_and_code() {
 #[test]
 fn sidecar_failures_fail_closed_by_default() {
     for (status, body) in [(Some(503), &b""[..]), (Some(504), b""), (Some(500), b"oops"), (Some(200), b"{bad"), (None, b"")] {
-        let mut host = MockHost::new().with_header("x-api-key", KEY);
-        let mut f = filter("{}");
-        f.on_request_headers(&mut host, true);
+        let (mut f, mut host) = with_key(filter("{}"));
         assert_eq!(f.on_sidecar_response(&mut host, 1, status, body), Action::Pause, "{status:?}");
         let reply = host.reply.clone().unwrap();
         assert_eq!(reply.status, 503);
@@ -151,9 +152,7 @@ fn dispatch_error_applies_the_failure_mode_at_once() {
 
 #[test]
 fn a_response_with_another_token_is_ignored() {
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = filter("{}");
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(filter("{}"));
     assert_eq!(f.on_sidecar_response(&mut host, 99, Some(200), allow_body()), Action::Pause);
     assert_eq!(host.header("x-tollgate-tenant"), None);
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
@@ -281,9 +280,7 @@ fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
 
 #[test]
 fn a_429_names_the_limit_and_carries_the_sidecars_headers() {
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = filter("{}");
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(filter("{}"));
     let body = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"slow down","limit":"per-minute",
         "responseHeaders":[{"name":"retry-after","value":"7"},{"name":"ratelimit","value":"\"per-minute\";r=0;t=7"}]}"#;
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), body), Action::Pause);
@@ -302,9 +299,7 @@ fn allow_with_ticket() -> &'static [u8] {
 #[test]
 fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = filter_with_queue("{}", queue.clone());
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(filter_with_queue("{}", queue.clone()));
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
     assert!(host.shared.is_empty(), "an answer holding a ticket is never cached");
     host.upstream_response = vec![(":status".into(), "200".into())];
@@ -328,9 +323,7 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
 #[test]
 fn requests_without_a_ticket_report_nothing() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = filter_with_queue("{}", queue.clone());
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(filter_with_queue("{}", queue.clone()));
     f.on_sidecar_response(&mut host, 1, Some(200), allow_body());
     f.on_log(&host);
     assert!(queue.borrow().is_empty());

@@ -75,6 +75,15 @@ impl Envoy {
         h
     }
 
+    /// The root context's tick: a renewer sends what the renewal queue holds. Returns the
+    /// renewer and the root's host, to answer the renewal.
+    fn tick(&self) -> (LeaseRenewer, MockHost) {
+        let mut renewer = LeaseRenewer::new(self.renewals.clone());
+        let mut root = MockHost::next_request(&self.base);
+        renewer.on_tick(&mut root, &self.config);
+        (renewer, root)
+    }
+
     /// A request that must call; answered with `body` (sent at its time, answered `rtt` later).
     fn call(&mut self, body: &str) -> (MockHost, DecideRequest) {
         let (mut f, mut h, a) = self.request();
@@ -95,6 +104,15 @@ fn grant(units: u64, ttl_ms: u64) -> String {
 }
 
 const ALLOW: &str = r#"{"verdict":"allow","tenant":"acme","keyId":"key_1","plan":"gold"}"#;
+
+/// An Envoy whose lease of 4 units, spent at ~20/s, is low: a renewal is queued (at +11).
+fn low_lease() -> Envoy {
+    let mut e = Envoy::new("{}");
+    e.call(ALLOW);
+    e.at(10).call(&grant(4, 400));
+    e.at(11).hit();
+    e
+}
 
 #[test]
 fn a_lease_is_spent_without_callouts_then_the_filter_calls_again() {
@@ -157,10 +175,8 @@ fn each_grant_expires_on_its_own_and_the_oldest_is_spent_first() {
     e.at(10).call(&grant(3, 100)); // until +110 (e.g. the end of a fixed window)
     e.at(20).hit();
     // a renewal's grant arrives: a second batch, until +420
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
     e.renewals.borrow_mut().push(sample_request(), 10);
-    let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    let (mut renewer, mut root) = e.tick();
     let sent: DecideRequest = serde_json::from_slice(&root.calls[0].body).unwrap();
     assert_eq!(sent.token_estimate, None, "a renewal admits no request");
     assert!(renewer.on_call_response(&mut root, 1, Some(200), grant(6, 400).as_bytes()));
@@ -177,21 +193,7 @@ fn each_grant_expires_on_its_own_and_the_oldest_is_spent_first() {
 }
 
 fn sample_request() -> DecideRequest {
-    DecideRequest {
-        key_hash: hash_key(KEY),
-        method: "GET".into(),
-        authority: "api.test".into(),
-        path: "/".into(),
-        request_id: None,
-        decision_id: None,
-        client_ip: None,
-        headers: vec![],
-        token_estimate: Some(5),
-        route: None,
-        cache_key: None,
-        idempotency: None,
-        lease: None,
-    }
+    DecideRequest { token_estimate: Some(5), ..DecideRequest::new(hash_key(KEY), "GET", "api.test", "/") }
 }
 
 #[test]
@@ -207,9 +209,7 @@ fn a_low_lease_queues_one_renewal_that_the_root_sends_off_the_request_path() {
     assert_eq!(e.renewals.borrow().len(), 1, "one renewal per Envoy at a time (claimed in the record)");
     assert!(e.record().unwrap().renewing_until_ms > T + 12);
 
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
-    let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    let (mut renewer, mut root) = e.tick();
     assert!(e.renewals.borrow().is_empty());
     assert_eq!(root.calls.len(), 1);
     assert_eq!(root.count_of(Metric::LeaseRenewal), 1);
@@ -235,13 +235,8 @@ fn a_low_lease_queues_one_renewal_that_the_root_sends_off_the_request_path() {
 
 #[test]
 fn a_denied_renewal_drops_the_lease_at_once() {
-    let mut e = Envoy::new("{}");
-    e.call(ALLOW);
-    e.at(10).call(&grant(4, 400));
-    e.at(11).hit();
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
-    let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    let mut e = low_lease();
+    let (mut renewer, mut root) = e.tick();
     let revoked = r#"{"verdict":"deny","status":401,"error":"revoked_key","message":"revoked"}"#;
     assert!(renewer.on_call_response(&mut root, 1, Some(200), revoked.as_bytes()));
     e.sync(&root);
@@ -254,13 +249,8 @@ fn a_denied_renewal_drops_the_lease_at_once() {
 
 #[test]
 fn a_failed_renewal_backs_off_and_the_lease_is_still_spent() {
-    let mut e = Envoy::new("{}");
-    e.call(ALLOW);
-    e.at(10).call(&grant(4, 400));
-    e.at(11).hit();
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
-    let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    let mut e = low_lease();
+    let (mut renewer, mut root) = e.tick();
     assert!(renewer.on_call_response(&mut root, 1, Some(503), b""));
     e.sync(&root);
     assert_eq!(e.record().unwrap().renewing_until_ms, T + 11 + lease::RENEWAL_BACKOFF_MS);

@@ -44,6 +44,12 @@ impl Rig {
             .with_routes(self.routes.clone())
             .with_responses(self.queue.clone())
     }
+    /// A filter through the headers phase of `h` (its call to the sidecar is out).
+    fn request(&self, h: &mut MockHost) -> AuthFilter {
+        let mut f = self.filter();
+        f.on_request_headers(h, true);
+        f
+    }
     fn stored(&self) -> StoreBatch {
         let mut q = self.queue.borrow_mut();
         let batch = q.begin_flush(1 << 20).map(|(b, _)| serde_json::from_slice(&b).unwrap()).unwrap_or_default();
@@ -123,8 +129,7 @@ fn responses_that_must_not_be_cached_are_not_queued() {
     for (status, headers, body, complete) in cases {
         let rig = Rig::new();
         let mut h = host("GET", "/v1/chat");
-        let mut f = rig.filter();
-        f.on_request_headers(&mut h, true);
+        let mut f = rig.request(&mut h);
         f.on_sidecar_response(&mut h, 1, Some(200), MISS);
         upstream(&mut h, status, headers);
         f.on_response_headers(&mut h, false);
@@ -168,8 +173,7 @@ fn bypass_no_lookup_and_no_auth_cache_shortcut() {
     let rig = Rig::new();
     // Cache-Control: no-store → no key, x-tollgate-cache: bypass
     let mut h = host("GET", "/v1/chat").with_header("cache-control", "no-store");
-    let mut f = rig.filter();
-    f.on_request_headers(&mut h, true);
+    let mut f = rig.request(&mut h);
     assert_eq!(decision(&h).cache_key, None);
     f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
     upstream(&mut h, "200", &[]);
@@ -187,8 +191,7 @@ fn bypass_no_lookup_and_no_auth_cache_shortcut() {
     assert_eq!(h.calls.len(), 1);
     // a route without a TTL: no lookup, no header
     let mut h = host("GET", "/elsewhere");
-    let mut f = rig.filter();
-    f.on_request_headers(&mut h, true);
+    let mut f = rig.request(&mut h);
     assert_eq!(decision(&h).cache_key, None);
     f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
     f.on_response_headers(&mut h, true);
@@ -238,8 +241,7 @@ fn an_idempotency_key_carries_the_seed_digest_and_its_outcome_is_stored_or_relea
 fn replays_conflicts_and_malformed_keys() {
     let rig = Rig::new();
     let mut h = host("POST", "/orders").with_header("idempotency-key", "order-1");
-    let mut f = rig.filter();
-    f.on_request_headers(&mut h, true);
+    let mut f = rig.request(&mut h);
     let replay = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p",
       "replay":{"kind":"idempotency","response":{"status":201,"body":"AAH/","base64":true,"storedAtMs":1}}}"#;
     assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), replay), Action::Pause);
@@ -250,8 +252,7 @@ fn replays_conflicts_and_malformed_keys() {
 
     // 409 / 422 come from the sidecar as denials
     let mut h = host("POST", "/orders").with_header("idempotency-key", "order-1");
-    let mut f = rig.filter();
-    f.on_request_headers(&mut h, true);
+    let mut f = rig.request(&mut h);
     let conflict = br#"{"verdict":"deny","status":422,"error":"idempotency_key_reused","message":"m"}"#;
     f.on_sidecar_response(&mut h, 1, Some(200), conflict);
     assert_eq!(h.reply.clone().unwrap().status, 422);
@@ -272,8 +273,7 @@ fn replays_conflicts_and_malformed_keys() {
 fn a_denial_on_a_caching_route_says_nothing_about_the_cache() {
     let rig = Rig::new();
     let mut h = host("GET", "/v1/chat");
-    let mut f = rig.filter();
-    f.on_request_headers(&mut h, true);
+    let mut f = rig.request(&mut h);
     let deny = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"m","limit":"pm"}"#;
     assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), deny), Action::Pause);
     assert_eq!(h.reply.clone().unwrap().status, 429);

@@ -34,6 +34,13 @@ fn events(meter: &Rc<RefCell<Meter>>) -> Vec<UsageEvent> {
     serde_json::from_slice::<UsageBatch>(&body).unwrap().events
 }
 
+/// `f` through the headers phase of a request with the key: its call to the sidecar is out.
+fn with_key(mut f: AuthFilter) -> (AuthFilter, MockHost) {
+    let mut host = MockHost::new().with_header("x-api-key", KEY);
+    f.on_request_headers(&mut host, true);
+    (f, host)
+}
+
 fn allow() -> &'static [u8] {
     br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":500}"#
 }
@@ -78,9 +85,7 @@ fn an_allowed_request_becomes_one_event_when_it_ends() {
 #[test]
 fn auth_cache_hits_are_metered_too() {
     let m = meter();
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = metered(METERED, &m);
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(metered(METERED, &m));
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
     f.on_log(&host);
     // the same key again on this Envoy: answered from the auth cache, no call
@@ -105,16 +110,12 @@ fn requests_without_an_identity_are_not_metered() {
     f.on_request_headers(&mut host, true);
     f.on_log(&host);
     // denied by the sidecar (the sidecar meters its own denials)
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = metered(METERED, &m);
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(metered(METERED, &m));
     let deny = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"m","limit":"l"}"#;
     f.on_sidecar_response(&mut host, 1, Some(200), deny);
     f.on_log(&host);
     // the sidecar failed and the filter failed open: nobody to bill
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = metered(r#"{"usage":{"enabled":true},"failureMode":"open"}"#, &m);
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(metered(r#"{"usage":{"enabled":true},"failureMode":"open"}"#, &m));
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(503), b""), Action::Continue);
     f.on_log(&host);
     assert!(events(&m).is_empty());
@@ -123,9 +124,7 @@ fn requests_without_an_identity_are_not_metered() {
 #[test]
 fn metering_is_off_unless_configured() {
     let m = meter();
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = metered("{}", &m);
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(metered("{}", &m));
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
     f.on_log(&host);
     assert!(events(&m).is_empty());
@@ -134,9 +133,7 @@ fn metering_is_off_unless_configured() {
 #[test]
 fn a_client_that_goes_away_is_metered_as_aborted() {
     let m = meter();
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = metered(METERED, &m);
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(metered(METERED, &m));
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
     f.on_log(&host); // no response headers ever came
     let e = events(&m);
@@ -147,9 +144,7 @@ fn a_client_that_goes_away_is_metered_as_aborted() {
 #[test]
 fn tokens_of_a_streamed_response_are_read_without_holding_it() {
     let m = meter();
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
-    let mut f = metered(METERED, &m);
-    f.on_request_headers(&mut host, true);
+    let (mut f, mut host) = with_key(metered(METERED, &m));
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
     host.upstream_response = vec![(":status".into(), "200".into()), ("content-type".into(), "text/event-stream".into())];
     f.on_response_headers(&mut host, false);
@@ -165,9 +160,7 @@ fn tokens_of_a_streamed_response_are_read_without_holding_it() {
 fn a_full_queue_drops_the_oldest_and_counts_them() {
     let m = Rc::new(RefCell::new(Meter::new(2, 1)));
     for _ in 0..3 {
-        let mut host = MockHost::new().with_header("x-api-key", KEY);
-        let mut f = metered(METERED, &m);
-        f.on_request_headers(&mut host, true);
+        let (mut f, mut host) = with_key(metered(METERED, &m));
         f.on_sidecar_response(&mut host, 1, Some(200), allow());
         f.on_log(&host);
     }

@@ -16,8 +16,9 @@ pub const DECIDE_PATH: &str = "/v1/decide";
 /// Path of the batched completion reports (see [`CompletionBatch`]).
 pub const COMPLETIONS_PATH: &str = "/v1/completions";
 
-/// What the filter asks about one request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What the filter asks about one request. `Default` is every field empty: fixtures set what
+/// they test on top of [`DecideRequest::new`] with struct update syntax.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DecideRequest {
     /// Lowercase hex sha256 of the API key (64 characters).
@@ -59,6 +60,19 @@ pub struct DecideRequest {
     /// Leased limits: the filter would take a lease of units with this decision (see [`LeaseAsk`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseAsk>,
+}
+
+impl DecideRequest {
+    /// A request with the four fields every decision has, and none of the optional ones.
+    pub fn new(key_hash: impl Into<String>, method: impl Into<String>, authority: impl Into<String>, path: impl Into<String>) -> Self {
+        DecideRequest {
+            key_hash: key_hash.into(),
+            method: method.into(),
+            authority: authority.into(),
+            path: path.into(),
+            ..DecideRequest::default()
+        }
+    }
 }
 
 /// A filter's request for a lease: units of the key's leased limits it may spend locally,
@@ -151,6 +165,25 @@ pub enum DecideResponse {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         response_headers: Vec<Header>,
     },
+}
+
+impl DecideResponse {
+    /// An allow of `tenant`'s key `key_id` on `plan` with nothing else: no headers, not
+    /// cacheable, no ticket, replay, store ticket or lease.
+    pub fn allow(tenant: impl Into<String>, key_id: impl Into<String>, plan: impl Into<String>) -> Self {
+        DecideResponse::Allow {
+            tenant: tenant.into(),
+            key_id: key_id.into(),
+            plan: plan.into(),
+            request_headers: Vec::new(),
+            response_headers: Vec::new(),
+            cache_for_ms: None,
+            ticket: None,
+            replay: None,
+            store: None,
+            lease: None,
+        }
+    }
 }
 
 /// What an allowed request holds until its completion is reported. Opaque to the filter: it is
@@ -278,18 +311,7 @@ mod tests {
 
     #[test]
     fn allow_round_trips_with_camel_case_tag() {
-        let r = DecideResponse::Allow {
-            tenant: "acme".into(),
-            key_id: "key_1".into(),
-            plan: "free".into(),
-            request_headers: vec![],
-            response_headers: vec![],
-            cache_for_ms: None,
-            ticket: None,
-            replay: None,
-            store: None,
-            lease: None,
-        };
+        let r = DecideResponse::allow("acme", "key_1", "free");
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"verdict":"allow","tenant":"acme","keyId":"key_1","plan":"free"}"#);
         assert_eq!(serde_json::from_str::<DecideResponse>(&s).unwrap(), r);
@@ -309,6 +331,8 @@ mod tests {
         let req: DecideRequest = serde_json::from_str(q).unwrap();
         assert_eq!(req.request_id, None);
         assert_eq!(req.lease, None);
+        assert_eq!(req, DecideRequest::new("ab", "GET", "a", "/"), "every optional field absent");
+        assert_eq!(serde_json::to_string(&req).unwrap(), r#"{"keyHash":"ab","method":"GET","authority":"a","path":"/"}"#);
     }
 
     #[test]

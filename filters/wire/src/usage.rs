@@ -24,8 +24,9 @@ pub const USAGE_PATH: &str = "/v1/usage";
 /// Longest `path` kept in an event (longer ones are cut at a character boundary).
 pub const MAX_PATH: usize = 256;
 
-/// One request of a known tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One request of a known tenant. `Default` (every field empty) is for fixtures that set only
+/// what they test.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageEvent {
     /// Unique per request, made by the gateway: the billing consumer's deduplication key.

@@ -1,5 +1,5 @@
-//! `tollgate-bench`: Envoy alone vs Envoy's native C++ rate limiter vs Envoy + Tollgate in
-//! several configurations, measured in one run, interleaved (docs/benchmarks.md).
+//! `tollgate-bench` (no subcommand): Envoy alone vs Envoy's native C++ rate limiter vs Envoy +
+//! Tollgate in several configurations, measured in one run, interleaved (docs/benchmarks.md).
 //!
 //! Two phases, each in interleaved rounds (round 1: A, B, C, …; round 2: A, B, C, …) so that
 //! machine noise hits every configuration alike:
@@ -24,6 +24,7 @@
 //! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run),
 //! `--saturation-only` (skip phase 2).
 
+use crate::{arg, arg_str, args, cpu_us};
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::Duration;
@@ -67,29 +68,6 @@ struct Config<'a> {
     envoy: &'a Envoy,
     key: Option<&'a str>,
     sidecar: Option<&'a Sidecar>,
-}
-
-fn args() -> Vec<String> {
-    std::env::args().collect()
-}
-
-fn arg_str(name: &str) -> Option<String> {
-    let a = args();
-    a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).cloned()
-}
-
-fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
-    arg_str(name).and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// utime + stime of a process, in microseconds.
-fn cpu_us(pid: Option<u32>) -> f64 {
-    let Some(pid) = pid else { return 0.0 };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    ticks * 1_000_000.0 / 100.0 // USER_HZ = 100 on Linux
 }
 
 /// (all commands, EVALSHA calls) from `INFO commandstats`. Commands run inside a script count
@@ -196,11 +174,27 @@ fn oha(url: &str, key: Option<&str>, secs: u64, conns: u64, rate: f64) -> Option
     })
 }
 
+/// The plugin configuration of a Tollgate Envoy under load: a 25 ms sidecar timeout, failing
+/// closed, and `extra`'s fields.
+fn plugin(extra: Value) -> Value {
+    let mut config = json!({"sidecar": {"timeout": "25ms"}, "failureMode": "closed"});
+    if let (Some(config), Value::Object(extra)) = (config.as_object_mut(), extra) {
+        config.extend(extra);
+    }
+    config
+}
+
+/// A breaker guarding the `upstream` cluster (closed all along under this load).
+fn breaker_target() -> Value {
+    json!({"name": "bench", "cluster": "upstream", "provider": "bench", "model": "m"})
+}
+
 fn mean<T>(v: &[T], f: impl Fn(&T) -> f64) -> f64 {
     v.iter().map(f).sum::<f64>() / v.len().max(1) as f64
 }
 
-fn main() {
+/// The comparison run (options in the module documentation).
+pub fn run() {
     let secs: u64 = arg("--duration", 10);
     let rounds: u64 = arg("--rounds", 2);
     let conns: u64 = arg("--connections", 16);
@@ -237,22 +231,19 @@ fn main() {
     });
     let tollgate = Envoy::start(EnvoyOptions {
         cpu: Some(0),
-        ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed"}"#)
+        ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin(json!({})))
     });
     // The same filter with its auth cache off: one callout per request.
     let callout = Envoy::start(EnvoyOptions {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, sidecar.port)
-            .plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#)
+            .plugin_config(plugin(json!({"authCacheMaxTtl": "0ms"})))
     });
     // The same filter with a circuit breaker guarding the upstream cluster (closed: the request
     // path reads the breaker's shared state; no callout), and the hint poller ticking.
     let breaker = Envoy::start(EnvoyOptions {
         cpu: Some(0),
-        ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(
-            r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed",
-                "breakers":{"targets":[{"name":"bench","cluster":"upstream","provider":"bench","model":"m"}]}}"#,
-        )
+        ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin(json!({"breakers": {"targets": [breaker_target()]}})))
     });
     for e in [&tollgate, &callout, &breaker] {
         assert_eq!(get(&e.url("/"), &[("x-api-key", &key.raw)]).status, 200, "tollgate stack not answering");
@@ -280,7 +271,7 @@ fn main() {
     let metered = Envoy::start(EnvoyOptions {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, usage_sidecar.port)
-            .plugin_config(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","usage":{"enabled":true}}"#)
+            .plugin_config(plugin(json!({"usage": {"enabled": true}})))
     });
     assert_eq!(get(&metered.url("/"), &[("x-api-key", &key.raw)]).status, 200, "metered stack not answering");
     // The full policy path in one Envoy: key auth, one exact rate limit (the "limited" key: one
@@ -288,9 +279,11 @@ fn main() {
     //
     // Routing is on: the sidecar's table (one route for everything, to `upstream`, guarded by the
     // breaker target of that cluster) is matched locally on every request.
-    let full_policy_config = r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed",
-        "breakers":{"targets":[{"name":"bench","cluster":"upstream","provider":"bench","model":"m"}]},
-        "usage":{"enabled":true},"routing":{"enabled":true}}"#;
+    let full_policy_config = plugin(json!({
+        "breakers": {"targets": [breaker_target()]},
+        "usage": {"enabled": true},
+        "routing": {"enabled": true},
+    }));
     let full = Envoy::start(EnvoyOptions {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, usage_sidecar.port).plugin_config(full_policy_config)
@@ -313,14 +306,14 @@ fn main() {
         if !(selected(limit_name) || selected(callout_name)) {
             continue;
         }
-        let start = |config: &str| {
+        let start = |config: Value| {
             Envoy::start(EnvoyOptions {
                 cpu: Some(0),
                 ..EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(config).sidecar_transport(transport)
             })
         };
-        let limit_envoy = start(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed"}"#);
-        let callout_envoy = start(r#"{"sidecar":{"timeout":"25ms"},"failureMode":"closed","authCacheMaxTtl":"0ms"}"#);
+        let limit_envoy = start(plugin(json!({})));
+        let callout_envoy = start(plugin(json!({"authCacheMaxTtl": "0ms"})));
         for (e, k) in [(&limit_envoy, &limited_key.raw), (&callout_envoy, &key.raw)] {
             assert_eq!(get(&e.url("/"), &[("x-api-key", k)]).status, 200, "{limit_name}: the tollgate stack is not answering");
         }
@@ -397,7 +390,7 @@ fn main() {
             // pause between warm-up and measurement would measure its slow start again)
             settle(&redis);
             let _ = wrk(&url, c.key, 2, conns);
-            let spid = c.sidecar.and_then(Sidecar::pid);
+            let spid = c.sidecar.and_then(|s| s.pid());
             let (e0, s0, r0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, secs, conns);
             settle(&redis);
@@ -434,7 +427,7 @@ fn main() {
             let url = c.envoy.url("/bench");
             settle(&redis);
             let _ = oha(&url, c.key, 2, conns, rate); // warm-up at the same rate, right before
-            let spid = c.sidecar.and_then(Sidecar::pid);
+            let spid = c.sidecar.and_then(|s| s.pid());
             let (e0, s0) = (cpu_us(c.envoy.pid()), cpu_us(spid));
             let Some(mut o) = oha(&url, c.key, secs, conns, rate) else { continue };
             settle(&redis);

@@ -2,7 +2,7 @@
 //! healthy, the commanded status while failing, optionally after a delay, and counts every
 //! request it sees (so a test can prove that a request never reached it).
 
-use crate::InProcess;
+use super::InProcess;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -69,7 +69,7 @@ pub fn start_flaky(name: &str) -> Flaky {
         seen: AtomicU64::new(0),
     });
     let c = control.clone();
-    let server = crate::start_in_process(move |listener, stop| async move {
+    let server = super::start_in_process(move |listener, stop| async move {
         let app = axum::Router::new().fallback(handle).with_state(c);
         let _ = axum::serve(listener, app)
             .with_graceful_shutdown(async move {

@@ -1,0 +1,56 @@
+//! `tollgate-bench`: measurements of the whole gateway on real processes (`./build.sh bench`),
+//! built on the functional-test harness. Measurements, not tests: nothing here passes or fails on
+//! a figure (the machine is shared and noisy); each prints what it measured.
+//!
+//! - no subcommand: Envoy alone vs Envoy's native rate limiter vs Envoy + Tollgate ([`compare`]);
+//! - `cache`: a response-cache hit next to a miss and an uncached route ([`cache`]);
+//! - `usage-intake [--aggregate-above-rps N] [--batches B]`: the sidecar's usage intake and
+//!   delivery ([`usage`]);
+//! - `usage-shipping [--events E]`: a full spool drained to the broker ([`usage`]).
+
+mod cache;
+mod compare;
+mod usage;
+
+fn args() -> Vec<String> {
+    std::env::args().collect()
+}
+
+/// The value after option `name`, if given.
+fn arg_str(name: &str) -> Option<String> {
+    let a = args();
+    a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).cloned()
+}
+
+/// Option `name` parsed, or `default`.
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    arg_str(name).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// utime + stime of a process so far, in microseconds (`/proc/<pid>/stat`).
+fn cpu_us(pid: Option<u32>) -> f64 {
+    let Some(pid) = pid else { return 0.0 };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // after the command name: state is field 0, utime 11, stime 12 (clock ticks)
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    ticks * 1_000_000.0 / 100.0 // USER_HZ = 100 on Linux
+}
+
+fn main() {
+    match std::env::args().nth(1).as_deref() {
+        Some("cache") => cache::run(),
+        Some("usage-intake") => usage::intake(arg("--aggregate-above-rps", 0), arg("--batches", 200)),
+        Some("usage-shipping") => usage::shipping(arg("--events", 400_000)),
+        Some("--help" | "-h" | "help") => println!(
+            "usage: tollgate-bench [--duration SECS] [--rounds N] [--connections N] [--rate-fraction F] [--rate RPS]\n\
+             \x20                     [--only NAME,NAME] [--compare-wasm PATH] [--saturation-only]\n\
+             \x20      tollgate-bench cache [--requests N] [--rounds N]\n\
+             \x20      tollgate-bench usage-intake [--aggregate-above-rps N] [--batches B]\n\
+             \x20      tollgate-bench usage-shipping [--events E]\n\
+             (docs/benchmarks.md)"
+        ),
+        _ => compare::run(),
+    }
+}

@@ -1,0 +1,71 @@
+//! Sample values shared by tests and the bench, so that what the tests check and what the bench
+//! measures are the same: usage events, the response-cache gateway's configuration.
+
+use serde_json::{json, Value};
+use tollgate_wire::usage::UsageEvent;
+
+/// 2025-11-30T00:00:00Z: the day the sample events are billed on.
+pub const DAY: u64 = 1_764_460_800_000;
+
+/// Event number `seq` of `tenant`: a GET of `/v1/items/<seq>` (404 for every tenth), `seq`
+/// tokens, started `seq` ms into [`DAY`]; its id is unique per tenant and `seq`.
+pub fn usage_event(tenant: &str, seq: u64) -> UsageEvent {
+    UsageEvent {
+        id: format!("{tenant}-{seq:08}-0123456789"),
+        tenant: tenant.into(),
+        key_id: format!("key_{tenant}"),
+        plan: "gold".into(),
+        method: "GET".into(),
+        authority: "api.test".into(),
+        path: format!("/v1/items/{seq}"),
+        status: if seq.is_multiple_of(10) { 404 } else { 200 },
+        start_ms: DAY + seq,
+        duration_ms: 3,
+        tokens: Some(seq),
+        request_bytes: Some(100),
+        response_bytes: Some(200),
+        ..UsageEvent::default()
+    }
+}
+
+/// The response-cache gateway's sidecar (issue 7): plan `p` with one fixed-window limit of
+/// `limit` a minute; route `cached` (`/cached…`) caches responses for a minute, keyed also by
+/// `x-user`; route `plain` (everything else) does not cache.
+pub fn cache_sidecar_toml(limit: u64) -> String {
+    format!(
+        r#"
+[[plans.p.limits]]
+name = "pm"
+algorithm = "fixed_window"
+limit = {limit}
+window = "60s"
+
+[[routes]]
+id = "cached"
+cluster = "upstream"
+priority = 10
+cache_ttl = "60s"
+cache_key_headers = ["x-user"]
+[routes.match]
+path_prefix = "/cached"
+
+[[routes]]
+id = "plain"
+cluster = "upstream"
+priority = 20
+[routes.match]
+path_prefix = "/"
+"#
+    )
+}
+
+/// The response-cache gateway's plugin: routing on (the cache TTL is the route's), idempotency
+/// on, small cache bodies, fast flushes.
+pub fn cache_plugin() -> Value {
+    json!({
+        "sidecar": {"timeout": "2s"}, "failureMode": "closed",
+        "routing": {"enabled": true, "refreshInterval": "50ms"},
+        "responseCache": {"maxBodyBytes": 4096}, "idempotency": {"enabled": true},
+        "completionFlushInterval": "20ms",
+    })
+}
