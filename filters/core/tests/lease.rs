@@ -10,9 +10,13 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{Action, AuthFilter, Metric};
+use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::host::Action;
+use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::key::hash_key;
-use tollgate_filter_core::lease::{self, LeaseRecord, LeaseRenewer, RenewalQueue};
+use tollgate_filter_core::lease::renewer::{LeaseRenewer, RenewalQueue};
+use tollgate_filter_core::lease::{self, LeaseRecord};
+use tollgate_filter_core::shared_keys;
 use tollgate_filter_core::mock::MockHost;
 use tollgate_wire::DecideRequest;
 
@@ -59,7 +63,7 @@ impl Envoy {
     }
 
     fn record(&self) -> Option<LeaseRecord> {
-        LeaseRecord::decode(self.base.shared.get(&lease::lease_key(&hash_key(KEY)))?)
+        LeaseRecord::decode(self.base.shared.get(shared_keys::lease(&hash_key(KEY), None).as_str())?)
     }
 
     fn units(&self) -> u64 {
@@ -157,10 +161,10 @@ fn each_grant_expires_on_its_own_and_the_oldest_is_spent_first() {
     e.at(10).call(&grant(3, 100)); // until +110 (e.g. the end of a fixed window)
     e.at(20).hit();
     // a renewal's grant arrives: a second batch, until +420
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
+    let mut renewer = LeaseRenewer::new(e.renewals.clone(), e.config.sidecar.clone());
     e.renewals.borrow_mut().push(sample_request(), 10);
     let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    renewer.on_tick(&mut root);
     let sent: DecideRequest = serde_json::from_slice(&root.calls[0].body).unwrap();
     assert_eq!(sent.token_estimate, None, "a renewal admits no request");
     assert!(renewer.on_call_response(&mut root, 1, Some(200), grant(6, 400).as_bytes()));
@@ -207,9 +211,9 @@ fn a_low_lease_queues_one_renewal_that_the_root_sends_off_the_request_path() {
     assert_eq!(e.renewals.borrow().len(), 1, "one renewal per Envoy at a time (claimed in the record)");
     assert!(e.record().unwrap().renewing_until_ms > T + 12);
 
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
+    let mut renewer = LeaseRenewer::new(e.renewals.clone(), e.config.sidecar.clone());
     let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    renewer.on_tick(&mut root);
     assert!(e.renewals.borrow().is_empty());
     assert_eq!(root.calls.len(), 1);
     assert_eq!(root.count_of(Metric::LeaseRenewal), 1);
@@ -239,9 +243,9 @@ fn a_denied_renewal_drops_the_lease_at_once() {
     e.call(ALLOW);
     e.at(10).call(&grant(4, 400));
     e.at(11).hit();
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
+    let mut renewer = LeaseRenewer::new(e.renewals.clone(), e.config.sidecar.clone());
     let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    renewer.on_tick(&mut root);
     let revoked = r#"{"verdict":"deny","status":401,"error":"revoked_key","message":"revoked"}"#;
     assert!(renewer.on_call_response(&mut root, 1, Some(200), revoked.as_bytes()));
     e.sync(&root);
@@ -258,9 +262,9 @@ fn a_failed_renewal_backs_off_and_the_lease_is_still_spent() {
     e.call(ALLOW);
     e.at(10).call(&grant(4, 400));
     e.at(11).hit();
-    let mut renewer = LeaseRenewer::new(e.renewals.clone());
+    let mut renewer = LeaseRenewer::new(e.renewals.clone(), e.config.sidecar.clone());
     let mut root = MockHost::next_request(&e.base);
-    renewer.on_tick(&mut root, &e.config);
+    renewer.on_tick(&mut root);
     assert!(renewer.on_call_response(&mut root, 1, Some(503), b""));
     e.sync(&root);
     assert_eq!(e.record().unwrap().renewing_until_ms, T + 11 + lease::RENEWAL_BACKOFF_MS);
@@ -294,7 +298,7 @@ fn workers_racing_on_the_lease_never_spend_a_unit_twice() {
     let mut e = Envoy::new(r#"{"leases":{"renewAhead":"10ms"}}"#);
     e.call(ALLOW);
     e.at(10).call(&grant(5, 400));
-    let key = lease::lease_key(&hash_key(KEY));
+    let key = shared_keys::lease(&hash_key(KEY), None).into_string();
     // Another worker spends a unit between this request's read and its CAS write, twice.
     let mut other = e.record().unwrap();
     other.batches[0].units = 4;

@@ -29,13 +29,17 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{Action, AuthFilter, CallSpec, Host, LocalAllows, LogLevel, Metric};
+use tollgate_filter_core::auth_cache::LocalAllows;
+use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::host::{Action, CallSpec, Host, LogLevel, SharedSetError};
+use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::ids::DecisionIds;
-use tollgate_filter_core::responses::ResponseQueue;
+use tollgate_filter_core::responses::queue::ResponseQueue;
 use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
-use tollgate_filter_core::lease::{LeaseRenewer, RenewalQueue};
+use tollgate_filter_core::lease::renewer::{LeaseRenewer, RenewalQueue};
 use tollgate_filter_core::usage::{self, Meter};
-use tollgate_filter_core::{breaker, breaker_guard::BreakerGuard, breaker_hints::HintPoller};
+use tollgate_filter_core::breaker::{self, guard::BreakerGuard, hints::HintPoller};
+use tollgate_filter_core::shared_keys;
 use tollgate_wire::usage::USAGE_PATH;
 use tollgate_wire::COMPLETIONS_PATH;
 
@@ -110,7 +114,7 @@ struct Root {
     responses_token: Option<(u32, usize)>,
     /// This worker's lease renewals: HTTP contexts queue, the tick sends.
     renewals: Rc<RefCell<RenewalQueue>>,
-    renewer: LeaseRenewer,
+    renewer: Option<LeaseRenewer>,
     last_completion_flush_ms: u64,
     /// This worker's copy of the auth cache entries it has seen.
     local_allows: Rc<RefCell<LocalAllows>>,
@@ -140,7 +144,7 @@ impl Default for Root {
             routes: Rc::default(),
             route_poller: None,
             renewals: renewals.clone(),
-            renewer: LeaseRenewer::new(renewals),
+            renewer: None,
             last_completion_flush_ms: 0,
             responses: Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES))),
             response_metrics: FlushMetrics::default(),
@@ -164,11 +168,11 @@ impl Root {
         let headers = vec![
             (":method", "POST"),
             (":path", tollgate_wire::responses::RESPONSES_PATH),
-            (":authority", config.sidecar_authority.as_str()),
+            (":authority", config.sidecar.authority.as_str()),
             ("content-type", "application/json"),
         ];
         let timeout = std::time::Duration::from_secs(5);
-        match hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
+        match hostcalls::dispatch_http_call(&config.sidecar.cluster, headers, Some(&body), vec![], timeout) {
             Ok(token) => self.responses_token = Some((token, n)),
             Err(e) => {
                 queue.end_flush(n);
@@ -190,12 +194,12 @@ impl Root {
         let headers = vec![
             (":method", "POST"),
             (":path", COMPLETIONS_PATH),
-            (":authority", config.sidecar_authority.as_str()),
+            (":authority", config.sidecar.authority.as_str()),
             ("content-type", "application/json"),
         ];
         // A batch may wait longer than a decision: it is off the request path.
-        let timeout = config.sidecar_timeout.max(std::time::Duration::from_secs(2));
-        match hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
+        let timeout = config.sidecar.timeout.max(std::time::Duration::from_secs(2));
+        match hostcalls::dispatch_http_call(&config.sidecar.cluster, headers, Some(&body), vec![], timeout) {
             Ok(token) => self.flush_token = Some(token),
             Err(e) => {
                 queue.end_flush(false);
@@ -219,12 +223,12 @@ impl Root {
         let headers = vec![
             (":method", "POST"),
             (":path", USAGE_PATH),
-            (":authority", config.sidecar_authority.as_str()),
+            (":authority", config.sidecar.authority.as_str()),
             ("content-type", "application/json"),
         ];
         // The sidecar answers once the batch is on disk (an fsync): allow it a few seconds.
         let timeout = std::time::Duration::from_secs(5);
-        match hostcalls::dispatch_http_call(&config.sidecar_cluster, headers, Some(&body), vec![], timeout) {
+        match hostcalls::dispatch_http_call(&config.sidecar.cluster, headers, Some(&body), vec![], timeout) {
             Ok(token) => self.usage_token = Some(token),
             Err(e) => {
                 meter.queue.end_flush(false);
@@ -295,8 +299,10 @@ impl Context for Root {
             self.routes.borrow_mut().refresh(&host);
             return;
         }
-        if self.renewer.on_call_response(&mut host, token_id, status, &body) {
-            return;
+        if let Some(r) = self.renewer.as_mut() {
+            if r.on_call_response(&mut host, token_id, status, &body) {
+                return;
+            }
         }
         if let Some(p) = self.poller.as_mut() {
             p.on_call_response(&mut host, token_id, status, &body);
@@ -358,7 +364,7 @@ impl RootContext for Root {
             }
         }
         let mut metrics = HashMap::new();
-        for m in Metric::all() {
+        for m in Metric::requests() {
             match hostcalls::define_metric(MetricType::Counter, &m.name()) {
                 Ok(id) => {
                     metrics.insert(m, id);
@@ -380,10 +386,10 @@ impl RootContext for Root {
             self.named = Rc::new(named);
             let mut host = EnvoyHost::new(&self.metrics, &self.named);
             for t in &config.breakers.targets {
-                breaker::init(&mut host, &breaker::shared_key(&t.name));
+                breaker::init(&mut host, &shared_keys::breaker(&t.name));
             }
             if config.breakers.shares_hints() {
-                self.poller = Some(HintPoller::new(config.clone(), vm_identity()));
+                self.poller = Some(HintPoller::new(config.breakers.clone(), config.sidecar.clone(), vm_identity()));
             }
             let define = |name: &str| hostcalls::define_metric(MetricType::Counter, name).ok();
             self.flush_metrics = FlushMetrics {
@@ -416,13 +422,14 @@ impl RootContext for Root {
                 tick = tick.min(config.usage.flush_interval);
             }
             if config.routing.enabled {
-                self.route_poller = Some(RouteTablePoller::new(config.clone(), vm_identity()));
+                self.route_poller = Some(RouteTablePoller::new(config.routing.clone(), config.sidecar.clone(), vm_identity()));
                 tick = tick.min(config.routing.refresh_interval);
             }
             if config.leases.enabled {
                 // lease renewals wait for the tick: keep it well under `renewAhead`
                 tick = tick.min(LEASE_TICK);
             }
+            self.renewer = Some(LeaseRenewer::new(self.renewals.clone(), config.sidecar.clone()));
             self.set_tick_period(tick);
         }
         true
@@ -431,7 +438,9 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         if let Some(config) = self.config.clone() {
             let mut host = EnvoyHost::new(&self.metrics, &self.named);
-            self.renewer.on_tick(&mut host, &config);
+            if let Some(r) = self.renewer.as_mut() {
+                r.on_tick(&mut host);
+            }
             // the tick may be faster than the completion flushes (lease renewals)
             let now = host.now_ms();
             if now.saturating_sub(self.last_completion_flush_ms) + 5 >= config.completion_flush_interval.as_millis() as u64 {
@@ -471,7 +480,7 @@ impl RootContext for Root {
                 .with_leases(self.renewals.clone())
                 .with_local_allows(self.local_allows.clone())
                 .with_decision_ids(self.decision_ids.clone()),
-            guard: BreakerGuard::new(config),
+            guard: BreakerGuard::new(config.breakers.clone()),
             metrics: self.metrics.clone(),
             named: self.named.clone(),
         }))
@@ -536,9 +545,9 @@ impl Host for EnvoyHost<'_> {
     fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
         let _ = hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body));
     }
-    fn count(&mut self, metric: Metric) {
+    fn count_by(&mut self, metric: Metric, n: u64) {
         if let Some(id) = self.metrics.get(&metric) {
-            let _ = hostcalls::increment_metric(*id, 1);
+            let _ = hostcalls::increment_metric(*id, n as i64);
         }
     }
     fn now_ms(&self) -> u64 {
@@ -570,11 +579,11 @@ impl Host for EnvoyHost<'_> {
     fn shared_get_cas(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         hostcalls::get_shared_data(key).unwrap_or((None, None))
     }
-    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), breaker::SharedSetError> {
+    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedSetError> {
         match hostcalls::set_shared_data(key, Some(value), cas) {
             Ok(()) => Ok(()),
-            Err(proxy_wasm::types::Status::CasMismatch) => Err(breaker::SharedSetError::CasMismatch),
-            Err(e) => Err(breaker::SharedSetError::Other(format!("{e:?}"))),
+            Err(proxy_wasm::types::Status::CasMismatch) => Err(SharedSetError::CasMismatch),
+            Err(e) => Err(SharedSetError::Other(format!("{e:?}"))),
         }
     }
     fn response_header(&self, name: &str) -> Option<String> {
