@@ -12,8 +12,12 @@
 //! - calls and shared-data helpers: [`sidecar`], [`reply`], [`election`];
 //! - domains, each with its configuration section beside it: [`key`], [`auth_cache`],
 //!   [`routing`], [`lease`], [`breaker`], [`responses`], [`completions`], [`usage`];
+//! - background jobs: [`jobs`] (tick, owned call tokens, call responses) and the one batch
+//!   flusher [`flush`] (completions, usage, responses);
 //! - the whole configuration: [`config`];
-//! - the request path: [`filter`] (stages, decisions, the response side).
+//! - the request path: [`filter`] (stages, decisions, the response side), then the breaker
+//!   stage: [`http::HttpFilter`];
+//! - one worker's filter as its root context holds it: [`worker::Worker`].
 //!
 //! Invariant: nothing here panics outside tests (a panic aborts the Wasm VM and every request on
 //! that worker); the crate denies `unwrap`, `expect` and `panic`.
@@ -25,12 +29,15 @@ pub mod completions;
 pub mod config;
 pub mod election;
 pub mod filter;
+pub mod flush;
 pub mod headers;
 pub mod host;
 /// Decoding raw header maps from the host (bytes, never assumed UTF-8).
 pub mod hostmap;
+pub mod http;
 /// Decision ids made by the gateway (never taken from the client).
 pub mod ids;
+pub mod jobs;
 pub mod key;
 /// Leased limits: spending, sizing and renewing leases of limit units (issue 8).
 pub mod lease;
@@ -47,3 +54,4 @@ pub mod sidecar;
 pub mod stats;
 /// Usage metering: event ids, the per-worker queue of usage events, token usage.
 pub mod usage;
+pub mod worker;

@@ -15,11 +15,13 @@
 //! applies), never a wrong route.
 
 use crate::host::{Host, LogLevel};
+use crate::jobs::{Cadence, Job};
 use crate::settings::{duration_within, ConfigError};
 use crate::shared_keys::{ROUTES_POLLER, ROUTES_TABLE};
 use crate::sidecar::Sidecar;
 use crate::election;
 use serde::Deserialize;
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 use tollgate_wire::routes::{RequestView, RouteSpec, RouteTable, ROUTES_PATH};
@@ -137,13 +139,15 @@ pub struct RouteTablePoller {
     sidecar: Sidecar,
     owner: u64,
     call: Option<(u32, u64)>,
-    last_poll_ms: u64,
+    /// Polls at most every `refreshInterval` (counted from the last poll sent).
+    cadence: Cadence,
     failing: bool,
 }
 
 impl RouteTablePoller {
     pub fn new(config: RoutingConfig, sidecar: Sidecar, owner: u64) -> RouteTablePoller {
-        RouteTablePoller { config, sidecar, owner: owner.max(1), call: None, last_poll_ms: 0, failing: false }
+        let cadence = Cadence::every(config.refresh_interval);
+        RouteTablePoller { config, sidecar, owner: owner.max(1), call: None, cadence, failing: false }
     }
 
     fn lease_ms(&self) -> u64 {
@@ -154,8 +158,7 @@ impl RouteTablePoller {
     /// sidecar for the table (conditionally on the etag in shared data).
     pub fn on_tick(&mut self, host: &mut impl Host) {
         let now = host.now_ms();
-        let interval = self.config.refresh_interval.as_millis() as u64;
-        if now.saturating_sub(self.last_poll_ms) + 5 < interval {
+        if !self.cadence.is_due(now) {
             return;
         }
         // A call that never came back (it has Envoy's timeout, but be safe): forget it.
@@ -165,7 +168,7 @@ impl RouteTablePoller {
         if !election::hold(host, &ROUTES_POLLER, self.owner, now, self.lease_ms()) {
             return;
         }
-        self.last_poll_ms = now;
+        self.cadence.mark(now);
         let etag = host
             .shared_get(ROUTES_TABLE.as_str())
             .and_then(|b| serde_json::from_slice::<RouteTable>(&b).ok())
@@ -221,5 +224,26 @@ impl RouteTablePoller {
             host.log(LogLevel::Warn, &format!("tollgate: routing table not refreshed for now: {why}"));
         }
         self.failing = !ok;
+    }
+}
+
+/// The routing job of a worker's root context: the poller (which writes shared data's table when
+/// this root context is the elected one) and the worker's own copy, re-read when the table moved.
+pub struct RoutesJob {
+    pub poller: RouteTablePoller,
+    pub routes: Rc<RefCell<WorkerRoutes>>,
+}
+
+impl Job for RoutesJob {
+    fn on_tick(&mut self, host: &mut impl Host) {
+        self.poller.on_tick(host);
+        self.routes.borrow_mut().refresh(host);
+    }
+    fn owns(&self, token: u32) -> bool {
+        self.poller.owns(token)
+    }
+    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+        self.poller.on_call_response(host, token, status, body);
+        self.routes.borrow_mut().refresh(host);
     }
 }

@@ -13,6 +13,7 @@
 //! `tollgate.usage.dropped` — never silently.
 
 use crate::completions::UsageQueue;
+use crate::flush::{Delivery, Outbox};
 use crate::headers::RequestHeaders;
 use crate::host::Host;
 use crate::settings::{duration_within, ConfigError};
@@ -100,6 +101,20 @@ impl Meter {
 
     pub fn record(&mut self, event: UsageEvent) {
         self.queue.push(event);
+    }
+}
+
+/// The meter's queue is what the usage flusher sends: events stay queued until the sidecar takes
+/// them (200), and are dropped only when it refuses them for good.
+impl Outbox for Meter {
+    fn dropped(&self) -> u64 {
+        self.queue.dropped
+    }
+    fn take_batch(&mut self, max: usize) -> Option<Vec<u8>> {
+        self.queue.begin_flush(max)
+    }
+    fn settle(&mut self, delivery: Delivery) {
+        self.queue.settle(delivery);
     }
 }
 

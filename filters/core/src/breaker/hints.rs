@@ -16,6 +16,7 @@ use super::config::BreakerConfig;
 use super::guard::report;
 use super::{read, update, HintEffect, Transition};
 use crate::host::{CallSpec, Host, LogLevel};
+use crate::jobs::Job;
 use crate::sidecar::Sidecar;
 use crate::{election, shared_keys};
 use std::rc::Rc;
@@ -154,5 +155,18 @@ impl HintPoller {
                 }
             }
         }
+    }
+}
+
+/// Runs every `breakers.hints.pollInterval` (crate::jobs::Every).
+impl Job for HintPoller {
+    fn on_tick(&mut self, host: &mut impl Host) {
+        HintPoller::on_tick(self, host);
+    }
+    fn owns(&self, token: u32) -> bool {
+        HintPoller::owns(self, token)
+    }
+    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+        HintPoller::on_call_response(self, host, token, status, body);
     }
 }

@@ -9,7 +9,7 @@
 //! to add, the body kept for usage or storing, what is reported when the request ends) is
 //! [`response::ResponseSide`]. Time never enters: the call's timeout is Envoy's.
 //!
-//! The breaker guard (crate::breaker::guard) runs after an allow.
+//! The breaker guard runs after an allow; [`crate::http::HttpFilter`] wires the two.
 
 pub mod decision;
 pub mod response;

@@ -10,7 +10,7 @@
 //! 6. **lease** — a unit of this Envoy's lease of the key, without a call;
 //! 7. otherwise the decision call (now, or once the body is in).
 //!
-//! The breaker stage follows an allow (crate::breaker::guard). Each stage takes what it reads
+//! The breaker stage follows an allow ([`crate::http::HttpFilter`]). Each stage takes what it reads
 //! as arguments and returns the value the next stage needs, or what ends the path: a [`Denial`]
 //! (stages that can only refuse) or a [`Decision`].
 //! Stages only touch the host where the step itself is a host call (stripping a header, reading

@@ -5,6 +5,7 @@
 
 use super::{forget, on_answer, release_claim, MAX_QUEUED_RENEWALS, RENEWAL_TIMEOUT};
 use crate::host::{Host, LogLevel};
+use crate::jobs::Job;
 use crate::shared_keys::SharedKey;
 use crate::sidecar::{interpret, Sidecar};
 use crate::stats::Metric;
@@ -117,3 +118,15 @@ impl LeaseRenewer {
     }
 }
 
+/// Runs on every tick of its root context (a queued renewal waits at most one tick).
+impl Job for LeaseRenewer {
+    fn on_tick(&mut self, host: &mut impl Host) {
+        LeaseRenewer::on_tick(self, host);
+    }
+    fn owns(&self, token: u32) -> bool {
+        LeaseRenewer::owns(self, token)
+    }
+    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+        LeaseRenewer::on_call_response(self, host, token, status, body);
+    }
+}

@@ -1,9 +1,10 @@
 //! The per-worker queue of responses to store, and what a request keeps of its response until
 //! it is complete ([`PendingStore`]).
 
+use crate::flush::{Delivery, Outbox};
+use std::collections::VecDeque;
 use tollgate_wire::responses::{StoreBatch, StoreItem};
 use tollgate_wire::Header;
-use std::collections::VecDeque;
 
 /// The per-worker queue of finished responses to store, sent in batches by the root context's
 /// tick. Bounded in items and bytes; past either bound new items are dropped and counted.
@@ -13,14 +14,15 @@ pub struct ResponseQueue {
     bytes: usize,
     max_items: usize,
     max_bytes: usize,
-    in_flight: bool,
+    /// Items of the batch in flight.
+    in_flight: Option<usize>,
     /// Items dropped: the queue was full, or their batch failed.
     pub dropped: u64,
 }
 
 impl ResponseQueue {
     pub fn new(max_items: usize, max_bytes: usize) -> ResponseQueue {
-        ResponseQueue { pending: VecDeque::new(), bytes: 0, max_items: max_items.max(1), max_bytes, in_flight: false, dropped: 0 }
+        ResponseQueue { pending: VecDeque::new(), bytes: 0, max_items: max_items.max(1), max_bytes, in_flight: None, dropped: 0 }
     }
 
     pub fn push(&mut self, item: StoreItem) {
@@ -44,7 +46,7 @@ impl ResponseQueue {
     /// A batch body of up to `max_batch_bytes` (at least one item), unless one is in flight or
     /// nothing waits.
     pub fn begin_flush(&mut self, max_batch_bytes: usize) -> Option<(Vec<u8>, usize)> {
-        if self.in_flight || self.pending.is_empty() {
+        if self.in_flight.is_some() || self.pending.is_empty() {
             return None;
         }
         let mut batch = StoreBatch::default();
@@ -62,7 +64,7 @@ impl ResponseQueue {
         let n = batch.responses.len();
         match serde_json::to_vec(&batch) {
             Ok(body) => {
-                self.in_flight = true;
+                self.in_flight = Some(n);
                 Some((body, n))
             }
             Err(_) => {
@@ -74,8 +76,25 @@ impl ResponseQueue {
 
     /// The batch in flight is done; `failed` of its items did not get through (not retried).
     pub fn end_flush(&mut self, failed: usize) {
-        self.in_flight = false;
+        self.in_flight = None;
         self.dropped += failed as u64;
+    }
+}
+
+/// A batch is sent once: one that was not taken is dropped and counted.
+impl Outbox for ResponseQueue {
+    fn dropped(&self) -> u64 {
+        self.dropped
+    }
+    fn take_batch(&mut self, max_bytes: usize) -> Option<Vec<u8>> {
+        self.begin_flush(max_bytes).map(|(body, _)| body)
+    }
+    fn settle(&mut self, delivery: Delivery) {
+        let failed = match delivery {
+            Delivery::Delivered => 0,
+            Delivery::Failed | Delivery::Refused => self.in_flight.unwrap_or(0),
+        };
+        self.end_flush(failed);
     }
 }
 
