@@ -179,7 +179,7 @@ fn lease_benches(c: &mut Criterion) {
 }
 
 fn usage_benches(c: &mut Criterion) {
-    use tollgate_filter_core::filter::usage_tokens;
+    use tollgate_filter_core::usage::usage_tokens;
     let headers: Vec<(String, String)> = (0..20).map(|i| (format!("x-header-{i}"), "v".repeat(30))).collect();
     let plain = serde_json::to_vec(&serde_json::json!({"method": "GET", "path": "/bench", "headers": headers})).expect("json");
     let llm = serde_json::to_vec(&serde_json::json!({
@@ -307,12 +307,12 @@ fn wire_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("wire");
     g.bench_function("json_encode_request", |b| b.iter(|| serde_json::to_vec(black_box(&request))));
     g.bench_function("json_decode_allow", |b| {
-        b.iter(|| tollgate_filter_core::filter::interpret(Some(200), black_box(&answer)).is_ok())
+        b.iter(|| tollgate_filter_core::sidecar::interpret(Some(200), black_box(&answer)).is_ok())
     });
     g.bench_function("json_round_trip", |b| {
         b.iter(|| {
             let body = serde_json::to_vec(black_box(&request));
-            (body.map(|v| v.len()), tollgate_filter_core::filter::interpret(Some(200), black_box(&answer)).is_ok())
+            (body.map(|v| v.len()), tollgate_filter_core::sidecar::interpret(Some(200), black_box(&answer)).is_ok())
         })
     });
     g.bench_function("binary_round_trip", |b| {

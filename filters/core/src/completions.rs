@@ -2,8 +2,9 @@
 //!
 //! HTTP contexts push a [`Completion`] when a request that holds something (a token reservation,
 //! a concurrency slot) ends; the worker's root context flushes the queue on its tick with one
-//! `POST /v1/completions` per batch, so no request waits on a call for its completion. At most one
-//! batch is in flight per worker; a failed batch goes back to the front of the queue. The queue is
+//! `POST /v1/completions` per batch (crate::flush), so no request waits on a call for its
+//! completion. At most one batch is in flight per worker; a failed batch goes back to the front
+//! of the queue. The queue is
 //! bounded: past `max_queued` the oldest reports are dropped and counted — a dropped report leaves
 //! its reservation charged (never an under-charge) and its slot to expire by timeout.
 //!
@@ -11,6 +12,7 @@
 //! dropped event is an event lost to billing, so it is counted (`tollgate.usage.dropped`) and the
 //! queue is sized for a sidecar outage of a few minutes.
 
+use crate::flush::{Delivery, Outbox};
 use std::collections::VecDeque;
 use tollgate_wire::usage::UsageEvent;
 use tollgate_wire::Completion;
@@ -125,6 +127,24 @@ impl<T: BatchItem> BatchQueue<T> {
                 }
                 self.trim();
             }
+        }
+    }
+}
+
+/// A batch that was not taken goes back to the front (sent again); one refused for good is
+/// dropped and counted.
+impl<T: BatchItem> Outbox for BatchQueue<T> {
+    fn dropped(&self) -> u64 {
+        self.dropped
+    }
+    fn take_batch(&mut self, max: usize) -> Option<Vec<u8>> {
+        self.begin_flush(max)
+    }
+    fn settle(&mut self, delivery: Delivery) {
+        match delivery {
+            Delivery::Delivered => self.end_flush(true),
+            Delivery::Failed => self.end_flush(false),
+            Delivery::Refused => self.discard_in_flight(),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! then for every pair its name length and value length (u32 LE each), then every name and value
 //! in order, each followed by a NUL byte. Header values are whatever the client or upstream sent:
 //! a byte like 0xFF is legal there, so nothing here assumes UTF-8 — the filter decides per header
-//! what a value that is not UTF-8 means (`crate::filter::RequestHeaders`). A malformed buffer
+//! what a value that is not UTF-8 means (`crate::headers::RequestHeaders`). A malformed buffer
 //! decodes to `None`, never to a panic.
 
 /// The pairs of a serialized header map, or `None` when the buffer is malformed.

@@ -5,8 +5,57 @@
 //! source from the request, not only the one the key was taken from, so a second copy of a key
 //! never reaches the upstream either.
 
-use crate::config::KeySource;
+use crate::headers::check_header_name;
+use crate::settings::ConfigError;
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
+
+/// Where the API key may be found, tried in the configured order (plugin configuration
+/// `keySources`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+pub enum KeySource {
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+    /// A request header holding the key alone.
+    Header { name: String },
+    /// A query parameter holding the key (percent-decoded).
+    Query { name: String },
+}
+
+/// The sources when none are configured: bearer, `x-api-key`, `api_key`.
+pub fn default_sources() -> Vec<KeySource> {
+    vec![
+        KeySource::Bearer,
+        KeySource::Header { name: "x-api-key".into() },
+        KeySource::Query { name: "api_key".into() },
+    ]
+}
+
+/// Validates `keySources`: at least one; header names lowercased and outside our namespace.
+pub fn compile_sources(raw: Vec<KeySource>) -> Result<Vec<KeySource>, ConfigError> {
+    if raw.is_empty() {
+        return Err(ConfigError("keySources: at least one source is required".into()));
+    }
+    let mut sources = Vec::with_capacity(raw.len());
+    for (i, source) in raw.into_iter().enumerate() {
+        sources.push(match source {
+            KeySource::Bearer => KeySource::Bearer,
+            KeySource::Header { name } => {
+                let name = name.to_ascii_lowercase();
+                check_header_name(&name).map_err(|e| ConfigError(format!("keySources[{i}].name: {e}")))?;
+                KeySource::Header { name }
+            }
+            KeySource::Query { name } => {
+                if name.is_empty() || name.contains(['&', '=', '#', '?']) {
+                    return Err(ConfigError(format!("keySources[{i}].name: not a query parameter name")));
+                }
+                KeySource::Query { name }
+            }
+        });
+    }
+    Ok(sources)
+}
 
 /// A raw API key. Deliberately not `Debug`/`Display`: it can only be hashed.
 pub struct RawKey(String);

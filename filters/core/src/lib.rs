@@ -1,40 +1,57 @@
 //! The Tollgate filter's logic, apart from the host.
 //!
-//! Everything the filter decides lives here in plain Rust: parsing and validating the plugin
-//! configuration ([`config`]), finding, hashing and stripping the API key ([`key`]), and the
-//! per-request state machine ([`filter`]) that talks to Envoy only through the [`filter::Host`]
-//! trait. The cdylib in `filters/tollgate` implements that trait over proxy-wasm host calls and
-//! does nothing else, so this crate is tested natively (through a mock host) and on wasm32 under
-//! wasm-bindgen-test.
+//! Everything the filter decides lives here in plain Rust, and talks to Envoy only through the
+//! [`host::Host`] port. The cdylib in `filters/tollgate` implements that trait over proxy-wasm
+//! host calls and does nothing else, so this crate is tested natively (through
+//! [`mock::MockHost`]) and on wasm32 under wasm-bindgen-test.
+//!
+//! Layers, each using only those above it (no import circle; `tests/layers.rs` checks it):
+//!
+//! - the port and leaves: [`host`], [`stats`], [`shared_keys`], [`headers`], [`settings`],
+//!   [`hostmap`], [`ids`];
+//! - calls and shared-data helpers: [`sidecar`], [`reply`], [`election`];
+//! - domains, each with its configuration section beside it: [`key`], [`auth_cache`],
+//!   [`routing`], [`lease`], [`breaker`], [`responses`], [`completions`], [`usage`];
+//! - background jobs: [`jobs`] (tick, owned call tokens, call responses) and the one batch
+//!   flusher [`flush`] (completions, usage, responses);
+//! - the whole configuration: [`config`];
+//! - the request path: [`filter`] (stages, decisions, the response side), then the breaker
+//!   stage: [`http::HttpFilter`];
+//! - one worker's filter as its root context holds it: [`worker::Worker`].
 //!
 //! Invariant: nothing here panics outside tests (a panic aborts the Wasm VM and every request on
 //! that worker); the crate denies `unwrap`, `expect` and `panic`.
 
+pub mod auth_cache;
+/// Circuit breakers: the state machine, its configuration, the per-request guard, the hint poller.
+pub mod breaker;
 pub mod completions;
 pub mod config;
+pub mod election;
 pub mod filter;
-/// Decision ids made by the gateway (never taken from the client).
-pub mod ids;
+pub mod flush;
+pub mod headers;
+pub mod host;
 /// Decoding raw header maps from the host (bytes, never assumed UTF-8).
 pub mod hostmap;
+pub mod http;
+/// Decision ids made by the gateway (never taken from the client).
+pub mod ids;
+pub mod jobs;
 pub mod key;
 /// Leased limits: spending, sizing and renewing leases of limit units (issue 8).
 pub mod lease;
-/// Usage metering: event ids and the per-worker queue of usage events.
-pub mod usage;
-
-/// Routing: the sidecar's routing table in shared data, matched locally per request.
-pub mod routing;
-
-/// The response cache and Idempotency-Key replay: keys, digests, rules, the store queue.
-pub mod responses;
-
 /// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
 pub mod mock;
-
-/// Circuit breakers: the state machine ([`breaker`]), its configuration ([`breaker_config`]), the
-/// per-request guard ([`breaker_guard`]) and the hint poller ([`breaker_hints`]).
-pub mod breaker;
-pub mod breaker_config;
-pub mod breaker_guard;
-pub mod breaker_hints;
+pub mod reply;
+/// The response cache and Idempotency-Key replay: keys, digests, rules, the store queue.
+pub mod responses;
+/// Routing: the sidecar's routing table in shared data, matched locally per request.
+pub mod routing;
+pub mod settings;
+pub mod shared_keys;
+pub mod sidecar;
+pub mod stats;
+/// Usage metering: event ids, the per-worker queue of usage events, token usage.
+pub mod usage;
+pub mod worker;

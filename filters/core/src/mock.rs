@@ -1,7 +1,7 @@
 //! `MockHost`: an in-memory [`Host`] that records what the filter did, for tests.
 
-use crate::breaker::SharedSetError;
-use crate::filter::{CallSpec, Host, LogLevel, Metric};
+use crate::host::{CallSpec, Host, LogLevel, SharedSetError};
+use crate::stats::Metric;
 use std::collections::HashMap;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,8 +147,8 @@ impl Host for MockHost {
             body: body.to_vec(),
         });
     }
-    fn count(&mut self, metric: Metric) {
-        *self.metrics.entry(metric).or_insert(0) += 1;
+    fn count_by(&mut self, metric: Metric, n: u64) {
+        *self.metrics.entry(metric).or_insert(0) += n;
     }
     fn log(&mut self, level: LogLevel, message: &str) {
         self.logs.push((level, message.to_string()));

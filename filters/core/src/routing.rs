@@ -2,46 +2,71 @@
 //! locally on every request (no callout).
 //!
 //! ```text
-//!  sidecar GET /v1/routes ──(one root context per Envoy, holding RouteTablePoller's lease)──►
-//!      shared data `tollgate.routes.v1` (JSON table, written by CAS)
+//!  sidecar GET /v1/routes ──(one root context per Envoy, elected: RouteTablePoller)──►
+//!      shared data `tollgate.routes.v1` (JSON table, written by CAS; crate::shared_keys)
 //!          └──► each worker's [`WorkerRoutes`] (parsed once per change, on the tick) ──► requests
 //! ```
 //!
 //! The poller asks with `If-None-Match: <etag>` every `routing.refreshInterval`; an unchanged
 //! table costs a 304 with no body. A worker re-reads the shared table only when its CAS token
 //! moved, so the request path does no parsing and no host call for routing once loaded.
-//! Invariants: only the lease holder writes the table; a table is written only if it parses;
+//! Invariants: only the elected poller writes the table; a table is written only if it parses;
 //! until a table was ever loaded, a request finds [`Lookup::NotLoaded`] (the failure mode
 //! applies), never a wrong route.
 
-use crate::config::FilterConfig;
-use crate::filter::{CallSpec, Host, LogLevel};
+use crate::host::{Host, LogLevel};
+use crate::jobs::{Cadence, Job};
+use crate::settings::{duration_within, ConfigError};
+use crate::shared_keys::{ROUTES_POLLER, ROUTES_TABLE};
+use crate::sidecar::Sidecar;
+use crate::election;
+use serde::Deserialize;
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 use tollgate_wire::routes::{RequestView, RouteSpec, RouteTable, ROUTES_PATH};
 
-/// Shared-data key of the routing table (JSON of [`RouteTable`]).
-pub const TABLE_KEY: &str = "tollgate.routes.v1";
-/// Shared-data key of the poller lease: owner (u64 LE) then expiry in ms (u64 LE).
-pub const LEASE_KEY: &str = "tollgate.routes.v1.lease";
-
-/// Takes or renews a lease in shared data (owner, expiry), by CAS; true when `owner` holds it
-/// now. One root context per Envoy works, whatever the number of workers.
-pub fn hold_lease(host: &mut impl Host, key: &str, owner: u64, now_ms: u64, lease_ms: u64) -> bool {
-    let (bytes, cas) = host.shared_get_cas(key);
-    if let Some((holder, until)) = bytes.as_deref().and_then(decode_lease) {
-        if holder != owner && until > now_ms {
-            return false;
-        }
-    }
-    let mut value = owner.to_le_bytes().to_vec();
-    value.extend_from_slice(&now_ms.saturating_add(lease_ms).to_le_bytes());
-    host.shared_set_cas(key, &value, cas).is_ok()
+/// Routing (issue 4, plugin configuration `routing`): the filter matches every request against
+/// the sidecar's routing table, kept in shared data, and steers it to the route's cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingConfig {
+    pub enabled: bool,
+    /// How often one root context per Envoy asks the sidecar whether the table changed.
+    pub refresh_interval: Duration,
 }
 
-fn decode_lease(bytes: &[u8]) -> Option<(u64, u64)> {
-    let owner = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
-    let until = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
-    Some((owner, until))
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig { enabled: false, refresh_interval: Duration::from_millis(200) }
+    }
+}
+
+/// `routing` as written in the plugin configuration.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawRouting {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default = "default_routing_refresh")]
+    refresh_interval: String,
+}
+
+impl Default for RawRouting {
+    fn default() -> Self {
+        RawRouting { enabled: false, refresh_interval: default_routing_refresh() }
+    }
+}
+
+fn default_routing_refresh() -> String {
+    "200ms".into()
+}
+
+impl RoutingConfig {
+    pub fn compile(raw: RawRouting) -> Result<RoutingConfig, ConfigError> {
+        let (min, max) = (Duration::from_millis(10), Duration::from_secs(10));
+        let refresh_interval = duration_within("routing.refreshInterval", &raw.refresh_interval, min, max, "10ms and 10s")?;
+        Ok(RoutingConfig { enabled: raw.enabled, refresh_interval })
+    }
 }
 
 /// A request's route, as found in one table generation.
@@ -78,7 +103,7 @@ pub struct WorkerRoutes {
 impl WorkerRoutes {
     /// Re-reads the shared table if it changed since the last read (the CAS token moved).
     pub fn refresh(&mut self, host: &impl Host) {
-        let (bytes, cas) = host.shared_get_cas(TABLE_KEY);
+        let (bytes, cas) = host.shared_get_cas(ROUTES_TABLE.as_str());
         let (Some(bytes), Some(cas)) = (bytes, cas) else { return };
         if self.table.as_ref().is_some_and(|(c, _)| *c == cas) {
             return;
@@ -110,54 +135,49 @@ impl WorkerRoutes {
 
 /// Keeps shared data's table in step with the sidecar's (one root context per Envoy does it).
 pub struct RouteTablePoller {
-    config: Rc<FilterConfig>,
+    config: RoutingConfig,
+    sidecar: Sidecar,
     owner: u64,
     call: Option<(u32, u64)>,
-    last_poll_ms: u64,
+    /// Polls at most every `refreshInterval` (counted from the last poll sent).
+    cadence: Cadence,
     failing: bool,
 }
 
 impl RouteTablePoller {
-    pub fn new(config: Rc<FilterConfig>, owner: u64) -> RouteTablePoller {
-        RouteTablePoller { config, owner: owner.max(1), call: None, last_poll_ms: 0, failing: false }
+    pub fn new(config: RoutingConfig, sidecar: Sidecar, owner: u64) -> RouteTablePoller {
+        let cadence = Cadence::every(config.refresh_interval);
+        RouteTablePoller { config, sidecar, owner: owner.max(1), call: None, cadence, failing: false }
     }
 
     fn lease_ms(&self) -> u64 {
-        (self.config.routing.refresh_interval.as_millis() as u64).saturating_mul(4).max(1_000)
+        (self.config.refresh_interval.as_millis() as u64).saturating_mul(4).max(1_000)
     }
 
     /// One tick: when the refresh interval is over and this context holds the lease, ask the
     /// sidecar for the table (conditionally on the etag in shared data).
     pub fn on_tick(&mut self, host: &mut impl Host) {
         let now = host.now_ms();
-        let interval = self.config.routing.refresh_interval.as_millis() as u64;
-        if now.saturating_sub(self.last_poll_ms) + 5 < interval {
+        if !self.cadence.is_due(now) {
             return;
         }
         // A call that never came back (it has Envoy's timeout, but be safe): forget it.
         if self.call.is_some_and(|(_, at)| now.saturating_sub(at) < 10_000) {
             return;
         }
-        if !hold_lease(host, LEASE_KEY, self.owner, now, self.lease_ms()) {
+        if !election::hold(host, &ROUTES_POLLER, self.owner, now, self.lease_ms()) {
             return;
         }
-        self.last_poll_ms = now;
+        self.cadence.mark(now);
         let etag = host
-            .shared_get(TABLE_KEY)
+            .shared_get(ROUTES_TABLE.as_str())
             .and_then(|b| serde_json::from_slice::<RouteTable>(&b).ok())
             .map(|t| t.etag)
             .unwrap_or_default();
-        let c = &self.config;
-        let mut headers = vec![
-            (":method".to_string(), "GET".to_string()),
-            (":path".to_string(), ROUTES_PATH.to_string()),
-            (":authority".to_string(), c.sidecar_authority.clone()),
-        ];
-        if !etag.is_empty() {
-            headers.push(("if-none-match".to_string(), format!("\"{etag}\"")));
-        }
-        let timeout = c.sidecar_timeout.max(std::time::Duration::from_secs(1));
-        match host.dispatch(CallSpec { cluster: c.sidecar_cluster.clone(), headers, body: Vec::new(), timeout }) {
+        let if_none_match = format!("\"{etag}\"");
+        let extra: &[(&str, &str)] = if etag.is_empty() { &[] } else { &[("if-none-match", &if_none_match)] };
+        let timeout = self.sidecar.timeout.max(Duration::from_secs(1));
+        match host.dispatch(self.sidecar.call("GET", ROUTES_PATH, extra, Vec::new(), timeout)) {
             Ok(token) => self.call = Some((token, now)),
             Err(e) => self.state(host, false, &format!("cannot call the sidecar: {e}")),
         }
@@ -178,8 +198,8 @@ impl RouteTablePoller {
             Some(304) => self.state(host, true, ""),
             Some(200) => match serde_json::from_slice::<RouteTable>(body) {
                 Ok(table) => {
-                    let (_, cas) = host.shared_get_cas(TABLE_KEY);
-                    match host.shared_set_cas(TABLE_KEY, body, cas) {
+                    let (_, cas) = host.shared_get_cas(ROUTES_TABLE.as_str());
+                    match host.shared_set_cas(ROUTES_TABLE.as_str(), body, cas) {
                         Ok(()) => {
                             host.log(
                                 LogLevel::Info,
@@ -204,5 +224,26 @@ impl RouteTablePoller {
             host.log(LogLevel::Warn, &format!("tollgate: routing table not refreshed for now: {why}"));
         }
         self.failing = !ok;
+    }
+}
+
+/// The routing job of a worker's root context: the poller (which writes shared data's table when
+/// this root context is the elected one) and the worker's own copy, re-read when the table moved.
+pub struct RoutesJob {
+    pub poller: RouteTablePoller,
+    pub routes: Rc<RefCell<WorkerRoutes>>,
+}
+
+impl Job for RoutesJob {
+    fn on_tick(&mut self, host: &mut impl Host) {
+        self.poller.on_tick(host);
+        self.routes.borrow_mut().refresh(host);
+    }
+    fn owns(&self, token: u32) -> bool {
+        self.poller.owns(token)
+    }
+    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+        self.poller.on_call_response(host, token, status, body);
+        self.routes.borrow_mut().refresh(host);
     }
 }

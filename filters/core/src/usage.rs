@@ -1,8 +1,9 @@
-//! The worker's usage meter: event ids and the queue of usage events (issue 6).
+//! Metering (issue 6): the worker's usage meter (event ids, the queue of usage events), the
+//! request-path stage that records what an event needs, and reading the tokens a response used.
 //!
 //! Every request the filter lets through with an identity becomes one [`UsageEvent`] when it
 //! ends (`on_log`); the worker's root context sends the queue as `POST /v1/usage` batches every
-//! `usage.flushInterval`. Ids are made here, never taken from the request (a client choosing ids
+//! `usage.flushInterval` (crate::flush). Ids are made here, never taken from the request (a client choosing ids
 //! could make its requests look like duplicates of each other and go unbilled): a random 64-bit
 //! seed per VM and a counter, 32 hex characters.
 //!
@@ -12,7 +13,69 @@
 //! `tollgate.usage.dropped` — never silently.
 
 use crate::completions::UsageQueue;
-use tollgate_wire::usage::UsageEvent;
+use crate::flush::{Delivery, Outbox};
+use crate::headers::RequestHeaders;
+use crate::host::Host;
+use crate::settings::{duration_within, ConfigError};
+use serde::Deserialize;
+use std::time::Duration;
+use tollgate_wire::routes::RouteSpec;
+use tollgate_wire::usage::{event_path, UsageEvent};
+
+/// Usage metering (issue 6, plugin configuration `usage`): what the filter records and how it
+/// sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageConfig {
+    /// Record a usage event for every request with an identity and send them to the sidecar.
+    pub enabled: bool,
+    /// How often each worker sends its batched events (`POST /v1/usage`).
+    pub flush_interval: Duration,
+    /// Events a worker keeps while the sidecar cannot take them; past it the oldest are dropped
+    /// and counted (`tollgate.usage.dropped`).
+    pub max_queued: usize,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig { enabled: false, flush_interval: Duration::from_secs(1), max_queued: default_usage_max_queued() }
+    }
+}
+
+/// `usage` as written in the plugin configuration.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawUsage {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default = "default_usage_flush_interval")]
+    flush_interval: String,
+    #[serde(default = "default_usage_max_queued")]
+    max_queued: usize,
+}
+
+impl Default for RawUsage {
+    fn default() -> Self {
+        RawUsage { enabled: false, flush_interval: default_usage_flush_interval(), max_queued: default_usage_max_queued() }
+    }
+}
+
+fn default_usage_flush_interval() -> String {
+    "1s".into()
+}
+fn default_usage_max_queued() -> usize {
+    50_000
+}
+
+impl UsageConfig {
+    pub fn compile(raw: RawUsage) -> Result<UsageConfig, ConfigError> {
+        let (min, max) = (Duration::from_millis(10), Duration::from_secs(60));
+        let flush_interval = duration_within("usage.flushInterval", &raw.flush_interval, min, max, "10ms and 60s")?;
+        if raw.max_queued == 0 || raw.max_queued > 1_000_000 {
+            return Err(ConfigError("usage.maxQueued: must be between 1 and 1000000".into()));
+        }
+        Ok(UsageConfig { enabled: raw.enabled, flush_interval, max_queued: raw.max_queued })
+    }
+}
 
 /// Events per `POST /v1/usage`.
 pub const MAX_BATCH: usize = 1000;
@@ -38,6 +101,123 @@ impl Meter {
 
     pub fn record(&mut self, event: UsageEvent) {
         self.queue.push(event);
+    }
+}
+
+/// The meter's queue is what the usage flusher sends: events stay queued until the sidecar takes
+/// them (200), and are dropped only when it refuses them for good.
+impl Outbox for Meter {
+    fn dropped(&self) -> u64 {
+        self.queue.dropped
+    }
+    fn take_batch(&mut self, max: usize) -> Option<Vec<u8>> {
+        self.queue.begin_flush(max)
+    }
+    fn settle(&mut self, delivery: Delivery) {
+        self.queue.settle(delivery);
+    }
+}
+
+/// Who a request was let through as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub tenant: String,
+    pub key_id: String,
+    pub plan: String,
+}
+
+/// What a usage event needs from the request: the metering stage records it when the request's
+/// headers arrive (metering on).
+#[derive(Debug, Clone)]
+pub struct RequestInfo {
+    method: String,
+    authority: String,
+    /// The upstream path, without its query ([`event_path`]).
+    path: String,
+    start_ms: u64,
+}
+
+impl RequestInfo {
+    /// `upstream_path`: the path as it goes upstream (the key already stripped).
+    pub fn new(headers: &RequestHeaders, upstream_path: &str, now_ms: u64) -> RequestInfo {
+        RequestInfo {
+            method: headers.get(":method").unwrap_or("GET").to_string(),
+            authority: headers.get(":authority").unwrap_or("").to_string(),
+            path: event_path(upstream_path),
+            start_ms: now_ms,
+        }
+    }
+}
+
+impl Meter {
+    /// Records the usage event of a request that ended with `status`.
+    pub fn record_request(
+        &mut self,
+        host: &impl Host,
+        request: RequestInfo,
+        who: Identity,
+        status: u16,
+        tokens: Option<u64>,
+        route: Option<&RouteSpec>,
+    ) {
+        let event = UsageEvent {
+            id: self.next_id(),
+            tenant: who.tenant,
+            key_id: who.key_id,
+            plan: who.plan,
+            method: request.method,
+            authority: request.authority,
+            path: request.path,
+            status,
+            start_ms: request.start_ms,
+            duration_ms: host.now_ms().saturating_sub(request.start_ms),
+            tokens,
+            request_bytes: int_property(host.property(&["request", "total_size"])),
+            response_bytes: int_property(host.property(&["response", "total_size"])),
+            denied: None,
+            route: route.map(|r| r.id.clone()),
+            product: route.and_then(|r| r.product.clone()),
+        };
+        self.record(event);
+    }
+}
+
+/// The field [`usage_tokens`] looks for, quotes included.
+const FIELD: &[u8] = b"\"total_tokens\"";
+
+/// `usage.total_tokens` of a JSON response, or the last `"total_tokens": N` in the body (which
+/// also finds the usage frame of an SSE stream). A body without `"total_tokens"` is not parsed.
+pub fn usage_tokens(body: &[u8]) -> Option<u64> {
+    let at = rfind_field(body)?;
+    /// Only the field read: the rest of the document is skipped, not built.
+    #[derive(serde::Deserialize)]
+    struct Response {
+        usage: Option<Usage>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        total_tokens: Option<u64>,
+    }
+    if let Ok(Response { usage: Some(Usage { total_tokens: Some(n) }) }) = serde_json::from_slice::<Response>(body) {
+        return Some(n);
+    }
+    let rest = std::str::from_utf8(body.get(at + FIELD.len()..)?).ok()?;
+    let digits: String = rest.trim_start().strip_prefix(':')?.trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
+}
+
+/// Where the last `"total_tokens"` starts. Anchored on its `_` (rare in JSON, unlike `"`), so a
+/// response without the field costs one backwards byte scan.
+fn rfind_field(body: &[u8]) -> Option<usize> {
+    const ANCHOR: usize = 6; // FIELD[6] == b'_'
+    let mut end = body.len(); // candidates for the anchor lie in [ANCHOR, end)
+    loop {
+        let at = body.get(ANCHOR..end)?.iter().rposition(|&b| b == b'_')? + ANCHOR;
+        let start = at - ANCHOR;
+        if body.get(start..).is_some_and(|rest| rest.starts_with(FIELD)) {
+            return Some(start);
+        }
+        end = at;
     }
 }
 

@@ -8,10 +8,11 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use std::rc::Rc;
 use tollgate_filter_core::breaker::{self, Admission, HintEffect, Outcome, Phase, Policy, State, Transition, UpdateError};
-use tollgate_filter_core::breaker_guard::{BreakerGuard, CLUSTER_HEADER, TARGET_HEADER};
-use tollgate_filter_core::breaker_hints::{HintPoller, LEASE_KEY};
+use tollgate_filter_core::breaker::guard::{BreakerGuard, CLUSTER_HEADER, TARGET_HEADER};
+use tollgate_filter_core::breaker::hints::HintPoller;
+use tollgate_filter_core::shared_keys::{self, HINTS_POLLER};
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{Action, Host};
+use tollgate_filter_core::host::{Action, Host};
 use tollgate_filter_core::mock::MockHost;
 use tollgate_wire::breaker::{Hint, HintList, HintReport};
 
@@ -153,7 +154,7 @@ fn hints_only_ever_open_a_closed_breaker_once() {
 
 #[test]
 fn updates_retry_on_cas_mismatch_and_give_up_when_always_contended() {
-    let key = breaker::shared_key("t");
+    let key = shared_keys::breaker("t");
     let mut host = MockHost::new();
     breaker::init(&mut host, &key);
     let p = policy();
@@ -161,7 +162,7 @@ fn updates_retry_on_cas_mismatch_and_give_up_when_always_contended() {
     let mut other = State::default();
     other.record(&p, 1, false, Outcome::Failure);
     other.record(&p, 2, false, Outcome::Failure);
-    host.interfere.push((key.clone(), other.encode()));
+    host.interfere.push((key.as_str().to_string(), other.encode()));
     let mut attempts = 0;
     let t = breaker::update(&mut host, &key, |s| {
         attempts += 1;
@@ -176,14 +177,14 @@ fn updates_retry_on_cas_mismatch_and_give_up_when_always_contended() {
     let mut host = MockHost::new();
     breaker::init(&mut host, &key);
     for _ in 0..breaker::MAX_CAS_ATTEMPTS {
-        host.interfere.push((key.clone(), State::default().encode()));
+        host.interfere.push((key.as_str().to_string(), State::default().encode()));
     }
     let r = breaker::update(&mut host, &key, |s| ((), s.record(&p, 3, false, Outcome::Failure).0));
     assert_eq!(r, Err(UpdateError::Contended));
 
     // init never overwrites.
     let mut host = MockHost::new();
-    host.shared_set(&key, &other.encode());
+    host.shared_set(key.as_str(), &other.encode());
     breaker::init(&mut host, &key);
     assert_eq!(breaker::read(&host, &key).consecutive, 2);
 }
@@ -203,7 +204,7 @@ fn config() -> Rc<FilterConfig> {
 /// One request through the guard on `host`'s shared data, answered with `status`/`details`.
 fn request(shared: &MockHost, cluster: &str, status: u16, details: &str) -> (MockHost, Action) {
     let mut h = MockHost::next_request(shared).with_property("xds.cluster_name", cluster);
-    let mut g = BreakerGuard::new(config());
+    let mut g = BreakerGuard::new(config().breakers.clone());
     let a = g.on_request(&mut h);
     if a == Action::Continue {
         h.upstream_response.push((":status".into(), status.to_string().into_bytes()));
@@ -227,7 +228,7 @@ fn guard_opens_on_failures_then_replies_503_with_retry_after_without_sending() {
 
     let mut h3 = MockHost::next_request(&h2).with_property("xds.cluster_name", "cluster_s");
     h3.now_ms = 10_400;
-    let mut g = BreakerGuard::new(config());
+    let mut g = BreakerGuard::new(config().breakers.clone());
     assert_eq!(g.on_request(&mut h3), Action::Pause);
     let reply = h3.reply.clone().unwrap();
     assert_eq!(reply.status, 503);
@@ -240,7 +241,7 @@ fn guard_opens_on_failures_then_replies_503_with_retry_after_without_sending() {
 #[test]
 fn envoy_local_replies_count_as_failures_and_4xx_do_not() {
     let b = &config().breakers;
-    use tollgate_filter_core::breaker_guard::classify;
+    use tollgate_filter_core::breaker::guard::classify;
     assert_eq!(classify(b, Some(503), Some("upstream_reset_before_response_started{connection_failure}")), Outcome::Failure);
     assert_eq!(classify(b, Some(504), Some("upstream_response_timeout")), Outcome::Failure);
     assert_eq!(classify(b, Some(500), Some("via_upstream")), Outcome::Failure);
@@ -258,7 +259,7 @@ fn envoy_local_replies_count_as_failures_and_4xx_do_not() {
 fn unguarded_clusters_and_missing_properties_pass_untouched() {
     for h in [MockHost::new().with_property("xds.cluster_name", "other"), MockHost::new()] {
         let mut h = h;
-        let mut g = BreakerGuard::new(config());
+        let mut g = BreakerGuard::new(config().breakers.clone());
         assert_eq!(g.on_request(&mut h), Action::Continue);
         g.on_response(&mut h);
         assert!(h.shared.is_empty() && h.response_headers.is_empty());
@@ -274,7 +275,7 @@ fn while_open_the_fallback_target_serves_and_says_so() {
     assert_eq!(h.named("tollgate.breaker.llm-a.opened"), 1);
 
     let mut f = MockHost::next_request(&h).with_property("xds.cluster_name", "cluster_a");
-    let mut g = BreakerGuard::new(config());
+    let mut g = BreakerGuard::new(config().breakers.clone());
     assert_eq!(g.on_request(&mut f), Action::Continue);
     assert_eq!(f.header(CLUSTER_HEADER), Some("cluster_b"));
     assert_eq!(f.route_cache_clears, 1);
@@ -283,7 +284,7 @@ fn while_open_the_fallback_target_serves_and_says_so() {
     g.on_response(&mut f);
     assert_eq!(f.response_headers, vec![(TARGET_HEADER.to_string(), "llm-b".to_string())]);
     // The result is llm-b's, not llm-a's.
-    assert_eq!(breaker::read(&f, &breaker::shared_key("llm-a")).phase, Phase::Open { until_ms: 2_000 });
+    assert_eq!(breaker::read(&f, &shared_keys::breaker("llm-a")).phase, Phase::Open { until_ms: 2_000 });
 }
 
 #[test]
@@ -294,11 +295,11 @@ fn the_trial_bound_holds_across_workers_sharing_the_state() {
     h.now_ms = 5_000; // open time over
     // Worker 1 takes the trial; worker 2 (same shared data) is refused while it is in flight.
     let mut w1 = MockHost::next_request(&h).with_property("xds.cluster_name", "cluster_s");
-    let mut g1 = BreakerGuard::new(config());
+    let mut g1 = BreakerGuard::new(config().breakers.clone());
     assert_eq!(g1.on_request(&mut w1), Action::Continue);
     assert_eq!(w1.named("tollgate.breaker.solo.half_opened"), 1);
     let mut w2 = MockHost::next_request(&w1).with_property("xds.cluster_name", "cluster_s");
-    let mut g2 = BreakerGuard::new(config());
+    let mut g2 = BreakerGuard::new(config().breakers.clone());
     assert_eq!(g2.on_request(&mut w2), Action::Pause);
     assert_eq!(w2.reply.as_ref().unwrap().status, 503);
     // The trial succeeds: closed for everyone.
@@ -312,14 +313,14 @@ fn the_trial_bound_holds_across_workers_sharing_the_state() {
 #[test]
 fn a_trial_without_response_headers_gives_its_slot_back() {
     let mut h = MockHost::new();
-    h.shared_set(&breaker::shared_key("solo"), &State::with_phase(Phase::Open { until_ms: 0 }).encode());
+    h.shared_set(shared_keys::breaker("solo").as_str(), &State::with_phase(Phase::Open { until_ms: 0 }).encode());
     h.now_ms = 10;
     let mut w = MockHost::next_request(&h).with_property("xds.cluster_name", "cluster_s");
-    let mut g = BreakerGuard::new(config());
+    let mut g = BreakerGuard::new(config().breakers.clone());
     assert_eq!(g.on_request(&mut w), Action::Continue);
-    assert_eq!(breaker::read(&w, &breaker::shared_key("solo")).phase, Phase::HalfOpen { since_ms: 10, in_flight: 1 });
+    assert_eq!(breaker::read(&w, &shared_keys::breaker("solo")).phase, Phase::HalfOpen { since_ms: 10, in_flight: 1 });
     g.on_done(&mut w);
-    assert_eq!(breaker::read(&w, &breaker::shared_key("solo")).phase, Phase::HalfOpen { since_ms: 10, in_flight: 0 });
+    assert_eq!(breaker::read(&w, &shared_keys::breaker("solo")).phase, Phase::HalfOpen { since_ms: 10, in_flight: 0 });
 }
 
 // ---- the hint poller ----
@@ -328,15 +329,15 @@ fn a_trial_without_response_headers_gives_its_slot_back() {
 fn one_root_context_holds_the_lease_until_it_expires() {
     let mut h = MockHost::new();
     h.now_ms = 1_000;
-    let a = HintPoller::new(config(), 1);
-    let b = HintPoller::new(config(), 2);
+    let a = HintPoller::new(config().breakers.clone(), config().sidecar.clone(), 1);
+    let b = HintPoller::new(config().breakers.clone(), config().sidecar.clone(), 2);
     assert!(a.hold_lease(&mut h, 1_000));
     assert!(!b.hold_lease(&mut h, 1_050));
     assert!(a.hold_lease(&mut h, 1_100), "the holder renews");
     assert!(!b.hold_lease(&mut h, 1_900));
     assert!(b.hold_lease(&mut h, 2_101), "expired (4 x 100ms, at least 1s): taken over");
     assert!(!a.hold_lease(&mut h, 2_200));
-    assert_eq!(h.shared.get(LEASE_KEY).map(Vec::len), Some(16));
+    assert_eq!(h.shared.get(HINTS_POLLER.as_str()).map(Vec::len), Some(16));
 }
 
 #[test]
@@ -347,7 +348,7 @@ fn the_lease_holder_reports_local_opens_and_asks_for_hints() {
     let (h2, _) = request(&h, "cluster_a", 500, "via_upstream");
     h = h2;
     h.calls.clear();
-    let mut p = HintPoller::new(config(), 7);
+    let mut p = HintPoller::new(config().breakers.clone(), config().sidecar.clone(), 7);
     p.on_tick(&mut h);
     assert_eq!(h.calls.len(), 2, "one report, one list");
     let post = &h.calls[0];
@@ -360,7 +361,7 @@ fn the_lease_holder_reports_local_opens_and_asks_for_hints() {
     p.on_tick(&mut h);
     assert_eq!(h.calls.len(), 2);
     // A non-holder does nothing.
-    let mut other = HintPoller::new(config(), 8);
+    let mut other = HintPoller::new(config().breakers.clone(), config().sidecar.clone(), 8);
     other.on_tick(&mut h);
     assert_eq!(h.calls.len(), 2);
 }
@@ -369,7 +370,7 @@ fn the_lease_holder_reports_local_opens_and_asks_for_hints() {
 fn listed_hints_open_only_closed_matching_breakers() {
     let mut h = MockHost::new();
     h.now_ms = 50_000;
-    let mut p = HintPoller::new(config(), 7);
+    let mut p = HintPoller::new(config().breakers.clone(), config().sidecar.clone(), 7);
     p.on_tick(&mut h);
     let list_token = h.calls.len() as u32;
     let list = HintList {
@@ -382,19 +383,19 @@ fn listed_hints_open_only_closed_matching_breakers() {
     assert_eq!(h.named("tollgate.breaker.llm-a.opened_by_hint"), 0, "unexpected token ignored");
     p.on_call_response(&mut h, list_token, Some(200), &serde_json::to_vec(&list).unwrap());
     assert_eq!(h.named("tollgate.breaker.llm-a.opened_by_hint"), 1);
-    assert_eq!(breaker::read(&h, &breaker::shared_key("llm-a")).phase, Phase::Open { until_ms: 51_000 });
-    assert_eq!(breaker::read(&h, &breaker::shared_key("llm-b")).phase, Phase::Closed);
+    assert_eq!(breaker::read(&h, &shared_keys::breaker("llm-a")).phase, Phase::Open { until_ms: 51_000 });
+    assert_eq!(breaker::read(&h, &shared_keys::breaker("llm-b")).phase, Phase::Closed);
     // The same hint again changes nothing (open time not extended).
     h.now_ms = 50_500;
     p.apply(&mut h, &list);
-    assert_eq!(breaker::read(&h, &breaker::shared_key("llm-a")).phase, Phase::Open { until_ms: 51_000 });
+    assert_eq!(breaker::read(&h, &shared_keys::breaker("llm-a")).phase, Phase::Open { until_ms: 51_000 });
     assert_eq!(h.named("tollgate.breaker.llm-a.opened_by_hint"), 1);
 }
 
 #[test]
 fn sidecar_trouble_is_logged_once_per_transition() {
     let mut h = MockHost::new();
-    let mut p = HintPoller::new(config(), 7);
+    let mut p = HintPoller::new(config().breakers.clone(), config().sidecar.clone(), 7);
     for _ in 0..3 {
         p.on_tick(&mut h);
         let t = h.calls.len() as u32;

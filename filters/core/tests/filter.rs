@@ -9,7 +9,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{Action, AuthFilter, DenyReason, Metric};
+use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::host::Action;
+use tollgate_filter_core::stats::{DenyReason, Metric};
 use tollgate_filter_core::key::hash_key;
 use tollgate_filter_core::mock::MockHost;
 use tollgate_wire::DecideRequest;
@@ -206,7 +208,7 @@ fn a_cacheable_allow_is_reused_without_a_call_until_it_expires() {
 
 #[test]
 fn a_worker_keeps_its_own_copy_of_auth_cache_entries_with_the_same_expiry() {
-    use tollgate_filter_core::filter::LocalAllows;
+    use tollgate_filter_core::auth_cache::LocalAllows;
     let worker = Rc::new(RefCell::new(LocalAllows::default()));
     let on_worker = |config: &str| filter(config).with_local_allows(worker.clone());
     let mut first = MockHost::new().with_header("x-api-key", KEY);
@@ -331,7 +333,7 @@ fn requests_without_a_ticket_report_nothing() {
 
 #[test]
 fn usage_is_read_from_json_and_from_sse_frames() {
-    use tollgate_filter_core::filter::usage_tokens;
+    use tollgate_filter_core::usage::usage_tokens;
     assert_eq!(usage_tokens(br#"{"usage":{"total_tokens":17}}"#), Some(17));
     let sse = b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":3,\"total_tokens\": 9}}\n\ndata: [DONE]\n\n";
     assert_eq!(usage_tokens(sse), Some(9));

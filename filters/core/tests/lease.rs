@@ -10,9 +10,13 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{Action, AuthFilter, Metric};
+use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::host::Action;
+use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::key::hash_key;
-use tollgate_filter_core::lease::{self, LeaseRecord, LeaseRenewer, RenewalQueue};
+use tollgate_filter_core::lease::renewer::{LeaseRenewer, RenewalQueue};
+use tollgate_filter_core::lease::{self, LeaseRecord};
+use tollgate_filter_core::shared_keys;
 use tollgate_filter_core::mock::MockHost;
 use tollgate_wire::DecideRequest;
 
@@ -59,7 +63,7 @@ impl Envoy {
     }
 
     fn record(&self) -> Option<LeaseRecord> {
-        LeaseRecord::decode(self.base.shared.get(&lease::lease_key(&hash_key(KEY)))?)
+        LeaseRecord::decode(self.base.shared.get(shared_keys::lease(&hash_key(KEY), None).as_str())?)
     }
 
     fn units(&self) -> u64 {
@@ -78,9 +82,9 @@ impl Envoy {
     /// The root context's tick: a renewer sends what the renewal queue holds. Returns the
     /// renewer and the root's host, to answer the renewal.
     fn tick(&self) -> (LeaseRenewer, MockHost) {
-        let mut renewer = LeaseRenewer::new(self.renewals.clone());
+        let mut renewer = LeaseRenewer::new(self.renewals.clone(), self.config.sidecar.clone());
         let mut root = MockHost::next_request(&self.base);
-        renewer.on_tick(&mut root, &self.config);
+        renewer.on_tick(&mut root);
         (renewer, root)
     }
 
@@ -284,7 +288,7 @@ fn workers_racing_on_the_lease_never_spend_a_unit_twice() {
     let mut e = Envoy::new(r#"{"leases":{"renewAhead":"10ms"}}"#);
     e.call(ALLOW);
     e.at(10).call(&grant(5, 400));
-    let key = lease::lease_key(&hash_key(KEY));
+    let key = shared_keys::lease(&hash_key(KEY), None).into_string();
     // Another worker spends a unit between this request's read and its CAS write, twice.
     let mut other = e.record().unwrap();
     other.batches[0].units = 4;

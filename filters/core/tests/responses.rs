@@ -11,10 +11,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{Action, AuthFilter, Metric};
+use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::host::Action;
+use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::mock::MockHost;
-use tollgate_filter_core::responses::{cache_key, canonical_body, request_digest, ResponseQueue};
-use tollgate_filter_core::routing::{WorkerRoutes, TABLE_KEY};
+use tollgate_filter_core::responses::queue::ResponseQueue;
+use tollgate_filter_core::responses::{cache_key, canonical_body, request_digest};
+use tollgate_filter_core::routing::WorkerRoutes;
+use tollgate_filter_core::shared_keys::{self, ROUTES_TABLE};
 use tollgate_wire::responses::{StoreBatch, StoreTicket};
 use tollgate_wire::DecideRequest;
 
@@ -60,8 +64,8 @@ impl Rig {
 
 fn host(method: &str, path: &str) -> MockHost {
     let mut h = MockHost::new().with_header(":method", method).with_header(":path", path).with_header("x-api-key", KEY);
-    h.shared.insert(TABLE_KEY.into(), table().into_bytes());
-    h.cas.insert(TABLE_KEY.into(), 1);
+    h.shared.insert(ROUTES_TABLE.as_str().into(), table().into_bytes());
+    h.cas.insert(ROUTES_TABLE.as_str().into(), 1);
     h.now_ms = 10_000;
     h
 }
@@ -185,7 +189,7 @@ fn bypass_no_lookup_and_no_auth_cache_shortcut() {
     assert_eq!(decision(&h).cache_key, None);
     // a cacheable request never takes the auth-cache shortcut (the lookup rides on the call)
     let mut h = host("GET", "/v1/chat");
-    let key = tollgate_filter_core::filter::auth_cache_key(&tollgate_filter_core::key::hash_key(KEY), Some("chat"));
+    let key = shared_keys::auth_cache(&tollgate_filter_core::key::hash_key(KEY), Some("chat")).into_string();
     h.shared.insert(key, br#"{"untilMs":99999999,"tenant":"acme","keyId":"k1","plan":"p"}"#.to_vec());
     assert_eq!(rig.filter().on_request_headers(&mut h, true), Action::Pause);
     assert_eq!(h.calls.len(), 1);

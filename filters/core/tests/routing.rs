@@ -10,10 +10,12 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::{auth_cache_key, Action, AuthFilter};
+use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::host::Action;
 use tollgate_filter_core::key::hash_key;
 use tollgate_filter_core::mock::MockHost;
-use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes, LEASE_KEY, TABLE_KEY};
+use tollgate_filter_core::routing::{RouteTablePoller, WorkerRoutes};
+use tollgate_filter_core::shared_keys::{self, ROUTES_POLLER, ROUTES_TABLE};
 use tollgate_wire::routes::RouteTable;
 use tollgate_wire::DecideRequest;
 
@@ -36,8 +38,8 @@ fn host_with_table(path: &str, table: Option<&str>) -> MockHost {
     let mut h = MockHost::new().with_header(":path", path).with_header("x-api-key", KEY);
     h.now_ms = 1_000;
     if let Some(t) = table {
-        h.shared.insert(TABLE_KEY.into(), t.as_bytes().to_vec());
-        h.cas.insert(TABLE_KEY.into(), 1);
+        h.shared.insert(ROUTES_TABLE.as_str().into(), t.as_bytes().to_vec());
+        h.cas.insert(ROUTES_TABLE.as_str().into(), 1);
     }
     h
 }
@@ -63,7 +65,7 @@ fn a_matched_route_travels_in_the_decision_and_steers_the_request() {
     assert_eq!(f.route().map(|r| r.product.clone()), Some(Some("chat".into())));
 
     // the cached answer is per route: the same key on another route asks again
-    assert!(host.shared.contains_key(&auth_cache_key(&hash_key(KEY), Some("chat"))));
+    assert!(host.shared.contains_key(shared_keys::auth_cache(&hash_key(KEY), Some("chat")).as_str()));
     let mut again = MockHost::next_request(&host).with_header(":path", "/v1/chat/x").with_header("x-api-key", KEY);
     assert_eq!(filter(ROUTED, &routes).on_request_headers(&mut again, true), Action::Continue);
     assert!(again.calls.is_empty());
@@ -129,15 +131,15 @@ fn a_worker_reparses_only_when_the_shared_table_changed() {
     routes.refresh(&h);
     assert_eq!(routes.table().unwrap().etag, "e1");
     // same CAS token, different bytes (cannot happen in Envoy): proves no re-read
-    h.shared.insert(TABLE_KEY.into(), br#"{"etag":"e2","routes":[]}"#.to_vec());
+    h.shared.insert(ROUTES_TABLE.as_str().into(), br#"{"etag":"e2","routes":[]}"#.to_vec());
     routes.refresh(&h);
     assert_eq!(routes.table().unwrap().etag, "e1");
-    h.cas.insert(TABLE_KEY.into(), 2);
+    h.cas.insert(ROUTES_TABLE.as_str().into(), 2);
     routes.refresh(&h);
     assert_eq!(routes.table().unwrap().etag, "e2");
     // garbage is not installed
-    h.shared.insert(TABLE_KEY.into(), b"not json".to_vec());
-    h.cas.insert(TABLE_KEY.into(), 3);
+    h.shared.insert(ROUTES_TABLE.as_str().into(), b"not json".to_vec());
+    h.cas.insert(ROUTES_TABLE.as_str().into(), 3);
     routes.refresh(&h);
     assert_eq!(routes.table().unwrap().etag, "e2");
 }
@@ -147,15 +149,15 @@ fn one_poller_per_envoy_asks_conditionally_and_writes_only_good_tables() {
     let config = Rc::new(FilterConfig::parse(br#"{"routing":{"enabled":true,"refreshInterval":"100ms"}}"#).unwrap());
     let mut h = MockHost::new();
     h.now_ms = 10_000;
-    let mut a = RouteTablePoller::new(config.clone(), 1);
-    let mut b = RouteTablePoller::new(config, 2);
+    let mut a = RouteTablePoller::new(config.routing.clone(), config.sidecar.clone(), 1);
+    let mut b = RouteTablePoller::new(config.routing.clone(), config.sidecar.clone(), 2);
     a.on_tick(&mut h);
     b.on_tick(&mut h);
     assert_eq!(h.calls.len(), 1, "only the lease holder polls");
-    assert!(h.shared.contains_key(LEASE_KEY));
+    assert!(h.shared.contains_key(ROUTES_POLLER.as_str()));
     assert!(!h.calls[0].headers.iter().any(|(n, _)| n == "if-none-match"), "nothing to compare with yet");
     a.on_call_response(&mut h, 1, Some(200), table_json().as_bytes());
-    let stored: RouteTable = serde_json::from_slice(&h.shared[TABLE_KEY]).unwrap();
+    let stored: RouteTable = serde_json::from_slice(&h.shared[ROUTES_TABLE.as_str()]).unwrap();
     assert_eq!(stored.routes.len(), 2);
 
     // next interval: conditional; 304 keeps the table; a bad body is not written
@@ -167,7 +169,7 @@ fn one_poller_per_envoy_asks_conditionally_and_writes_only_good_tables() {
     h.now_ms += 100;
     a.on_tick(&mut h);
     a.on_call_response(&mut h, 3, Some(200), b"{broken");
-    assert_eq!(serde_json::from_slice::<RouteTable>(&h.shared[TABLE_KEY]).unwrap().etag, "e1");
+    assert_eq!(serde_json::from_slice::<RouteTable>(&h.shared[ROUTES_TABLE.as_str()]).unwrap().etag, "e1");
     assert!(h.logs.iter().any(|(_, l)| l.contains("not refreshed")));
 
     // the holder goes quiet: after its lease the other takes over

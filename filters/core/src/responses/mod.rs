@@ -14,15 +14,112 @@
 //!   stored only when 2xx (not 206), not `no-store`/`no-cache`/`private`, without `Set-Cookie`,
 //!   with a `Vary` naming only the route's key headers, and within the size bound.
 //!
-//! Stored responses go into the worker's [`ResponseQueue`] when the request ends and are sent by
-//! the root context's tick as one `POST /v1/responses` per batch; a batch is sent once (no retry),
-//! and the queue is bounded in items and bytes.
+//! Stored responses go into the worker's queue ([`queue::ResponseQueue`]) when the request ends
+//! and are sent by the root context's tick as one `POST /v1/responses` per batch; a batch is sent
+//! once (no retry), and the queue is bounded in items and bytes.
 
+pub mod queue;
+
+use crate::settings::ConfigError;
+use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::VecDeque;
-use tollgate_wire::responses::{StoreBatch, StoreItem};
+use tollgate_wire::responses::MAX_STORED_BODY;
 use tollgate_wire::Header;
+
+/// The response cache (issue 7, plugin configuration `responseCache`): routes with a `cache_ttl`
+/// are looked up in the decision call and their successful responses stored off the request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCacheConfig {
+    /// Honour routes' cache TTLs (off: no lookups, no stores, no `x-tollgate-cache`).
+    pub enabled: bool,
+    /// Larger response bodies are not stored.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ResponseCacheConfig {
+    fn default() -> Self {
+        ResponseCacheConfig { enabled: true, max_body_bytes: default_cache_max_body() }
+    }
+}
+
+/// Idempotency-Key replay (issue 7, seed 002; plugin configuration `idempotency`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyConfig {
+    /// Honour `Idempotency-Key` on POST, PATCH, PUT and DELETE.
+    pub enabled: bool,
+    /// A larger 2xx body is remembered without its body (status and headers are replayed).
+    pub max_body_bytes: usize,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig { enabled: false, max_body_bytes: default_idem_max_body() }
+    }
+}
+
+/// `responseCache` as written in the plugin configuration.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawResponseCache {
+    #[serde(default = "default_true")]
+    enabled: bool,
+    #[serde(default = "default_cache_max_body")]
+    max_body_bytes: usize,
+}
+
+impl Default for RawResponseCache {
+    fn default() -> Self {
+        RawResponseCache { enabled: true, max_body_bytes: default_cache_max_body() }
+    }
+}
+
+/// `idempotency` as written in the plugin configuration.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawIdempotency {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default = "default_idem_max_body")]
+    max_body_bytes: usize,
+}
+
+impl Default for RawIdempotency {
+    fn default() -> Self {
+        RawIdempotency { enabled: false, max_body_bytes: default_idem_max_body() }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_cache_max_body() -> usize {
+    256 * 1024
+}
+fn default_idem_max_body() -> usize {
+    1 << 20
+}
+
+fn check_max_body(field: &str, n: usize) -> Result<(), ConfigError> {
+    if n == 0 || n > MAX_STORED_BODY {
+        return Err(ConfigError(format!("{field}: must be between 1 and {MAX_STORED_BODY}")));
+    }
+    Ok(())
+}
+
+impl ResponseCacheConfig {
+    pub fn compile(raw: RawResponseCache) -> Result<ResponseCacheConfig, ConfigError> {
+        check_max_body("responseCache.maxBodyBytes", raw.max_body_bytes)?;
+        Ok(ResponseCacheConfig { enabled: raw.enabled, max_body_bytes: raw.max_body_bytes })
+    }
+}
+
+impl IdempotencyConfig {
+    pub fn compile(raw: RawIdempotency) -> Result<IdempotencyConfig, ConfigError> {
+        check_max_body("idempotency.maxBodyBytes", raw.max_body_bytes)?;
+        Ok(IdempotencyConfig { enabled: raw.enabled, max_body_bytes: raw.max_body_bytes })
+    }
+}
 
 /// Methods whose responses the cache serves (the body is part of the key).
 pub const CACHEABLE_METHODS: &[&str] = &["GET", "HEAD", "POST"];
@@ -258,103 +355,21 @@ pub fn cacheable_response(status: u16, headers: &[(String, String)], key_headers
     })
 }
 
-/// The per-worker queue of finished responses to store, sent in batches by the root context's
-/// tick. Bounded in items and bytes; past either bound new items are dropped and counted.
-#[derive(Debug)]
-pub struct ResponseQueue {
-    pending: VecDeque<(StoreItem, usize)>,
-    bytes: usize,
-    max_items: usize,
-    max_bytes: usize,
-    in_flight: bool,
-    /// Items dropped: the queue was full, or their batch failed.
-    pub dropped: u64,
+/// The response lookup a request asks for in its decision call, completed with the body: a
+/// cache key or an idempotency digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupPlan {
+    pub kind: LookupKind,
+    /// The request's `content-type` (how its body is canonicalized).
+    pub content_type: Option<String>,
 }
 
-impl ResponseQueue {
-    pub fn new(max_items: usize, max_bytes: usize) -> ResponseQueue {
-        ResponseQueue { pending: VecDeque::new(), bytes: 0, max_items: max_items.max(1), max_bytes, in_flight: false, dropped: 0 }
-    }
-
-    pub fn push(&mut self, item: StoreItem) {
-        let size = item.response.as_ref().map_or(0, |r| r.body.len()) + 256;
-        if self.pending.len() >= self.max_items || self.bytes + size > self.max_bytes {
-            self.dropped += 1;
-            return;
-        }
-        self.bytes += size;
-        self.pending.push_back((item, size));
-    }
-
-    pub fn len(&self) -> usize {
-        self.pending.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// A batch body of up to `max_batch_bytes` (at least one item), unless one is in flight or
-    /// nothing waits.
-    pub fn begin_flush(&mut self, max_batch_bytes: usize) -> Option<(Vec<u8>, usize)> {
-        if self.in_flight || self.pending.is_empty() {
-            return None;
-        }
-        let mut batch = StoreBatch::default();
-        let mut size = 0;
-        while let Some((_, s)) = self.pending.front() {
-            if !batch.responses.is_empty() && size + *s > max_batch_bytes {
-                break;
-            }
-            size += *s;
-            if let Some((item, s)) = self.pending.pop_front() {
-                self.bytes -= s;
-                batch.responses.push(item);
-            }
-        }
-        let n = batch.responses.len();
-        match serde_json::to_vec(&batch) {
-            Ok(body) => {
-                self.in_flight = true;
-                Some((body, n))
-            }
-            Err(_) => {
-                self.dropped += n as u64;
-                None
-            }
-        }
-    }
-
-    /// The batch in flight is done; `failed` of its items did not get through (not retried).
-    pub fn end_flush(&mut self, failed: usize) {
-        self.in_flight = false;
-        self.dropped += failed as u64;
-    }
-}
-
-/// A stored-response ticket's request, kept until the response is complete.
-#[derive(Debug, Clone)]
-pub struct PendingStore {
-    pub ticket: tollgate_wire::responses::StoreTicket,
-    /// The response status, once its headers are in.
-    pub status: u16,
-    pub headers: Vec<Header>,
-    /// Whether the response qualifies (decided on its headers).
-    pub storable: bool,
-    /// The body bound for this store.
-    pub max_body: usize,
-    /// The whole body went by (end of stream seen).
-    pub complete: bool,
-}
-
-impl PendingStore {
-    pub fn new(ticket: tollgate_wire::responses::StoreTicket, max_body: usize) -> PendingStore {
-        PendingStore { ticket, status: 0, headers: Vec::new(), storable: false, max_body, complete: false }
-    }
-
-    pub fn is_idempotency(&self) -> bool {
-        matches!(self.ticket, tollgate_wire::responses::StoreTicket::Idempotency { .. })
-    }
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookupKind {
+    /// The route caches: its key headers and their values.
+    Cache { headers: Vec<(String, Option<String>)> },
+    /// The client's idempotency key (unquoted).
+    Idempotency { key: String },
 }
 
 #[cfg(test)]
@@ -362,7 +377,6 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use tollgate_wire::responses::{StoreTicket, StoredResponse};
 
     fn canon(s: &str) -> String {
         String::from_utf8(canonical_body(Some("application/json"), s.as_bytes())).unwrap()
@@ -459,39 +473,5 @@ mod tests {
             ("etag", "\"1\""),
         ]));
         assert_eq!(kept, vec![Header::new("content-type", "application/json"), Header::new("etag", "\"1\"")]);
-    }
-
-    fn item(n: usize, body: usize) -> StoreItem {
-        StoreItem {
-            ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: n.to_string() },
-            response: Some(StoredResponse::new(200, vec![], vec![b'a'; body], 0)),
-        }
-    }
-
-    #[test]
-    fn the_queue_is_bounded_and_sends_each_batch_once() {
-        let mut q = ResponseQueue::new(3, 10_000);
-        for i in 0..4 {
-            q.push(item(i, 10));
-        }
-        assert_eq!((q.len(), q.dropped), (3, 1));
-        let (body, n) = q.begin_flush(1 << 20).unwrap();
-        assert_eq!(n, 3);
-        let b: StoreBatch = serde_json::from_slice(&body).unwrap();
-        assert_eq!(b.responses.len(), 3);
-        q.push(item(9, 10));
-        assert!(q.begin_flush(1 << 20).is_none(), "one batch in flight");
-        q.end_flush(3);
-        assert_eq!(q.dropped, 4, "a failed batch is dropped, not retried");
-        assert_eq!(q.begin_flush(1 << 20).unwrap().1, 1);
-        q.end_flush(0);
-        assert!(q.is_empty());
-
-        let mut q = ResponseQueue::new(100, 5_000);
-        q.push(item(1, 3_000));
-        q.push(item(2, 3_000));
-        assert_eq!((q.len(), q.dropped), (1, 1), "bounded in bytes");
-        q.push(item(3, 100));
-        assert_eq!(q.begin_flush(1_000).unwrap().1, 1, "a batch takes at least one item, then stops at the byte bound");
     }
 }

@@ -2,29 +2,30 @@
 //! applies other replicas' hints to the shared breaker states.
 //!
 //! `on_tick` fires in every root context (every worker's VM and the main thread's), so each tick
-//! first tries to hold a lease in shared data ([`LEASE_KEY`]: owner and expiry, taken or renewed
-//! by CAS); only the holder works. The holder (1) sends each target's pending local OPEN (the
+//! first tries to hold the election in shared data (crate::election,
+//! [`crate::shared_keys::HINTS_POLLER`]); only the holder works. The holder (1) sends each target's pending local OPEN (the
 //! state's `publish` stamp, set by the request path) as a fire-and-forget
 //! `POST /v1/breaker/hints`, and (2) asks `GET /v1/breaker/hints` for the other replicas' live
-//! hints and applies each to the matching targets ([`crate::breaker::State::apply_hint`]:
+//! hints and applies each to the matching targets ([`super::State::apply_hint`]:
 //! closed → open only). The request path never calls out for breakers; it only reads shared data.
 //!
 //! Why the request path does not post the hint itself: a call dispatched from an HTTP context is
 //! cancelled when that stream ends, which is right after the response that tripped the breaker.
 
-use crate::breaker::{self, HintEffect, Transition};
-use crate::breaker_guard::report;
-use crate::config::FilterConfig;
-use crate::filter::{CallSpec, Host, LogLevel};
+use super::config::BreakerConfig;
+use super::guard::report;
+use super::{read, update, HintEffect, Transition};
+use crate::host::{CallSpec, Host, LogLevel};
+use crate::jobs::Job;
+use crate::sidecar::Sidecar;
+use crate::{election, shared_keys};
 use std::rc::Rc;
 use tollgate_wire::breaker::{HintList, HintReport, HINTS_PATH};
 
-/// Shared-data key of the poller lease: owner (u64 LE) then expiry in ms (u64 LE).
-pub const LEASE_KEY: &str = "tollgate.breaker.v1.lease";
-
 /// The poller of one root context.
 pub struct HintPoller {
-    config: Rc<FilterConfig>,
+    config: Rc<BreakerConfig>,
+    sidecar: Sidecar,
     /// This VM's identity in the lease (random per VM, non-zero).
     owner: u64,
     list_call: Option<(u32, u64)>,
@@ -34,32 +35,24 @@ pub struct HintPoller {
 }
 
 impl HintPoller {
-    pub fn new(config: Rc<FilterConfig>, owner: u64) -> HintPoller {
-        HintPoller { config, owner: owner.max(1), list_call: None, posts: Vec::new(), failing: false }
+    pub fn new(config: Rc<BreakerConfig>, sidecar: Sidecar, owner: u64) -> HintPoller {
+        HintPoller { config, sidecar, owner: owner.max(1), list_call: None, posts: Vec::new(), failing: false }
     }
 
     /// How long a lease lasts without renewal: a few poll intervals, so a stalled holder is
     /// replaced quickly but a busy one is not.
     fn lease_ms(&self) -> u64 {
-        (self.config.breakers.hints.poll_interval.as_millis() as u64).saturating_mul(4).max(1_000)
+        (self.config.hints.poll_interval.as_millis() as u64).saturating_mul(4).max(1_000)
     }
 
     /// Takes or renews the lease; true when this context holds it now.
     pub fn hold_lease(&self, host: &mut impl Host, now_ms: u64) -> bool {
-        crate::routing::hold_lease(host, LEASE_KEY, self.owner, now_ms, self.lease_ms())
+        election::hold(host, &shared_keys::HINTS_POLLER, self.owner, now_ms, self.lease_ms())
     }
 
     fn call(&self, method: &str, body: Vec<u8>) -> CallSpec {
-        let c = &self.config;
-        let mut headers = vec![
-            (":method".to_string(), method.to_string()),
-            (":path".to_string(), HINTS_PATH.to_string()),
-            (":authority".to_string(), c.sidecar_authority.clone()),
-        ];
-        if !body.is_empty() {
-            headers.push(("content-type".into(), "application/json".into()));
-        }
-        CallSpec { cluster: c.sidecar_cluster.clone(), headers, body, timeout: c.breakers.hints.timeout }
+        let json: &[(&str, &str)] = if body.is_empty() { &[] } else { &[("content-type", "application/json")] };
+        self.sidecar.call(method, HINTS_PATH, json, body, self.config.hints.timeout)
     }
 
     fn sidecar_state(&mut self, host: &mut impl Host, ok: bool, why: &str) {
@@ -73,8 +66,7 @@ impl HintPoller {
 
     /// One tick: if this context holds the lease, report pending opens and ask for hints.
     pub fn on_tick(&mut self, host: &mut impl Host) {
-        let b = &self.config.breakers;
-        if !b.shares_hints() {
+        if !self.config.shares_hints() {
             return;
         }
         let now = host.now_ms();
@@ -82,10 +74,10 @@ impl HintPoller {
             return;
         }
         let config = self.config.clone();
-        for target in config.breakers.targets.iter() {
+        for target in config.targets.iter() {
             let Some((provider, model)) = &target.hint else { continue };
-            let key = breaker::shared_key(&target.name);
-            let pending = breaker::read(host, &key).publish;
+            let key = shared_keys::breaker(&target.name);
+            let pending = read(host, &key).publish;
             if pending == 0 {
                 continue;
             }
@@ -96,7 +88,7 @@ impl HintPoller {
                 Err(e) => self.sidecar_state(host, false, &format!("cannot call the sidecar: {e}")),
             }
             // Sent or not, a report is attempted once: hints are advisory.
-            let _ = breaker::update(host, &key, |s| {
+            let _ = update(host, &key, |s| {
                 let clear = s.publish == pending;
                 if clear {
                     s.publish = 0;
@@ -111,6 +103,11 @@ impl HintPoller {
                 Err(e) => self.sidecar_state(host, false, &format!("cannot call the sidecar: {e}")),
             }
         }
+    }
+
+    /// Whether `token` is one of this poller's calls.
+    pub fn owns(&self, token: u32) -> bool {
+        self.posts.contains(&token) || self.list_call.is_some_and(|(t, _)| t == token)
     }
 
     /// A call response arrived at the root context.
@@ -139,16 +136,16 @@ impl HintPoller {
 
     /// Applies listed hints to the matching targets.
     pub fn apply(&self, host: &mut impl Host, list: &HintList) {
-        let b = &self.config.breakers;
+        let b = &self.config;
         let now = host.now_ms();
         for hint in &list.hints {
-            let fp = breaker::hint_fingerprint(&hint.replica, hint.opened_at_ms);
+            let fp = super::hint_fingerprint(&hint.replica, hint.opened_at_ms);
             for target in b.targets.iter() {
                 if target.hint.as_ref() != Some(&(hint.provider.clone(), hint.model.clone())) {
                     continue;
                 }
-                let key = breaker::shared_key(&target.name);
-                match breaker::update(host, &key, |s| s.apply_hint(&b.policy, now, fp)) {
+                let key = shared_keys::breaker(&target.name);
+                match update(host, &key, |s| s.apply_hint(&b.policy, now, fp)) {
                     Ok(HintEffect::Opened) => {
                         report(host, target, Transition::OpenedByHint, &format!("hint from replica {}", hint.replica))
                     }
@@ -158,5 +155,18 @@ impl HintPoller {
                 }
             }
         }
+    }
+}
+
+/// Runs every `breakers.hints.pollInterval` (crate::jobs::Every).
+impl Job for HintPoller {
+    fn on_tick(&mut self, host: &mut impl Host) {
+        HintPoller::on_tick(self, host);
+    }
+    fn owns(&self, token: u32) -> bool {
+        HintPoller::owns(self, token)
+    }
+    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+        HintPoller::on_call_response(self, host, token, status, body);
     }
 }

@@ -6,15 +6,15 @@
 //! (`cb:hint:{provider}:{model}`), and an ordered list of fallback targets used while it is open.
 //! No `breakers` section (or no targets) means no breaker at all.
 
-use crate::breaker::{Policy, Transition};
-use crate::config::{parse_duration, ConfigError};
+use super::{Policy, Transition};
+use crate::settings::{duration_within, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 use tollgate_wire::breaker::valid_hint_part;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct RawTarget {
+pub struct RawTarget {
     name: String,
     cluster: String,
     #[serde(default)]
@@ -27,7 +27,7 @@ pub(crate) struct RawTarget {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct RawHints {
+pub struct RawHints {
     #[serde(default = "default_true")]
     enabled: bool,
     #[serde(default = "default_poll_interval")]
@@ -44,7 +44,7 @@ impl Default for RawHints {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(crate) struct RawBreakers {
+pub struct RawBreakers {
     #[serde(default)]
     targets: Vec<RawTarget>,
     #[serde(default = "default_consecutive")]
@@ -179,11 +179,7 @@ fn err(field: &str, why: impl std::fmt::Display) -> ConfigError {
 }
 
 fn duration(field: &str, s: &str, min: Duration, max: Duration) -> Result<Duration, ConfigError> {
-    let d = parse_duration(s).map_err(|e| err(field, e))?;
-    if d < min || d > max {
-        return Err(err(field, format!("must be between {min:?} and {max:?}")));
-    }
-    Ok(d)
+    duration_within(&format!("breakers.{field}"), s, min, max, &format!("{min:?} and {max:?}"))
 }
 
 fn valid_name(s: &str) -> bool {
@@ -201,7 +197,7 @@ fn status_range(s: &str) -> Option<(u16, u16)> {
 }
 
 impl BreakerConfig {
-    pub(crate) fn compile(raw: RawBreakers) -> Result<BreakerConfig, ConfigError> {
+    pub fn compile(raw: RawBreakers) -> Result<BreakerConfig, ConfigError> {
         if !(0.0..=1.0).contains(&raw.failure_ratio) {
             return Err(err("failureRatio", "must be between 0 and 1 (0: off)"));
         }
@@ -284,7 +280,7 @@ impl BreakerConfig {
     }
 
     /// Whether an upstream status counts as a failure (Envoy's own local replies are classified
-    /// separately, see `breaker_guard::classify`).
+    /// separately, see `crate::breaker::guard::classify`).
     pub fn is_failure_status(&self, status: u16) -> bool {
         (status == 429 && self.fail_on_429) || self.failure_statuses.iter().any(|(lo, hi)| (*lo..=*hi).contains(&status))
     }
@@ -298,63 +294,3 @@ impl BreakerConfig {
 /// Per-request counters besides the transitions: requests rejected while open, requests sent to
 /// a fallback, hints seen but not applied (the breaker was not closed).
 pub const EXTRA_STATS: [&str; 3] = ["rejected", "fallback", "hint_ignored"];
-
-#[cfg(test)]
-mod tests {
-    use crate::config::FilterConfig;
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    #[test]
-    fn no_section_means_no_breakers() {
-        let c = FilterConfig::parse(b"{}").unwrap();
-        assert!(c.breakers.targets.is_empty());
-        assert_eq!(c.breakers.policy.open_ms, 30_000);
-        assert_eq!(c.breakers.failure_statuses, vec![(500, 599)]);
-    }
-
-    #[test]
-    fn full_section_parses() {
-        let c = FilterConfig::parse(
-            br#"{"breakers":{"consecutiveFailures":3,"failureRatio":0.25,"window":"5s","minRequests":4,
-                "openFor":"2s","halfOpenTrials":2,"trialTimeout":"3s","failureStatuses":["502","503"],"failOn429":true,
-                "hints":{"pollInterval":"200ms"},
-                "targets":[{"name":"a","cluster":"ca","provider":"openai","model":"gpt-4o","fallback":["b"]},
-                           {"name":"b","cluster":"cb"}]}}"#,
-        )
-        .unwrap();
-        let b = &c.breakers;
-        assert_eq!(b.policy.consecutive_failures, 3);
-        assert_eq!(b.policy.failure_ratio_permille, 250);
-        assert_eq!(b.policy.open_ms, 2_000);
-        assert_eq!(b.policy.half_open_trials, 2);
-        assert_eq!(b.targets[0].fallback, vec![1]);
-        assert_eq!(b.targets[0].hint, Some(("openai".into(), "gpt-4o".into())));
-        assert!(b.is_failure_status(502) && b.is_failure_status(429) && !b.is_failure_status(500));
-        assert!(b.shares_hints());
-        assert!(b.metric_names().contains(&"tollgate.breaker.a.opened_by_hint".to_string()));
-    }
-
-    #[test]
-    fn bad_sections_are_refused_naming_the_field() {
-        let cases: &[(&str, &str)] = &[
-            (r#"{"breakers":{"targets":[{"name":"a b","cluster":"c"}]}}"#, "targets[0].name"),
-            (r#"{"breakers":{"targets":[{"name":"a","cluster":"c"},{"name":"a","cluster":"d"}]}}"#, "targets[0].name"),
-            (r#"{"breakers":{"targets":[{"name":"a","cluster":"c"},{"name":"b","cluster":"c"}]}}"#, "targets[0].cluster"),
-            (r#"{"breakers":{"targets":[{"name":"a","cluster":"c","fallback":["z"]}]}}"#, "targets[0].fallback[0]"),
-            (r#"{"breakers":{"targets":[{"name":"a","cluster":"c","fallback":["a"]}]}}"#, "targets[0].fallback[0]"),
-            (r#"{"breakers":{"targets":[{"name":"a","cluster":"c","provider":"p"}]}}"#, "targets[0].provider"),
-            (r#"{"breakers":{"targets":[{"name":"a","cluster":"c","provider":"p:x","model":"m"}]}}"#, "targets[0].provider"),
-            (r#"{"breakers":{"openFor":"soon"}}"#, "breakers.openFor"),
-            (r#"{"breakers":{"failureRatio":2}}"#, "breakers.failureRatio"),
-            (r#"{"breakers":{"halfOpenTrials":0}}"#, "breakers.halfOpenTrials"),
-            (r#"{"breakers":{"failureStatuses":["6xx"]}}"#, "failureStatuses[0]"),
-            (r#"{"breakers":{"hints":{"pollInterval":"1ms"}}}"#, "hints.pollInterval"),
-            (r#"{"breakers":{"targetz":[]}}"#, "unknown field"),
-        ];
-        for (input, needle) in cases {
-            let e = FilterConfig::parse(input.as_bytes()).unwrap_err();
-            assert!(e.to_string().contains(needle), "{e} should mention {needle}");
-        }
-    }
-}

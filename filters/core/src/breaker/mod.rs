@@ -15,16 +15,16 @@
 //!   never closes a breaker, never shortens or extends an open period, and each distinct hint is
 //!   applied at most once (its fingerprint is remembered), so a breaker that closed on its own
 //!   trials is not re-opened by the same, still-live hint (ADR-004 of seed 000).
+//!
+//! The section of the plugin configuration is [`config`], the per-request side [`guard`], the
+//! hint exchange with other replicas [`hints`].
 
-use crate::filter::Host;
+pub mod config;
+pub mod guard;
+pub mod hints;
 
-/// Why a CAS write of shared data failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SharedSetError {
-    /// Someone wrote the value since it was read: read again and retry.
-    CasMismatch,
-    Other(String),
-}
+use crate::host::{Host, SharedSetError};
+use crate::shared_keys::SharedKey;
 
 /// Rolling-window resolution: the window is kept as this many buckets.
 pub const BUCKETS: usize = 10;
@@ -373,11 +373,6 @@ impl Reader<'_> {
     }
 }
 
-/// The shared-data key of a target's breaker state.
-pub fn shared_key(target: &str) -> String {
-    format!("tollgate.breaker.v1.{target}")
-}
-
 /// Why an update did not happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpdateError {
@@ -389,29 +384,29 @@ pub enum UpdateError {
 
 /// Writes the initial (closed) state when the key is absent. Done in `on_configure`, before any
 /// traffic, so later updates always have a CAS token (a first write can only be unconditional).
-pub fn init(host: &mut impl Host, key: &str) {
-    if host.shared_get_cas(key).0.is_none() {
-        let _ = host.shared_set_cas(key, &State::default().encode(), None);
+pub fn init(host: &mut impl Host, key: &SharedKey) {
+    if host.shared_get_cas(key.as_str()).0.is_none() {
+        let _ = host.shared_set_cas(key.as_str(), &State::default().encode(), None);
     }
 }
 
 /// Reads the state (a missing or undecodable value reads as closed).
-pub fn read(host: &impl Host, key: &str) -> State {
-    host.shared_get_cas(key).0.and_then(|b| State::decode(&b)).unwrap_or_default()
+pub fn read(host: &impl Host, key: &SharedKey) -> State {
+    host.shared_get_cas(key.as_str()).0.and_then(|b| State::decode(&b)).unwrap_or_default()
 }
 
 /// Read-modify-write of a target's state by CAS: `f` returns its result and whether it changed
 /// the state; an unchanged state is not written. On a CAS mismatch the update is recomputed on
 /// the fresh state, at most [`MAX_CAS_ATTEMPTS`] times.
-pub fn update<R>(host: &mut impl Host, key: &str, mut f: impl FnMut(&mut State) -> (R, bool)) -> Result<R, UpdateError> {
+pub fn update<R>(host: &mut impl Host, key: &SharedKey, mut f: impl FnMut(&mut State) -> (R, bool)) -> Result<R, UpdateError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = host.shared_get_cas(key);
+        let (bytes, cas) = host.shared_get_cas(key.as_str());
         let mut state = bytes.and_then(|b| State::decode(&b)).unwrap_or_default();
         let (result, changed) = f(&mut state);
         if !changed {
             return Ok(result);
         }
-        match host.shared_set_cas(key, &state.encode(), cas) {
+        match host.shared_set_cas(key.as_str(), &state.encode(), cas) {
             Ok(()) => return Ok(result),
             Err(SharedSetError::CasMismatch) => continue,
             Err(SharedSetError::Other(e)) => return Err(UpdateError::Host(e)),

@@ -14,13 +14,12 @@
 //! Envoy local reply (connect failure, reset, timeout: `response.code_details` other than
 //! `via_upstream`) with a 5xx status, is a failure.
 
-use crate::breaker::{self, Admission, Outcome, Transition};
-use crate::breaker_config::{BreakerConfig, Target};
-use crate::config::FilterConfig;
-use crate::filter::{Action, Host, LogLevel};
+use super::config::{BreakerConfig, Target};
+use super::{update, Admission, Outcome, Transition};
+use crate::host::{Action, Host, LogLevel};
+use crate::shared_keys;
 use std::rc::Rc;
 use tollgate_wire::routes::RouteSpec;
-use tollgate_wire::ErrorBody;
 
 /// Request header the filter sets to send a request to a fallback target's cluster; Envoy routes
 /// on it (`route: {cluster_header: x-tollgate-cluster}`). Clients cannot set it: the filter strips
@@ -42,7 +41,7 @@ enum GuardState {
 
 /// One request's breaker guard.
 pub struct BreakerGuard {
-    config: Rc<FilterConfig>,
+    config: Rc<BreakerConfig>,
     state: GuardState,
 }
 
@@ -68,7 +67,7 @@ pub fn report(host: &mut impl Host, target: &Target, transition: Transition, why
 }
 
 impl BreakerGuard {
-    pub fn new(config: Rc<FilterConfig>) -> BreakerGuard {
+    pub fn new(config: Rc<BreakerConfig>) -> BreakerGuard {
         BreakerGuard { config, state: GuardState::Idle }
     }
 
@@ -86,7 +85,7 @@ impl BreakerGuard {
             return Action::Continue;
         }
         self.state = GuardState::Done;
-        let b = &self.config.breakers;
+        let b = &self.config;
         if b.targets.is_empty() {
             return Action::Continue;
         }
@@ -110,7 +109,7 @@ impl BreakerGuard {
         let candidates = std::iter::once(primary).chain(b.targets.get(primary).map(|t| t.fallback.clone()).unwrap_or_default());
         for idx in candidates {
             let Some(target) = b.targets.get(idx) else { continue };
-            let result = breaker::update(host, &breaker::shared_key(&target.name), |s| {
+            let result = update(host, &shared_keys::breaker(&target.name), |s| {
                 let (admission, changed, transition) = s.admit(&b.policy, now);
                 ((admission, transition), changed)
             });
@@ -148,17 +147,9 @@ impl BreakerGuard {
         let Some(target) = b.targets.get(primary) else { return Action::Continue };
         host.count_named(&target.stat("rejected"));
         let retry_after = retry_after_ms.unwrap_or(1_000).div_ceil(1_000).max(1).to_string();
-        let body = serde_json::to_vec(&ErrorBody {
-            error: BREAKER_OPEN.into(),
-            message: format!("upstream '{}' is failing; retry later", target.name),
-            limit: None,
-        })
-        .unwrap_or_default();
-        host.send_reply(
-            503,
-            &[("content-type", "application/json"), ("retry-after", &retry_after), (BREAKER_HEADER, "open")],
-            &body,
-        );
+        let message = format!("upstream '{}' is failing; retry later", target.name);
+        let extra = [("retry-after", retry_after.as_str()), (BREAKER_HEADER, "open")];
+        crate::reply::json_error(host, 503, BREAKER_OPEN, &message, None, &extra);
         Action::Pause
     }
 
@@ -166,7 +157,7 @@ impl BreakerGuard {
     pub fn on_response(&mut self, host: &mut impl Host) -> Action {
         let GuardState::Admitted { target: idx, trial } = self.state else { return Action::Continue };
         self.state = GuardState::Done;
-        let b = &self.config.breakers;
+        let b = &self.config;
         let Some(target) = b.targets.get(idx) else { return Action::Continue };
         let status = host.response_header(":status").and_then(|s| s.parse::<u16>().ok());
         // Where the response came from only matters for a 5xx or a failure status: read it (an
@@ -177,7 +168,7 @@ impl BreakerGuard {
         };
         let outcome = classify(b, status, details.as_deref());
         let now = host.now_ms();
-        match breaker::update(host, &breaker::shared_key(&target.name), |s| {
+        match update(host, &shared_keys::breaker(&target.name), |s| {
             let (changed, transition) = s.record(&b.policy, now, trial, outcome);
             (transition, changed)
         }) {
@@ -203,8 +194,8 @@ impl BreakerGuard {
         if !trial {
             return;
         }
-        if let Some(target) = self.config.breakers.targets.get(idx) {
-            let _ = breaker::update(host, &breaker::shared_key(&target.name), |s| ((), s.release_trial()));
+        if let Some(target) = self.config.targets.get(idx) {
+            let _ = update(host, &shared_keys::breaker(&target.name), |s| ((), s.release_trial()));
         }
     }
 }

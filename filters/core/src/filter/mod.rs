@@ -1,0 +1,477 @@
+//! The per-request state machine of the auth filter, driven through the [`Host`] trait.
+//!
+//! `on_request_headers` runs the request path's stages ([`stages`]: key, metering, routing,
+//! lookup, auth cache, lease) until one decides, then applies the [`Decision`] in one place
+//! ([`AuthFilter::apply`]): allow (identity headers, steering), deny (a JSON reply), or the one
+//! decision call to the sidecar — at once, or once the request body is in (`on_request_body`).
+//! `on_sidecar_response` turns the answer into a decision the same way, or applies the
+//! configured failure mode when the sidecar did not answer properly. The response side (headers
+//! to add, the body kept for usage or storing, what is reported when the request ends) is
+//! [`response::ResponseSide`]. Time never enters: the call's timeout is Envoy's.
+//!
+//! The breaker guard runs after an allow; [`crate::http::HttpFilter`] wires the two.
+
+pub mod decision;
+pub mod response;
+pub mod stages;
+
+use crate::auth_cache::{self, CachedAllow, LocalAllows};
+use crate::breaker::guard::CLUSTER_HEADER;
+use crate::completions::CompletionQueue;
+use crate::config::{FailureMode, FilterConfig};
+use crate::headers::{RequestHeaders, INTERNAL_HEADER_PREFIX};
+use crate::host::{Action, Host, LogLevel};
+use crate::ids::DecisionIds;
+use crate::lease::renewer::RenewalQueue;
+use crate::lease::{self};
+use crate::responses::queue::{PendingStore, ResponseQueue};
+use crate::responses::LookupPlan;
+use crate::routing::{Routed, WorkerRoutes};
+use crate::shared_keys;
+use crate::sidecar::interpret;
+use crate::stats::{DenyReason, Metric};
+use crate::usage::{Identity, Meter, RequestInfo};
+use decision::{Decision, Denial, Grant, Source};
+use response::ResponseSide;
+use std::cell::RefCell;
+use std::rc::Rc;
+use tollgate_wire::responses::StoreTicket;
+use tollgate_wire::routes::{RouteFailureMode, RouteSpec};
+use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse};
+
+/// Largest body the filter reads: a request body for a decision, a response body for token
+/// usage (larger ones report no usage).
+pub const MAX_USAGE_BODY: usize = 1 << 20;
+
+/// Header for the upstream: the tenant of the key.
+pub const TENANT_HEADER: &str = "x-tollgate-tenant";
+/// Header for the upstream: the key's id (never its hash or raw value).
+pub const KEY_ID_HEADER: &str = "x-tollgate-key-id";
+/// Header for the upstream: the plan of the key.
+pub const PLAN_HEADER: &str = "x-tollgate-plan";
+/// Header for the upstream when a request passed without a decision (fail-open).
+pub const DEGRADED_HEADER: &str = "x-tollgate-degraded";
+
+#[derive(Debug)]
+enum State {
+    Start,
+    /// The decision needs the request body; the call is ready but for it.
+    AwaitingBody { request: Box<DecideRequest>, lookup: Option<LookupPlan> },
+    Waiting { token: u32, key_hash: String },
+    Done,
+}
+
+/// The parts of its worker a request uses; each optional one is present when its feature is on.
+#[derive(Clone)]
+struct WorkerParts {
+    completions: Rc<RefCell<CompletionQueue>>,
+    meter: Option<Rc<RefCell<Meter>>>,
+    routes: Option<Rc<RefCell<WorkerRoutes>>>,
+    responses: Option<Rc<RefCell<ResponseQueue>>>,
+    leases: Option<Rc<RefCell<RenewalQueue>>>,
+    local_allows: Option<Rc<RefCell<LocalAllows>>>,
+    /// Without it the sidecar names the decision.
+    decision_ids: Option<Rc<RefCell<DecisionIds>>>,
+}
+
+/// One request's filter.
+pub struct AuthFilter {
+    config: Rc<FilterConfig>,
+    worker: WorkerParts,
+    state: State,
+    /// The route this request matched.
+    route: Option<Routed>,
+    /// What a usage event needs from the request (metering on).
+    request: Option<RequestInfo>,
+    /// When the decision call that asks for a lease was sent.
+    lease_sent_ms: Option<u64>,
+    response: ResponseSide,
+}
+
+impl AuthFilter {
+    pub fn new(config: Rc<FilterConfig>, completions: Rc<RefCell<CompletionQueue>>) -> AuthFilter {
+        AuthFilter {
+            config,
+            worker: WorkerParts {
+                completions,
+                meter: None,
+                routes: None,
+                responses: None,
+                leases: None,
+                local_allows: None,
+                decision_ids: None,
+            },
+            state: State::Start,
+            route: None,
+            request: None,
+            lease_sent_ms: None,
+            response: ResponseSide::default(),
+        }
+    }
+
+    /// Names every decision call with an id from `ids` (crate::ids).
+    pub fn with_decision_ids(mut self, ids: Rc<RefCell<DecisionIds>>) -> AuthFilter {
+        self.worker.decision_ids = Some(ids);
+        self
+    }
+
+    /// Keeps this worker's copy of auth cache entries in `allows` (see [`LocalAllows`]).
+    pub fn with_local_allows(mut self, allows: Rc<RefCell<LocalAllows>>) -> AuthFilter {
+        self.worker.local_allows = Some(allows);
+        self
+    }
+
+    /// Stores responses through `queue` (when the response cache or idempotency is on).
+    pub fn with_responses(mut self, queue: Rc<RefCell<ResponseQueue>>) -> AuthFilter {
+        if self.config.response_cache.enabled || self.config.idempotency.enabled {
+            self.worker.responses = Some(queue);
+        }
+        self
+    }
+
+    /// Routes requests by `routes` (when the configuration turns routing on).
+    pub fn with_routes(mut self, routes: Rc<RefCell<WorkerRoutes>>) -> AuthFilter {
+        if self.config.routing.enabled {
+            self.worker.routes = Some(routes);
+        }
+        self
+    }
+
+    /// Spends and renews leases of leased limits through `renewals` (when the configuration
+    /// enables leases; crate::lease).
+    pub fn with_leases(mut self, renewals: Rc<RefCell<RenewalQueue>>) -> AuthFilter {
+        if self.config.leases.enabled {
+            self.worker.leases = Some(renewals);
+        }
+        self
+    }
+
+    /// Meters this request into `meter` (when the configuration enables usage metering).
+    pub fn with_meter(mut self, meter: Rc<RefCell<Meter>>) -> AuthFilter {
+        if self.config.usage.enabled {
+            self.worker.meter = Some(meter);
+        }
+        self
+    }
+
+    /// The route this request matched, if any.
+    pub fn route(&self) -> Option<&RouteSpec> {
+        self.route.as_ref().and_then(Routed::spec)
+    }
+
+    fn route_id(&self) -> Option<&str> {
+        self.route().map(|r| r.id.as_str())
+    }
+
+    /// `end_of_stream`: the request has no body.
+    pub fn on_request_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Action {
+        if !matches!(self.state, State::Start) {
+            return Action::Continue;
+        }
+        self.state = State::Done;
+        let decision = self.admit(host, end_of_stream);
+        self.apply(host, decision)
+    }
+
+    /// The request path's stages, in order; the first that decides ends it.
+    fn admit(&mut self, host: &mut impl Host, end_of_stream: bool) -> Decision {
+        let headers = RequestHeaders::new(host.request_headers());
+        let keyed = match stages::key(host, &self.config.key_sources, &headers) {
+            Ok(k) => k,
+            Err(d) => return Decision::Deny(d),
+        };
+        if self.worker.meter.is_some() {
+            self.request = Some(RequestInfo::new(&headers, &keyed.path, host.now_ms()));
+        }
+        if let Some(routes) = &self.worker.routes {
+            match stages::route(host, routes, self.config.failure_mode, &headers, &keyed.path) {
+                Ok(r) => self.route = r,
+                Err(d) => return Decision::Deny(d),
+            }
+        }
+        let Some(raw_key) = keyed.key else {
+            return Decision::Deny(Denial::local(401, codes::MISSING_KEY, "an API key is required"));
+        };
+        let key_hash = raw_key.hash();
+        let lookup = match self.worker.responses {
+            Some(_) => match stages::lookup(&self.config, self.route(), &headers) {
+                Ok(l) => {
+                    self.response.cache_status = l.cache_status;
+                    l.plan
+                }
+                Err(d) => return Decision::Deny(d),
+            },
+            None => None,
+        };
+        // A lookup rides on the decision call: neither the auth cache nor a lease can answer it.
+        if lookup.is_none() {
+            let local = self.worker.local_allows.as_deref();
+            if let Some(hit) = stages::auth_cache(host, &self.config, local, &key_hash, self.route_id()) {
+                return hit;
+            }
+        }
+        let mut request = stages::decide_request(&self.config, &headers, key_hash, keyed.path, self.route());
+        if let (None, Some(renewals)) = (&lookup, &self.worker.leases) {
+            if let Some(hit) = stages::lease(host, &self.config.leases, renewals, &mut request) {
+                return hit;
+            }
+        }
+        request.client_ip = host.client_ip();
+        let json_body = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
+        if (self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream) {
+            return Decision::AwaitBody(request, lookup);
+        }
+        if let Some(plan) = &lookup {
+            match stages::complete_lookup(&mut request, plan, Some(&[])) {
+                Ok(status) => self.response.cache_status = status.or(self.response.cache_status),
+                Err(d) => return Decision::Deny(d),
+            }
+        }
+        Decision::Call(request)
+    }
+
+    /// The request body, for the token estimate and a lookup. Returns `Pause` until the whole
+    /// body is in.
+    pub fn on_request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
+        match self.state {
+            State::AwaitingBody { .. } => {}
+            State::Waiting { .. } => return Action::Pause,
+            State::Start | State::Done => return Action::Continue,
+        }
+        if !end_of_stream && body_size <= MAX_USAGE_BODY {
+            return Action::Pause;
+        }
+        let State::AwaitingBody { request, lookup } = std::mem::replace(&mut self.state, State::Done) else {
+            return Action::Continue;
+        };
+        let mut request = *request;
+        let body = stages::request_body(host, body_size);
+        if let (Some(field), Some(b)) = (&self.config.token_estimate_field, &body) {
+            request.token_estimate = stages::token_estimate(field, b);
+        }
+        if let Some(plan) = &lookup {
+            match stages::complete_lookup(&mut request, plan, body.as_deref()) {
+                Ok(status) => self.response.cache_status = status.or(self.response.cache_status),
+                Err(d) => return self.apply(host, Decision::Deny(d)),
+            }
+        }
+        self.apply(host, Decision::Call(request))
+    }
+
+    /// The sidecar's answer: `status` is the call response's `:status` (Envoy synthesizes 503
+    /// when the sidecar is unreachable and 504 on timeout). Returns `Continue` when the adapter
+    /// must resume the request.
+    pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
+        let key_hash = match &self.state {
+            State::Waiting { token: t, key_hash } if *t == token => key_hash.clone(),
+            _ => {
+                host.log(LogLevel::Debug, "ignoring a call response with an unexpected token");
+                return Action::Pause;
+            }
+        };
+        self.state = State::Done;
+        let answer = interpret(status, body);
+        if self.worker.leases.is_some() {
+            // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
+            let now = host.now_ms();
+            let key = shared_keys::lease(&key_hash, self.route_id());
+            lease::on_answer(host, &key, &answer, self.lease_sent_ms.take(), now, false);
+        }
+        let decision = self.decide(host, &key_hash, answer);
+        self.apply(host, decision)
+    }
+
+    /// The decision the sidecar's answer makes.
+    fn decide(&mut self, host: &mut impl Host, key_hash: &str, answer: Result<DecideResponse, String>) -> Decision {
+        match answer {
+            Ok(DecideResponse::Allow {
+                tenant,
+                key_id,
+                plan,
+                request_headers,
+                response_headers,
+                cache_for_ms,
+                ticket,
+                replay,
+                store,
+                lease: _,
+            }) => {
+                let who = Identity { tenant, key_id, plan };
+                if let Some(t) = ticket {
+                    self.response.hold(t, self.config.token_usage_from_response);
+                }
+                if let Some(replay) = replay {
+                    return Decision::Replay { who, response_headers, replay };
+                }
+                if self.worker.responses.is_some() {
+                    self.response.pending_store = store.map(|t| {
+                        let max = match *t {
+                            StoreTicket::Cache { .. } => self.config.response_cache.max_body_bytes,
+                            StoreTicket::Idempotency { .. } => self.config.idempotency.max_body_bytes,
+                        };
+                        PendingStore::new(*t, max)
+                    });
+                }
+                if self.response.cache_status == Some("miss") {
+                    host.count(Metric::CacheMiss);
+                }
+                let ttl = cache_for_ms.unwrap_or(0).min(self.config.auth_cache_max_ttl.as_millis() as u64);
+                // Only an answer that is the same for every request of this key may be reused.
+                if ttl > 0 && response_headers.is_empty() && self.response.ticket.is_none() && self.response.pending_store.is_none() {
+                    let entry = CachedAllow {
+                        until_ms: host.now_ms().saturating_add(ttl),
+                        tenant: who.tenant.clone(),
+                        key_id: who.key_id.clone(),
+                        plan: who.plan.clone(),
+                        request_headers: request_headers.clone(),
+                    };
+                    let key = shared_keys::auth_cache(key_hash, self.route_id());
+                    auth_cache::write(host, self.worker.local_allows.as_deref(), key, entry);
+                }
+                Decision::Allow(Grant { who, request_headers, response_headers, source: Source::Sidecar })
+            }
+            Ok(DecideResponse::Deny { status, error, message, limit, response_headers }) => Decision::Deny(Denial {
+                status: if (400..=599).contains(&status) { status } else { 403 },
+                code: error.into(),
+                message: message.into(),
+                limit,
+                headers: response_headers,
+            }),
+            Err(why) => Decision::Fail(why),
+        }
+    }
+
+    /// Applies a decision: the one place that answers, forwards or calls for the request.
+    fn apply(&mut self, host: &mut impl Host, decision: Decision) -> Action {
+        match decision {
+            Decision::Allow(grant) => self.allow(host, grant),
+            Decision::Deny(denial) => {
+                host.count(Metric::Denied(DenyReason::of(&denial.code)));
+                // a local reply: nothing was looked up in the response cache for it
+                self.response.cache_status = None;
+                let extra: Vec<(&str, &str)> = denial.headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
+                crate::reply::json_error(host, denial.status, &denial.code, &denial.message, denial.limit.as_deref(), &extra);
+                Action::Pause
+            }
+            Decision::Call(request) => self.call_sidecar(host, request),
+            Decision::AwaitBody(request, lookup) => {
+                self.state = State::AwaitingBody { request: Box::new(request), lookup };
+                Action::Pause
+            }
+            Decision::Replay { who, response_headers, replay } => {
+                let who = self.request.is_some().then_some(who);
+                self.response.replay(host, who, response_headers, *replay, self.config.token_usage_from_response);
+                Action::Pause
+            }
+            Decision::Fail(why) => self.sidecar_failed(host, &why),
+        }
+    }
+
+    fn call_sidecar(&mut self, host: &mut impl Host, mut request: DecideRequest) -> Action {
+        // The gateway names the decision: what it takes in Redis keys on this id, never on
+        // anything the client sent.
+        request.decision_id = self.worker.decision_ids.as_ref().map(|ids| ids.borrow_mut().next_id());
+        let body = match serde_json::to_vec(&request) {
+            Ok(b) => b,
+            Err(e) => return self.sidecar_failed(host, &format!("cannot encode decision request: {e}")),
+        };
+        if request.lease.is_some() {
+            self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
+        }
+        match host.dispatch(self.config.sidecar.decide(body)) {
+            Ok(token) => {
+                self.state = State::Waiting { token, key_hash: request.key_hash };
+                Action::Pause
+            }
+            Err(e) => self.sidecar_failed(host, &format!("cannot call the sidecar: {e}")),
+        }
+    }
+
+    fn allow(&mut self, host: &mut impl Host, grant: Grant) -> Action {
+        match grant.source {
+            Source::AuthCache => host.count(Metric::AuthCacheHit),
+            Source::Lease => host.count(Metric::LeaseHit),
+            Source::Sidecar => {}
+        }
+        let Grant { who, request_headers, response_headers, source: _ } = grant;
+        host.set_request_header(TENANT_HEADER, &who.tenant);
+        host.set_request_header(KEY_ID_HEADER, &who.key_id);
+        host.set_request_header(PLAN_HEADER, &who.plan);
+        for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
+            host.set_request_header(&h.name, &h.value);
+        }
+        if self.request.is_some() {
+            self.response.identity = Some(who);
+        }
+        self.steer(host);
+        self.response.headers = response_headers;
+        host.count(Metric::Allowed);
+        Action::Continue
+    }
+
+    /// Sends a routed request to its route's cluster: Envoy's `cluster_header` route follows the
+    /// header once the route cache is cleared.
+    fn steer(&self, host: &mut impl Host) {
+        if let Some(r) = self.route() {
+            host.set_request_header(CLUSTER_HEADER, &r.cluster);
+            host.clear_route_cache();
+        }
+    }
+
+    fn sidecar_failed(&mut self, host: &mut impl Host, why: &str) -> Action {
+        host.count(Metric::SidecarError);
+        let mode = match self.route().and_then(|r| r.failure_mode) {
+            Some(RouteFailureMode::Open) => FailureMode::Open,
+            Some(RouteFailureMode::Closed) => FailureMode::Closed,
+            None => self.config.failure_mode,
+        };
+        match mode {
+            FailureMode::Closed => {
+                host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
+                host.count(Metric::FailedClosed);
+                self.response.cache_status = None;
+                let message = "the gateway cannot decide this request now";
+                crate::reply::json_error(host, 503, codes::SIDECAR_UNAVAILABLE, message, None, &[]);
+                Action::Pause
+            }
+            FailureMode::Open => {
+                host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing open"));
+                host.count(Metric::FailedOpen);
+                host.set_request_header(DEGRADED_HEADER, "sidecar_unavailable");
+                self.steer(host);
+                Action::Continue
+            }
+        }
+    }
+
+    /// Adds the headers the decision asked for to the downstream response. `end_of_stream`: the
+    /// response has no body.
+    pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Action {
+        let key_headers = self.route.as_ref().and_then(Routed::spec).map(|r| r.cache_key_headers.as_slice()).unwrap_or(&[]);
+        self.response.on_headers(host, self.config.token_usage_from_response, key_headers, end_of_stream);
+        Action::Continue
+    }
+
+    /// Keeps the response body (bounded) when token usage must be read from it or the response
+    /// may be stored. Never pauses: streaming responses flow through untouched.
+    pub fn on_response_body(&mut self, host: &mut impl Host, chunk_size: usize, end_of_stream: bool) -> Action {
+        self.response.on_body(host, chunk_size, end_of_stream);
+        Action::Continue
+    }
+
+    /// The request is over (response sent, or the client went away): report what it held, store
+    /// what may be stored, and meter it.
+    pub fn on_log(&mut self, host: &impl Host) {
+        let (tokens, store) = self.response.finish(host);
+        if let (Some(item), Some(queue)) = (store, &self.worker.responses) {
+            queue.borrow_mut().push(item);
+        }
+        let status = self.response.status;
+        if let Some(ticket) = self.response.ticket.take() {
+            self.worker.completions.borrow_mut().push(Completion { ticket, status, tokens });
+        }
+        if let (Some(meter), Some(request), Some(who)) = (&self.worker.meter, self.request.take(), self.response.identity.take()) {
+            meter.borrow_mut().record_request(host, request, who, status, tokens, self.route());
+        }
+    }
+}

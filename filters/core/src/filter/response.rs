@@ -1,0 +1,205 @@
+//! The response side of one request: the headers its decision adds, what it keeps of the
+//! response body (bounded; for token usage or to store the response), and what it holds until it
+//! ends (a ticket, an identity to meter). Never pauses: streaming responses flow through.
+
+use super::MAX_USAGE_BODY;
+use crate::host::Host;
+use crate::responses::queue::PendingStore;
+use crate::responses::{cacheable_response, storable_headers};
+use crate::stats::Metric;
+use crate::usage::{usage_tokens, Identity};
+use tollgate_wire::responses::{Replay, ReplayKind, StoreItem, StoredResponse, CACHE_STATUS_HEADER, REPLAYED_HEADER};
+use tollgate_wire::{Header, Ticket};
+
+/// One request's response side.
+#[derive(Debug)]
+pub struct ResponseSide {
+    /// Headers the decision adds to the response.
+    pub headers: Vec<Header>,
+    /// `x-tollgate-cache` for the response (`miss`, `bypass`), on routes that cache.
+    pub cache_status: Option<&'static str>,
+    /// The request was answered with a stored response (nothing went upstream).
+    pub replayed: bool,
+    /// Held until the request completes, then reported as a completion.
+    pub ticket: Option<Ticket>,
+    /// Who the request was let through as (kept when metering is on).
+    pub identity: Option<Identity>,
+    /// The response status, read when a ticket or metering needs it.
+    pub status: u16,
+    /// The response body so far, when it is kept.
+    pub body: Option<Vec<u8>>,
+    /// Token usage is read from the kept body.
+    pub want_tokens: bool,
+    /// Bytes of response body kept at most.
+    body_limit: usize,
+    /// The response may be stored (a cache miss, an idempotency claim) once complete.
+    pub pending_store: Option<PendingStore>,
+}
+
+impl Default for ResponseSide {
+    fn default() -> Self {
+        ResponseSide {
+            headers: Vec::new(),
+            cache_status: None,
+            replayed: false,
+            ticket: None,
+            identity: None,
+            status: 0,
+            body: None,
+            want_tokens: false,
+            body_limit: MAX_USAGE_BODY,
+            pending_store: None,
+        }
+    }
+}
+
+impl ResponseSide {
+    /// Takes the ticket of an allow; its token budgets are settled from the response's usage.
+    pub fn hold(&mut self, ticket: Ticket, token_usage_from_response: bool) {
+        if !ticket.budgets.is_empty() && token_usage_from_response {
+            self.body = Some(Vec::new());
+            self.want_tokens = true;
+        }
+        self.ticket = Some(ticket);
+    }
+
+    /// The response headers are in: qualify a pending store, add the decision's headers, and
+    /// decide what to keep of the body. `key_headers`: the route's cache key headers.
+    pub fn on_headers(&mut self, host: &mut impl Host, token_usage_from_response: bool, key_headers: &[String], end_of_stream: bool) {
+        if self.replayed {
+            // our own local reply: its headers are complete already
+            return;
+        }
+        if let Some(p) = &mut self.pending_store {
+            let status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+            // An upstream may send any byte in a header value (Latin-1, say). Such a response is
+            // not cached (a replay could not carry it as sent); an idempotent outcome is still
+            // stored — the operation ran — without those headers.
+            let raw = host.response_headers();
+            let all_utf8 = raw.iter().all(|(_, v)| std::str::from_utf8(v).is_ok());
+            let headers: Vec<(String, String)> =
+                raw.into_iter().filter_map(|(n, v)| String::from_utf8(v).ok().map(|v| (n, v))).collect();
+            p.status = status;
+            p.storable = if p.is_idempotency() {
+                (200..=299).contains(&status)
+            } else {
+                all_utf8 && cacheable_response(status, &headers, key_headers)
+            };
+            p.complete = end_of_stream;
+            if p.storable {
+                p.headers = storable_headers(&headers);
+                self.body.get_or_insert_with(Vec::new);
+            }
+        }
+        for h in std::mem::take(&mut self.headers) {
+            host.add_response_header(&h.name, &h.value);
+        }
+        if let Some(v) = self.cache_status {
+            host.add_response_header(CACHE_STATUS_HEADER, v);
+        }
+        if self.ticket.is_some() || self.identity.is_some() {
+            self.status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        }
+        // Metering reads token usage from LLM-style responses too (JSON or an SSE stream).
+        if self.identity.is_some() && !self.want_tokens && token_usage_from_response {
+            let content_type = host.response_header("content-type").unwrap_or_default();
+            if content_type.contains("json") || content_type.contains("event-stream") {
+                self.body.get_or_insert_with(Vec::new);
+                self.want_tokens = true;
+            }
+        }
+        self.body_limit = match (&self.pending_store, self.want_tokens) {
+            (Some(p), false) if p.storable => p.max_body,
+            _ => MAX_USAGE_BODY,
+        };
+    }
+
+    /// Keeps a chunk of the response body (bounded) when token usage must be read from it or the
+    /// response may be stored.
+    pub fn on_body(&mut self, host: &impl Host, chunk_size: usize, end_of_stream: bool) {
+        if self.replayed {
+            return;
+        }
+        if let Some(body) = &mut self.body {
+            if body.len() + chunk_size > self.body_limit {
+                self.body = None;
+            } else if let Some(chunk) = host.response_body(0, chunk_size) {
+                body.extend_from_slice(&chunk);
+            }
+        }
+        if let (Some(p), true) = (&mut self.pending_store, end_of_stream) {
+            p.complete = true;
+        }
+    }
+
+    /// Answers with a stored response (a cache hit, an idempotent replay): a local reply, nothing
+    /// goes upstream. The request counts like any other: its limits were taken in the decision,
+    /// its ticket is reported and it is metered with the stored status. `who` is kept when
+    /// metering is on.
+    pub fn replay(
+        &mut self,
+        host: &mut impl Host,
+        who: Option<Identity>,
+        response_headers: Vec<Header>,
+        replay: Replay,
+        token_usage_from_response: bool,
+    ) {
+        let r = replay.response;
+        let body = r.body_bytes().unwrap_or_default();
+        if who.is_some() {
+            self.identity = who;
+        }
+        if token_usage_from_response && (self.want_tokens || self.identity.is_some()) {
+            self.want_tokens = true;
+            self.body = Some(body.clone());
+        }
+        self.status = r.status;
+        self.replayed = true;
+        let age = (host.now_ms().saturating_sub(r.stored_at_ms) / 1000).to_string();
+        let mut headers: Vec<(&str, &str)> = r.headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
+        headers.extend(response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())));
+        match replay.kind {
+            ReplayKind::Cache => {
+                headers.push((CACHE_STATUS_HEADER, "hit"));
+                headers.push(("age", age.as_str()));
+                host.count(Metric::CacheHit);
+            }
+            ReplayKind::Idempotency => {
+                headers.push((REPLAYED_HEADER, "true"));
+                host.count(Metric::IdempotentReplay);
+            }
+        }
+        host.count(Metric::Allowed);
+        host.send_reply(r.status, &headers, &body);
+    }
+
+    /// The request ended: the tokens its response used (when they were to be read) and what to
+    /// store of it.
+    pub fn finish(&mut self, host: &impl Host) -> (Option<u64>, Option<StoreItem>) {
+        let body = self.body.take();
+        let tokens = if self.want_tokens { body.as_deref().and_then(usage_tokens) } else { None };
+        // the clock (a host call) only for a store
+        let store = self.pending_store.take().and_then(|p| store_item(p, body, host.now_ms()));
+        (tokens, store)
+    }
+}
+
+/// What to store of a finished request's response, if anything: a complete cacheable
+/// response; an idempotency claim's 2xx outcome (without its body when it was too large or
+/// did not complete: the operation ran, so it is not run again) or, for any other outcome, the
+/// claim's release.
+fn store_item(p: PendingStore, body: Option<Vec<u8>>, now_ms: u64) -> Option<StoreItem> {
+    let body = body.filter(|b| b.len() <= p.max_body && p.complete);
+    let idem = p.is_idempotency();
+    let response = match (p.storable, body) {
+        (true, Some(b)) => Some(StoredResponse::new(p.status, p.headers, b, now_ms)),
+        (true, None) if idem => {
+            let mut r = StoredResponse::new(p.status, p.headers, Vec::new(), now_ms);
+            r.truncated = true;
+            Some(r)
+        }
+        _ if idem => None,
+        _ => return None,
+    };
+    Some(StoreItem { ticket: p.ticket, response })
+}

@@ -1,0 +1,58 @@
+//! The request's headers as the host gave them, and the header namespace that is Tollgate's own.
+
+/// The namespace of headers that only Tollgate may set. Client-supplied ones are stripped.
+pub const INTERNAL_HEADER_PREFIX: &str = "x-tollgate-";
+
+/// The request's headers as the host gave them: names lowercase, values raw bytes. A value that
+/// is not UTF-8 reads as absent through [`RequestHeaders::get`] — the filter never guesses at
+/// bytes — and the places where absence is not safe (the key, the path, an Idempotency-Key)
+/// ask [`RequestHeaders::has_non_utf8`] or read the bytes and refuse the request.
+#[derive(Debug, Clone, Default)]
+pub struct RequestHeaders(Vec<(String, Vec<u8>)>);
+
+impl RequestHeaders {
+    pub fn new(pairs: Vec<(String, Vec<u8>)>) -> RequestHeaders {
+        RequestHeaders(pairs)
+    }
+
+    /// The first value of `name` when it is UTF-8; `None` when absent or not UTF-8.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    /// Every value of `name`, as sent.
+    pub fn all_raw(&self, name: &str) -> Vec<&[u8]> {
+        self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+    }
+
+    /// Whether some value of `name` is not UTF-8.
+    pub fn has_non_utf8(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, v)| n == name && std::str::from_utf8(v).is_err())
+    }
+
+    /// Every header name (repeated names repeat).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(n, _)| n.as_str())
+    }
+
+    /// Names in Tollgate's namespace ([`INTERNAL_HEADER_PREFIX`]): a client must never speak in
+    /// it, so the filter removes them first.
+    pub fn internal(&self) -> impl Iterator<Item = &str> {
+        self.names().filter(|n| n.starts_with(INTERNAL_HEADER_PREFIX))
+    }
+}
+
+/// Checks a configured header name (`forwardHeaders`, a key source's header): a lowercase token,
+/// outside Tollgate's namespace, not `authorization` (the bearer source reads that one).
+pub fn check_header_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(format!("'{name}' is not a header name"));
+    }
+    if name.starts_with(INTERNAL_HEADER_PREFIX) {
+        return Err(format!("'{name}' is in the internal {INTERNAL_HEADER_PREFIX}* namespace"));
+    }
+    if name == "authorization" {
+        return Err("use the bearer source for the authorization header".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! The host port: everything the filter needs from Envoy, as one trait.
+//!
+//! The cdylib in `filters/tollgate` implements [`Host`] over proxy-wasm host calls and
+//! [`crate::mock::MockHost`] implements it in memory for tests; nothing else in this crate knows
+//! there is a proxy. Every method is one host call (or none): the request path counts them, so
+//! callers read what they need once. Header names are lowercase.
+
+use crate::stats::Metric;
+use std::time::Duration;
+
+/// What the adapter returns to Envoy from a callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    Pause,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+}
+
+/// A call the filter wants dispatched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallSpec {
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout: Duration,
+}
+
+/// Why a CAS write of shared data failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedSetError {
+    /// Someone wrote the value since it was read: read again and retry.
+    CasMismatch,
+    Other(String),
+}
+
+/// Everything the filter needs from Envoy.
+pub trait Host {
+    /// Every request header as the client sent it: names lowercase, values raw bytes (a client
+    /// may send any byte; see [`crate::headers::RequestHeaders`]).
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
+    fn set_request_header(&mut self, name: &str, value: &str);
+    fn remove_request_header(&mut self, name: &str);
+    fn add_response_header(&mut self, name: &str, value: &str);
+    /// The downstream peer's IP address as Envoy saw it.
+    fn client_ip(&self) -> Option<String>;
+    /// Dispatches an HTTP call; returns its token, or an error description.
+    fn dispatch(&mut self, call: CallSpec) -> Result<u32, String>;
+    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
+    /// Adds `n` to a counter of the stats catalogue ([`Metric`]).
+    fn count_by(&mut self, metric: Metric, n: u64);
+    /// Adds one to a counter of the stats catalogue.
+    fn count(&mut self, metric: Metric) {
+        self.count_by(metric, 1);
+    }
+    fn log(&mut self, level: LogLevel, message: &str);
+    /// Wall-clock milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+    /// VM-wide shared data (all workers of one Envoy see it); keys come from
+    /// [`crate::shared_keys`].
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>>;
+    fn shared_set(&mut self, key: &str, value: &[u8]);
+    /// Shared data with its CAS token (`(None, None)` when absent).
+    fn shared_get_cas(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes only if the value still has token `cas` (`None`: unconditional).
+    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedSetError>;
+    /// A response header (lowercase name), e.g. `:status`; `None` when absent or not UTF-8.
+    fn response_header(&self, name: &str) -> Option<String>;
+    /// Every response header (lowercase names, raw values), for storing a response (issue 7).
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)>;
+    /// `size` bytes of the response body chunk being processed, from `start`.
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
+    /// `size` bytes of the (buffered) request body, from `start`.
+    fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
+    /// An Envoy attribute, e.g. `["xds", "cluster_name"]` or `["response", "code_details"]`.
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// Makes Envoy pick the route again (after the filter changed a header routes match on).
+    fn clear_route_cache(&mut self);
+    /// Increments a counter known by name only at configuration time (per-target stats).
+    fn count_named(&mut self, name: &str);
+}

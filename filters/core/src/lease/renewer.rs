@@ -1,0 +1,132 @@
+//! Lease renewals, off the request path: a request that leaves its key's lease low claims the
+//! renewal in the record and queues it here ([`RenewalQueue`], one per worker); the worker's root
+//! context sends it as a decision call with `lease.renewal = true` ([`LeaseRenewer`], a
+//! background job) and applies the answer.
+
+use super::{forget, on_answer, release_claim, MAX_QUEUED_RENEWALS, RENEWAL_TIMEOUT};
+use crate::host::{Host, LogLevel};
+use crate::jobs::Job;
+use crate::shared_keys::SharedKey;
+use crate::sidecar::{interpret, Sidecar};
+use crate::stats::Metric;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use tollgate_wire::{DecideRequest, DecideResponse, LeaseAsk, DECIDE_PATH};
+
+/// A renewal waiting for the root context's tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Renewal {
+    /// The lease's shared-data key ([`super::key_of`] its request).
+    pub key: SharedKey,
+    /// The decision request to send (the request that claimed it, with `lease.renewal`).
+    pub request: DecideRequest,
+}
+
+/// The worker's queue of renewals: HTTP contexts push, the root context sends.
+#[derive(Debug, Default)]
+pub struct RenewalQueue {
+    pending: VecDeque<Renewal>,
+    /// Renewals dropped because the queue was full.
+    pub dropped: u64,
+}
+
+impl RenewalQueue {
+    /// Queues a renewal for `request`'s key, asking for `want` units.
+    pub fn push(&mut self, mut request: DecideRequest, want: u64) {
+        let key = super::key_of(&request);
+        if self.pending.iter().any(|r| r.key == key) {
+            return;
+        }
+        if self.pending.len() >= MAX_QUEUED_RENEWALS {
+            self.dropped += 1;
+            return;
+        }
+        request.lease = Some(LeaseAsk { want, renewal: true });
+        request.token_estimate = None;
+        self.pending.push_back(Renewal { key, request });
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+/// Sends a worker's queued renewals from its root context and applies their answers.
+pub struct LeaseRenewer {
+    queue: Rc<RefCell<RenewalQueue>>,
+    sidecar: Sidecar,
+    /// Calls in flight: token → (the lease's key, sent at).
+    in_flight: Vec<(u32, SharedKey, u64)>,
+}
+
+impl LeaseRenewer {
+    pub fn new(queue: Rc<RefCell<RenewalQueue>>, sidecar: Sidecar) -> LeaseRenewer {
+        LeaseRenewer { queue, sidecar, in_flight: Vec::new() }
+    }
+
+    /// Sends every queued renewal (the root context's tick).
+    pub fn on_tick(&mut self, host: &mut impl Host) {
+        let pending: Vec<Renewal> = self.queue.borrow_mut().pending.drain(..).collect();
+        for r in pending {
+            let now = host.now_ms();
+            let Ok(body) = serde_json::to_vec(&r.request) else { continue };
+            let call = self.sidecar.post_json(DECIDE_PATH, body, RENEWAL_TIMEOUT);
+            match host.dispatch(call) {
+                Ok(token) => {
+                    host.count(Metric::LeaseRenewal);
+                    self.in_flight.push((token, r.key, now));
+                }
+                Err(e) => {
+                    host.log(LogLevel::Debug, &format!("tollgate: cannot send a lease renewal: {e}"));
+                    release_claim(host, &r.key, now, true);
+                }
+            }
+        }
+    }
+
+    /// Whether `token` is one of this renewer's calls.
+    pub fn owns(&self, token: u32) -> bool {
+        self.in_flight.iter().any(|(t, _, _)| *t == token)
+    }
+
+    /// Applies a call's answer; false when `token` is not a renewal of this renewer.
+    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> bool {
+        let Some(i) = self.in_flight.iter().position(|(t, _, _)| *t == token) else { return false };
+        let (_, key, sent_ms) = self.in_flight.swap_remove(i);
+        let now = host.now_ms();
+        let answer = interpret(status, body);
+        if let Err(e) = &answer {
+            host.log(LogLevel::Debug, &format!("tollgate: lease renewal failed: {e}"));
+        }
+        // A denied renewal (the key was revoked or expired; limits unavailable and closed) drops
+        // the lease: on_answer forgets it on a 401, and a 503 brings no units.
+        if let Ok(DecideResponse::Deny { .. }) = &answer {
+            forget(host, &key);
+        }
+        on_answer(host, &key, &answer, Some(sent_ms), now, true);
+        true
+    }
+
+    /// Renewals waiting for an answer.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}
+
+/// Runs on every tick of its root context (a queued renewal waits at most one tick).
+impl Job for LeaseRenewer {
+    fn on_tick(&mut self, host: &mut impl Host) {
+        LeaseRenewer::on_tick(self, host);
+    }
+    fn owns(&self, token: u32) -> bool {
+        LeaseRenewer::owns(self, token)
+    }
+    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+        LeaseRenewer::on_call_response(self, host, token, status, body);
+    }
+}

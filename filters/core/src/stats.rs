@@ -1,0 +1,175 @@
+//! The stats catalogue: every counter the filter exports with a name fixed at build time (Envoy
+//! shows them under `wasmcustom.`). Per-target breaker counters are named at configuration time
+//! instead (`crate::breaker::config::BreakerConfig::metric_names`).
+//!
+//! Invariant: names never change — dashboards and the functional tests read them.
+
+use tollgate_wire::codes;
+
+/// Counters the filter exports as Envoy stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    Allowed,
+    /// Denied with one of [`codes::ALL_DENY`] (by index), or another code.
+    Denied(DenyReason),
+    /// The sidecar did not answer in time, or answered with an error.
+    SidecarError,
+    FailedOpen,
+    FailedClosed,
+    /// Allowed from the VM-wide auth cache, without a call to the sidecar.
+    AuthCacheHit,
+    /// Answered from the response cache (issue 7).
+    CacheHit,
+    /// Looked up in the response cache and sent upstream.
+    CacheMiss,
+    /// Answered with the stored response of an earlier request with the same Idempotency-Key.
+    IdempotentReplay,
+    /// Allowed from this Envoy's lease of a leased limit, without a call (crate::lease).
+    LeaseHit,
+    /// Lease renewals sent by a root context (off the request path).
+    LeaseRenewal,
+    /// A batch flusher's counters (crate::flush): batches sent, items dropped, failed sends.
+    Flush(Stream, FlushEvent),
+}
+
+/// A deny reason known to this version, or `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenyReason {
+    Known(usize),
+    Other,
+}
+
+impl DenyReason {
+    pub fn of(code: &str) -> DenyReason {
+        codes::ALL_DENY.iter().position(|c| *c == code).map_or(DenyReason::Other, DenyReason::Known)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DenyReason::Known(i) => codes::ALL_DENY.get(i).copied().unwrap_or("other"),
+            DenyReason::Other => "other",
+        }
+    }
+}
+
+/// What a worker sends to the sidecar in batches, off the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// Completion reports (`POST /v1/completions`).
+    Completions,
+    /// Usage events (`POST /v1/usage`).
+    Usage,
+    /// Responses to store (`POST /v1/responses`).
+    Responses,
+}
+
+impl Stream {
+    pub const ALL: [Stream; 3] = [Stream::Completions, Stream::Usage, Stream::Responses];
+    fn name(self) -> &'static str {
+        match self {
+            Stream::Completions => "completions",
+            Stream::Usage => "usage",
+            Stream::Responses => "responses",
+        }
+    }
+}
+
+/// A batch flusher's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FlushEvent {
+    /// Batches the sidecar took (200).
+    BatchesSent,
+    /// Items lost: the queue was full, or the sidecar refused their batch for good.
+    Dropped,
+    /// Batches that could not be sent or were not taken.
+    Errors,
+}
+
+impl FlushEvent {
+    pub const ALL: [FlushEvent; 3] = [FlushEvent::BatchesSent, FlushEvent::Dropped, FlushEvent::Errors];
+    fn name(self) -> &'static str {
+        match self {
+            FlushEvent::BatchesSent => "batches_sent",
+            FlushEvent::Dropped => "dropped",
+            FlushEvent::Errors => "flush_errors",
+        }
+    }
+}
+
+impl Metric {
+    /// The counters of the request path (every configuration defines them).
+    pub fn requests() -> Vec<Metric> {
+        let mut v = vec![
+            Metric::Allowed,
+            Metric::SidecarError,
+            Metric::FailedOpen,
+            Metric::FailedClosed,
+            Metric::AuthCacheHit,
+            Metric::CacheHit,
+            Metric::CacheMiss,
+            Metric::IdempotentReplay,
+            Metric::LeaseHit,
+            Metric::LeaseRenewal,
+        ];
+        v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
+        v.push(Metric::Denied(DenyReason::Other));
+        v
+    }
+
+    /// A flusher's three counters.
+    pub fn flush(stream: Stream) -> [Metric; 3] {
+        FlushEvent::ALL.map(|e| Metric::Flush(stream, e))
+    }
+
+    /// Every metric there is.
+    pub fn all() -> Vec<Metric> {
+        let mut v = Metric::requests();
+        for s in Stream::ALL {
+            v.extend(Metric::flush(s));
+        }
+        v
+    }
+
+    /// The stat name (Envoy shows it under `wasmcustom.`).
+    pub fn name(self) -> String {
+        match self {
+            Metric::Allowed => "tollgate.requests.allowed".into(),
+            Metric::Denied(r) => format!("tollgate.requests.denied.{}", r.name()),
+            Metric::SidecarError => "tollgate.sidecar.errors".into(),
+            Metric::FailedOpen => "tollgate.requests.failed_open".into(),
+            Metric::FailedClosed => "tollgate.requests.failed_closed".into(),
+            Metric::AuthCacheHit => "tollgate.auth_cache.hits".into(),
+            Metric::CacheHit => "tollgate.cache.hits".into(),
+            Metric::CacheMiss => "tollgate.cache.misses".into(),
+            Metric::IdempotentReplay => "tollgate.idempotency.replays".into(),
+            Metric::LeaseHit => "tollgate.leases.hits".into(),
+            Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
+            Metric::Flush(s, e) => format!("tollgate.{}.{}", s.name(), e.name()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn flusher_counters_keep_their_names() {
+        let names: Vec<String> = Stream::ALL.iter().flat_map(|s| Metric::flush(*s)).map(Metric::name).collect();
+        assert_eq!(
+            names,
+            [
+                "tollgate.completions.batches_sent",
+                "tollgate.completions.dropped",
+                "tollgate.completions.flush_errors",
+                "tollgate.usage.batches_sent",
+                "tollgate.usage.dropped",
+                "tollgate.usage.flush_errors",
+                "tollgate.responses.batches_sent",
+                "tollgate.responses.dropped",
+                "tollgate.responses.flush_errors",
+            ]
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! One worker's filter, as its root context holds it: the configuration, what the worker's
+//! requests share (queues, its copy of the routing table and of the auth cache, its decision
+//! ids), and the background jobs its tick drives.
+//!
+//! ```text
+//!  HTTP contexts ── push ──► completions · usage events · responses to store · lease renewals
+//!  root tick ──► renewals (every tick) ─ completions (completionFlushInterval) ─ responses (every
+//!               tick) ─ usage (usage.flushInterval) ─ routing table ─ breaker hints (pollInterval)
+//!  call responses ──► the job that owns the token
+//! ```
+//!
+//! The adapter makes one `Worker` in `on_configure`, defines the counters it lists, sets the
+//! tick it asks for, and forwards `on_tick`, `on_http_call_response` and
+//! `create_http_context` to it.
+
+use crate::auth_cache::LocalAllows;
+use crate::breaker::{self, guard::BreakerGuard, hints::HintPoller};
+use crate::completions::CompletionQueue;
+use crate::config::FilterConfig;
+use crate::filter::AuthFilter;
+use crate::flush::{BatchFlusher, FlushSpec};
+use crate::host::{Host, LogLevel};
+use crate::http::HttpFilter;
+use crate::ids::DecisionIds;
+use crate::jobs::{Every, Job};
+use crate::lease::renewer::{LeaseRenewer, RenewalQueue};
+use crate::responses::queue::ResponseQueue;
+use crate::routing::{RouteTablePoller, RoutesJob, WorkerRoutes};
+use crate::shared_keys;
+use crate::stats::{Metric, Stream};
+use crate::usage::{self, Meter};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+use tollgate_wire::responses::RESPONSES_PATH;
+use tollgate_wire::usage::USAGE_PATH;
+use tollgate_wire::COMPLETIONS_PATH;
+
+/// Completion reports a worker keeps while the sidecar is unreachable.
+pub const MAX_QUEUED_COMPLETIONS: usize = 10_000;
+/// Completion reports per `POST /v1/completions`.
+pub const MAX_COMPLETION_BATCH: usize = 500;
+/// Responses to store a worker keeps at most (items, bytes), and bytes per `POST /v1/responses`.
+pub const MAX_QUEUED_RESPONSES: usize = 1_000;
+pub const MAX_QUEUED_RESPONSE_BYTES: usize = 32 << 20;
+pub const MAX_RESPONSE_BATCH_BYTES: usize = 4 << 20;
+/// The longest a queued lease renewal waits for its root context's tick.
+pub const LEASE_TICK: Duration = Duration::from_millis(20);
+
+/// Randomness the adapter draws from the host, once per VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seeds {
+    /// The secret seed of decision ids (crate::ids).
+    pub decision_ids: [u8; 32],
+    /// The seed of usage event ids.
+    pub usage_ids: u64,
+    /// This VM's identity in the hint poller's election.
+    pub hints_owner: u64,
+    /// This VM's identity in the route poller's election.
+    pub routes_owner: u64,
+}
+
+/// One worker's filter (see the module docs).
+pub struct Worker {
+    config: Rc<FilterConfig>,
+    completions: Rc<RefCell<CompletionQueue>>,
+    meter: Rc<RefCell<Meter>>,
+    responses: Rc<RefCell<ResponseQueue>>,
+    renewals: Rc<RefCell<RenewalQueue>>,
+    routes: Rc<RefCell<WorkerRoutes>>,
+    local_allows: Rc<RefCell<LocalAllows>>,
+    decision_ids: Rc<RefCell<DecisionIds>>,
+    // the background jobs, in the order a tick runs them
+    renewer: LeaseRenewer,
+    completion_flusher: Every<BatchFlusher<CompletionQueue>>,
+    response_flusher: BatchFlusher<ResponseQueue>,
+    usage_flusher: Option<Every<BatchFlusher<Meter>>>,
+    route_poller: Option<RoutesJob>,
+    hint_poller: Option<Every<HintPoller>>,
+}
+
+impl Worker {
+    /// The worker of a configuration; writes the initial state of every breaker target to shared
+    /// data (before any traffic, so later updates always have a CAS token).
+    pub fn new(host: &mut impl Host, config: Rc<FilterConfig>, seeds: Seeds) -> Worker {
+        for t in &config.breakers.targets {
+            breaker::init(host, &shared_keys::breaker(&t.name));
+        }
+        let sidecar = &config.sidecar;
+        let completions = Rc::new(RefCell::new(CompletionQueue::new(MAX_QUEUED_COMPLETIONS)));
+        let meter = Rc::new(RefCell::new(Meter::new(config.usage.max_queued, seeds.usage_ids)));
+        let responses = Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES)));
+        let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
+        let routes = Rc::new(RefCell::new(WorkerRoutes::default()));
+        let completion_spec = FlushSpec {
+            stream: Stream::Completions,
+            what: "completions",
+            path: COMPLETIONS_PATH,
+            max_batch: MAX_COMPLETION_BATCH,
+            // A batch may wait longer than a decision: it is off the request path.
+            timeout: sidecar.timeout.max(Duration::from_secs(2)),
+            refused: &[],
+        };
+        let response_spec = FlushSpec {
+            stream: Stream::Responses,
+            what: "responses to store",
+            path: RESPONSES_PATH,
+            max_batch: MAX_RESPONSE_BATCH_BYTES,
+            timeout: Duration::from_secs(5),
+            refused: &[],
+        };
+        let usage_spec = FlushSpec {
+            stream: Stream::Usage,
+            what: "usage events",
+            path: USAGE_PATH,
+            max_batch: usage::MAX_BATCH,
+            // The sidecar answers once the batch is on disk (an fsync): allow it a few seconds.
+            timeout: Duration::from_secs(5),
+            // Not metering there, or a batch it can never read: retrying cannot help.
+            refused: &[400, 404],
+        };
+        let usage_flusher = config.usage.enabled.then(|| {
+            Every::new(config.usage.flush_interval, BatchFlusher::new(meter.clone(), usage_spec, sidecar.clone()))
+        });
+        let route_poller = config.routing.enabled.then(|| RoutesJob {
+            poller: RouteTablePoller::new(config.routing.clone(), sidecar.clone(), seeds.routes_owner),
+            routes: routes.clone(),
+        });
+        let hint_poller = config.breakers.shares_hints().then(|| {
+            let poller = HintPoller::new(config.breakers.clone(), sidecar.clone(), seeds.hints_owner);
+            Every::new(config.breakers.hints.poll_interval, poller)
+        });
+        Worker {
+            renewer: LeaseRenewer::new(renewals.clone(), sidecar.clone()),
+            completion_flusher: Every::new(
+                config.completion_flush_interval,
+                BatchFlusher::new(completions.clone(), completion_spec, sidecar.clone()),
+            ),
+            response_flusher: BatchFlusher::new(responses.clone(), response_spec, sidecar.clone()),
+            usage_flusher,
+            route_poller,
+            hint_poller,
+            completions,
+            meter,
+            responses,
+            renewals,
+            routes,
+            local_allows: Rc::default(),
+            decision_ids: Rc::new(RefCell::new(DecisionIds::new(seeds.decision_ids))),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &FilterConfig {
+        &self.config
+    }
+
+    /// The counters to define (each flusher's only when its stream is on).
+    pub fn metrics(&self) -> Vec<Metric> {
+        let c = &self.config;
+        let mut v = Metric::requests();
+        v.extend(Metric::flush(Stream::Completions));
+        if c.response_cache.enabled || c.idempotency.enabled {
+            v.extend(Metric::flush(Stream::Responses));
+        }
+        if c.usage.enabled {
+            v.extend(Metric::flush(Stream::Usage));
+        }
+        v
+    }
+
+    /// The counters named at configuration time (per breaker target).
+    pub fn named_metrics(&self) -> Vec<String> {
+        self.config.breakers.metric_names()
+    }
+
+    /// The root context's tick: the fastest cadence of the jobs that are on.
+    pub fn tick_period(&self) -> Duration {
+        let c = &self.config;
+        let mut tick = c.completion_flush_interval;
+        if self.hint_poller.is_some() {
+            tick = tick.min(c.breakers.hints.poll_interval);
+        }
+        if c.usage.enabled {
+            tick = tick.min(c.usage.flush_interval);
+        }
+        if c.routing.enabled {
+            tick = tick.min(c.routing.refresh_interval);
+        }
+        if c.leases.enabled {
+            // lease renewals wait for the tick: keep it well under `renewAhead`
+            tick = tick.min(LEASE_TICK);
+        }
+        tick
+    }
+
+    /// A new HTTP request's filter, sharing this worker's parts.
+    pub fn request(&self) -> HttpFilter {
+        let filter = AuthFilter::new(self.config.clone(), self.completions.clone())
+            .with_meter(self.meter.clone())
+            .with_routes(self.routes.clone())
+            .with_responses(self.responses.clone())
+            .with_leases(self.renewals.clone())
+            .with_local_allows(self.local_allows.clone())
+            .with_decision_ids(self.decision_ids.clone());
+        HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()))
+    }
+
+    /// One tick: every job, in order.
+    pub fn on_tick(&mut self, host: &mut impl Host) {
+        self.renewer.on_tick(host);
+        self.completion_flusher.on_tick(host);
+        self.response_flusher.on_tick(host);
+        self.usage_flusher.on_tick(host);
+        self.route_poller.on_tick(host);
+        self.hint_poller.on_tick(host);
+    }
+
+    /// A call response at the root context, for the job that owns `token`. `body` reads the
+    /// response body (a host call), only for a job that wants it.
+    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: impl FnOnce() -> Vec<u8>) {
+        let mut body = Some(body);
+        let mut read = || body.take().map_or_else(Vec::new, |f| f());
+        let delivered = deliver(&mut self.usage_flusher, host, token, status, &mut read)
+            || deliver(&mut self.response_flusher, host, token, status, &mut read)
+            || deliver(&mut self.completion_flusher, host, token, status, &mut read)
+            || deliver(&mut self.route_poller, host, token, status, &mut read)
+            || deliver(&mut self.renewer, host, token, status, &mut read)
+            || deliver(&mut self.hint_poller, host, token, status, &mut read);
+        if !delivered {
+            host.log(LogLevel::Debug, "tollgate: ignoring a call response with an unexpected token");
+        }
+    }
+
+    /// This worker's queues, for tests and tools: completions, usage, responses, renewals.
+    pub fn completions(&self) -> &Rc<RefCell<CompletionQueue>> {
+        &self.completions
+    }
+    pub fn meter(&self) -> &Rc<RefCell<Meter>> {
+        &self.meter
+    }
+    pub fn responses(&self) -> &Rc<RefCell<ResponseQueue>> {
+        &self.responses
+    }
+    pub fn renewals(&self) -> &Rc<RefCell<RenewalQueue>> {
+        &self.renewals
+    }
+    pub fn routes(&self) -> &Rc<RefCell<WorkerRoutes>> {
+        &self.routes
+    }
+}
+
+/// Gives `job` the response to `token` if it owns it.
+fn deliver<J: Job>(job: &mut J, host: &mut impl Host, token: u32, status: Option<u16>, body: &mut impl FnMut() -> Vec<u8>) -> bool {
+    if !job.owns(token) {
+        return false;
+    }
+    let body = if job.reads_body() { body() } else { Vec::new() };
+    job.on_call_response(host, token, status, &body);
+    true
+}

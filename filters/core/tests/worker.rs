@@ -1,0 +1,336 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! What a worker's root context does, through a mock host (natively and on wasm32 under
+//! wasm-bindgen-test): the tick it asks for and the counters it defines, the three batch
+//! flushers (completions retried, usage kept until taken and dropped when refused, responses
+//! sent once), call responses reaching the job that owns them, and each request's filter:
+//! authentication first, then the breaker stage.
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+use tollgate_filter_core::breaker::{self, Phase, State};
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::host::{Action, CallSpec, Host, LogLevel};
+use tollgate_filter_core::http::HttpFilter;
+use tollgate_filter_core::key::hash_key;
+use tollgate_filter_core::lease::LeaseRecord;
+use tollgate_filter_core::mock::MockHost;
+use tollgate_filter_core::shared_keys::{self, ROUTES_TABLE};
+use tollgate_filter_core::stats::{FlushEvent, Metric, Stream};
+use tollgate_filter_core::worker::{Seeds, Worker};
+use tollgate_wire::responses::{StoreBatch, StoreItem, StoreTicket, StoredResponse};
+use tollgate_wire::usage::UsageBatch;
+use tollgate_wire::{CompletionBatch, DecideRequest};
+
+const KEY: &str = "tg_worker_key";
+const T: u64 = 1_000_000;
+const SEEDS: Seeds = Seeds { decision_ids: [3; 32], usage_ids: 0xfeed, hints_owner: 11, routes_owner: 12 };
+
+/// A worker of `config`, and its root context's host at time `T`.
+fn worker(config: &str) -> (Worker, MockHost) {
+    let mut root = MockHost::new();
+    root.now_ms = T;
+    let w = Worker::new(&mut root, Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()), SEEDS);
+    (w, root)
+}
+
+fn flush(stream: Stream, event: FlushEvent) -> Metric {
+    Metric::Flush(stream, event)
+}
+
+fn header<'a>(call: &'a CallSpec, name: &str) -> Option<&'a str> {
+    call.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+fn allow_with_ticket() -> &'static [u8] {
+    br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold",
+        "ticket":{"tenant":"acme","requestId":"req-9","budgets":[{"limit":"tokens","subject":"k.key_7","period":202611,"reserved":1000}]}}"#
+}
+
+const ALLOW: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold"}"#;
+
+/// One request on the worker, allowed by the sidecar with `answer` and answered 200 upstream;
+/// its shared-data writes are kept in `root`.
+fn request(w: &Worker, root: &mut MockHost, answer: &[u8]) {
+    let mut h = MockHost::next_request(root).with_header("x-api-key", KEY);
+    let mut f = w.request();
+    assert_eq!(f.on_request_headers(&mut h, true), Action::Pause);
+    assert_eq!(f.on_call_response(&mut h, 1, Some(200), answer), Action::Continue);
+    h.upstream_response = vec![(":status".into(), b"200".to_vec())];
+    f.on_response_headers(&mut h, true);
+    f.on_log(&mut h);
+    root.shared = h.shared;
+    root.cas = h.cas;
+}
+
+/// Delivers a call response to the worker; returns whether the body was read.
+fn answer(w: &mut Worker, root: &mut MockHost, token: u32, status: Option<u16>, body: &[u8]) -> bool {
+    let read = Cell::new(false);
+    w.on_call_response(root, token, status, || {
+        read.set(true);
+        body.to_vec()
+    });
+    read.get()
+}
+
+#[test]
+fn the_tick_is_the_fastest_cadence_and_counters_follow_the_configuration() {
+    let (w, _) = worker("{}");
+    assert_eq!(w.tick_period(), Duration::from_millis(20), "leases are on: renewals wait at most 20 ms");
+    let m = w.metrics();
+    assert!(m.contains(&Metric::Allowed) && m.contains(&flush(Stream::Completions, FlushEvent::BatchesSent)));
+    assert!(m.contains(&flush(Stream::Responses, FlushEvent::Dropped)), "the response cache is on by default");
+    assert!(!m.contains(&flush(Stream::Usage, FlushEvent::Dropped)), "usage is off by default");
+    assert!(w.named_metrics().is_empty());
+
+    let (w, _) = worker(r#"{"leases":{"enabled":false},"responseCache":{"enabled":false}}"#);
+    assert_eq!(w.tick_period(), Duration::from_millis(100), "completionFlushInterval");
+    assert!(!w.metrics().contains(&flush(Stream::Responses, FlushEvent::Errors)));
+    let (w, _) = worker(r#"{"leases":{"enabled":false},"usage":{"enabled":true,"flushInterval":"50ms"}}"#);
+    assert_eq!(w.tick_period(), Duration::from_millis(50));
+    assert!(w.metrics().contains(&flush(Stream::Usage, FlushEvent::BatchesSent)));
+    let (w, _) = worker(r#"{"leases":{"enabled":false},"routing":{"enabled":true,"refreshInterval":"30ms"}}"#);
+    assert_eq!(w.tick_period(), Duration::from_millis(30));
+
+    let hints = r#"{"leases":{"enabled":false},"breakers":{"hints":{"pollInterval":"60ms"},
+        "targets":[{"name":"a","cluster":"ca","provider":"p","model":"m"},{"name":"b","cluster":"cb"}]}}"#;
+    let (w, root) = worker(hints);
+    assert_eq!(w.tick_period(), Duration::from_millis(60));
+    assert!(w.named_metrics().contains(&"tollgate.breaker.a.opened".to_string()));
+    for t in ["a", "b"] {
+        let state = root.shared.get(shared_keys::breaker(t).as_str()).expect("initialised before any traffic");
+        assert_eq!(State::decode(state).map(|s| s.phase), Some(Phase::Closed));
+    }
+}
+
+#[test]
+fn completions_are_flushed_at_their_cadence_and_a_batch_not_taken_is_sent_again() {
+    let (mut w, mut root) = worker(r#"{"leases":{"enabled":false}}"#);
+    request(&w, &mut root, allow_with_ticket());
+    assert_eq!(w.completions().borrow().len(), 1, "reported when the request ended");
+    w.on_tick(&mut root);
+    assert_eq!(root.calls.len(), 1);
+    let call = root.calls[0].clone();
+    assert_eq!((header(&call, ":method"), header(&call, ":path")), (Some("POST"), Some("/v1/completions")));
+    assert_eq!(header(&call, "content-type"), Some("application/json"));
+    assert_eq!(call.timeout, Duration::from_secs(2), "at least 2 s: off the request path");
+    let batch: CompletionBatch = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(batch.completions[0].ticket.request_id, "req-9");
+
+    root.now_ms = T + 50;
+    w.on_tick(&mut root);
+    assert_eq!(root.calls.len(), 1, "not due yet, and one batch in flight");
+    assert!(!answer(&mut w, &mut root, 1, Some(503), b""), "a flusher reads no body");
+    assert_eq!(root.count_of(flush(Stream::Completions, FlushEvent::Errors)), 1);
+    assert_eq!(w.completions().borrow().len(), 1, "back in the queue");
+    root.now_ms = T + 60;
+    w.on_tick(&mut root);
+    assert_eq!(root.calls.len(), 1, "the next batch waits for the interval");
+    root.now_ms = T + 100;
+    w.on_tick(&mut root);
+    assert_eq!(root.calls.len(), 2);
+    assert_eq!(root.calls[1].body, call.body, "the same report, sent again");
+    answer(&mut w, &mut root, 2, Some(200), b"");
+    assert_eq!(root.count_of(flush(Stream::Completions, FlushEvent::BatchesSent)), 1);
+    root.now_ms = T + 200;
+    w.on_tick(&mut root);
+    assert_eq!(root.calls.len(), 2, "nothing left");
+}
+
+#[test]
+fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
+    let (mut w, mut root) = worker(r#"{"leases":{"enabled":false},"usage":{"enabled":true,"flushInterval":"1s"}}"#);
+    let usage_calls = |h: &MockHost| h.calls.iter().filter(|c| header(c, ":path") == Some("/v1/usage")).count();
+    request(&w, &mut root, ALLOW);
+    request(&w, &mut root, ALLOW);
+    w.on_tick(&mut root);
+    assert_eq!(usage_calls(&root), 1);
+    let call = root.calls.last().unwrap().clone();
+    assert_eq!(call.timeout, Duration::from_secs(5));
+    let batch: UsageBatch = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(batch.events.len(), 2);
+    assert!(batch.events[0].id.starts_with("000000000000feed"), "ids carry the VM's seed");
+    let token = root.calls.len() as u32;
+    answer(&mut w, &mut root, token, Some(500), b"");
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Errors)), 1);
+    assert_eq!(w.meter().borrow().queue.len(), 2, "kept until the sidecar takes them");
+    root.now_ms = T + 500;
+    w.on_tick(&mut root);
+    assert_eq!(usage_calls(&root), 1, "usage.flushInterval");
+
+    // refused for good (404: metering off there; 400: unreadable): dropped, counted, warned once
+    for (i, status) in [(1, 404), (2, 400)] {
+        if i == 2 {
+            request(&w, &mut root, ALLOW);
+        }
+        root.now_ms = T + 1_000 * i;
+        w.on_tick(&mut root);
+        assert_eq!(usage_calls(&root), 1 + i as usize);
+        let token = root.calls.len() as u32;
+        answer(&mut w, &mut root, token, Some(status), b"");
+    }
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Dropped)), 3);
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Errors)), 3);
+    assert!(w.meter().borrow().queue.is_empty());
+    let warned = |h: &MockHost| h.logs.iter().filter(|(l, m)| *l == LogLevel::Warn && m.contains("refused usage events")).count();
+    assert_eq!(warned(&root), 1);
+
+    request(&w, &mut root, ALLOW);
+    root.now_ms = T + 3_000;
+    w.on_tick(&mut root);
+    let token = root.calls.len() as u32;
+    answer(&mut w, &mut root, token, Some(200), br#"{"accepted":1}"#);
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::BatchesSent)), 1);
+    assert!(root.logs.iter().any(|(l, m)| *l == LogLevel::Info && m.contains("takes usage events again")));
+    assert_eq!(warned(&root), 1);
+}
+
+fn store_item(hash: &str) -> StoreItem {
+    StoreItem {
+        ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: hash.into() },
+        response: Some(StoredResponse::new(200, vec![], b"{}".to_vec(), 0)),
+    }
+}
+
+#[test]
+fn responses_to_store_are_sent_every_tick_and_only_once() {
+    let (mut w, mut root) = worker(r#"{"leases":{"enabled":false}}"#);
+    let calls = |h: &MockHost| h.calls.iter().filter(|c| header(c, ":path") == Some("/v1/responses")).count();
+    w.responses().borrow_mut().push(store_item("a"));
+    w.on_tick(&mut root);
+    assert_eq!(calls(&root), 1);
+    let call = root.calls.last().unwrap().clone();
+    assert_eq!(call.timeout, Duration::from_secs(5));
+    assert_eq!(serde_json::from_slice::<StoreBatch>(&call.body).unwrap().responses.len(), 1);
+    root.now_ms = T + 1;
+    w.responses().borrow_mut().push(store_item("b"));
+    w.on_tick(&mut root);
+    assert_eq!(calls(&root), 1, "one batch in flight");
+    let token = root.calls.len() as u32;
+    answer(&mut w, &mut root, token, Some(503), b"");
+    assert_eq!(root.count_of(flush(Stream::Responses, FlushEvent::Dropped)), 1, "a batch not taken is dropped");
+    assert_eq!(root.count_of(flush(Stream::Responses, FlushEvent::Errors)), 1);
+    root.now_ms = T + 2;
+    w.on_tick(&mut root);
+    assert_eq!(calls(&root), 2, "every tick");
+    let sent: StoreBatch = serde_json::from_slice(&root.calls.last().unwrap().body).unwrap();
+    assert_eq!(sent.responses.len(), 1, "only the newer item: the failed one is not sent again");
+    let token = root.calls.len() as u32;
+    answer(&mut w, &mut root, token, Some(200), b"");
+    assert_eq!(root.count_of(flush(Stream::Responses, FlushEvent::BatchesSent)), 1);
+}
+
+#[test]
+fn a_batch_that_cannot_be_dispatched_is_counted_and_kept_or_dropped_per_stream() {
+    let (mut w, mut root) = worker(r#"{"leases":{"enabled":false}}"#);
+    request(&w, &mut root, allow_with_ticket());
+    w.responses().borrow_mut().push(store_item("a"));
+    root.dispatch_error = Some("BadArgument".into());
+    w.on_tick(&mut root);
+    assert_eq!(root.count_of(flush(Stream::Completions, FlushEvent::Errors)), 1);
+    assert_eq!(w.completions().borrow().len(), 1, "a completion report is kept");
+    assert_eq!(root.count_of(flush(Stream::Responses, FlushEvent::Errors)), 1);
+    assert!(w.responses().borrow().is_empty());
+    root.now_ms = T + 1;
+    w.on_tick(&mut root);
+    assert_eq!(root.count_of(flush(Stream::Responses, FlushEvent::Dropped)), 1, "a response to store is dropped");
+    assert!(root.logs.iter().any(|(l, m)| *l == LogLevel::Debug && m.contains("cannot send completions: BadArgument")));
+}
+
+#[test]
+fn call_responses_reach_the_job_that_owns_them() {
+    let table = r#"{"version":1,"etag":"e1","routes":[{"id":"chat","pathPrefix":"/","cluster":"llm"}]}"#;
+    let (mut w, mut root) = worker(r#"{"routing":{"enabled":true}}"#);
+    w.on_tick(&mut root);
+    let routes_call = root.calls.iter().position(|c| header(c, ":path") == Some("/v1/routes")).unwrap() as u32 + 1;
+    assert!(w.routes().borrow().table().is_none());
+    assert!(answer(&mut w, &mut root, routes_call, Some(200), table.as_bytes()), "the route poller reads the body");
+    assert!(root.shared.contains_key(ROUTES_TABLE.as_str()), "written to shared data");
+    assert_eq!(w.routes().borrow().table().map(|t| t.etag.as_str()), Some("e1"), "and the worker's copy refreshed");
+
+    // a lease renewal queued by a request goes out on the next tick; its grant is stored
+    let renewal: DecideRequest = serde_json::from_value(serde_json::json!({
+        "keyHash": hash_key(KEY), "method": "GET", "authority": "api.test", "path": "/", "route": "chat"
+    }))
+    .unwrap();
+    w.renewals().borrow_mut().push(renewal, 4);
+    w.on_tick(&mut root);
+    let renewal_call = root.calls.iter().position(|c| header(c, ":path") == Some("/v1/decide")).unwrap() as u32 + 1;
+    assert_eq!(root.count_of(Metric::LeaseRenewal), 1);
+    let grant = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","lease":{"units":4,"ttlMs":400}}"#;
+    assert!(answer(&mut w, &mut root, renewal_call, Some(200), grant));
+    let record = root.shared.get(shared_keys::lease(&hash_key(KEY), Some("chat")).as_str()).unwrap();
+    assert_eq!(LeaseRecord::decode(record).unwrap().units(T), 4);
+
+    assert!(!answer(&mut w, &mut root, 999, Some(200), b"{}"), "nobody's call: its body is not read");
+    assert!(root.logs.iter().any(|(l, m)| *l == LogLevel::Debug && m.contains("unexpected token")));
+}
+
+#[test]
+fn the_breaker_stage_follows_an_allow_and_only_an_allow() {
+    let config = r#"{"leases":{"enabled":false},"breakers":{"consecutiveFailures":1,"openFor":"1s",
+        "targets":[{"name":"a","cluster":"cluster_a"}]}}"#;
+    let (w, mut root) = worker(config);
+    let start = |root: &MockHost| -> (HttpFilter, MockHost) {
+        let mut h = MockHost::next_request(root).with_header("x-api-key", KEY).with_property("xds.cluster_name", "cluster_a");
+        let mut f = w.request();
+        assert_eq!(f.on_request_headers(&mut h, true), Action::Pause, "authentication asks the sidecar first");
+        (f, h)
+    };
+
+    // allowed, then admitted: its failure opens the breaker and names the target
+    let (mut f, mut h) = start(&root);
+    assert_eq!(f.on_call_response(&mut h, 1, Some(200), ALLOW), Action::Continue, "resume");
+    h.upstream_response = vec![(":status".into(), b"502".to_vec())];
+    h.properties.insert("response.code_details".into(), b"via_upstream".to_vec());
+    assert_eq!(f.on_response_headers(&mut h, true), Action::Continue);
+    assert!(h.response_headers.contains(&("x-tollgate-target".into(), "a".into())));
+    f.on_log(&mut h);
+    root.shared = h.shared.clone();
+    root.cas = h.cas.clone();
+    assert!(matches!(breaker::read(&root, &shared_keys::breaker("a")).phase, Phase::Open { .. }));
+
+    // a denied request never reaches the guard (open, it would have replied 503)
+    let (mut f, mut h) = start(&root);
+    let revoked = br#"{"verdict":"deny","status":401,"error":"revoked_key","message":"revoked"}"#;
+    assert_eq!(f.on_call_response(&mut h, 1, Some(200), revoked), Action::Pause);
+    assert_eq!(h.reply.as_ref().map(|r| r.status), Some(401));
+    assert_eq!(h.named("tollgate.breaker.a.rejected"), 0);
+
+    // allowed while open: the guard replies 503 itself and the request is not resumed
+    let (mut f, mut h) = start(&root);
+    assert_eq!(f.on_call_response(&mut h, 1, Some(200), ALLOW), Action::Pause);
+    let reply = h.reply.clone().unwrap();
+    assert_eq!(reply.status, 503);
+    assert!(reply.headers.contains(&("x-tollgate-breaker".into(), "open".into())));
+    assert_eq!(h.named("tollgate.breaker.a.rejected"), 1);
+    assert_eq!(h.count_of(Metric::Allowed), 1, "authentication allowed it");
+
+    // a half-open trial that ends without response headers gives its slot back
+    root.now_ms = T + 2_000;
+    let (mut f, mut h) = start(&root);
+    assert_eq!(f.on_call_response(&mut h, 1, Some(200), ALLOW), Action::Continue, "the trial");
+    assert_eq!(breaker::read(&h, &shared_keys::breaker("a")).phase, Phase::HalfOpen { since_ms: T + 2_000, in_flight: 1 });
+    f.on_log(&mut h);
+    assert_eq!(breaker::read(&h, &shared_keys::breaker("a")).phase, Phase::HalfOpen { since_ms: T + 2_000, in_flight: 0 });
+}
+
+#[test]
+fn without_a_call_the_guard_runs_at_the_request_headers() {
+    let config = r#"{"leases":{"enabled":false},"breakers":{"targets":[{"name":"a","cluster":"cluster_a"}]}}"#;
+    let (w, mut root) = worker(config);
+    let open = State::with_phase(Phase::Open { until_ms: T + 5_000 }).encode();
+    root.shared_set(shared_keys::breaker("a").as_str(), &open);
+    // an allow the auth cache answers: no call, so the guard decides at once
+    // (the helper's request names no cluster: unguarded)
+    request(&w, &mut root, br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":500}"#);
+    let mut h = MockHost::next_request(&root).with_header("x-api-key", KEY).with_property("xds.cluster_name", "cluster_a");
+    let mut f = w.request();
+    assert_eq!(f.on_request_headers(&mut h, true), Action::Pause);
+    assert!(h.calls.is_empty(), "answered from the auth cache");
+    assert_eq!(h.count_of(Metric::AuthCacheHit), 1);
+    assert_eq!(h.reply.map(|r| r.status), Some(503), "then refused by the open breaker");
+}
