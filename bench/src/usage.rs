@@ -93,7 +93,7 @@ pub fn shipping(total: u64) {
         while seq < total {
             let mut data = Vec::with_capacity(4 << 20);
             while seq < total && data.len() < (4 << 20) - 1024 {
-                tollgate_sidecar::aggregate::encode_line(&mut data, &event(seq), aggregate);
+                tollgate_shared::aggregate::encode_line(&mut data, &event(seq), aggregate);
                 seq += 1;
             }
             segments += 1;

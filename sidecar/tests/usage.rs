@@ -200,7 +200,7 @@ fn a_tenant_above_the_rate_reaches_kafka_as_aggregates_with_their_own_schema() {
             "tollgate.usage.v1" => *single.entry(key.clone()).or_default() += 1,
             "tollgate.usage.aggregate.v1" => {
                 assert_eq!(key, "acme");
-                let a: tollgate_sidecar::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
+                let a: tollgate_shared::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
                 assert_eq!(a.invalid_reason(), None);
                 assert_eq!(a.second_ms, DAY);
                 let k = &a.keys[0];

@@ -327,11 +327,10 @@ async fn a_revoked_keys_use_is_audited_once() {
 
 #[test]
 fn a_decision_is_named_by_the_gateway_never_by_the_clients_request_id() {
-    let with = |decision: Option<&str>, request: Option<&str>| {
-        let mut r = DecideRequest::default();
-        r.decision_id = decision.map(str::to_string);
-        r.request_id = request.map(str::to_string);
-        r
+    let with = |decision: Option<&str>, request: Option<&str>| DecideRequest {
+        decision_id: decision.map(str::to_string),
+        request_id: request.map(str::to_string),
+        ..DecideRequest::default()
     };
     let filter_id = "0123456789abcdef0123456789abcdef";
     assert_eq!(super::decision_id(&with(Some(filter_id), Some("fixed-1"))).as_str(), filter_id);
