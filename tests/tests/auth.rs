@@ -153,7 +153,8 @@ fn sidecar_killed_fails_closed_or_open_as_configured() {
     assert!(started.elapsed() < Duration::from_secs(2), "fail-closed took {:?}", started.elapsed());
     assert_eq!(s.envoy().counter("wasmcustom.tollgate.requests.failed_closed"), 1);
 
-    let r = get(&open.url("/p?api_key=x"), &h);
+    // the same key in the query too (two different keys would be 400 invalid_request, issue 13.7)
+    let r = get(&open.url(&format!("/p?api_key={}", key.raw)), &h);
     assert_eq!(r.status, 200, "{}", r.body);
     let seen = r.echoed();
     assert_eq!(seen.header("x-tollgate-degraded"), Some("sidecar_unavailable"));
