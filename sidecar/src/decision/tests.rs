@@ -124,11 +124,16 @@ async fn limits_allow_then_deny_and_a_denial_takes_nothing() {
     assert_eq!(header(&first, "ratelimit-policy"), Some("\"pm\";q=2;w=60"));
     let call = lab.store.last_call().unwrap();
     assert_eq!((call.now_ms, call.limits.len(), call.lease, call.lookup), (T0, 1, None, None));
-    assert_eq!(call.request_id.as_str().len(), 24, "a request without an id gets one");
+    assert_eq!(call.request_id.as_str().len(), 32, "a request without a decision id gets one");
 
-    let with_id = DecideRequest { request_id: Some("req-7".into()), ..req(&k) };
+    // the filter's decision id names the decision; the client's x-request-id never does
+    let with_id = DecideRequest {
+        request_id: Some("req-7".into()),
+        decision_id: Some("0123456789abcdef0123456789abcdef".into()),
+        ..req(&k)
+    };
     assert!(matches!(lab.decide(&with_id).await, DecideResponse::Allow { .. }));
-    assert_eq!(lab.store.last_call().unwrap().request_id.as_str(), "req-7");
+    assert_eq!(lab.store.last_call().unwrap().request_id.as_str(), "0123456789abcdef0123456789abcdef");
 
     let third = lab.decide(&req(&k)).await;
     assert_eq!(denied(&third), (429, "rate_limited"));
