@@ -58,7 +58,16 @@ wasm_bindgen_locked_version() {
 deps() {
   command -v cargo >/dev/null || die "cargo not found: install Rust (rustup) first"
   # build-essential: rdkafka builds the librdkafka it bundles (configure + make)
-  apt_install redis-server redis-sentinel redis-tools postgresql wrk python3-venv curl ca-certificates build-essential
+  local had_prometheus=1
+  dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok installed" || had_prometheus=0
+  apt_install redis-server redis-sentinel redis-tools postgresql wrk python3-venv curl ca-certificates build-essential prometheus
+  if [ "$had_prometheus" = 0 ] && command -v systemctl >/dev/null && systemctl is-active -q prometheus 2>/dev/null; then
+    # Debian's package starts its own Prometheus on :9090 where systemd runs; ours (up, tests)
+    # run on their own ports, and :9090 is the sidecar's default
+    log "stopping the prometheus service the package started (ours run from ./build.sh)"
+    local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo systemctl disable --now prometheus prometheus-node-exporter 2>/dev/null || true
+  fi
   local have_targets; have_targets="$(rustup target list --installed)"
   for t in wasm32-wasip1 wasm32-unknown-unknown; do
     grep -qx "$t" <<<"$have_targets" || { log "rustup target add $t"; rustup target add "$t"; }
@@ -130,12 +139,16 @@ test_env() {
   export TOLLGATE_REDIS_SERVER_BIN="$(command -v redis-server)"
   export TOLLGATE_TANSU_BIN="$TANSU_BIN"
   export TOLLGATE_BILLING_BIN="$ROOT/target/release/tollgate-billing"
+  export TOLLGATE_PROMETHEUS_BIN="$(command -v prometheus)"
 }
 
 run_tests() {
   test_env
   log "lint: clippy (filter crates deny unwrap/expect/panic outside tests)"
   cargo clippy -q --release --workspace --all-targets -- -D warnings
+  log "rules: promtool check + unit tests of the alert and recording rules (observability/)"
+  promtool check rules observability/rules.yml
+  (cd observability && promtool test rules rules_test.yml)
   log "tier 1: native unit tests (filter logic via mock host, sidecar logic)"
   cargo test -q --release -p tollgate-wire -p tollgate-filter-core
   cargo test -q --release -p tollgate-shared

@@ -15,12 +15,14 @@ REDIS_PORT="${TOLLGATE_REDIS_PORT:-6380}"
 ADMIN_PORT="${TOLLGATE_ADMIN_PORT:-9091}"
 KAFKA_PORT="${TOLLGATE_KAFKA_PORT:-9092}"
 PG_PORT="${TOLLGATE_PG_PORT:-5433}"
+PROMETHEUS_PORT="${TOLLGATE_PROMETHEUS_PORT:-9094}"
+BILLING_METRICS_PORT="${TOLLGATE_BILLING_METRICS_PORT:-9095}"
 ECHO_BIN="$ROOT/target/release/tollgate-echo"
 
 "$ROOT/scripts/down.sh" >/dev/null 2>&1 || true
 mkdir -p "$RUN"
 
-for p in "$ENVOY_PORT" "$ENVOY_ADMIN_PORT" "$SIDECAR_PORT" "$UPSTREAM_PORT" "$REDIS_PORT" "$ADMIN_PORT" "$KAFKA_PORT" "$PG_PORT"; do
+for p in "$ENVOY_PORT" "$ENVOY_ADMIN_PORT" "$SIDECAR_PORT" "$UPSTREAM_PORT" "$REDIS_PORT" "$ADMIN_PORT" "$KAFKA_PORT" "$PG_PORT" "$PROMETHEUS_PORT" "$BILLING_METRICS_PORT"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "error: port $p is in use; set TOLLGATE_*_PORT (see scripts/up.sh) or stop what uses it" >&2
     exit 1
@@ -81,7 +83,7 @@ done
 export TOLLGATE_BILLING_KAFKA__BROKERS="127.0.0.1:$KAFKA_PORT"
 export TOLLGATE_BILLING_POSTGRES__URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 export TOLLGATE_BILLING_LOG__FORMAT=text
-start_bg billing "$TOLLGATE_BILLING_BIN"
+TOLLGATE_BILLING_METRICS_LISTEN="127.0.0.1:$BILLING_METRICS_PORT" start_bg billing "$TOLLGATE_BILLING_BIN"
 
 cat > "$RUN/sidecar.toml" <<TOML
 listen = "127.0.0.1:$SIDECAR_PORT"
@@ -129,6 +131,24 @@ wait_for sidecar "http://127.0.0.1:$SIDECAR_PORT/healthz"
 wait_for upstream "http://127.0.0.1:$UPSTREAM_PORT/"
 wait_for envoy "http://127.0.0.1:$ENVOY_ADMIN_PORT/ready"
 
+# Prometheus (Debian's package) scraping Envoy and the sidecar, with Tollgate's alert and
+# recording rules; the Grafana dashboard to import is observability/grafana/tollgate-overview.json.
+cat > "$RUN/prometheus.yml" <<YAML
+global: {scrape_interval: 5s, evaluation_interval: 5s}
+rule_files: ["$ROOT/observability/rules.yml"]
+scrape_configs:
+  - job_name: envoy
+    metrics_path: /stats/prometheus
+    static_configs: [{targets: ["127.0.0.1:$ENVOY_ADMIN_PORT"]}]
+  - job_name: tollgate-sidecar
+    static_configs: [{targets: ["127.0.0.1:$SIDECAR_PORT"]}]
+  - job_name: tollgate-billing
+    static_configs: [{targets: ["127.0.0.1:$BILLING_METRICS_PORT"]}]
+YAML
+start_bg prometheus "${TOLLGATE_PROMETHEUS_BIN:-prometheus}" --config.file="$RUN/prometheus.yml" \
+  --storage.tsdb.path="$RUN/prometheus-data" --web.listen-address="127.0.0.1:$PROMETHEUS_PORT"
+wait_for prometheus "http://127.0.0.1:$PROMETHEUS_PORT/-/ready"
+
 key_out="$("$TOLLGATE_SIDECAR_BIN" keys create --tenant demo --plan demo)"
 DEMO_KEY="$(tail -n 1 <<<"$key_out")"
 DEMO_KEY_ID="$(sed -n 's/^key id: *//p' <<<"$key_out")"
@@ -147,6 +167,7 @@ export TOLLGATE_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT"
 export TOLLGATE_ADMIN_TOKEN="$ADMIN_TOKEN"
 export TOLLGATE_CLI="$ROOT/target/release/tollgate"
 export PATH="$ROOT/target/release:\$PATH"
+export TOLLGATE_PROMETHEUS_URL="http://127.0.0.1:$PROMETHEUS_PORT"
 export TOLLGATE_KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT"
 export TOLLGATE_BILLING_BIN="$TOLLGATE_BILLING_BIN"
 export TOLLGATE_BILLING_KAFKA__BROKERS="127.0.0.1:$KAFKA_PORT"
@@ -158,7 +179,8 @@ cat <<MSG
 
 Tollgate is up: Envoy on :$ENVOY_PORT (admin :$ENVOY_ADMIN_PORT), sidecar on :$SIDECAR_PORT,
 echo upstream on :$UPSTREAM_PORT, Redis on :$REDIS_PORT, broker (tansu) on :$KAFKA_PORT,
-PostgreSQL on :$PG_PORT, billing consumer running. Logs: .tollgate/run/*.log
+PostgreSQL on :$PG_PORT, billing consumer running, Prometheus on http://127.0.0.1:$PROMETHEUS_PORT
+Logs: .tollgate/run/*.log
 
   . .tollgate/demo.env
   curl -i -H "Authorization: Bearer \$TOLLGATE_DEMO_KEY" \$TOLLGATE_URL/hello      # 200, upstream sees x-tollgate-tenant: demo
@@ -170,6 +192,8 @@ PostgreSQL on :$PG_PORT, billing consumer running. Logs: .tollgate/run/*.log
   \$TOLLGATE_BILLING_BIN usage --tenant demo --redis \$TOLLGATE_REDIS_URL              # today's usage: rollup vs Redis meter
   \$TOLLGATE_SIDECAR_BIN keys revoke \$TOLLGATE_DEMO_KEY_ID                          # then the first curl gives 401 revoked_key
 
+  curl -s "\$TOLLGATE_PROMETHEUS_URL/api/v1/query" --data-urlencode \\
+    'query=sum by (tenant, outcome) (tollgate_requests_total)'                     # requests per tenant and outcome
   tollgate keys list --tenant demo                                                  # the admin CLI (on PATH after sourcing demo.env)
 
 Stop everything with ./build.sh down

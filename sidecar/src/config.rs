@@ -50,6 +50,8 @@ pub struct Config {
     pub routes: Vec<crate::control::model::Route>,
     /// Usage metering (`[usage]`, see crate::usage).
     pub usage: crate::usage::UsageConfig,
+    /// Per-tenant series for operators (`[telemetry]`, see crate::telemetry).
+    pub telemetry: crate::telemetry::TelemetryConfig,
     /// Threads of the sidecar's async runtime; 0 (the default): one per CPU core.
     pub worker_threads: usize,
 }
@@ -85,6 +87,7 @@ impl Default for Config {
             products: Vec::new(),
             routes: Vec::new(),
             usage: Default::default(),
+            telemetry: Default::default(),
             worker_threads: 0,
         }
     }
@@ -164,6 +167,7 @@ impl Config {
         }
         crate::decision::limits::Plans::compile(&self.plans)?;
         self.usage.validate()?;
+        self.telemetry.validate()?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return bad("log.level", "not a tracing filter directive");
         }

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod scripts;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod usage;
 
 /// The typed Redis keys (shared with billing: `tollgate_shared::keys`).
@@ -83,6 +84,7 @@ impl Sidecar {
             Some(path) => Some((bind_unix(path)?, path.clone())),
             None => None,
         };
+        telemetry::install(&config.telemetry);
         let store = store::Store::new(&config.redis)?;
         let usage = match config.usage.enabled {
             true => Some(Arc::new(usage::Usage::start(&config.usage, store.clone())?)),

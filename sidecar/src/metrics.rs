@@ -53,6 +53,11 @@ pub fn handle() -> PrometheusHandle {
             let buckets = [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0];
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(REDIS_SECONDS.to_string()), &buckets)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(crate::telemetry::DECISION_SECONDS.to_string()), &buckets))
+                .and_then(|b| {
+                    let request = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+                    b.set_buckets_for_metric(Matcher::Full(crate::telemetry::DURATION.to_string()), &request)
+                })
                 .map(|b| b.build_recorder())
                 .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
             let handle = recorder.handle();

@@ -18,7 +18,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use tollgate_wire::breaker::HintReport;
 use tollgate_wire::usage::{UsageAck, UsageBatch, USAGE_PATH};
-use tollgate_wire::{CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
+use tollgate_wire::{DecideResponse, CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
 
 pub struct AppState {
     pub decider: Arc<Decider>,
@@ -57,7 +57,15 @@ async fn decide(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid decision request: {e}")),
     };
-    match state.decider.decide(&req).await {
+    let started = std::time::Instant::now();
+    let decided = state.decider.decide(&req).await;
+    let outcome = match &decided {
+        Ok(DecideResponse::Allow { .. }) => "allow",
+        Ok(DecideResponse::Deny { .. }) => "deny",
+        Err(_) => "unavailable",
+    };
+    metrics::histogram!(crate::telemetry::DECISION_SECONDS, "outcome" => outcome).record(started.elapsed().as_secs_f64());
+    match decided {
         Ok(resp) => match serde_json::to_vec(&resp) {
             Ok(b) => json(StatusCode::OK, b),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),

@@ -22,6 +22,8 @@ pub mod gateway;
 pub mod http;
 pub mod postgres;
 pub mod process;
+/// A real Prometheus with Tollgate's rules (observability tests).
+pub mod prometheus;
 /// HTTP/1.1 over a raw socket, for bytes no client library sends (hostile-client tests).
 pub mod raw;
 pub mod redis;

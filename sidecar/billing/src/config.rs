@@ -29,6 +29,9 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub events_retention: Duration,
     pub log: LogConfig,
+    /// Serve the consumer's metrics (Prometheus text) on this address, e.g. `127.0.0.1:9095`.
+    /// Off by default.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,6 +71,7 @@ impl Default for Config {
             batch_wait: Duration::from_millis(200),
             events_retention: Duration::from_secs(35 * 24 * 3600),
             log: LogConfig { format: "json".into(), level: "info".into() },
+            metrics_listen: None,
         }
     }
 }

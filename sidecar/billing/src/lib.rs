@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod db;
+pub mod metrics;
 pub mod report;
 
 use config::Config;
@@ -37,6 +38,8 @@ pub enum Error {
     Postgres(#[from] tokio_postgres::Error),
     #[error("configuration: {0}")]
     Config(#[from] config::ConfigError),
+    #[error("metrics_listen {0}: {1}")]
+    Metrics(std::net::SocketAddr, std::io::Error),
 }
 
 /// The consumer's librdkafka configuration: a consumer group, offsets committed by us (after the
@@ -106,6 +109,10 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
     for (k, v) in consumer_config(&config.kafka) {
         cc.set(k, v);
     }
+    let stats = metrics::BillingMetrics::new();
+    if let Some(addr) = config.metrics_listen {
+        metrics::serve(addr, stats.clone(), stop.clone()).await.map_err(|e| Error::Metrics(addr, e))?;
+    }
     let consumer: StreamConsumer = cc.create()?;
     consumer.subscribe(&[&config.kafka.topic])?;
     tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, "billing consumer started");
@@ -133,6 +140,15 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
             let Some(d) = db.as_mut() else { continue };
             match d.store(&config.kafka.topic, &batch).await {
                 Ok(stored) => {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    stats.messages.fetch_add(batch.len() as u64, Relaxed);
+                    stats.events.fetch_add(stored.inserted, Relaxed);
+                    stats.requests.fetch_add(stored.requests, Relaxed);
+                    stats.duplicates.fetch_add(stored.duplicates, Relaxed);
+                    stats.rejected.fetch_add(stored.rejected, Relaxed);
+                    stats.batches.fetch_add(1, Relaxed);
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                    stats.last_commit.store(now, Relaxed);
                     if logged {
                         tracing::info!("billing: postgres is back");
                     }
@@ -140,6 +156,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
                     break;
                 }
                 Err(e) => {
+                    stats.store_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if !logged {
                         tracing::warn!(error = %e, "billing: postgres cannot take the batch; retrying until it can");
                         logged = true;
@@ -171,6 +188,9 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
             // the event ids make that harmless
             tracing::warn!(error = %e, "billing: offset commit failed (events will be read again, counted once)");
         }
+        if config.metrics_listen.is_some() {
+            stats.lag.store(lag(&consumer, &config.kafka.topic), std::sync::atomic::Ordering::Relaxed);
+        }
         if last_prune.elapsed() > Duration::from_secs(3600) {
             last_prune = Instant::now();
             if let Some(d) = db.as_mut() {
@@ -184,6 +204,34 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
     }
     tracing::info!("billing consumer stopped");
     Ok(())
+}
+
+/// Messages on `topic` after this consumer's committed offsets, over the partitions assigned to
+/// it (-1 when Kafka cannot tell). Asks the broker for each partition's high watermark (blocking,
+/// bounded by a 1 s timeout each): run only when metrics are served.
+fn lag(consumer: &StreamConsumer, topic: &str) -> i64 {
+    let Ok(assigned) = consumer.assignment() else { return -1 };
+    let Ok(committed) = blocking(|| consumer.committed_offsets(assigned, Duration::from_secs(1))) else { return -1 };
+    let mut total = 0i64;
+    for e in committed.elements() {
+        let Ok((_, high)) = blocking(|| consumer.fetch_watermarks(topic, e.partition(), Duration::from_secs(1))) else {
+            return -1;
+        };
+        let at = match e.offset() {
+            Offset::Offset(o) => o,
+            _ => 0,
+        };
+        total += (high - at).max(0);
+    }
+    total
+}
+
+/// Runs a blocking librdkafka call: off the async workers where the runtime has several.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// Up to `max` messages: waits for the first, then takes what arrives within `wait`.

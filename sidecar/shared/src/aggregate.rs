@@ -386,9 +386,7 @@ mod tests {
             tokens: Some(3),
             request_bytes: Some(10),
             response_bytes: Some(100),
-            denied: None,
-            route: None,
-            product: None,
+            ..UsageEvent::default()
         }
     }
 

@@ -254,6 +254,7 @@ impl<S: DecisionStore> Decider<S> {
             Err(e) => return self.limits_unavailable(r, &asked, &e.to_string()),
         };
         self.note_shadow_denials(r, &asked.meta, &reply.states);
+        crate::telemetry::observe_limits(r.tenant.as_str(), &asked.meta, &reply.states, reply.denied);
         match reply.denied {
             Some(i) => too_many(&asked.meta[i], &reply.states[i]),
             None => self.allowed(cx, r, asked, reply),

@@ -257,6 +257,7 @@ impl Usage {
             return Err(e);
         }
         metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "spooled").increment(events.len() as u64);
+        crate::telemetry::observe_usage(events);
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
             .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
         if self.meter {
@@ -335,19 +336,11 @@ mod tests {
             id: id.into(),
             tenant: tenant.into(),
             key_id: "key_1".into(),
-            plan: "gold".into(),
-            method: "GET".into(),
-            authority: "api.test".into(),
-            path: "/v1".into(),
             status,
             start_ms,
             duration_ms: 1,
             tokens,
-            request_bytes: None,
-            response_bytes: None,
-            denied: None,
-            route: None,
-            product: None,
+            ..UsageEvent { plan: "gold".into(), method: "GET".into(), authority: "api.test".into(), path: "/v1".into(), ..UsageEvent::default() }
         }
     }
 
