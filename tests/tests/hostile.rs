@@ -280,7 +280,7 @@ fn random_key_flood(envoy: &Envoy, n: usize, round: usize) {
 }
 
 /// A flood of random keys leaves nothing behind: no lease record, no auth cache entry in Envoy's
-/// shared data, and almost nothing in Redis. Scaled down from the issue's 100,000 keys to two
+/// shared data, little in the sidecar (its key cache is bounded) and almost nothing in Redis. Scaled down from the issue's 100,000 keys to two
 /// rounds of 25,000 (50,000 in all) so the test stays under a minute on a loaded 2-core machine;
 /// before issue 13.3 each random key left a lease record (~250 bytes of shared data) behind, so
 /// a round of 10,000 grew Envoy by ~1.9 MB and the second round as much again (measured).
@@ -303,14 +303,20 @@ fn a_flood_of_random_keys_grows_neither_envoy_nor_redis() {
     }
     random_key_flood(&envoy, 500, 0);
     let dbsize = || redis.cmd::<i64>(&["DBSIZE"]);
-    let (mem0, db0) = (envoy_allocated(&envoy), dbsize());
+    let sidecar_rss = || -> i64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", sidecar.pid().expect("sidecar pid"))).unwrap_or_default();
+        let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok());
+        kb.unwrap_or_else(|| panic!("no VmRSS in {status}")) * 1024
+    };
+    let (mem0, db0, rss0) = (envoy_allocated(&envoy), dbsize(), sidecar_rss());
     random_key_flood(&envoy, ROUND, 1);
-    let (mem1, db1) = (envoy_allocated(&envoy), dbsize());
+    let (mem1, db1, rss1) = (envoy_allocated(&envoy), dbsize(), sidecar_rss());
     random_key_flood(&envoy, ROUND, 2);
-    let (mem2, db2) = (envoy_allocated(&envoy), dbsize());
-    eprintln!("envoy allocated: {mem0} → {mem1} → {mem2} bytes; redis dbsize: {db0} → {db1} → {db2}");
+    let (mem2, db2, rss2) = (envoy_allocated(&envoy), dbsize(), sidecar_rss());
+    eprintln!("envoy allocated: {mem0} → {mem1} → {mem2} bytes; sidecar rss: {rss0} → {rss1} → {rss2} bytes; redis dbsize: {db0} → {db1} → {db2}");
     assert!(mem1 - mem0 < 5 << 20, "Envoy grew {} bytes in the first round", mem1 - mem0);
     assert!(mem2 - mem1 < 1 << 20, "Envoy kept growing in the second round: {} bytes", mem2 - mem1);
+    assert!(rss2 - rss0 < 64 << 20, "the sidecar's RSS grew {} bytes", rss2 - rss0);
     assert!(db2 - db0 < 1_000, "Redis grew by {} keys", db2 - db0);
     // the valid key still works, and still leases
     assert_eq!(get(&envoy.url("/v1/chat"), &[("x-api-key", key.raw.as_str())]).status, 200);
