@@ -4,7 +4,7 @@
 -- KEYS: when ARGV[5] = '1': KEYS[1] month counter (q:tokens:…), KEYS[2] reservation
 --       (q:reserved:…); then, when ARGV[6] = '1', the in-flight zset (q:conc:…). All keys share
 --       the tenant's hash tag, so the script runs on Redis Cluster.
--- ARGV[1] actual tokens used
+-- ARGV[1] actual tokens used (0..2^53: exact as a Lua number)
 -- ARGV[2] the estimate that was reserved at decide time
 -- ARGV[3] request id (the slot's member)
 -- ARGV[4] counter TTL in ms (re-applied on write)
@@ -39,7 +39,10 @@ if ARGV[5] == '1' then
     redis.call('SET', KEYS[2], 'settled', 'PX', tonumber(ARGV[7]))
   end
   if delta ~= 0 then
-    redis.call('INCRBY', KEYS[1], delta)
+    -- pcall: an INCRBY that would overflow the counter (only after ~1000 reports of 2^53, the
+    -- most the sidecar passes) leaves it where it is, far beyond any budget, instead of failing
+    -- the completion batch and having it resent forever
+    redis.pcall('INCRBY', KEYS[1], delta)
     redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
   end
   k = 3

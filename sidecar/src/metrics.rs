@@ -25,6 +25,9 @@ pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total"
 pub const LEASES: &str = "tollgate_sidecar_leases_total";
 /// Units granted in leases (taken from the limits ahead of the requests that spend them).
 pub const LEASE_UNITS: &str = "tollgate_sidecar_lease_units_total";
+/// Token counts outside `0..=2^53` clamped at intake, labelled `source` (usage | completion |
+/// estimate). An upstream (or a client's estimate) reported an impossible number.
+pub const TOKENS_CLAMPED: &str = "tollgate_sidecar_tokens_clamped_total";
 /// Audit lines written for revoked/expired key use.
 pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 

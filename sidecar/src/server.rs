@@ -112,10 +112,14 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let Some(usage) = &state.usage else {
         return error(StatusCode::NOT_FOUND, "usage_disabled", "usage metering is not enabled on this sidecar".into());
     };
-    let batch: UsageBatch = match serde_json::from_slice(&body) {
+    let mut batch: UsageBatch = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid usage batch: {e}")),
     };
+    let clamped = batch.events.iter_mut().map(crate::usage::normalize).filter(|c| *c).count();
+    if clamped > 0 {
+        metrics::counter!(crate::metrics::TOKENS_CLAMPED, "source" => "usage").increment(clamped as u64);
+    }
     let total = batch.events.len();
     let valid: Vec<_> = batch
         .events

@@ -25,6 +25,9 @@ pub trait BatchItem: Sized + serde::Serialize {
     /// The batch body's field holding the items.
     const FIELD: &'static str;
     fn encode(batch: &[Self]) -> Option<Vec<u8>> {
+        Self::encode_refs(&batch.iter().collect::<Vec<_>>())
+    }
+    fn encode_refs(batch: &[&Self]) -> Option<Vec<u8>> {
         // `{"FIELD":[...]}` written straight out (no intermediate JSON value of the batch);
         // FIELD is a plain identifier, nothing to escape
         let mut body = Vec::with_capacity(16 + batch.len() * 256);
@@ -45,12 +48,44 @@ impl BatchItem for UsageEvent {
     const FIELD: &'static str = "events";
 }
 
+/// Bytes `item` takes in a batch body (its JSON, exactly).
+fn encoded_len<T: serde::Serialize>(item: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    match serde_json::to_writer(&mut n, item) {
+        Ok(()) => n.0,
+        Err(_) => 0,
+    }
+}
+
 /// A bounded queue of items sent in batches, one batch in flight at a time.
+///
+/// Bounds: at most `max_queued` items and `max_bytes` bytes (of their JSON) wait; past either
+/// the oldest are dropped and counted. A batch holds at most the flusher's item bound and
+/// `max_batch_bytes` bytes (at least one item). A batch the sidecar refuses as too large (413)
+/// is split: its items go back to the front and batches are halved until one is taken (then
+/// they grow back, doubling); a single item refused as too large is dropped and counted — no
+/// batch is ever resent whole forever.
 #[derive(Debug)]
 pub struct BatchQueue<T> {
-    pending: VecDeque<T>,
-    in_flight: Option<Vec<T>>,
+    pending: VecDeque<(T, usize)>,
+    /// Bytes of `pending`.
+    bytes: usize,
+    in_flight: Option<Vec<(T, usize)>>,
     max_queued: usize,
+    max_bytes: usize,
+    max_batch_bytes: usize,
+    /// Items per batch while the sidecar refuses larger batches (413).
+    split_cap: Option<usize>,
     /// Items dropped because the queue was full (or refused for good by the sidecar).
     pub dropped: u64,
 }
@@ -60,19 +95,41 @@ pub type CompletionQueue = BatchQueue<Completion>;
 /// Usage events (billing).
 pub type UsageQueue = BatchQueue<UsageEvent>;
 
+/// The default bounds in bytes: what waits, and one batch (half the sidecar's 2 MiB body limit).
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 << 20;
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 1 << 20;
+
 impl<T: BatchItem> BatchQueue<T> {
     pub fn new(max_queued: usize) -> BatchQueue<T> {
-        BatchQueue { pending: VecDeque::new(), in_flight: None, max_queued: max_queued.max(1), dropped: 0 }
+        BatchQueue::bounded(max_queued, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_BATCH_BYTES)
+    }
+
+    /// A queue of at most `max_queued` items and `max_bytes` bytes, sent in batches of at most
+    /// `max_batch_bytes`.
+    pub fn bounded(max_queued: usize, max_bytes: usize, max_batch_bytes: usize) -> BatchQueue<T> {
+        BatchQueue {
+            pending: VecDeque::new(),
+            bytes: 0,
+            in_flight: None,
+            max_queued: max_queued.max(1),
+            max_bytes: max_bytes.max(1),
+            max_batch_bytes: max_batch_bytes.max(1),
+            split_cap: None,
+            dropped: 0,
+        }
     }
 
     pub fn push(&mut self, c: T) {
-        self.pending.push_back(c);
+        let size = encoded_len(&c);
+        self.bytes += size;
+        self.pending.push_back((c, size));
         self.trim();
     }
 
     fn trim(&mut self) {
-        while self.pending.len() > self.max_queued {
-            self.pending.pop_front();
+        while self.pending.len() > self.max_queued || self.bytes > self.max_bytes {
+            let Some((_, size)) = self.pending.pop_front() else { break };
+            self.bytes -= size;
             self.dropped += 1;
         }
     }
@@ -80,6 +137,11 @@ impl<T: BatchItem> BatchQueue<T> {
     /// Reports waiting (not counting a batch in flight).
     pub fn len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Bytes waiting (their JSON; not counting a batch in flight).
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -90,15 +152,25 @@ impl<T: BatchItem> BatchQueue<T> {
         self.in_flight.is_some()
     }
 
-    /// Takes up to `max_batch` reports as a JSON body to send, unless a batch is in flight or
-    /// nothing waits.
+    /// Takes up to `max_batch` items (and `max_batch_bytes`, and the split bound after a 413)
+    /// as a JSON body to send, unless a batch is in flight or nothing waits.
     pub fn begin_flush(&mut self, max_batch: usize) -> Option<Vec<u8>> {
         if self.in_flight.is_some() || self.pending.is_empty() {
             return None;
         }
-        let n = self.pending.len().min(max_batch.max(1));
-        let batch: Vec<T> = self.pending.drain(..n).collect();
-        match T::encode(&batch) {
+        let max_items = max_batch.min(self.split_cap.unwrap_or(usize::MAX)).max(1);
+        let (mut n, mut size) = (0, 0);
+        for (_, s) in self.pending.iter().take(max_items) {
+            if n > 0 && size + s + 1 > self.max_batch_bytes {
+                break;
+            }
+            size += s + 1;
+            n += 1;
+        }
+        let batch: Vec<(T, usize)> = self.pending.drain(..n).collect();
+        self.bytes -= batch.iter().map(|(_, s)| s).sum::<usize>();
+        let items: Vec<&T> = batch.iter().map(|(t, _)| t).collect();
+        match T::encode_refs(&items) {
             Some(bytes) => {
                 self.in_flight = Some(batch);
                 Some(bytes)
@@ -121,18 +193,43 @@ impl<T: BatchItem> BatchQueue<T> {
     /// The in-flight batch was delivered (`ok`) or must be retried.
     pub fn end_flush(&mut self, ok: bool) {
         if let Some(batch) = self.in_flight.take() {
-            if !ok {
-                for c in batch.into_iter().rev() {
-                    self.pending.push_front(c);
-                }
-                self.trim();
+            if ok {
+                // batches grow back after a split
+                self.split_cap = self.split_cap.and_then(|c| c.checked_mul(2));
+            } else {
+                self.requeue(batch);
             }
         }
+    }
+
+    /// The sidecar refused the in-flight batch as too large (413): it is split (see the type's
+    /// docs).
+    pub fn split_in_flight(&mut self) {
+        let Some(batch) = self.in_flight.take() else { return };
+        if batch.len() <= 1 {
+            self.dropped += batch.len() as u64;
+            return;
+        }
+        self.split_cap = Some(batch.len() / 2);
+        self.requeue(batch);
+    }
+
+    fn requeue(&mut self, batch: Vec<(T, usize)>) {
+        for (c, size) in batch.into_iter().rev() {
+            self.bytes += size;
+            self.pending.push_front((c, size));
+        }
+        self.trim();
+    }
+
+    /// Items per batch while a split after a 413 is in force.
+    pub fn split_cap(&self) -> Option<usize> {
+        self.split_cap
     }
 }
 
 /// A batch that was not taken goes back to the front (sent again); one refused for good is
-/// dropped and counted.
+/// dropped and counted; one refused as too large is split.
 impl<T: BatchItem> Outbox for BatchQueue<T> {
     fn dropped(&self) -> u64 {
         self.dropped
@@ -145,6 +242,7 @@ impl<T: BatchItem> Outbox for BatchQueue<T> {
             Delivery::Delivered => self.end_flush(true),
             Delivery::Failed => self.end_flush(false),
             Delivery::Refused => self.discard_in_flight(),
+            Delivery::TooLarge => self.split_in_flight(),
         }
     }
 }
@@ -226,5 +324,74 @@ mod tests {
         assert_eq!(b.events.len(), 2);
         q.discard_in_flight();
         assert_eq!((q.dropped, q.len(), q.in_flight()), (2, 1, false));
+    }
+
+    fn ev(id: usize, host_len: usize) -> UsageEvent {
+        UsageEvent { id: format!("{id:032}"), authority: "h".repeat(host_len), start_ms: 1, ..UsageEvent::default() }
+    }
+
+    fn event_ids(body: &[u8]) -> Vec<String> {
+        let b: UsageBatch = serde_json::from_slice(body).unwrap();
+        b.events.into_iter().map(|e| e.id).collect()
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_bytes_dropping_the_oldest() {
+        let one = encoded_len(&ev(0, 1_000));
+        let mut q = UsageQueue::bounded(1_000, one * 3, 1 << 20);
+        for i in 0..5 {
+            q.push(ev(i, 1_000));
+        }
+        assert_eq!((q.len(), q.dropped, q.bytes()), (3, 2, one * 3), "three events' bytes, whatever the count bound");
+        assert_eq!(event_ids(&q.begin_flush(100).unwrap()), [2, 3, 4].map(|i| format!("{i:032}")));
+        assert_eq!(q.bytes(), 0, "the batch in flight is not waiting");
+        q.end_flush(false);
+        assert_eq!((q.len(), q.bytes()), (3, one * 3), "a failed batch waits again, bytes and all");
+    }
+
+    #[test]
+    fn a_batch_is_bounded_in_bytes_but_takes_at_least_one_item() {
+        let one = encoded_len(&ev(0, 1_000));
+        let mut q = UsageQueue::bounded(1_000, 1 << 30, (one + 1) * 4 + 20);
+        for i in 0..10 {
+            q.push(ev(i, 1_000));
+        }
+        let body = q.begin_flush(1_000).unwrap();
+        assert_eq!(event_ids(&body).len(), 4);
+        assert!(body.len() <= (one + 1) * 4 + 20, "{} bytes", body.len());
+        q.end_flush(true);
+        // an item larger than the bound still goes, alone
+        let mut q = UsageQueue::bounded(1_000, 1 << 30, 100);
+        q.push(ev(1, 1_000));
+        q.push(ev(2, 1));
+        assert_eq!(event_ids(&q.begin_flush(1_000).unwrap()).len(), 1);
+    }
+
+    #[test]
+    fn a_batch_refused_as_too_large_is_split_never_resent_whole() {
+        let mut q = UsageQueue::new(1_000);
+        for i in 0..8 {
+            q.push(ev(i, 10));
+        }
+        let sizes = |q: &mut UsageQueue| event_ids(&q.begin_flush(100).unwrap()).len();
+        assert_eq!(sizes(&mut q), 8);
+        q.settle(Delivery::TooLarge);
+        assert_eq!((q.len(), q.dropped, q.split_cap()), (8, 0, Some(4)), "back at the front, halved");
+        assert_eq!(sizes(&mut q), 4);
+        q.settle(Delivery::TooLarge);
+        assert_eq!(sizes(&mut q), 2);
+        q.settle(Delivery::TooLarge);
+        assert_eq!(sizes(&mut q), 1);
+        q.settle(Delivery::TooLarge);
+        assert_eq!((q.len(), q.dropped), (7, 1), "a single event refused as too large is dropped and counted");
+        assert_eq!(event_ids(&q.begin_flush(100).unwrap())[0], format!("{:032}", 1), "in order, the oldest first");
+        q.settle(Delivery::Delivered);
+        assert_eq!(q.split_cap(), Some(2), "batches grow back once one is taken");
+        assert_eq!(sizes(&mut q), 2);
+        q.settle(Delivery::Delivered);
+        assert_eq!(sizes(&mut q), 4);
+        q.settle(Delivery::Delivered);
+        assert!(q.is_empty());
+        assert_eq!(q.dropped, 1);
     }
 }

@@ -5,7 +5,7 @@
 //! What becomes of a batch the sidecar did not take is the queue's to say ([`Outbox::settle`]):
 //! completion reports go back to the front and are sent again, usage events stay queued until a
 //! 200 (and are dropped when the sidecar refuses them for good), responses to store are sent
-//! once. The flusher only tells the queue how the call went ([`Delivery`]).
+//! once. A batch refused as too large (413) is split by its queue, never resent whole. The flusher only tells the queue how the call went ([`Delivery`]).
 
 use crate::host::{Host, LogLevel};
 use crate::jobs::Job;
@@ -24,6 +24,9 @@ pub enum Delivery {
     Failed,
     /// Refused for good (a status in [`FlushSpec::refused`]): retrying cannot help.
     Refused,
+    /// Refused as too large (413): the queue splits it, or drops a single item (never resends
+    /// the same batch whole).
+    TooLarge,
 }
 
 /// A queue a [`BatchFlusher`] sends.
@@ -113,6 +116,7 @@ impl<Q: Outbox> Job for BatchFlusher<Q> {
         let delivery = match status {
             Some(200) => Delivery::Delivered,
             Some(s) if self.spec.refused.contains(&s) => Delivery::Refused,
+            Some(413) => Delivery::TooLarge,
             _ => Delivery::Failed,
         };
         let event = if delivery == Delivery::Delivered { FlushEvent::BatchesSent } else { FlushEvent::Errors };
@@ -122,6 +126,9 @@ impl<Q: Outbox> Job for BatchFlusher<Q> {
             Delivery::Delivered if self.refused => {
                 self.refused = false;
                 host.log(LogLevel::Info, &format!("tollgate: the sidecar takes {} again", self.spec.what));
+            }
+            Delivery::TooLarge => {
+                host.log(LogLevel::Info, &format!("tollgate: the sidecar refused a batch of {} as too large (413); splitting it", self.spec.what));
             }
             Delivery::Refused if !self.refused => {
                 self.refused = true;

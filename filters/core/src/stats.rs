@@ -28,6 +28,9 @@ pub enum Metric {
     LeaseHit,
     /// Lease renewals sent by a root context (off the request path).
     LeaseRenewal,
+    /// An upstream reported a token count outside `0..=2^53` (negative, huge): it was clamped
+    /// (crate::usage::read_tokens).
+    TokensClamped,
     /// A batch flusher's counters (crate::flush): batches sent, items dropped, failed sends.
     Flush(Stream, FlushEvent),
 }
@@ -109,6 +112,7 @@ impl Metric {
             Metric::IdempotentReplay,
             Metric::LeaseHit,
             Metric::LeaseRenewal,
+            Metric::TokensClamped,
         ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
@@ -143,6 +147,7 @@ impl Metric {
             Metric::IdempotentReplay => "tollgate.idempotency.replays".into(),
             Metric::LeaseHit => "tollgate.leases.hits".into(),
             Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
+            Metric::TokensClamped => "tollgate.tokens.clamped".into(),
             Metric::Flush(s, e) => format!("tollgate.{}.{}", s.name(), e.name()),
         }
     }

@@ -9,10 +9,15 @@
 //!
 //! Loss bound: events wait in this worker's memory until the sidecar has spooled them. A crash
 //! of Envoy loses at most what the queue holds (normally one flush interval of requests); a
-//! sidecar outage longer than `maxQueued` events drops the oldest, counted as
-//! `tollgate.usage.dropped` — never silently.
+//! sidecar outage longer than `maxQueued` events (or `maxQueuedBytes` of them) drops the oldest,
+//! counted as `tollgate.usage.dropped` — never silently.
+//!
+//! Client-chosen fields never make an event the sidecar refuses: Host is cut to 255 bytes, the
+//! path to 256 (without its query), a method that is not 1-16 letters is `OTHER`; a token count
+//! outside `0..=2^53` is clamped and counted (`tollgate.tokens.clamped`). So every allowed request
+//! with an identity is metered.
 
-use crate::completions::UsageQueue;
+use crate::completions::{UsageQueue, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_QUEUED_BYTES};
 use crate::flush::{Delivery, Outbox};
 use crate::headers::RequestHeaders;
 use crate::host::Host;
@@ -20,7 +25,7 @@ use crate::settings::{duration_within, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 use tollgate_wire::routes::RouteSpec;
-use tollgate_wire::usage::{event_path, UsageEvent};
+use tollgate_wire::usage::{clamp_tokens, event_authority, event_method, event_path, UsageEvent, MAX_TOKENS};
 
 /// Usage metering (issue 6, plugin configuration `usage`): what the filter records and how it
 /// sends it.
@@ -33,11 +38,19 @@ pub struct UsageConfig {
     /// Events a worker keeps while the sidecar cannot take them; past it the oldest are dropped
     /// and counted (`tollgate.usage.dropped`).
     pub max_queued: usize,
+    /// Bytes (of their JSON) a worker's queued events may take, whatever their count; past it
+    /// the oldest are dropped and counted the same way.
+    pub max_queued_bytes: usize,
 }
 
 impl Default for UsageConfig {
     fn default() -> Self {
-        UsageConfig { enabled: false, flush_interval: Duration::from_secs(1), max_queued: default_usage_max_queued() }
+        UsageConfig {
+            enabled: false,
+            flush_interval: Duration::from_secs(1),
+            max_queued: default_usage_max_queued(),
+            max_queued_bytes: default_usage_max_queued_bytes(),
+        }
     }
 }
 
@@ -51,11 +64,18 @@ pub struct RawUsage {
     flush_interval: String,
     #[serde(default = "default_usage_max_queued")]
     max_queued: usize,
+    #[serde(default = "default_usage_max_queued_bytes")]
+    max_queued_bytes: usize,
 }
 
 impl Default for RawUsage {
     fn default() -> Self {
-        RawUsage { enabled: false, flush_interval: default_usage_flush_interval(), max_queued: default_usage_max_queued() }
+        RawUsage {
+            enabled: false,
+            flush_interval: default_usage_flush_interval(),
+            max_queued: default_usage_max_queued(),
+            max_queued_bytes: default_usage_max_queued_bytes(),
+        }
     }
 }
 
@@ -65,6 +85,9 @@ fn default_usage_flush_interval() -> String {
 fn default_usage_max_queued() -> usize {
     50_000
 }
+fn default_usage_max_queued_bytes() -> usize {
+    DEFAULT_MAX_QUEUED_BYTES
+}
 
 impl UsageConfig {
     pub fn compile(raw: RawUsage) -> Result<UsageConfig, ConfigError> {
@@ -73,12 +96,18 @@ impl UsageConfig {
         if raw.max_queued == 0 || raw.max_queued > 1_000_000 {
             return Err(ConfigError("usage.maxQueued: must be between 1 and 1000000".into()));
         }
-        Ok(UsageConfig { enabled: raw.enabled, flush_interval, max_queued: raw.max_queued })
+        if raw.max_queued_bytes < MAX_BATCH_BYTES || raw.max_queued_bytes > 1 << 30 {
+            return Err(ConfigError("usage.maxQueuedBytes: must be between 1048576 (one batch) and 1073741824".into()));
+        }
+        Ok(UsageConfig { enabled: raw.enabled, flush_interval, max_queued: raw.max_queued, max_queued_bytes: raw.max_queued_bytes })
     }
 }
 
 /// Events per `POST /v1/usage`.
 pub const MAX_BATCH: usize = 1000;
+/// Bytes per `POST /v1/usage` (half the sidecar's 2 MiB body limit; a larger batch it refuses
+/// with 413 is split anyway).
+pub const MAX_BATCH_BYTES: usize = DEFAULT_MAX_BATCH_BYTES;
 
 #[derive(Debug)]
 pub struct Meter {
@@ -90,7 +119,12 @@ pub struct Meter {
 impl Meter {
     /// `seed` must be random per VM (the adapter draws it from the host's randomness).
     pub fn new(max_queued: usize, seed: u64) -> Meter {
-        Meter { queue: UsageQueue::new(max_queued), seed, next: 0 }
+        Meter::bounded(max_queued, DEFAULT_MAX_QUEUED_BYTES, seed)
+    }
+
+    /// A meter whose queue holds at most `max_queued` events and `max_queued_bytes` bytes.
+    pub fn bounded(max_queued: usize, max_queued_bytes: usize, seed: u64) -> Meter {
+        Meter { queue: UsageQueue::bounded(max_queued, max_queued_bytes, MAX_BATCH_BYTES), seed, next: 0 }
     }
 
     /// A new event id, unique per VM and (with a random seed) across VMs.
@@ -141,8 +175,8 @@ impl RequestInfo {
     /// `upstream_path`: the path as it goes upstream (the key already stripped).
     pub fn new(headers: &RequestHeaders, upstream_path: &str, now_ms: u64) -> RequestInfo {
         RequestInfo {
-            method: headers.get(":method").unwrap_or("GET").to_string(),
-            authority: headers.get(":authority").unwrap_or("").to_string(),
+            method: event_method(headers.get(":method").unwrap_or("GET")),
+            authority: event_authority(headers.get(":authority").unwrap_or("")),
             path: event_path(upstream_path),
             start_ms: now_ms,
         }
@@ -185,9 +219,42 @@ impl Meter {
 /// The field [`usage_tokens`] looks for, quotes included.
 const FIELD: &[u8] = b"\"total_tokens\"";
 
+/// A token count an upstream reported, within `0..=MAX_TOKENS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tokens {
+    pub count: u64,
+    /// The upstream's number was outside `0..=MAX_TOKENS` (negative, huge, not finite) and was
+    /// clamped to the nearest end (`tollgate.usage.tokens_clamped`).
+    pub clamped: bool,
+}
+
+impl Tokens {
+    /// A JSON number, clamped: negatives to 0, above 2^53 to 2^53; a fraction is rounded down.
+    fn of_number(n: &serde_json::Number) -> Tokens {
+        if let Some(u) = n.as_u64() {
+            let (count, clamped) = clamp_tokens(u);
+            return Tokens { count, clamped };
+        }
+        if n.as_i64().is_some() {
+            return Tokens { count: 0, clamped: true }; // negative
+        }
+        match n.as_f64() {
+            Some(f) if f >= 0.0 && f <= MAX_TOKENS as f64 => Tokens { count: f as u64, clamped: false },
+            Some(f) if f > 0.0 => Tokens { count: MAX_TOKENS, clamped: true },
+            _ => Tokens { count: 0, clamped: true },
+        }
+    }
+}
+
 /// `usage.total_tokens` of a JSON response, or the last `"total_tokens": N` in the body (which
-/// also finds the usage frame of an SSE stream). A body without `"total_tokens"` is not parsed.
+/// also finds the usage frame of an SSE stream), clamped ([`read_tokens`]).
 pub fn usage_tokens(body: &[u8]) -> Option<u64> {
+    read_tokens(body).map(|t| t.count)
+}
+
+/// As [`usage_tokens`], saying whether the number was clamped. A body without
+/// `"total_tokens"` is not parsed; a value that is not a number is no count.
+pub fn read_tokens(body: &[u8]) -> Option<Tokens> {
     let at = rfind_field(body)?;
     /// Only the field read: the rest of the document is skipped, not built.
     #[derive(serde::Deserialize)]
@@ -196,14 +263,17 @@ pub fn usage_tokens(body: &[u8]) -> Option<u64> {
     }
     #[derive(serde::Deserialize)]
     struct Usage {
-        total_tokens: Option<u64>,
+        total_tokens: Option<serde_json::Number>,
     }
     if let Ok(Response { usage: Some(Usage { total_tokens: Some(n) }) }) = serde_json::from_slice::<Response>(body) {
-        return Some(n);
+        return Some(Tokens::of_number(&n));
     }
     let rest = std::str::from_utf8(body.get(at + FIELD.len()..)?).ok()?;
-    let digits: String = rest.trim_start().strip_prefix(':')?.trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
-    digits.parse().ok()
+    let value = rest.trim_start().strip_prefix(':')?.trim_start();
+    // the number's characters as JSON writes them; serde reads (and range-checks) them
+    let end = value.find(|c: char| !(c.is_ascii_digit() || matches!(c, '-' | '+' | '.' | 'e' | 'E'))).unwrap_or(value.len());
+    let n: serde_json::Number = serde_json::from_str(value.get(..end)?).ok()?;
+    Some(Tokens::of_number(&n))
 }
 
 /// Where the last `"total_tokens"` starts. Anchored on its `_` (rare in JSON, unlike `"`), so a
@@ -241,6 +311,40 @@ mod tests {
         assert_eq!(a, "00000000deadbeef0000000000000001");
         assert_eq!(b.len(), 32);
         assert_ne!(Meter::new(10, 1).next_id(), Meter::new(10, 2).next_id());
+    }
+
+    #[test]
+    fn token_counts_outside_0_to_2_pow_53_are_clamped() {
+        let t = |body: &str| read_tokens(body.as_bytes());
+        let exact = |count| Some(Tokens { count, clamped: false });
+        let clamped = |count| Some(Tokens { count, clamped: true });
+        assert_eq!(t(r#"{"usage":{"total_tokens":42}}"#), exact(42));
+        assert_eq!(t(r#"{"usage":{"total_tokens":9007199254740992}}"#), exact(MAX_TOKENS));
+        assert_eq!(t(r#"{"usage":{"total_tokens":9007199254740993}}"#), clamped(MAX_TOKENS));
+        assert_eq!(t(r#"{"usage":{"total_tokens":18446744073709551615}}"#), clamped(MAX_TOKENS));
+        assert_eq!(t(r#"{"usage":{"total_tokens":1e300}}"#), clamped(MAX_TOKENS));
+        assert_eq!(t(r#"{"usage":{"total_tokens":-1}}"#), clamped(0));
+        assert_eq!(t(r#"{"usage":{"total_tokens":-9223372036854775809}}"#), clamped(0));
+        assert_eq!(t(r#"{"usage":{"total_tokens":12.9}}"#), exact(12));
+        // the scan of an SSE stream reads the same numbers the same way
+        assert_eq!(t("data: {\"usage\":{\"total_tokens\":18446744073709551616}}\n\ndata: [DONE]\n"), clamped(MAX_TOKENS));
+        assert_eq!(t("data: {\"usage\":{\"total_tokens\":-1}}\n\n"), clamped(0));
+        assert_eq!(t("data: {\"total_tokens\": 7}\n"), exact(7));
+        assert_eq!(t(r#"{"usage":{"total_tokens":"9"}}"#), None);
+        assert_eq!(t("data: {\"total_tokens\": -}\n"), None);
+        assert_eq!(usage_tokens(br#"{"usage":{"total_tokens":-5}}"#), Some(0));
+    }
+
+    #[test]
+    fn events_bound_what_the_client_chose() {
+        let long_host = "h".repeat(2_500);
+        let headers = RequestHeaders::new(vec![
+            (":method".into(), b"M-SEARCH".to_vec()),
+            (":authority".into(), long_host.into_bytes()),
+            (":path".into(), format!("/{}", "p".repeat(1_000)).into_bytes()),
+        ]);
+        let info = RequestInfo::new(&headers, &format!("/{}?q=1", "p".repeat(1_000)), 7);
+        assert_eq!((info.method.as_str(), info.authority.len(), info.path.len()), ("OTHER", 255, 256));
     }
 
     #[test]

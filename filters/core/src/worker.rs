@@ -88,7 +88,7 @@ impl Worker {
         }
         let sidecar = &config.sidecar;
         let completions = Rc::new(RefCell::new(CompletionQueue::new(MAX_QUEUED_COMPLETIONS)));
-        let meter = Rc::new(RefCell::new(Meter::new(config.usage.max_queued, seeds.usage_ids)));
+        let meter = Rc::new(RefCell::new(Meter::bounded(config.usage.max_queued, config.usage.max_queued_bytes, seeds.usage_ids)));
         let responses = Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES)));
         let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
         let routes = Rc::new(RefCell::new(WorkerRoutes::default()));

@@ -311,7 +311,7 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
         assert_eq!(f.on_response_body(&mut host, chunk.len(), false), Action::Continue);
     }
     assert!(queue.borrow().is_empty(), "reported only when the request is over");
-    f.on_log(&host);
+    f.on_log(&mut host);
     let body = queue.borrow_mut().begin_flush(10).unwrap();
     let batch: tollgate_wire::CompletionBatch = serde_json::from_slice(&body).unwrap();
     assert_eq!(batch.completions.len(), 1);
@@ -327,7 +327,7 @@ fn requests_without_a_ticket_report_nothing() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
     let (mut f, mut host) = with_key(filter_with_queue("{}", queue.clone()));
     f.on_sidecar_response(&mut host, 1, Some(200), allow_body());
-    f.on_log(&host);
+    f.on_log(&mut host);
     assert!(queue.borrow().is_empty());
 }
 

@@ -324,3 +324,24 @@ fn a_slow_key_stays_exact() {
         assert_eq!(sent.lease, None, "request {s}");
     }
 }
+
+#[test]
+fn a_key_the_sidecar_has_not_allowed_writes_nothing_to_shared_data() {
+    let mut e = Envoy::new("{}");
+    let deny = r#"{"verdict":"deny","status":401,"error":"unknown_key","message":"unknown"}"#;
+    for i in 0..5 {
+        e.at(i).call(deny);
+    }
+    assert!(e.base.shared.is_empty(), "an unknown key leaves no record: {:?}", e.base.shared.keys().collect::<Vec<_>>());
+    // a sidecar failure says nothing about the key either
+    let (mut f, mut h, _) = e.at(10).request();
+    f.on_sidecar_response(&mut h, 1, Some(503), b"");
+    e.sync(&h);
+    assert!(e.base.shared.is_empty());
+    // once allowed, the record starts observing (this request is its origin)
+    e.at(20).call(ALLOW);
+    let rec = e.record().expect("a record once the key is valid");
+    assert_eq!((rec.obs_since_ms, rec.obs_spent, rec.batches.len()), (T + 20, 0, 0));
+    e.at(30).call(ALLOW);
+    assert_eq!(e.record().unwrap().obs_spent, 1, "later requests are samples");
+}

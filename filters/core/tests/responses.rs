@@ -110,7 +110,7 @@ fn a_cacheable_request_carries_its_key_and_a_complete_success_is_queued() {
     h.response_chunk = b"42}".to_vec();
     let n = h.response_chunk.len();
     f.on_response_body(&mut h, n, true);
-    f.on_log(&h);
+    f.on_log(&mut h);
     let batch = rig.stored();
     assert_eq!(batch.responses.len(), 1);
     let item = &batch.responses[0];
@@ -139,7 +139,7 @@ fn responses_that_must_not_be_cached_are_not_queued() {
         f.on_response_headers(&mut h, false);
         h.response_chunk = body.to_vec();
         f.on_response_body(&mut h, body.len(), *complete);
-        f.on_log(&h);
+        f.on_log(&mut h);
         assert!(rig.stored().responses.is_empty(), "{status} {headers:?} {} bytes complete={complete}", body.len());
     }
 }
@@ -168,7 +168,7 @@ fn a_hit_is_a_local_reply_that_still_counts() {
     // Envoy may run the filter's response path for its own reply: nothing is added twice
     f.on_response_headers(&mut h, false);
     assert!(h.response_headers.is_empty());
-    f.on_log(&h);
+    f.on_log(&mut h);
     assert!(rig.stored().responses.is_empty());
 }
 
@@ -226,7 +226,7 @@ fn an_idempotency_key_carries_the_seed_digest_and_its_outcome_is_stored_or_relea
         h.response_chunk = br#"{"id":1}"#.to_vec();
         let n = h.response_chunk.len();
         f.on_response_body(&mut h, n, true);
-        f.on_log(&h);
+        f.on_log(&mut h);
         let batch = rig.stored();
         assert_eq!(batch.responses.len(), 1, "{status}");
         let item = &batch.responses[0];
@@ -285,6 +285,6 @@ fn a_denial_on_a_caching_route_says_nothing_about_the_cache() {
     upstream(&mut h, "429", &[]);
     f.on_response_headers(&mut h, false);
     assert!(!h.response_headers.iter().any(|(n, _)| n == "x-tollgate-cache"), "{:?}", h.response_headers);
-    f.on_log(&h);
+    f.on_log(&mut h);
     assert!(rig.stored().responses.is_empty());
 }

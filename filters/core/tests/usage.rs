@@ -69,7 +69,7 @@ fn an_allowed_request_becomes_one_event_when_it_ends() {
     host.properties.insert("response.total_size".into(), 300i64.to_le_bytes().to_vec());
     host.now_ms += 35;
     assert!(m.borrow().queue.is_empty(), "recorded only when the request is over");
-    f.on_log(&host);
+    f.on_log(&mut host);
     let e = events(&m);
     assert_eq!(e.len(), 1);
     let e = &e[0];
@@ -88,14 +88,14 @@ fn auth_cache_hits_are_metered_too() {
     let m = meter();
     let (mut f, mut host) = with_key(metered(METERED, &m));
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
-    f.on_log(&host);
+    f.on_log(&mut host);
     // the same key again on this Envoy: answered from the auth cache, no call
     let mut host = MockHost::next_request(&host).with_header("x-api-key", KEY);
     let mut f = metered(METERED, &m);
     assert_eq!(f.on_request_headers(&mut host, true), Action::Continue);
     assert!(host.calls.is_empty());
     respond(&mut f, &mut host, "404", "text/plain", b"nope");
-    f.on_log(&host);
+    f.on_log(&mut host);
     let e = events(&m);
     assert_eq!(e.len(), 2);
     assert_ne!(e[0].id, e[1].id);
@@ -109,16 +109,16 @@ fn requests_without_an_identity_are_not_metered() {
     let mut host = MockHost::new();
     let mut f = metered(METERED, &m);
     f.on_request_headers(&mut host, true);
-    f.on_log(&host);
+    f.on_log(&mut host);
     // denied by the sidecar (the sidecar meters its own denials)
     let (mut f, mut host) = with_key(metered(METERED, &m));
     let deny = br#"{"verdict":"deny","status":429,"error":"rate_limited","message":"m","limit":"l"}"#;
     f.on_sidecar_response(&mut host, 1, Some(200), deny);
-    f.on_log(&host);
+    f.on_log(&mut host);
     // the sidecar failed and the filter failed open: nobody to bill
     let (mut f, mut host) = with_key(metered(r#"{"usage":{"enabled":true},"failureMode":"open"}"#, &m));
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(503), b""), Action::Continue);
-    f.on_log(&host);
+    f.on_log(&mut host);
     assert!(events(&m).is_empty());
 }
 
@@ -127,7 +127,7 @@ fn metering_is_off_unless_configured() {
     let m = meter();
     let (mut f, mut host) = with_key(metered("{}", &m));
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
-    f.on_log(&host);
+    f.on_log(&mut host);
     assert!(events(&m).is_empty());
 }
 
@@ -136,7 +136,7 @@ fn a_client_that_goes_away_is_metered_as_aborted() {
     let m = meter();
     let (mut f, mut host) = with_key(metered(METERED, &m));
     f.on_sidecar_response(&mut host, 1, Some(200), allow());
-    f.on_log(&host); // no response headers ever came
+    f.on_log(&mut host); // no response headers ever came
     let e = events(&m);
     assert_eq!(e[0].status, 0);
     assert_eq!(e[0].class(), tollgate_wire::usage::UsageClass::Aborted);
@@ -153,7 +153,7 @@ fn tokens_of_a_streamed_response_are_read_without_holding_it() {
         host.response_chunk = chunk.to_vec();
         assert_eq!(f.on_response_body(&mut host, chunk.len(), false), Action::Continue, "never held back");
     }
-    f.on_log(&host);
+    f.on_log(&mut host);
     assert_eq!(events(&m)[0].tokens, Some(7));
 }
 
@@ -163,7 +163,7 @@ fn a_full_queue_drops_the_oldest_and_counts_them() {
     for _ in 0..3 {
         let (mut f, mut host) = with_key(metered(METERED, &m));
         f.on_sidecar_response(&mut host, 1, Some(200), allow());
-        f.on_log(&host);
+        f.on_log(&mut host);
     }
     assert_eq!(m.borrow().queue.dropped, 1);
     let ids: Vec<String> = events(&m).into_iter().map(|e| e.id).collect();

@@ -24,6 +24,27 @@ pub const USAGE_PATH: &str = "/v1/usage";
 /// Longest `path` kept in an event (longer ones are cut at a character boundary).
 pub const MAX_PATH: usize = 256;
 
+/// Longest `authority` kept in an event (a longer Host is cut at a character boundary, never
+/// refused: a client must not escape billing by choosing a long Host).
+pub const MAX_AUTHORITY: usize = 255;
+
+/// Longest `method` in an event (ASCII letters only; anything else is metered as `OTHER`).
+pub const MAX_METHOD: usize = 16;
+
+/// The largest token count an event, a completion or a meter takes: 2^53 (exact in a double, so
+/// in Lua, JSON readers and PostgreSQL `float8` alike; 1023 of them still fit an `i64`). An
+/// upstream's number outside `0..=MAX_TOKENS` is clamped to the nearest end.
+pub const MAX_TOKENS: u64 = 1 << 53;
+
+/// `n` within `0..=MAX_TOKENS`, and whether it had to be clamped.
+pub fn clamp_tokens(n: u64) -> (u64, bool) {
+    if n > MAX_TOKENS {
+        (MAX_TOKENS, true)
+    } else {
+        (n, false)
+    }
+}
+
 /// One request of a known tenant. `Default` (every field empty) is for fixtures that set only
 /// what they test.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,9 +191,63 @@ pub fn event_path(path: &str) -> String {
     p[..end].to_string()
 }
 
+/// `text` cut to at most `max` bytes at a character boundary, without ASCII control characters
+/// (the schema refuses them; Envoy lets a tab through in a header value).
+pub fn bounded_text(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.chars().filter(|c| !c.is_ascii_control()) {
+        if out.len() + c.len_utf8() > max {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The `authority` of an event: the Host as sent, bounded ([`MAX_AUTHORITY`], no control
+/// characters).
+pub fn event_authority(authority: &str) -> String {
+    bounded_text(authority, MAX_AUTHORITY)
+}
+
+/// The `method` of an event: the request's method when it is 1-16 ASCII letters (every method
+/// of RFC 9110 and WebDAV), else `OTHER` (an extension method with other token characters, or
+/// longer: the request is still metered).
+pub fn event_method(method: &str) -> String {
+    if !method.is_empty() && method.len() <= MAX_METHOD && method.bytes().all(|b| b.is_ascii_alphabetic()) {
+        method.to_string()
+    } else {
+        "OTHER".to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_chosen_fields_are_bounded_never_refused() {
+        let host = "h".repeat(300);
+        assert_eq!(event_authority(&host).len(), MAX_AUTHORITY);
+        let wide = "é".repeat(200); // 400 bytes of 2-byte characters
+        let a = event_authority(&wide);
+        assert!(a.len() <= MAX_AUTHORITY && a.len() == 254 && a.chars().all(|c| c == 'é'));
+        assert_eq!(event_authority("api.test\tx"), "api.testx");
+        assert_eq!(event_authority("api.test:8080"), "api.test:8080");
+        assert_eq!(event_method("PROPFIND"), "PROPFIND");
+        assert_eq!(event_method("M-SEARCH"), "OTHER");
+        assert_eq!(event_method(&"A".repeat(17)), "OTHER");
+        assert_eq!(event_method(""), "OTHER");
+    }
+
+    #[test]
+    fn token_counts_are_clamped_to_2_pow_53() {
+        assert_eq!(clamp_tokens(0), (0, false));
+        assert_eq!(clamp_tokens(MAX_TOKENS), (MAX_TOKENS, false));
+        assert_eq!(clamp_tokens(MAX_TOKENS + 1), (MAX_TOKENS, true));
+        assert_eq!(clamp_tokens(u64::MAX), (MAX_TOKENS, true));
+        assert!(i64::try_from(MAX_TOKENS * 1023).is_ok());
+    }
 
     fn event() -> UsageEvent {
         UsageEvent {

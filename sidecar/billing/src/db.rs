@@ -88,6 +88,13 @@ pub struct Rollup {
     pub response_bytes: i64,
 }
 
+/// A token count as PostgreSQL keeps it: at most 2^53 per event (an upstream's impossible number
+/// is clamped, never wrapped negative). Sums saturate, in Rust and in SQL (`LEAST(…)`), so a
+/// batch never fails on an overflow and is never retried forever.
+pub fn tokens_i64(n: u64) -> i64 {
+    i64::try_from(n.min(tollgate_wire::usage::MAX_TOKENS)).unwrap_or(i64::MAX)
+}
+
 fn class_index(c: UsageClass) -> usize {
     UsageClass::ALL.iter().position(|x| *x == c).unwrap_or(0)
 }
@@ -99,7 +106,7 @@ pub fn rollup<'a>(events: impl IntoIterator<Item = &'a UsageEvent>) -> BTreeMap<
     for e in events {
         let r = out.entry((e.day().iso(), e.tenant.clone(), e.key_id.clone())).or_default();
         r.by_class[class_index(e.class())] += 1;
-        r.tokens += e.tokens.unwrap_or(0) as i64;
+        r.tokens = r.tokens.saturating_add(tokens_i64(e.tokens.unwrap_or(0)));
         r.request_bytes += e.request_bytes.unwrap_or(0) as i64;
         r.response_bytes += e.response_bytes.unwrap_or(0) as i64;
     }
@@ -115,7 +122,7 @@ pub fn rollup_aggregates<'a>(out: &mut BTreeMap<(String, String, String), Rollup
             for (i, class) in UsageClass::ALL.iter().enumerate() {
                 r.by_class[i] += k.requests.get(*class) as i64;
             }
-            r.tokens += k.tokens as i64;
+            r.tokens = r.tokens.saturating_add(tokens_i64(k.tokens));
             r.request_bytes += k.request_bytes as i64;
             r.response_bytes += k.response_bytes as i64;
         }
@@ -260,7 +267,7 @@ impl Db {
             path.push(e.path.clone());
             start.push(e.start_ms as i64);
             duration.push(e.duration_ms as i64);
-            tokens.push(e.tokens.map(|n| n as i64));
+            tokens.push(e.tokens.map(tokens_i64));
             req_b.push(e.request_bytes.map(|n| n as i64));
             resp_b.push(e.response_bytes.map(|n| n as i64));
         }
@@ -336,7 +343,7 @@ impl Db {
                      requests_5xx = d.requests_5xx + EXCLUDED.requests_5xx,
                      requests_denied = d.requests_denied + EXCLUDED.requests_denied,
                      requests_aborted = d.requests_aborted + EXCLUDED.requests_aborted,
-                     tokens = d.tokens + EXCLUDED.tokens,
+                     tokens = LEAST(d.tokens::numeric + EXCLUDED.tokens, 9223372036854775807)::int8,
                      request_bytes = d.request_bytes + EXCLUDED.request_bytes,
                      response_bytes = d.response_bytes + EXCLUDED.response_bytes,
                      updated_at = now()",
@@ -424,6 +431,18 @@ mod tests {
             route: None,
             product: None,
         }
+    }
+
+    #[test]
+    fn impossible_token_counts_never_wrap_negative() {
+        let day = 1_764_460_800_000;
+        let events = [ev("a", "k1", 200, day, Some(u64::MAX)), ev("b", "k1", 200, day, Some(u64::MAX)), ev("c", "k1", 200, day, Some(1))];
+        let r = rollup(&events);
+        let k1 = r[&("2025-11-30".into(), "acme".into(), "k1".into())];
+        assert_eq!(k1.tokens, 2 * (1 << 53) + 1, "each clamped to 2^53");
+        assert_eq!(tokens_i64(u64::MAX), 1 << 53);
+        let many: Vec<UsageEvent> = (0..2_000).map(|i| ev(&format!("e{i}"), "k1", 200, day, Some(u64::MAX))).collect();
+        assert_eq!(rollup(&many)[&("2025-11-30".into(), "acme".into(), "k1".into())].tokens, i64::MAX, "sums saturate");
     }
 
     #[test]

@@ -296,7 +296,7 @@ pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
         let row = &mut bucket.rows[r];
         row.count += 1;
         row.requests.add(class_of(line.status, line.denied.is_some()), 1);
-        row.tokens += line.tokens.unwrap_or(0);
+        row.tokens = row.tokens.saturating_add(line.tokens.unwrap_or(0).min(tollgate_wire::usage::MAX_TOKENS));
         row.request_bytes += line.request_bytes.unwrap_or(0);
         row.response_bytes += line.response_bytes.unwrap_or(0);
         row.ids.update(line.id.as_bytes());

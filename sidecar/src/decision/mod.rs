@@ -242,7 +242,7 @@ impl<S: DecisionStore> Decider<S> {
             headers: &req.headers,
             request_id: &request_id,
             now_ms: cx.now_ms,
-            token_estimate: req.token_estimate.filter(|n| *n > 0),
+            token_estimate: req.token_estimate.filter(|n| *n > 0).map(|n| complete::clamped(n, "estimate")),
         };
         let Checks { checks, meta } = checks::checks(limits, &ctx);
         let (lease, lease_ttl_ms) = Self::lease(cx, r, limits);

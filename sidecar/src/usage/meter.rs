@@ -22,7 +22,9 @@ pub fn increments(events: &[UsageEvent]) -> BTreeMap<(String, String), DayCounts
     for e in events {
         let c = out.entry((e.tenant.clone(), e.day().compact())).or_default();
         *c.by_class.entry(e.class()).or_insert(0) += 1;
-        c.tokens += e.tokens.unwrap_or(0) as i64;
+        // clamped at intake (≤ 2^53); saturating all the same: a meter never goes negative
+        let tokens = i64::try_from(e.tokens.unwrap_or(0).min(tollgate_wire::usage::MAX_TOKENS)).unwrap_or(0);
+        c.tokens = c.tokens.saturating_add(tokens);
     }
     out
 }

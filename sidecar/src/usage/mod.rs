@@ -94,6 +94,28 @@ impl UsageConfig {
     }
 }
 
+/// Bounds what a client chose in `e` instead of refusing it (an older filter may send a long
+/// Host): `authority` cut to 255 bytes, `method` `OTHER` unless 1-16 letters, `path` cut to
+/// 256 bytes, control characters removed; `tokens` clamped to `0..=2^53`. Returns whether the
+/// token count was clamped. An allowed request is always metered.
+pub fn normalize(e: &mut UsageEvent) -> bool {
+    use tollgate_wire::usage::{bounded_text, clamp_tokens, event_authority, event_method};
+    if e.authority.len() > tollgate_wire::usage::MAX_AUTHORITY || e.authority.bytes().any(|b| b.is_ascii_control()) {
+        e.authority = event_authority(&e.authority);
+    }
+    e.method = event_method(&e.method);
+    if e.path.len() > MAX_PATH || e.path.bytes().any(|b| b.is_ascii_control()) || e.path.contains(['?', '#']) {
+        e.path = bounded_text(&event_path(&e.path), MAX_PATH);
+    }
+    match e.tokens.map(clamp_tokens) {
+        Some((n, clamped)) => {
+            e.tokens = Some(n);
+            clamped
+        }
+        None => false,
+    }
+}
+
 /// Why an event was refused (never retried: the sender cannot fix it).
 pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
     let id_ok = (8..=64).contains(&e.id.len()) && e.id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
@@ -311,8 +333,8 @@ pub fn denial_event(
         tenant: tenant.into(),
         key_id: key_id.into(),
         plan: plan.into(),
-        method: req.method.chars().take(16).collect(),
-        authority: req.authority.chars().filter(|c| !c.is_control()).take(255).collect(),
+        method: tollgate_wire::usage::event_method(&req.method),
+        authority: tollgate_wire::usage::event_authority(&req.authority),
         path: event_path(&req.path).chars().filter(|c| !c.is_control()).collect(),
         status,
         start_ms: now_ms,
@@ -366,6 +388,23 @@ mod tests {
         assert_eq!(incs[&("acme".to_string(), "20251129".to_string())].by_class[&UsageClass::Ok], 1);
         assert_eq!(incs[&("beta".to_string(), "20251130".to_string())].by_class[&UsageClass::ServerError], 1);
         assert_eq!(incs.len(), 3);
+    }
+
+    #[test]
+    fn client_chosen_fields_are_bounded_not_refused_and_tokens_clamped() {
+        let mut e = ev("0123456789abcdef", "acme", 200, DAY, Some(u64::MAX));
+        e.authority = "h".repeat(2_500);
+        e.method = "M-SEARCH".into();
+        e.path = format!("/{}", "p".repeat(600));
+        assert!(normalize(&mut e), "the token count was clamped");
+        assert_eq!(invalid_reason(&e), None, "{e:?}");
+        assert_eq!((e.authority.len(), e.method.as_str(), e.path.len(), e.tokens), (255, "OTHER", 256, Some(1 << 53)));
+        let mut fine = ev("0123456789abcdef", "acme", 200, DAY, Some(7));
+        let before = fine.clone();
+        assert!(!normalize(&mut fine));
+        assert_eq!(fine, before, "a valid event is unchanged");
+        let incs = meter::increments(&[e.clone(), e]);
+        assert_eq!(incs[&("acme".to_string(), "20251130".to_string())].tokens, 1 << 54, "never negative");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! `x-echo-status: N` answers with that status (usage tests); `x-echo-delay-ms: N` answers after N ms
 //! and `x-echo-cache-control: V` sets `Cache-Control: V` on the response (response-cache tests);
 //! `x-echo-latin1: 1` adds a response header whose value is Latin-1, not UTF-8 (`x-latin1: café`
-//! with é as the byte 0xE9; hostile-input tests).
+//! with é as the byte 0xE9; hostile-input tests); `x-echo-usage-raw: TEXT` answers
+//! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1).
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
 use axum::body::Body;
@@ -48,6 +49,11 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         None => serde_json::to_vec(&echoed),
     }
     .unwrap_or_default();
+    // `x-echo-usage-raw: TEXT`: `"total_tokens": TEXT` as written (a hostile upstream: -1, 2^64-1)
+    let body = match req.headers().get("x-echo-usage-raw").and_then(|v| v.to_str().ok()) {
+        Some(raw) => format!(r#"{{"usage":{{"prompt_tokens":1,"total_tokens":{raw}}}}}"#).into_bytes(),
+        None => body,
+    };
     let delay: u64 = req.headers().get("x-echo-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
     if delay > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay.min(30_000))).await;

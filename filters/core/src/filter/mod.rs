@@ -461,7 +461,7 @@ impl AuthFilter {
 
     /// The request is over (response sent, or the client went away): report what it held, store
     /// what may be stored, and meter it.
-    pub fn on_log(&mut self, host: &impl Host) {
+    pub fn on_log(&mut self, host: &mut impl Host) {
         let (tokens, store) = self.response.finish(host);
         if let (Some(item), Some(queue)) = (store, &self.worker.responses) {
             queue.borrow_mut().push(item);

@@ -7,7 +7,7 @@ use crate::host::Host;
 use crate::responses::queue::PendingStore;
 use crate::responses::{cacheable_response, storable_headers};
 use crate::stats::Metric;
-use crate::usage::{usage_tokens, Identity};
+use crate::usage::{read_tokens, Identity};
 use tollgate_wire::responses::{Replay, ReplayKind, StoreItem, StoredResponse, CACHE_STATUS_HEADER, REPLAYED_HEADER};
 use tollgate_wire::{Header, Ticket};
 
@@ -175,9 +175,13 @@ impl ResponseSide {
 
     /// The request ended: the tokens its response used (when they were to be read) and what to
     /// store of it.
-    pub fn finish(&mut self, host: &impl Host) -> (Option<u64>, Option<StoreItem>) {
+    pub fn finish(&mut self, host: &mut impl Host) -> (Option<u64>, Option<StoreItem>) {
         let body = self.body.take();
-        let tokens = if self.want_tokens { body.as_deref().and_then(usage_tokens) } else { None };
+        let tokens = if self.want_tokens { body.as_deref().and_then(read_tokens) } else { None };
+        if tokens.is_some_and(|t| t.clamped) {
+            host.count(Metric::TokensClamped);
+        }
+        let tokens = tokens.map(|t| t.count);
         // the clock (a host call) only for a store
         let store = self.pending_store.take().and_then(|p| store_item(p, body, host.now_ms()));
         (tokens, store)

@@ -23,7 +23,9 @@
 //! (the key was revoked or expired) drops the lease at once.
 //!
 //! Invariant: a unit is spent at most once (CAS), only before its batch's expiry, so this Envoy
-//! never admits more than the sidecar granted it.
+//! never admits more than the sidecar granted it. A record is created only once the sidecar has
+//! allowed the key (a grant, or [`on_answer`] starting the observation): a request with an
+//! unknown key writes nothing to shared data.
 
 pub mod config;
 pub mod record;
@@ -72,15 +74,12 @@ pub enum Spend {
 pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64) -> Spend {
     for _ in 0..MAX_CAS_TRIES {
         let (bytes, cas) = host.shared_get_cas(key.as_str());
-        // The first request seen starts the observation: it is its origin, not a sample.
-        let (mut rec, first) = match decode(bytes) {
-            Some(r) => (r, false),
-            None => (LeaseRecord::new(now_ms), true),
-        };
+        // No record: this key was never allowed here (or its lease was dropped). Nothing is
+        // written for it until the sidecar says it is valid ([`on_answer`] starts the record),
+        // so a flood of random keys leaves no shared data behind.
+        let Some(mut rec) = decode(bytes) else { return Spend::Miss { want: 0 } };
         rec.prune(now_ms);
-        if !first {
-            rec.obs_spent += 1;
-        }
+        rec.obs_spent += 1;
         // the batch that expires first is spent first
         let batch = rec.batches.iter_mut().min_by_key(|b| b.until_ms);
         let hit = match batch {
@@ -185,8 +184,21 @@ pub fn on_answer(
             store_grant(host, key, identity, lease, sent_ms, now_ms, renewal);
         }
         (_, Some(_)) => release_claim(host, key, now_ms, renewal),
+        (Ok(DecideResponse::Allow { .. }), None) => start_observing(host, key, now_ms),
         (_, None) => {}
     }
+}
+
+/// The sidecar allowed a key that has no record here: the record starts observing its rate
+/// (this request is its origin, not a sample). The only place a record is created without a
+/// grant, and only for a key the sidecar has just said is valid.
+fn start_observing(host: &mut impl Host, key: &SharedKey, now_ms: u64) {
+    let (bytes, cas) = host.shared_get_cas(key.as_str());
+    if decode(bytes).is_some() {
+        return;
+    }
+    // a CAS mismatch: another worker started it meanwhile
+    let _ = host.shared_set_cas(key.as_str(), &LeaseRecord::new(now_ms).encode(), cas);
 }
 
 /// An ask that brought nothing (or failed): back off before the next one.

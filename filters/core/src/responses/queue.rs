@@ -92,7 +92,7 @@ impl Outbox for ResponseQueue {
     fn settle(&mut self, delivery: Delivery) {
         let failed = match delivery {
             Delivery::Delivered => 0,
-            Delivery::Failed | Delivery::Refused => self.in_flight.unwrap_or(0),
+            Delivery::Failed | Delivery::Refused | Delivery::TooLarge => self.in_flight.unwrap_or(0),
         };
         self.end_flush(failed);
     }
