@@ -14,7 +14,7 @@ use crate::keys::{
 use crate::store::{Store, StoreError};
 use std::sync::LazyLock;
 
-static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/decide.lua")));
+pub(super) static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/decide.lua")));
 
 /// ARGV per limit (kind, limit, window, cost, shadow, aux).
 const ARGS_PER_LIMIT: usize = 6;
@@ -219,10 +219,10 @@ pub enum ScriptError {
     Reply(#[from] BadReply),
 }
 
-/// Runs the call: one round trip, within the store's request-path deadline.
-pub async fn run(store: &Store, call: &DecideCall) -> Result<DecideReply, ScriptError> {
+/// Runs the call: one round trip, within `deadline`.
+pub async fn run(store: &Store, call: &DecideCall, deadline: std::time::Duration) -> Result<DecideReply, ScriptError> {
     let (keys, args) = call.encode();
-    let values: Vec<redis::Value> = Invocation { script: &SCRIPT, op: "decide_lua", keys, args }.run(store, None).await?;
+    let values: Vec<redis::Value> = Invocation { script: &SCRIPT, op: "decide_lua", keys, args }.run(store, Some(deadline)).await?;
     Ok(parse(&values, call.limits.len())?)
 }
 
