@@ -192,9 +192,9 @@ impl Health {
         self.last_reply_us.fetch_max(self.micros(Instant::now()), Ordering::Relaxed);
     }
 
-    /// Whether any reply came after `at`.
+    /// Whether any reply came after `at` (or in the same microsecond).
     fn replied_since(&self, at: Instant) -> bool {
-        self.last_reply_us.load(Ordering::Relaxed) > self.micros(at)
+        self.last_reply_us.load(Ordering::Relaxed) >= self.micros(at).max(1)
     }
 }
 
@@ -414,5 +414,20 @@ impl Store {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_to_any_command_meanwhile_means_redis_answers() {
+        let h = Health { base: Instant::now() - Duration::from_secs(1), ..Health::new() };
+        let sent = Instant::now();
+        assert!(!h.replied_since(sent), "no reply yet: a timeout now would be Redis'");
+        h.replied();
+        assert!(h.replied_since(sent), "another command's reply came after this one was sent");
+        assert!(!h.replied_since(Instant::now() + Duration::from_secs(1)));
     }
 }
