@@ -162,6 +162,9 @@ impl Config {
         if self.redis.timeout.is_zero() || self.redis.connect_timeout.is_zero() {
             return bad("redis.timeout and redis.connect_timeout", "must be above zero");
         }
+        if self.redis.decision_timeout.is_zero() || self.redis.fail_fast.is_zero() {
+            return bad("redis.decision_timeout and redis.fail_fast", "must be above zero");
+        }
         if self.cache.max_entries == 0 {
             return bad("cache.max_entries", "must be at least 1");
         }

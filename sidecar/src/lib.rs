@@ -86,6 +86,13 @@ impl Sidecar {
         };
         telemetry::install(&config.telemetry);
         let store = store::Store::new(&config.redis)?;
+        // Before the listener serves (and so before /healthz answers): a connection to Redis and
+        // the scripts loaded, so the first decisions pay neither. Redis down now is no reason
+        // not to start (the stale grace, the failure modes, and reconnects take over).
+        match store.warm_up(&scripts::all()).await {
+            Ok(()) => tracing::debug!("redis connected and scripts loaded"),
+            Err(e) => tracing::warn!(error = %e, "redis could not be reached at start; continuing"),
+        }
         let usage = match config.usage.enabled {
             true => Some(Arc::new(usage::Usage::start(&config.usage, store.clone())?)),
             false => None,

@@ -259,7 +259,7 @@ async fn token_budget_reserves_then_reconciles_refunds_and_overruns() {
     assert_eq!(used(&lab), 800, "two reservations of 400");
     let ttl: i64 = lab.cmd(&["TTL", &counter]);
     assert!(ttl > 39 * 86400 && ttl <= 40 * 86400, "40-day TTL: {ttl}");
-    let res = format!("q:reserved:{{acme}}:{}", t1.request_id);
+    let res = lab.keys(&format!("q:reserved:{{acme}}:tokens:*:{}", t1.request_id)).remove(0);
     let rttl: i64 = lab.cmd(&["TTL", &res]);
     assert!((290..=300).contains(&rttl), "5-minute reservation TTL: {rttl}");
 
@@ -278,6 +278,38 @@ async fn token_budget_reserves_then_reconciles_refunds_and_overruns() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_token_budget_of_a_request_reserves_and_settles_on_its_own() {
+    // A key's monthly budget and its tenant's: one request reserves from both.
+    let toml = "[[plans.p.limits]]\nname = \"per-key\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400\n\
+                [[plans.p.limits]]\nname = \"per-tenant\"\nalgorithm = \"token_budget\"\nlimit = 500000\nestimate = 400\nsubject = \"tenant\"\n";
+    let mut lab = Lab::new(toml).key("p").await;
+    let counter = |lab: &Lab, name: &str| -> i64 {
+        let keys = lab.keys(&format!("q:tokens:{{acme}}:{name}:*"));
+        assert_eq!(keys.len(), 1, "{name}: {keys:?}");
+        lab.cmd(&["GET", &keys[0]])
+    };
+    let t1 = ticket_of(&lab.call().await);
+    let t2 = ticket_of(&lab.call().await);
+    assert_eq!(t1.budgets.len(), 2, "{t1:?}");
+    assert_eq!((counter(&lab, "per-key"), counter(&lab, "per-tenant")), (800, 800), "two reservations of 400 in each");
+    // one reservation per budget and decision
+    assert_eq!(lab.keys(&format!("q:reserved:{{acme}}:*:{}", t1.request_id)).len(), 2);
+
+    // each budget settles at the actual usage: 100 used of 400, then 700 of 400
+    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100) }).await.unwrap();
+    assert_eq!((counter(&lab, "per-key"), counter(&lab, "per-tenant")), (500, 500));
+    lab.decider.complete(&Completion { ticket: t2.clone(), status: 200, tokens: Some(700) }).await.unwrap();
+    assert_eq!((counter(&lab, "per-key"), counter(&lab, "per-tenant")), (800, 800), "both meters at 100 + 700 used");
+    // idempotent: the same reports again (a retried batch) change nothing
+    for t in [t1, t2] {
+        lab.decider.complete(&Completion { ticket: t, status: 200, tokens: Some(100) }).await.unwrap();
+    }
+    assert_eq!((counter(&lab, "per-key"), counter(&lab, "per-tenant")), (800, 800));
+    let settled: Vec<String> = lab.keys("q:reserved:*").iter().map(|k| lab.cmd(&["GET", k])).collect();
+    assert_eq!(settled, vec!["settled"; 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreconciled_reservation_stays_charged() {
     let mut lab = Lab::new(&plan("name = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400")).key("p").await;
     let a = ticket_of(&lab.call().await);
@@ -286,7 +318,8 @@ async fn an_unreconciled_reservation_stays_charged() {
     let counter = lab.keys("q:tokens:{acme}:tokens:*")[0].clone();
     // the reservations of a and b expire (their completion came too late)
     for t in [&a, &b] {
-        let _: i64 = lab.cmd(&["PEXPIRE", &format!("q:reserved:{{acme}}:{}", t.request_id), "1"]);
+        let res = lab.keys(&format!("q:reserved:{{acme}}:tokens:*:{}", t.request_id)).remove(0);
+        let _: i64 = lab.cmd(&["PEXPIRE", &res, "1"]);
     }
     poll_until("reservations to expire", Duration::from_secs(5), || lab.keys("q:reserved:*").len() == 1);
     // late report of a smaller use: no refund (never under-charge)

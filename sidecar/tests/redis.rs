@@ -247,3 +247,41 @@ async fn breaker_hints_are_listed_from_their_index_without_scanning_the_keyspace
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_is_failed_fast_and_probed_until_it_answers() {
+    let redis = Redis::start();
+    let mut cfg = config(&redis);
+    cfg.redis.timeout = Duration::from_millis(100);
+    cfg.redis.fail_fast = Duration::from_millis(100);
+    let store = Store::new(&cfg.redis).unwrap();
+    let issued = apikey::issue(id("acme"), id("gold"), 1, None);
+    store.create_key(&issued.hash, &issued.record).await.unwrap();
+    assert!(store.lookup(&issued.hash).await.unwrap().is_some());
+
+    redis.pause();
+    // the first command waits its deadline and gets no reply: Redis is taken as unresponsive
+    // (our deadline, or the connection's response timeout of the same length: either is a timeout)
+    match store.lookup(&issued.hash).await {
+        Err(e) => assert!(e.is_transient() && !e.to_string().contains("failing fast"), "{e}"),
+        Ok(r) => panic!("a stopped Redis answered: {r:?}"),
+    }
+    assert!(store.is_failing_fast() && !store.is_up());
+    // the next ones do not wait on it: refused before anything is sent
+    for _ in 0..3 {
+        match store.lookup(&issued.hash).await {
+            Err(e @ StoreError::Unreachable(_)) => assert!(e.is_transient() && e.to_string().contains("failing fast"), "{e}"),
+            other => panic!("expected a fail-fast refusal, got {other:?}"),
+        }
+    }
+    // still failing fast while the probes get no answer
+    assert!(store.is_failing_fast());
+
+    redis.resume();
+    let probe = store.clone();
+    tokio::task::spawn_blocking(move || poll_until("the probe to see Redis answer", Duration::from_secs(10), || !probe.is_failing_fast()))
+        .await
+        .unwrap();
+    assert!(store.is_up());
+    assert!(store.lookup(&issued.hash).await.unwrap().is_some());
+}

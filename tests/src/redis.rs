@@ -110,6 +110,24 @@ impl Redis {
         self.proc.kill();
     }
 
+    /// Freezes the server (SIGSTOP): it keeps its connections and accepts new ones, and answers
+    /// nothing until [`Redis::resume`] — a hung Redis, not a dead one. Dropping the guard still
+    /// kills it (SIGKILL works on a stopped process).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`Redis::pause`]d server run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.proc.pid().expect("redis is running");
+        let status = Command::new("kill").arg(sig).arg(pid.to_string()).status().expect("kill");
+        assert!(status.success(), "kill {sig} {pid}: {status}");
+    }
+
     /// Every key name and every value in the database, rendered as text, for leak checks.
     pub fn dump(&self) -> Vec<String> {
         let mut c = self.connection().expect("redis connection");

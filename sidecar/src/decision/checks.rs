@@ -93,7 +93,7 @@ pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
                 let estimate = ctx.token_estimate.unwrap_or(l.estimate).max(1);
                 let check = Check::Budget {
                     counter: TokenBudgetKey::new(tenant, name, &subject, period),
-                    reservation: ReservationKey::new(tenant, ctx.request_id),
+                    reservation: ReservationKey::new(tenant, name, &subject, ctx.request_id),
                     reservation_ttl_ms: RESERVATION_TTL_MS,
                     counter_ttl_ms: TOKEN_BUDGET_TTL_MS,
                     period_left_ms: to_end,
@@ -265,7 +265,7 @@ mod tests {
                 "q:rps:{acme}:l:ip.10.0.0.9".to_string(),
                 "rl:api:{acme}:l:h.x-user.bob".to_string(),
                 "q:tokens:{acme}:l:k.key_1:202511".to_string(),
-                "q:reserved:{acme}:req-1".to_string(),
+                "q:reserved:{acme}:l:k.key_1:req-1".to_string(),
                 "q:conc:{acme}:l:k.key_1".to_string(),
             ]
         );

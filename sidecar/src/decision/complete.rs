@@ -52,7 +52,7 @@ impl<S: DecisionStore> Decider<S> {
             calls.push(CompleteCall {
                 budget: Some((
                     TokenBudgetKey::new(&tenant, &limit, &subject, b.period),
-                    ReservationKey::new(&tenant, &request_id),
+                    ReservationKey::new(&tenant, &limit, &subject, &request_id),
                 )),
                 slot: slots.pop(),
                 // No usage reported: the reservation stands as the charge.

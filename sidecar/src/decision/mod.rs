@@ -5,6 +5,11 @@
 //! every limit of the key's plan in ONE `decide.lua` call. With the key record cached (the usual
 //! case) a decision costs one Redis round trip; without limits, none.
 //!
+//! One deadline for the whole decision: the key lookup and the limits script share
+//! `redis.decision_timeout` (each command gets what is left, at most `redis.timeout`), so a slow
+//! or hung Redis yields the stale grace and the limits' failure modes before the filter's own
+//! timeout, never a callout timeout.
+//!
 //! Failures: when Redis cannot answer the key lookup, a cached answer within the stale grace is
 //! used, else [`DecideError::Unavailable`] (the filter's failure mode applies). When it cannot
 //! answer the limits, each limit's failure mode applies: any fail-closed limit → 503
@@ -98,6 +103,8 @@ struct Cx<'a> {
     now_ms: u64,
     /// Whether the key record is fresh (not served from the stale grace): leases need it.
     fresh: bool,
+    /// When the decision's Redis budget runs out.
+    deadline: Instant,
 }
 
 /// What a decision's script call asked, to read its reply against.
@@ -139,7 +146,8 @@ impl<S: DecisionStore> Decider<S> {
     pub async fn decide(&self, req: &DecideRequest) -> Result<DecideResponse, DecideError> {
         let hash = KeyHash::parse(&req.key_hash)
             .ok_or_else(|| DecideError::BadRequest("keyHash must be 64 lowercase hex characters".into()))?;
-        let (record, fresh_for) = self.record(&hash).await?;
+        let deadline = Instant::now() + self.store.decision_timeout();
+        let (record, fresh_for) = self.record(&hash, deadline).await?;
         let now_ms = self.clock.now_ms();
         let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
         // The route the filter matched: an id this replica does not know (yet, or any more)
@@ -159,7 +167,7 @@ impl<S: DecisionStore> Decider<S> {
             }
         }
         let plan_override = route.and_then(|x| x.plan.as_deref());
-        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some() };
+        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline };
         if req.lease.is_some_and(|l| l.renewal) {
             return Ok(self.renew(record.as_ref(), response, plan_override, &cx).await);
         }
@@ -247,7 +255,7 @@ impl<S: DecisionStore> Decider<S> {
         let Checks { checks, meta } = checks::checks(limits, &ctx);
         let (lease, lease_ttl_ms) = Self::lease(cx, r, limits);
         let call = DecideCall { now_ms: cx.now_ms, request_id, limits: checks, lease, lookup: lookup.as_ref().map(ResponseLookup::script_lookup) };
-        let reply = self.store.decide(&call).await;
+        let reply = self.store.decide(&call, cx.deadline.saturating_duration_since(Instant::now())).await;
         let asked = Asked { meta, request_id: call.request_id, lease_ttl_ms, lookup };
         let reply = match reply {
             Ok(reply) => reply,
@@ -419,14 +427,14 @@ impl<S: DecisionStore> Decider<S> {
     }
 
     /// The record of `hash` and, when it is fresh, how long it stays so.
-    async fn record(&self, hash: &KeyHash) -> Result<(Option<KeyRecord>, Option<Duration>), DecideError> {
+    async fn record(&self, hash: &KeyHash, deadline: Instant) -> Result<(Option<KeyRecord>, Option<Duration>), DecideError> {
         let now = Instant::now();
         let cached = self.cache.get(hash, now);
         if let Lookup::Fresh(r, left) = cached {
             metrics::counter!(m::CACHE, "result" => "fresh").increment(1);
             return Ok((r, Some(left)));
         }
-        match self.store.key_record(hash).await {
+        match self.store.key_record(hash, deadline.saturating_duration_since(now)).await {
             Ok(r) => {
                 metrics::counter!(m::CACHE, "result" => "miss").increment(1);
                 self.cache.insert(hash.clone(), r.clone(), now);

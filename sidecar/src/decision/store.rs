@@ -9,13 +9,19 @@ use crate::scripts::complete::{self, CompleteCall, Settled};
 use crate::scripts::decide::{self, DecideCall, DecideReply, ScriptError};
 use crate::store::{Store, StoreError};
 use std::future::Future;
+use std::time::Duration;
 
+/// The decision path's port to its store. `left` is what remains of the decision's Redis budget
+/// ([`DecisionStore::decision_timeout`]): one deadline for the whole decision, not one per call.
 pub trait DecisionStore: Clone + Send + Sync + 'static {
+    /// All the store time one decision may take.
+    fn decision_timeout(&self) -> Duration;
+
     /// The record of a key hash (`None`: no such key): `apikey:{sha256}`.
-    fn key_record(&self, hash: &KeyHash) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+    fn key_record(&self, hash: &KeyHash, left: Duration) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
 
     /// Every limit of a request, its lease and its lookup: one `decide.lua` call.
-    fn decide(&self, call: &DecideCall) -> impl Future<Output = Result<DecideReply, ScriptError>> + Send;
+    fn decide(&self, call: &DecideCall, left: Duration) -> impl Future<Output = Result<DecideReply, ScriptError>> + Send;
 
     /// Settles a reservation and/or a slot: one `complete.lua` call.
     fn complete(&self, call: &CompleteCall) -> impl Future<Output = Result<(i64, Settled), StoreError>> + Send;
@@ -25,12 +31,16 @@ pub trait DecisionStore: Clone + Send + Sync + 'static {
 }
 
 impl DecisionStore for Store {
-    async fn key_record(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
-        self.lookup(hash).await
+    fn decision_timeout(&self) -> Duration {
+        Store::decision_timeout(self)
     }
 
-    async fn decide(&self, call: &DecideCall) -> Result<DecideReply, ScriptError> {
-        decide::run(self, call).await
+    async fn key_record(&self, hash: &KeyHash, left: Duration) -> Result<Option<KeyRecord>, StoreError> {
+        self.lookup_within(hash, self.request_deadline(left)).await
+    }
+
+    async fn decide(&self, call: &DecideCall, left: Duration) -> Result<DecideReply, ScriptError> {
+        decide::run(self, call, self.request_deadline(left)).await
     }
 
     async fn complete(&self, call: &CompleteCall) -> Result<(i64, Settled), StoreError> {

@@ -304,7 +304,7 @@ async fn completions_settle_budgets_and_slots_and_refuse_bad_tickets() {
     let done = lab.store.mem().completions.clone();
     assert_eq!(done.len(), 2, "the budget with one slot, then the other slot");
     let (counter, reservation) = done[0].budget.clone().unwrap();
-    assert_eq!((counter.as_str(), reservation.as_str()), ("q:tokens:{acme}:tokens:k.key_1:202511", "q:reserved:{acme}:req-1"));
+    assert_eq!((counter.as_str(), reservation.as_str()), ("q:tokens:{acme}:tokens:k.key_1:202511", "q:reserved:{acme}:tokens:k.key_1:req-1"));
     assert_eq!((done[0].actual, done[0].estimate), (70, 50));
     assert_eq!(done[0].slot.as_ref().map(|s| s.as_str()), Some("q:conc:{acme}:other:t"));
     assert_eq!((done[1].budget.is_none(), done[1].slot.as_ref().map(|s| s.as_str())), (true, Some("q:conc:{acme}:inflight:k.key_1")));

@@ -7,7 +7,7 @@ use crate::store::{Store, StoreError};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/complete.lua")));
+pub(super) static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/complete.lua")));
 
 /// Off the request path: the filter's completion batch waits, not a request.
 const DEADLINE: Duration = Duration::from_secs(2);
@@ -98,14 +98,14 @@ mod tests {
         let (t, l, r) = (Id::parse("acme").unwrap(), Id::parse("l").unwrap(), Id::parse("req-1").unwrap());
         let s = Subject::tenant();
         let both = CompleteCall {
-            budget: Some((TokenBudgetKey::new(&t, &l, &s, 202511), ReservationKey::new(&t, &r))),
+            budget: Some((TokenBudgetKey::new(&t, &l, &s, 202511), ReservationKey::new(&t, &l, &s, &r))),
             slot: Some(ConcurrencyKey::new(&t, &l, &s)),
             actual: 70,
             estimate: 50,
             request_id: "req-1".into(),
         };
         let (keys, args) = both.encode();
-        assert_eq!(keys, ["q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:req-1", "q:conc:{acme}:l:t"]);
+        assert_eq!(keys, ["q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:l:t:req-1", "q:conc:{acme}:l:t"]);
         assert_eq!(args, ["70", "50", "req-1", &TOKEN_BUDGET_TTL_MS.to_string(), "1", "1", &RESERVATION_TTL_MS.to_string()]);
         let (keys, args) = CompleteCall { budget: None, actual: 0, estimate: 0, ..both }.encode();
         assert_eq!((keys.len(), &args[4..6]), (1, &["0".to_string(), "1".to_string()][..]));

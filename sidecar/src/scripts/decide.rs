@@ -14,7 +14,7 @@ use crate::keys::{
 use crate::store::{Store, StoreError};
 use std::sync::LazyLock;
 
-static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/decide.lua")));
+pub(super) static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/decide.lua")));
 
 /// ARGV per limit (kind, limit, window, cost, shadow, aux).
 const ARGS_PER_LIMIT: usize = 6;
@@ -219,10 +219,10 @@ pub enum ScriptError {
     Reply(#[from] BadReply),
 }
 
-/// Runs the call: one round trip, within the store's request-path deadline.
-pub async fn run(store: &Store, call: &DecideCall) -> Result<DecideReply, ScriptError> {
+/// Runs the call: one round trip, within `deadline`.
+pub async fn run(store: &Store, call: &DecideCall, deadline: std::time::Duration) -> Result<DecideReply, ScriptError> {
     let (keys, args) = call.encode();
-    let values: Vec<redis::Value> = Invocation { script: &SCRIPT, op: "decide_lua", keys, args }.run(store, None).await?;
+    let values: Vec<redis::Value> = Invocation { script: &SCRIPT, op: "decide_lua", keys, args }.run(store, Some(deadline)).await?;
     Ok(parse(&values, call.limits.len())?)
 }
 
@@ -301,7 +301,7 @@ mod tests {
         let (t, l, s) = (id("acme"), id("l"), Subject::tenant());
         let budget = Check::Budget {
             counter: TokenBudgetKey::new(&t, &l, &s, 202511),
-            reservation: ReservationKey::new(&t, &id("req-1")),
+            reservation: ReservationKey::new(&t, &l, &s, &id("req-1")),
             reservation_ttl_ms: 300_000,
             counter_ttl_ms: 9,
             period_left_ms: 8,
@@ -312,7 +312,7 @@ mod tests {
             LimitCheck { limit: 2, cost: 1, shadow: false, kind: Check::Concurrency { key: ConcurrencyKey::new(&t, &l, &s), slot_timeout_ms: 300_000 } },
         ];
         let (keys, args) = call(limits).encode();
-        assert_eq!(keys, ["rate:{acme}:l:t:2", "rate:{acme}:l:t:1", "q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:req-1", "q:conc:{acme}:l:t"]);
+        assert_eq!(keys, ["rate:{acme}:l:t:2", "rate:{acme}:l:t:1", "q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:l:t:req-1", "q:conc:{acme}:l:t"]);
         assert_eq!(&args[..3], ["1000", "req-1", "3"]);
         assert_eq!(args.len(), 3 + 3 * ARGS_PER_LIMIT, "no lease, no lookup: nothing after the limits");
         assert_eq!(&args[3..9], ["sliding", "10", "500", "1", "1", ""]);

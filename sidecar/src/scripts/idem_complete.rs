@@ -7,7 +7,7 @@ use crate::store::{Store, StoreError};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/idem_complete.lua")));
+pub(super) static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/idem_complete.lua")));
 
 /// Off the request path (`POST /v1/responses`).
 const DEADLINE: Duration = Duration::from_secs(2);

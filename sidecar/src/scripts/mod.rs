@@ -11,6 +11,12 @@ pub mod idem_complete;
 use crate::store::{Store, StoreError};
 use std::time::Duration;
 
+/// The scripts the request path and the completions run, loaded at start
+/// ([`Store::warm_up`]).
+pub fn all() -> [&'static redis::Script; 3] {
+    [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT]
+}
+
 /// One script call, keys and arguments already encoded.
 struct Invocation<'a> {
     script: &'a redis::Script,

@@ -12,8 +12,13 @@ use std::time::Duration;
 impl Store {
     /// The record of a key hash, or `None` when there is none.
     pub async fn lookup(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
+        self.lookup_within(hash, self.config.timeout).await
+    }
+
+    /// [`Store::lookup`] within `deadline`.
+    pub async fn lookup_within(&self, hash: &KeyHash, deadline: Duration) -> Result<Option<KeyRecord>, StoreError> {
         let key = ApiKeyRecordKey::new(hash);
-        let map: HashMap<String, String> = self.run("hgetall", |mut c| async move { c.hgetall(key).await }).await?;
+        let map: HashMap<String, String> = self.run_with_deadline("hgetall", deadline, |mut c| async move { c.hgetall(key).await }).await?;
         KeyRecord::from_fields(&map).map_err(|e| StoreError::Malformed(e.to_string()))
     }
 

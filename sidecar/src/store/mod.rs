@@ -8,13 +8,19 @@
 //! Redis is down, reconnects are attempted at most once per `reconnect_interval`; requests in
 //! between fail immediately instead of piling up. "Down" and "back" are logged once, on the
 //! transition, never per request.
+//!
+//! A Redis that accepts connections but does not answer (hung, SIGSTOPped, a long-running
+//! script) is the other case: a command that waited its whole deadline with no reply at all from
+//! Redis meanwhile marks it *unresponsive*. From then on every command fails at once (no caller
+//! waits on it: a decision falls to the stale grace and the limits' failure modes within its
+//! budget), and one background task PINGs it every `fail_fast` until it answers.
 
 mod apikeys;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
@@ -36,6 +42,17 @@ pub struct RedisConfig {
     /// the sidecar still answers (from cache, or "unavailable") before Envoy gives up.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// All the Redis time one decision may take (the key lookup and the limits script together):
+    /// each command gets what is left of it (at most `timeout`). Keep it under the filter's
+    /// `sidecar.timeout` with room for the HTTP hop, so a decision is answered — from the stale
+    /// grace or by each limit's failure mode — before Envoy gives up on it.
+    #[serde(with = "humantime_serde")]
+    pub decision_timeout: Duration,
+    /// After a command waited its whole deadline (at least `min(timeout, decision_timeout)`)
+    /// and no reply at all came meanwhile, Redis is taken as unresponsive: commands fail at once
+    /// for this long, then a background PING probes it (again every `fail_fast` until it answers).
+    #[serde(with = "humantime_serde")]
+    pub fail_fast: Duration,
     /// Deadline for (re)connecting.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -61,6 +78,8 @@ impl Default for RedisConfig {
             master_name: "mymaster".into(),
             url: "redis://127.0.0.1:6379".into(),
             timeout: Duration::from_millis(15),
+            decision_timeout: Duration::from_millis(20),
+            fail_fast: Duration::from_millis(250),
             connect_timeout: Duration::from_millis(250),
             reconnect_interval: Duration::from_millis(500),
         }
@@ -150,6 +169,35 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
+/// Whether Redis is known unresponsive, and when it last answered.
+struct Health {
+    /// The origin of the microsecond clocks below.
+    base: Instant,
+    /// Microseconds since `base` of the last reply from Redis (any command).
+    last_reply_us: AtomicU64,
+    /// Commands fail at once (a probe is running).
+    failing_fast: AtomicBool,
+}
+
+impl Health {
+    fn new() -> Health {
+        Health { base: Instant::now(), last_reply_us: AtomicU64::new(0), failing_fast: AtomicBool::new(false) }
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_micros() as u64
+    }
+
+    fn replied(&self) {
+        self.last_reply_us.fetch_max(self.micros(Instant::now()), Ordering::Relaxed);
+    }
+
+    /// Whether any reply came after `at` (or in the same microsecond).
+    fn replied_since(&self, at: Instant) -> bool {
+        self.last_reply_us.load(Ordering::Relaxed) >= self.micros(at).max(1)
+    }
+}
+
 /// A shared handle on Redis. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -157,6 +205,7 @@ pub struct Store {
     config: RedisConfig,
     state: Arc<Mutex<ConnState>>,
     up: Arc<AtomicBool>,
+    health: Arc<Health>,
 }
 
 impl Store {
@@ -182,6 +231,7 @@ impl Store {
             config: config.clone(),
             state: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
             up: Arc::new(AtomicBool::new(true)),
+            health: Arc::new(Health::new()),
         })
     }
 
@@ -211,6 +261,68 @@ impl Store {
     /// Whether the last command reached Redis.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// Whether commands fail at once because Redis did not answer (see the module doc).
+    pub fn is_failing_fast(&self) -> bool {
+        self.health.failing_fast.load(Ordering::Relaxed)
+    }
+
+    /// The Redis time one decision may take in all (`redis.decision_timeout`).
+    pub fn decision_timeout(&self) -> Duration {
+        self.config.decision_timeout
+    }
+
+    /// The deadline of one request-path command with `left` of its decision's budget.
+    pub fn request_deadline(&self, left: Duration) -> Duration {
+        left.min(self.config.timeout)
+    }
+
+    /// Connects and loads every script of the request path, so the first decisions find a
+    /// connection and their scripts (no NOSCRIPT round trip). Best effort within
+    /// `connect_timeout` each: a Redis that is down now is reconnected to later.
+    pub async fn warm_up(&self, scripts: &[&redis::Script]) -> Result<(), StoreError> {
+        for script in scripts {
+            let script = (*script).clone();
+            self.run_with_deadline("script_load", self.config.connect_timeout, |mut c| async move {
+                script.load_async(&mut c).await.map(|_| ())
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Redis did not answer a command within its deadline, nor any other meanwhile: fail fast,
+    /// and probe it in the background until it answers.
+    fn unresponsive(&self) {
+        if self.health.failing_fast.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(probe_every = ?self.config.fail_fast, "redis does not answer: failing fast until a probe gets a reply");
+        let store = self.clone();
+        tokio::spawn(async move { store.probe().await });
+    }
+
+    async fn probe(self) {
+        loop {
+            tokio::time::sleep(self.config.fail_fast).await;
+            let answered = match self.connection().await {
+                Ok(mut c) => {
+                    let cmd = redis::cmd("PING");
+                    let ping = cmd.query_async::<String>(&mut c);
+                    matches!(tokio::time::timeout(self.config.timeout, ping).await, Ok(Ok(_)))
+                }
+                Err(_) => false,
+            };
+            if answered {
+                self.health.replied();
+                self.health.failing_fast.store(false, Ordering::Relaxed);
+                self.mark(true, "");
+                tracing::info!("redis answers again: no longer failing fast");
+                return;
+            }
+            self.forget_connection().await;
+        }
     }
 
     async fn connection(&self) -> Result<Conn, StoreError> {
@@ -264,6 +376,14 @@ impl Store {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        if self.is_failing_fast() {
+            metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "fail_fast").increment(1);
+            return Err(StoreError::Unreachable("redis does not answer; failing fast until it does".into()));
+        }
+        if deadline.is_zero() {
+            // the caller's budget is spent: not Redis' fault, nothing to learn about it
+            return Err(StoreError::Timeout(deadline));
+        }
         let started = Instant::now();
         let result = match self.connection().await {
             Ok(conn) => match tokio::time::timeout(deadline, f(conn)).await {
@@ -275,8 +395,16 @@ impl Store {
         };
         metrics::histogram!(crate::metrics::REDIS_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
         match &result {
-            Ok(_) => self.mark(true, ""),
+            Ok(_) => {
+                self.health.replied();
+                self.mark(true, "");
+            }
             Err(e) if e.is_transient() || e.is_read_only() => {
+                let timed_out = matches!(e, StoreError::Timeout(_)) || matches!(e, StoreError::Redis(r) if r.is_timeout());
+                let waited = started.elapsed() >= self.config.timeout.min(self.config.decision_timeout);
+                if timed_out && waited && !self.health.replied_since(started) {
+                    self.unresponsive();
+                }
                 metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "transient").increment(1);
                 self.mark(false, &e.to_string());
                 self.forget_connection().await;
@@ -286,5 +414,20 @@ impl Store {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_to_any_command_meanwhile_means_redis_answers() {
+        let h = Health { base: Instant::now() - Duration::from_secs(1), ..Health::new() };
+        let sent = Instant::now();
+        assert!(!h.replied_since(sent), "no reply yet: a timeout now would be Redis'");
+        h.replied();
+        assert!(h.replied_since(sent), "another command's reply came after this one was sent");
+        assert!(!h.replied_since(Instant::now() + Duration::from_secs(1)));
     }
 }

@@ -18,7 +18,8 @@
 //! - `q:rps:{tenant}:{limit}:{subject}` — token bucket hash (tokens, ts), TTL 2 × refill time (seed 000).
 //! - `rl:api|auth:{tenant}:{limit}:{subject}` — sliding log zset, PEXPIRE window (seed 002).
 //! - `q:tokens:{tenant}:{limit}:{subject}:{yyyyMM}` — monthly token counter, 40 days (seed 000).
-//! - `q:reserved:{tenant}:{requestId}` — a request's token reservation, 5 minutes (seed 000).
+//! - `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — one budget's token reservation by one
+//!   decision, 5 minutes (seed 000). Per budget: each budget of a request settles on its own.
 //! - `q:conc:{tenant}:{limit}:{subject}` — in-flight zset scored by start ms, PEXPIRE slot timeout
 //!   (seed 000 has a Set; a scored zset lets the script prune slots whose completion never came).
 
@@ -121,7 +122,8 @@ redis_key!(
     TokenBudgetKey
 );
 redis_key!(
-    /// `q:reserved:{tenant}:{requestId}` — a pending token reservation.
+    /// `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — what one decision reserved from one
+    /// budget (the budget's counter is `q:tokens:{tenant}:{limit}:{subject}:…`).
     ReservationKey
 );
 redis_key!(
@@ -212,8 +214,10 @@ impl TokenBudgetKey {
 }
 
 impl ReservationKey {
-    pub fn new(tenant: &Id, request_id: &Id) -> Self {
-        Self(format!("q:reserved:{}:{request_id}", tag(tenant)))
+    /// One per budget and decision: a request with two budgets holds two reservations, settled
+    /// one by one (a single key for both let the first settle mark the second settled too).
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, decision_id: &Id) -> Self {
+        Self(format!("q:reserved:{}:{limit}:{}:{decision_id}", tag(tenant), subject.as_str()))
     }
 }
 
@@ -289,7 +293,7 @@ mod tests {
         assert_eq!(SlidingLogKey::new(false, &t, &l, &Subject::ip("10.0.0.1".parse().unwrap())).as_str(), "rl:api:{acme}:per-min:ip.10.0.0.1");
         assert_eq!(SlidingLogKey::new(true, &t, &l, &k).as_str(), "rl:auth:{acme}:per-min:k.key_1");
         assert_eq!(TokenBudgetKey::new(&t, &l, &k, 202611).as_str(), "q:tokens:{acme}:per-min:k.key_1:202611");
-        assert_eq!(ReservationKey::new(&t, &Id::parse("req-1").unwrap()).as_str(), "q:reserved:{acme}:req-1");
+        assert_eq!(ReservationKey::new(&t, &l, &k, &Id::parse("req-1").unwrap()).as_str(), "q:reserved:{acme}:per-min:k.key_1:req-1");
         assert_eq!(ConcurrencyKey::new(&t, &l, &k).as_str(), "q:conc:{acme}:per-min:k.key_1");
         assert_eq!(Subject::product(&Id::parse("chat").unwrap()).as_str(), "p.chat");
     }

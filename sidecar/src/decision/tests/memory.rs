@@ -141,7 +141,11 @@ impl Mem {
 }
 
 impl DecisionStore for MemoryStore {
-    async fn key_record(&self, hash: &KeyHash) -> Result<Option<KeyRecord>, StoreError> {
+    fn decision_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
+    async fn key_record(&self, hash: &KeyHash, _left: std::time::Duration) -> Result<Option<KeyRecord>, StoreError> {
         let mut m = self.mem();
         m.record_reads += 1;
         if m.down {
@@ -153,7 +157,7 @@ impl DecisionStore for MemoryStore {
         Ok(m.records.get(hash.as_str()).cloned())
     }
 
-    async fn decide(&self, call: &DecideCall) -> Result<DecideReply, ScriptError> {
+    async fn decide(&self, call: &DecideCall, _left: std::time::Duration) -> Result<DecideReply, ScriptError> {
         let mut m = self.mem();
         if m.down {
             return Err(ScriptError::Store(unreachable()));

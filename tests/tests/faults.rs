@@ -1,0 +1,75 @@
+//! Functional tests of decisions under Redis faults (issue 15): a hung Redis (SIGSTOP: it keeps
+//! accepting connections and answers nothing) must yield each limit's own failure mode and the
+//! key cache's stale grace within the filter's callout timeout — never `sidecar_unavailable` —
+//! and decisions come back soon after it answers again.
+
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tollgate_tests::redis::command_calls;
+use tollgate_tests::{get, Gateway};
+
+/// Two plans, one limit each: `open` fails open (the default), `closed` fails closed.
+const PLANS: &str = "[[plans.open.limits]]\nname = \"o\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nwindow = \"60s\"\n\
+                     [[plans.closed.limits]]\nname = \"c\"\nalgorithm = \"token_bucket\"\nlimit = 1000000\nfailure_mode = \"closed\"\n";
+
+#[test]
+fn a_hung_redis_yields_each_limits_failure_mode_never_a_callout_timeout() {
+    // Per-command deadlines long enough that one deadline per command (the key lookup, then the
+    // limits script: 2 × 200 ms) overruns the filter's 350 ms; the decision's budget (200 ms in
+    // all) does not. Long timeouts keep the test honest on a loaded 2-core machine.
+    let g = Gateway::builder()
+        .sidecar_toml(PLANS)
+        .sidecar_env("TOLLGATE_SIDECAR_REDIS__TIMEOUT", "200ms")
+        .sidecar_env("TOLLGATE_SIDECAR_REDIS__DECISION_TIMEOUT", "200ms")
+        .plugin(json!({"sidecar": {"timeout": "350ms"}, "failureMode": "closed"}))
+        .build();
+    let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
+    // ready means connected, with the request path's scripts loaded (decide, complete, idem)
+    let loads = command_calls(&redis.commandstats(), "script|load");
+    assert!(loads >= 3, "scripts loaded before the sidecar reported healthy: {loads}");
+    let open = sidecar.create_key("acme", "open", &[]);
+    let closed = sidecar.create_key("acme", "closed", &[]);
+    // a key no one has used yet: the sidecar has no cached record of it
+    let fresh = sidecar.create_key("acme", "closed", &[]);
+    let call = |raw: &str| get(&envoy.url("/"), &[("x-api-key", raw)]);
+    // warm keys: the sidecar has their records cached
+    for _ in 0..3 {
+        assert_eq!(call(&open.raw).status, 200);
+        assert_eq!(call(&closed.raw).status, 200);
+    }
+
+    redis.pause();
+    // Traffic for 4 s (well past the key cache's 500 ms TTL, so the stale grace is exercised);
+    // the loop is the traffic, not a wait.
+    let started = Instant::now();
+    let (mut open_n, mut closed_n) = (0, 0);
+    while started.elapsed() < Duration::from_secs(4) {
+        let r = call(&open.raw);
+        assert_eq!(r.status, 200, "fail-open plan at {:?}: {}", started.elapsed(), r.body);
+        assert_eq!(r.echoed().header("x-tollgate-tenant"), Some("acme"), "decided by the sidecar, not the filter's failure mode");
+        let r = call(&closed.raw);
+        assert_eq!(r.status, 503, "fail-closed plan at {:?}: {}", started.elapsed(), r.body);
+        assert_eq!(r.json()["error"], "limits_unavailable", "at {:?}: {}", started.elapsed(), r.body);
+        open_n += 1;
+        closed_n += 1;
+    }
+    assert!(open_n >= 5 && closed_n >= 5, "traffic: {open_n} + {closed_n}");
+    assert_eq!(envoy.counter("wasmcustom.tollgate.sidecar.errors"), 0, "no callout failed or timed out");
+    let metrics = get(&sidecar.url("/metrics"), &[]).body;
+    assert!(metrics.contains(r#"kind="fail_fast""#), "the sidecar stopped waiting on Redis:\n{metrics}");
+    assert!(sidecar.log_text().contains("redis does not answer"));
+
+    redis.resume();
+    let resumed = Instant::now();
+    loop {
+        let r = call(&fresh.raw);
+        if r.status == 200 {
+            break;
+        }
+        assert!(resumed.elapsed() < Duration::from_secs(1), "a fresh key still not decided {:?} after SIGCONT: {} {}", resumed.elapsed(), r.status, r.body);
+    }
+    let r = call(&closed.raw);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.header("ratelimit-policy").is_some(), "limits checked again");
+    assert!(sidecar.log_text().contains("redis answers again"));
+}
