@@ -87,7 +87,7 @@ impl ServerConfig {
         let secret = match &self.secret_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
-                    .map_err(|e| invalid("server.secret_file", &format!("cannot read {}: {e}", path.display())))?;
+                    .map_err(|e| invalid("server.secret_file", format!("cannot read {}: {e}", path.display())))?;
                 Secret::new(text.trim())
             }
             None => self.secret.clone(),
