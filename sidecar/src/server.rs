@@ -105,6 +105,9 @@ impl ServerConfig {
     }
 }
 
+/// The body limit of `POST /v1/responses` (the other endpoints keep axum's 2 MiB).
+pub const RESPONSES_BODY_LIMIT: usize = 32 << 20;
+
 pub struct AppState {
     /// The deployment's filter secret.
     pub secret: Secret,
@@ -122,7 +125,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(DECIDE_PATH, post(decide))
         .route(COMPLETIONS_PATH, post(completions))
         .route(USAGE_PATH, post(usage))
-        .route(tollgate_wire::responses::RESPONSES_PATH, post(responses))
+        // Response batches carry bodies (JSON-escaped or base64): the filter bounds a batch by
+        // MAX_RESPONSE_BATCH_BYTES (4 MiB) of body text, which escaping can inflate up to 6x.
+        .route(
+            tollgate_wire::responses::RESPONSES_PATH,
+            post(responses).layer(axum::extract::DefaultBodyLimit::max(RESPONSES_BODY_LIMIT)),
+        )
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_secret));

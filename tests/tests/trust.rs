@@ -145,3 +145,17 @@ fn a_client_that_never_sends_its_request_head_is_cut_off() {
     // A client that sends its request in time is served as before.
     assert_eq!(get(&s.url("/healthz"), &[]).status, 200);
 }
+
+#[test]
+fn a_response_batch_above_two_mib_is_read_and_one_above_the_limit_answers_json() {
+    let s = Sidecar::start("redis://127.0.0.1:1/", &[]);
+    let auth = [s.auth(), ("content-type", "application/json")];
+    // 6 MiB: above axum's default 2 MiB, which dropped whole batches of stored responses
+    let batch = format!("{{\"responses\":[],\"pad\":\"{}\"}}", "x".repeat(6 << 20));
+    let r = send("POST", &s.url("/v1/responses"), &auth, Some(&batch));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let too_big = format!("{{\"responses\":[],\"pad\":\"{}\"}}", "x".repeat(33 << 20));
+    let r = send("POST", &s.url("/v1/responses"), &auth, Some(&too_big));
+    assert_eq!((r.status, r.header("content-type")), (413, Some("application/json")), "{}", r.body);
+    assert_eq!(r.json()["error"], "payload_too_large");
+}
