@@ -85,10 +85,24 @@ export TOLLGATE_BILLING_POSTGRES__URL="postgres://postgres@127.0.0.1:$PG_PORT/po
 export TOLLGATE_BILLING_LOG__FORMAT=text
 TOLLGATE_BILLING_METRICS_LISTEN="127.0.0.1:$BILLING_METRICS_PORT" start_bg billing "$TOLLGATE_BILLING_BIN"
 
+# Secrets of this deployment, fresh per `up`: the filter secret (the sidecar's [server] secret and
+# the plugin's sidecar.secret) and the admin API's token. They go in files only the owner reads
+# (sidecar.toml, envoy.yaml), never in an environment another process inherits.
+FILTER_SECRET="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+ADMIN_TOKEN="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+rm -f "$RUN/sidecar.toml" "$RUN/envoy.yaml"   # fresh files: an old one may have a wider mode
+( umask 077; : > "$RUN/sidecar.toml"; : > "$RUN/envoy.yaml" )
 cat > "$RUN/sidecar.toml" <<TOML
 listen = "127.0.0.1:$SIDECAR_PORT"
+[server]
+secret = "$FILTER_SECRET"
 [redis]
 url = "redis://127.0.0.1:$REDIS_PORT/"
+
+# The admin API (docs/configuration.md); its token is read by the sidecar alone.
+[admin]
+listen = "127.0.0.1:$ADMIN_PORT"
+token = "$ADMIN_TOKEN"
 
 [usage]
 enabled = true
@@ -106,14 +120,10 @@ limit = 10
 window = "60s"
 TOML
 export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
-# The admin API (docs/configuration.md): a fresh random token per `up`, passed by environment only.
-ADMIN_TOKEN="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-export TOLLGATE_SIDECAR_ADMIN__LISTEN="127.0.0.1:$ADMIN_PORT"
-export TOLLGATE_SIDECAR_ADMIN__TOKEN="$ADMIN_TOKEN"
 start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
 start_bg upstream "$ECHO_BIN" --port "$UPSTREAM_PORT"
 
-plugin='{"sidecar":{"timeout":"25ms"},"failureMode":"closed","usage":{"enabled":true}}'
+plugin='{"sidecar":{"timeout":"25ms","secret":"'"$FILTER_SECRET"'"},"failureMode":"closed","usage":{"enabled":true}}'
 # Envoy reaches the sidecar by HTTP/2 (h2c) over loopback TCP (docs/configuration.md, "Transport
 # to the sidecar"). HTTP/1.1: '{http_protocol_options: {}}'. A unix socket: listen_unix in
 # sidecar.toml and "{pipe: {path: <that path>}}" as the address.

@@ -64,9 +64,10 @@ pub fn intake(aggregate_above_rps: u64, batches: u64) {
     std::thread::scope(|s| {
         for chunk in &bodies {
             let url = g.sidecar().url(USAGE_PATH);
+            let secret = g.sidecar().secret().to_string();
             s.spawn(move || {
                 for body in chunk {
-                    let r = post(&url, &[("content-type", "application/json")], body);
+                    let r = post(&url, &[("content-type", "application/json"), (tollgate_wire::SECRET_HEADER, &secret)], body);
                     assert_eq!(r.status, 200, "{}", r.body);
                 }
             });

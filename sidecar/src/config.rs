@@ -26,13 +26,16 @@ pub use crate::store::{RedisConfig, RedisMode};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Address of the filter-facing HTTP server (decisions, `/metrics`, `/healthz`). Loopback.
+    /// Address of the filter-facing HTTP server (decisions, `/metrics`, `/healthz`). Loopback
+    /// unless `server.allow_non_loopback`.
     pub listen: SocketAddr,
     /// Also serve the same API on this unix domain socket (the path of the socket file), e.g.
     /// `/run/tollgate/sidecar.sock`: the cheapest transport for an Envoy on the same host
     /// (docs/decisions.md). A stale socket file is removed at start; a live one (another sidecar
     /// answers on it) or a path that is not a socket is refused. Off by default.
     pub listen_unix: Option<std::path::PathBuf>,
+    /// The filter-facing server (`[server]`: the filter secret, connection deadlines).
+    pub server: crate::server::ServerConfig,
     pub redis: RedisConfig,
     pub cache: CacheConfig,
     pub log: LogConfig,
@@ -76,6 +79,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             listen_unix: None,
+            server: Default::default(),
             redis: RedisConfig::default(),
             cache: CacheConfig::default(),
             log: LogConfig::default(),
@@ -141,6 +145,10 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |field: &str, reason: &str| Err(ConfigError::Invalid(invalid(field, reason)));
+        if !self.listen.ip().is_loopback() && !self.server.allow_non_loopback {
+            return bad("listen", "must be a loopback address (or set server.allow_non_loopback = true)");
+        }
+        self.server.validate()?;
         if let Some(path) = &self.listen_unix {
             // sun_path holds 108 bytes with the terminating NUL on Linux.
             if path.as_os_str().is_empty() || path.as_os_str().len() > 107 {
@@ -175,6 +183,24 @@ impl Config {
             return bad("log.level", "not a tracing filter directive");
         }
         self.validate_config_model()
+    }
+
+    /// A copy fit to print (`--check-config`): secrets are [`Secret`](crate::secret::Secret)s
+    /// (their `Debug` shows `<redacted>`), and here the passwords of the Redis and PostgreSQL
+    /// URLs and every Kafka client property that holds a credential are replaced too.
+    pub fn redacted(&self) -> Config {
+        use crate::secret::redact_url;
+        let mut c = self.clone();
+        c.redis.url = redact_url(&c.redis.url);
+        c.redis.nodes = c.redis.nodes.iter().map(|n| redact_url(n)).collect();
+        c.source.postgres_url = redact_url(&c.source.postgres_url);
+        for (name, value) in c.usage.kafka.properties.iter_mut() {
+            let n = name.to_ascii_lowercase();
+            if n.contains("password") || n.contains("secret") || n.ends_with(".pem") || n.contains("oauthbearer.config") || n.contains("jaas") {
+                *value = "<redacted>".into();
+            }
+        }
+        c
     }
 
     /// `[source]`, `[admin]` and the file's configuration model (crate::control::model).
@@ -252,6 +278,41 @@ mod tests {
         assert!(err.contains("usage.kafka.properties.acks"), "{err}");
         let err = Config::from_toml("[usage]\nenabled = true\nsegment_age = \"1ms\"\n").unwrap_err().to_string();
         assert!(err.contains("usage.segment_age"), "{err}");
+    }
+
+    #[test]
+    fn the_printed_configuration_shows_no_secret() {
+        let c = Config::from_toml(
+            "[server]\nsecret = \"filter-secret-0123456789\"\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = \"admin-token-0123456789\"\n\
+             [redis]\nurl = \"redis://:redispass123@127.0.0.1:6379/\"\n[source]\npostgres_url = \"postgres://u:pgpass123@h/db\"\n\
+             [usage.kafka.properties]\n\"sasl.password\" = \"kafkapass123\"\n\"compression.type\" = \"zstd\"\n",
+        )
+        .unwrap();
+        let printed = format!("{:#?}", c.redacted());
+        for secret in ["filter-secret", "admin-token", "redispass123", "pgpass123", "kafkapass123"] {
+            assert!(!printed.contains(secret), "{secret} printed:\n{printed}");
+        }
+        assert!(printed.contains("zstd") && printed.contains("127.0.0.1:6379"), "{printed}");
+        assert_eq!(c.redacted().redis.url, "redis://:<redacted>@127.0.0.1:6379/");
+    }
+
+    #[test]
+    fn listen_is_loopback_unless_allowed_and_the_secret_is_checked() {
+        let err = Config::from_toml("listen = \"0.0.0.0:9090\"").unwrap_err().to_string();
+        assert!(err.contains("listen"), "{err}");
+        assert!(Config::from_toml("listen = \"0.0.0.0:9090\"\n[server]\nallow_non_loopback = true").is_ok());
+        assert!(Config::from_toml("listen = \"[::1]:9090\"").is_ok());
+        let err = Config::from_toml("[server]\nsecret = \"short\"").unwrap_err().to_string();
+        assert!(err.contains("server.secret") && !err.contains("short\""), "{err}");
+        let err = Config::from_toml("[server]\nsecret = \"0123456789abcdef\"\nsecret_file = \"/x\"").unwrap_err().to_string();
+        assert!(err.contains("server.secret"), "{err}");
+        let none = Config::from_toml("").unwrap();
+        assert_eq!(none.server.resolve_secret().unwrap_err().field, "server.secret", "a secret is required to serve");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        std::fs::write(&file, "from-a-file-0123456789\n").unwrap();
+        let c = Config::from_toml(&format!("[server]\nsecret_file = \"{}\"", file.display())).unwrap();
+        assert_eq!(c.server.resolve_secret().unwrap().expose(), "from-a-file-0123456789");
     }
 
     #[test]

@@ -16,11 +16,14 @@
 pub mod apikey;
 pub mod clock;
 pub mod config;
+pub mod conn;
 pub mod control;
 pub mod decision;
+pub mod errors;
 pub mod invalid;
 pub mod metrics;
 pub mod scripts;
+pub mod secret;
 pub mod server;
 pub mod store;
 pub mod telemetry;
@@ -32,7 +35,7 @@ pub use tollgate_shared::keys;
 use config::Config;
 use control::{admin, propagation, Control};
 use decision::{hints, limits};
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -63,7 +66,9 @@ pub struct Sidecar {
     /// Configuration in force, its source, and what the admin API and the subscriber share.
     control: Arc<Control>,
     /// The admin API's listener and token, when `admin.listen` is set.
-    admin: Option<(tokio::net::TcpListener, String)>,
+    admin: Option<(tokio::net::TcpListener, secret::Secret)>,
+    /// The connection deadlines of the filter-facing server.
+    deadlines: conn::Deadlines,
     /// A Redis node to subscribe to change events on, and the resync interval.
     propagation: Option<(propagation::SubscribeTo, std::time::Duration)>,
 }
@@ -77,6 +82,7 @@ impl Sidecar {
 
     /// As [`Sidecar::bind`], with the clock the limits use (tests drive a `ManualClock`).
     pub async fn bind_with_clock(config: &Config, clock: Arc<dyn clock::Clock>) -> Result<Sidecar, Error> {
+        let secret = config.server.resolve_secret()?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
@@ -98,6 +104,7 @@ impl Sidecar {
             false => None,
         };
         let state = Arc::new(server::AppState {
+            secret,
             decider: Arc::new(
                 decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans)?, clock)
                     .with_usage(usage.clone()),
@@ -108,7 +115,8 @@ impl Sidecar {
             usage,
         });
         let (control, admin, propagation) = config_parts(config, state.clone()).await?;
-        Ok(Sidecar { listener, unix, state, control, admin, propagation })
+        let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };
+        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation })
     }
 
     /// The admin API's address, when it is on.
@@ -161,7 +169,7 @@ impl Sidecar {
         let usage = self.state.usage.clone();
         let router = server::router(self.state);
         // Both HTTP/1.1 and HTTP/2 (h2c with prior knowledge) on each listener: the connection's
-        // first bytes tell them apart (hyper-util's auto builder).
+        // first bytes tell them apart (crate::conn, with its deadlines).
         // TCP_NODELAY: an HTTP/2 answer is written as a HEADERS and a DATA frame; with Nagle on,
         // the second waits for the peer's delayed ACK (~40 ms) — longer than the filter's
         // timeout. HTTP/1.1 answers go out in one write and did not show it.
@@ -171,23 +179,19 @@ impl Sidecar {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
         });
-        let tcp = axum::serve(listener, router.clone()).with_graceful_shutdown(background.clone().cancelled_owned());
-        let (served, served_unix) = match self.unix {
+        let tcp = conn::serve(listener, router.clone(), self.deadlines, background.clone());
+        match self.unix {
             Some((listener, path)) => {
-                let unix = axum::serve(listener, router).with_graceful_shutdown(background.clone().cancelled_owned());
-                let (a, b) = tokio::join!(tcp.into_future(), unix.into_future());
+                tokio::join!(tcp, conn::serve(listener, router, self.deadlines, background.clone()));
                 let _ = std::fs::remove_file(&path);
-                (a, b)
             }
-            None => (tcp.await, Ok(())),
-        };
+            None => tcp.await,
+        }
         background.cancel();
         while tasks.join_next().await.is_some() {}
         if let Some(u) = usage {
             u.shutdown().await;
         }
-        served.map_err(Error::Serve)?;
-        served_unix.map_err(Error::Serve)?;
         tracing::info!("tollgate sidecar stopped");
         Ok(())
     }
@@ -220,7 +224,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
 }
 
 type ConfigParts =
-    (Arc<Control>, Option<(tokio::net::TcpListener, String)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
+    (Arc<Control>, Option<(tokio::net::TcpListener, secret::Secret)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
 
 /// Opens the configuration source (PostgreSQL: connect, migrate, load — an unreachable server is
 /// an error), puts its plans in force, binds the admin listener, picks the pub/sub node.

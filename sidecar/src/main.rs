@@ -16,7 +16,7 @@ struct Cli {
     /// Configuration file (TOML). Environment overrides: TOLLGATE_SIDECAR_<FIELD>, nested with __.
     #[arg(long, global = true, env = "TOLLGATE_SIDECAR_CONFIG")]
     config: Option<PathBuf>,
-    /// Validate the configuration, print it, and exit.
+    /// Validate the configuration, print it (secrets and credentials redacted), and exit.
     #[arg(long)]
     check_config: bool,
     /// `keys list`: JSON lines instead of a table.
@@ -46,7 +46,8 @@ fn main() -> Result<()> {
     };
     if cli.check_config {
         println!("configuration OK");
-        println!("{config:#?}");
+        // Secrets and credentials redacted: this output ends up in terminals and CI logs.
+        println!("{:#?}", config.redacted());
         return Ok(());
     }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();

@@ -31,6 +31,11 @@ pub const TOKENS_CLAMPED: &str = "tollgate_sidecar_tokens_clamped_total";
 /// Audit lines written for revoked/expired key use.
 pub const AUDITS: &str = "tollgate_sidecar_auth_failure_audits_total";
 
+/// Calls to the filter-facing API refused for a missing or wrong filter secret, labelled `path`.
+pub const UNAUTHORIZED: &str = "tollgate_sidecar_unauthorized_calls_total";
+/// Connections the server cut, labelled `reason` (header_read_timeout | idle_timeout).
+pub const CONNECTIONS_CUT: &str = "tollgate_sidecar_connections_cut_total";
+
 /// Usage events, labelled `outcome`: spooled (durable, acknowledged to the filter) | invalid
 /// (refused for good) | delivered (acknowledged by Kafka, alone or in an aggregate) | aggregated
 /// (the part of delivered carried in aggregates) | duplicate (with aggregation on: an id accepted

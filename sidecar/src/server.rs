@@ -1,6 +1,11 @@
 //! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter, `GET /v1/routes` (the
 //! routing table the filters match locally), `GET /metrics` (Prometheus text) and `GET /healthz`.
 //!
+//! Every call but `/healthz` and `/metrics` must carry the deployment's filter secret in
+//! [`SECRET_HEADER`](tollgate_wire::SECRET_HEADER) (`[server] secret`, the plugin's
+//! `sidecar.secret`): without it, or with another, 401 `unauthorized` and nothing is read or
+//! written. The secret is compared in constant time and never logged.
+//!
 //! Replies on `/v1/decide`: 200 with a `DecideResponse` (allow or deny), 400 when the request is
 //! malformed, 503 when no decision can be made now. The filter treats anything but a 200 as a
 //! sidecar failure and applies its configured failure mode.
@@ -12,15 +17,100 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::extract::Request;
+use axum::middleware::{self, Next};
 use axum::routing::{get, post};
 use axum::Router;
+use crate::invalid::{invalid, Invalid};
+use crate::secret::Secret;
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use tollgate_wire::breaker::HintReport;
 use tollgate_wire::usage::{UsageAck, UsageBatch, USAGE_PATH};
 use tollgate_wire::{DecideResponse, CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
 
+/// `[server]`: the filter-facing server's trust boundary and connection deadlines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// The deployment's filter secret (env `TOLLGATE_SIDECAR_SERVER__SECRET`): every call but
+    /// `/healthz` and `/metrics` must carry it, and the plugin configuration's `sidecar.secret`
+    /// is the same. 16 to 256 visible ASCII characters. Never logged. This or `secret_file` is
+    /// required to serve.
+    pub secret: Secret,
+    /// A file holding the secret (its surrounding whitespace trimmed), instead of `secret`.
+    pub secret_file: Option<PathBuf>,
+    /// A connection must send a whole request head within this from accept, and every later
+    /// HTTP/1.1 head within this from the previous response (which also closes an HTTP/1.1
+    /// connection idle that long). Keep the Envoy cluster's `idle_timeout` below it.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A connection on which no byte moved for this long is shut down.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// `listen` may be a non-loopback address (the API is then reachable from other hosts:
+    /// put it behind a network you trust). Off: a non-loopback `listen` is refused.
+    pub allow_non_loopback: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            secret: Secret::default(),
+            secret_file: None,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            allow_non_loopback: false,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !self.secret.is_empty() && self.secret_file.is_some() {
+            return Err(invalid("server.secret", "set server.secret or server.secret_file, not both"));
+        }
+        if !self.secret.is_empty() && !crate::secret::well_formed(self.secret.expose()) {
+            return Err(invalid("server.secret", "16 to 256 visible ASCII characters"));
+        }
+        if self.header_read_timeout.is_zero() || self.idle_timeout.is_zero() {
+            return Err(invalid("server.header_read_timeout and server.idle_timeout", "must be above zero"));
+        }
+        Ok(())
+    }
+
+    /// The filter secret in force: `secret`, or the content of `secret_file`. Required to serve.
+    pub fn resolve_secret(&self) -> Result<Secret, Invalid> {
+        let secret = match &self.secret_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| invalid("server.secret_file", format!("cannot read {}: {e}", path.display())))?;
+                Secret::new(text.trim())
+            }
+            None => self.secret.clone(),
+        };
+        if secret.is_empty() {
+            return Err(invalid(
+                "server.secret",
+                "required: set server.secret or server.secret_file (the plugin's sidecar.secret is the same)",
+            ));
+        }
+        if !crate::secret::well_formed(secret.expose()) {
+            return Err(invalid("server.secret_file", "the secret must be 16 to 256 visible ASCII characters"));
+        }
+        Ok(secret)
+    }
+}
+
+/// The body limit of `POST /v1/responses` (the other endpoints keep axum's 2 MiB).
+pub const RESPONSES_BODY_LIMIT: usize = 32 << 20;
+
 pub struct AppState {
+    /// The deployment's filter secret.
+    pub secret: Secret,
     pub decider: Arc<Decider>,
     pub store: Store,
     pub prometheus: PrometheusHandle,
@@ -31,16 +121,45 @@ pub struct AppState {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route(DECIDE_PATH, post(decide))
         .route(COMPLETIONS_PATH, post(completions))
         .route(USAGE_PATH, post(usage))
-        .route(tollgate_wire::responses::RESPONSES_PATH, post(responses))
+        // Response batches carry bodies (JSON-escaped or base64): the filter bounds a batch by
+        // MAX_RESPONSE_BATCH_BYTES (4 MiB) of body text, which escaping can inflate up to 6x.
+        .route(
+            tollgate_wire::responses::RESPONSES_PATH,
+            post(responses).layer(axum::extract::DefaultBodyLimit::max(RESPONSES_BODY_LIMIT)),
+        )
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
+        .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_secret));
+    Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
-        .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
+        .merge(api)
+        .layer(middleware::map_response(crate::errors::json_errors))
         .with_state(state)
+}
+
+/// Lets a call on only with the filter secret; 401 `unauthorized` otherwise (before its body is
+/// read).
+async fn require_secret(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let given = req.headers().get(tollgate_wire::SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    if state.secret.matches(given) {
+        return next.run(req).await;
+    }
+    let known = [
+        DECIDE_PATH,
+        COMPLETIONS_PATH,
+        USAGE_PATH,
+        tollgate_wire::responses::RESPONSES_PATH,
+        tollgate_wire::routes::ROUTES_PATH,
+        tollgate_wire::breaker::HINTS_PATH,
+    ];
+    let path: &'static str = known.into_iter().find(|p| *p == req.uri().path()).unwrap_or("other");
+    metrics::counter!(crate::metrics::UNAUTHORIZED, "path" => path).increment(1);
+    error(StatusCode::UNAUTHORIZED, "unauthorized", format!("the filter secret ({}) is missing or wrong", tollgate_wire::SECRET_HEADER))
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response {

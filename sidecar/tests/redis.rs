@@ -13,10 +13,14 @@ use tollgate_wire::{DecideRequest, DecideResponse};
 
 fn config(redis: &Redis) -> Config {
     let mut c = Config { listen: "127.0.0.1:0".parse().unwrap(), ..Config::default() };
+    c.server.secret = tollgate_sidecar::secret::Secret::new(SECRET);
     c.redis.url = redis.url();
     c.redis.timeout = Duration::from_millis(300);
     c
 }
+
+/// The filter secret of these tests' sidecars.
+const SECRET: &str = "redis-tests-filter-secret";
 
 fn id(s: &str) -> Id {
     Id::parse(s).unwrap()
@@ -53,7 +57,7 @@ impl Running {
         let url = format!("{}{}", self.base, path);
         tokio::task::spawn_blocking(move || {
             let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-            let mut r = agent.post(&url).header("content-type", "application/json").send(body).unwrap();
+            let mut r = agent.post(&url).header("content-type", "application/json").header(tollgate_wire::SECRET_HEADER, SECRET).send(body).unwrap();
             Resp { status: r.status().as_u16(), headers: vec![], body: r.body_mut().read_to_string().unwrap() }
         })
         .await
@@ -190,7 +194,7 @@ async fn redis_outage_serves_cached_answers_fails_fast_otherwise_and_recovers() 
         let base = sc.base.clone();
         let body = serde_json::json!({"keyHash": h, "method": "GET", "authority": "a", "path": "/"}).to_string();
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let mut r = agent.post(&format!("{base}/v1/decide")).send(body).unwrap();
+        let mut r = agent.post(&format!("{base}/v1/decide")).header(tollgate_wire::SECRET_HEADER, SECRET).send(body).unwrap();
         r.body_mut().read_to_string().unwrap().contains("unknown_key")
     }));
     sc.stop().await;
@@ -219,7 +223,7 @@ async fn breaker_hints_are_listed_from_their_index_without_scanning_the_keyspace
     let list = |r: &Running| {
         let url = format!("{}/v1/breaker/hints", r.base);
         async move {
-            let resp = tokio::task::spawn_blocking(move || get(&url, &[])).await.unwrap();
+            let resp = tokio::task::spawn_blocking(move || get(&url, &[(tollgate_wire::SECRET_HEADER, SECRET)])).await.unwrap();
             assert_eq!(resp.status, 200, "{}", resp.body);
             serde_json::from_str::<HintList>(&resp.body).unwrap().hints
         }

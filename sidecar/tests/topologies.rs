@@ -109,7 +109,7 @@ async fn the_sidecar_connects_through_sentinel_and_follows_a_failover() {
         decider(RedisConfig { mode: RedisMode::Sentinel, nodes: sentinel.sentinels(), ..Default::default() });
     exercise(&decider, &store).await;
     // A whole sidecar in sentinel mode subscribes to config changes on the master Sentinel names.
-    let mut cfg = Config::from_toml("listen = \"127.0.0.1:0\"").unwrap();
+    let mut cfg = Config::from_toml("listen = \"127.0.0.1:0\"\n[server]\nsecret = \"topologies-tests-secret\"").unwrap();
     cfg.redis = RedisConfig { mode: RedisMode::Sentinel, nodes: sentinel.sentinels(), ..Default::default() };
     let sidecar = tollgate_sidecar::Sidecar::bind(&cfg).await.unwrap();
     let control = sidecar.control();

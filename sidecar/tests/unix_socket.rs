@@ -10,7 +10,9 @@ use tollgate_sidecar::config::Config;
 use tollgate_sidecar::Sidecar;
 
 fn config(path: &Path) -> Config {
-    Config { listen: "127.0.0.1:0".parse().unwrap(), listen_unix: Some(path.to_path_buf()), ..Config::default() }
+    let mut c = Config { listen: "127.0.0.1:0".parse().unwrap(), listen_unix: Some(path.to_path_buf()), ..Config::default() };
+    c.server.secret = tollgate_sidecar::secret::Secret::new("unix-socket-tests-secret");
+    c
 }
 
 /// Writes `request` on a fresh connection to `path` and returns the first bytes of the answer.

@@ -21,7 +21,7 @@ fn config(broker: &Broker, topic: &str, spool: &Path) -> String {
 
 fn send(sidecar: &Sidecar, events: &[UsageEvent]) -> UsageAck {
     let body = serde_json::to_string(&UsageBatch { events: events.to_vec() }).unwrap();
-    let r = post(&sidecar.url(USAGE_PATH), &[("content-type", "application/json")], &body);
+    let r = post(&sidecar.url(USAGE_PATH), &[("content-type", "application/json"), sidecar.auth()], &body);
     assert_eq!(r.status, 200, "{}", r.body);
     serde_json::from_str(&r.body).unwrap()
 }
@@ -136,10 +136,10 @@ fn invalid_events_are_refused_and_metering_off_answers_404() {
     let mut bad = event("acme", 1);
     bad.tenant = "a:b".into();
     assert_eq!(send(&sidecar, &[event("acme", 0), bad]), UsageAck { accepted: 1, invalid: 1 });
-    let r = post(&sidecar.url(USAGE_PATH), &[], "{not json");
+    let r = post(&sidecar.url(USAGE_PATH), &[sidecar.auth()], "{not json");
     assert_eq!(r.status, 400);
     let off = Sidecar::start(&redis.url(), &[]);
-    let r = post(&off.url(USAGE_PATH), &[], r#"{"events":[]}"#);
+    let r = post(&off.url(USAGE_PATH), &[off.auth()], r#"{"events":[]}"#);
     assert_eq!(r.status, 404, "{}", r.body);
     assert!(r.body.contains("usage_disabled"));
 }

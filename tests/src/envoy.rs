@@ -4,7 +4,7 @@
 
 use crate::http::get;
 use crate::process::{envoy_bin, free_port, root, wasm_path, Proc};
-use crate::sidecar::sidecar_socket;
+use crate::sidecar::{sidecar_secret, sidecar_socket};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,6 +58,9 @@ pub struct EnvoyOptions {
     pub sidecar_unix: Option<PathBuf>,
     /// The plugin configuration JSON (see docs/configuration.md).
     pub plugin_config: String,
+    /// The filter secret put in the plugin configuration's `sidecar.secret` when it has none
+    /// (default: the harness sidecar's on `sidecar_port`, if any).
+    pub sidecar_secret: Option<String>,
     pub concurrency: u32,
     /// `envoy/tollgate.yaml.tmpl` (default) or `envoy/baseline.yaml.tmpl`.
     pub template: &'static str,
@@ -82,6 +85,7 @@ impl EnvoyOptions {
             sidecar_transport,
             sidecar_unix,
             plugin_config: "{}".into(),
+            sidecar_secret: sidecar_secret(sidecar_port),
             concurrency: 1,
             template: "envoy/tollgate.yaml.tmpl",
             cpu: None,
@@ -92,6 +96,24 @@ impl EnvoyOptions {
     pub fn plugin_config(mut self, json: impl ToString) -> Self {
         self.plugin_config = json.to_string();
         self
+    }
+    /// The filter secret for `sidecar.secret` (None: none is added).
+    pub fn sidecar_secret(mut self, secret: Option<&str>) -> Self {
+        self.sidecar_secret = secret.map(str::to_string);
+        self
+    }
+    /// The plugin configuration Envoy gets: `plugin_config`, with `sidecar.secret` added when
+    /// it is a JSON object without one and a secret is known.
+    pub fn rendered_plugin_config(&self) -> String {
+        let Some(secret) = &self.sidecar_secret else { return self.plugin_config.clone() };
+        let Ok(serde_json::Value::Object(mut plugin)) = serde_json::from_str::<serde_json::Value>(&self.plugin_config) else {
+            return self.plugin_config.clone();
+        };
+        let sidecar = plugin.entry("sidecar").or_insert_with(|| serde_json::json!({}));
+        if let Some(s) = sidecar.as_object_mut() {
+            s.entry("secret").or_insert_with(|| serde_json::json!(secret));
+        }
+        serde_json::Value::Object(plugin).to_string()
     }
     pub fn concurrency(mut self, n: u32) -> Self {
         self.concurrency = n;
@@ -187,7 +209,7 @@ impl Envoy {
             ("SIDECAR_PROTOCOL", sidecar_protocol_yaml(opts.sidecar_transport).to_string()),
             ("SIDECAR_ADDRESS", sidecar_address_yaml(opts.sidecar_transport, opts.sidecar_port, opts.sidecar_unix.as_deref())),
             ("WASM_PATH", wasm_path().display().to_string()),
-            ("PLUGIN_CONFIG", opts.plugin_config.replace('\'', "''")),
+            ("PLUGIN_CONFIG", opts.rendered_plugin_config().replace('\'', "''")),
         ]);
         let yaml = render_template(&template, &vars);
         let config = dir.path().join("envoy.yaml");

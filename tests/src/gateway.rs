@@ -79,6 +79,8 @@ pub struct GatewayBuilder {
     broker: bool,
     billing: Option<(String, String)>,
     envoy: bool,
+    /// The deployment's filter secret, shared by its sidecars and Envoys.
+    secret: String,
 }
 
 /// Builder methods that set one field: `name(argument: Type) => field = value;`.
@@ -310,6 +312,7 @@ impl Gateway {
             broker: false,
             billing: None,
             envoy: true,
+            secret: crate::sidecar::new_secret(),
         }
     }
 
@@ -452,6 +455,7 @@ impl Gateway {
         }
         let redis = self.redis.as_ref().expect("a real sidecar has Redis");
         let mut env = redis.env();
+        env.push((crate::sidecar::SECRET_ENV.into(), self.spec.secret.clone()));
         if self.spec.config_in_postgres {
             env.push(("TOLLGATE_SIDECAR_SOURCE__KIND".into(), "postgres".into()));
             env.push(("TOLLGATE_SIDECAR_SOURCE__POSTGRES_URL".into(), self.pg().url()));

@@ -35,7 +35,7 @@ pub use gateway::{default_plugin, Gateway, GatewayBuilder, Replica, Topology};
 pub use http::{get, post, send, Resp};
 pub use process::{envoy_bin, free_port, poll_until, redis_server_bin, root, sidecar_bin, wasm_path, Proc, Service};
 pub use redis::{Redis, RedisCluster, RedisSentinel};
-pub use sidecar::{sidecar_socket, IssuedKey, Sidecar};
+pub use sidecar::{new_secret, sidecar_secret, sidecar_socket, IssuedKey, Sidecar, SECRET_ENV};
 pub use upstream::echo::{self, Echoed};
 pub use upstream::flaky::{self, start_flaky, Flaky};
 pub use upstream::{start_black_hole, start_counting_echo, start_echo, InProcess, RunningUpstream, Upstream};

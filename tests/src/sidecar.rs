@@ -24,10 +24,32 @@ pub struct IssuedKey {
 /// `EnvoyOptions::new(upstream, sidecar.port)` point Envoy at a harness sidecar's socket.
 static SIDECAR_SOCKETS: Mutex<Vec<(u16, PathBuf)>> = Mutex::new(Vec::new());
 
+/// The filter secrets of the sidecars this process started, by their TCP port: what
+/// `EnvoyOptions::new` puts in the plugin configuration (`sidecar.secret`).
+static SIDECAR_SECRETS: Mutex<Vec<(u16, String)>> = Mutex::new(Vec::new());
+
 /// The unix socket of the harness sidecar listening on TCP `port`, if any.
 pub fn sidecar_socket(port: u16) -> Option<PathBuf> {
     let sockets = SIDECAR_SOCKETS.lock().unwrap_or_else(|p| p.into_inner());
     sockets.iter().rev().find(|(p, _)| *p == port).map(|(_, path)| path.clone())
+}
+
+/// The filter secret of the harness sidecar listening on TCP `port`, if any.
+pub fn sidecar_secret(port: u16) -> Option<String> {
+    let secrets = SIDECAR_SECRETS.lock().unwrap_or_else(|p| p.into_inner());
+    secrets.iter().rev().find(|(p, _)| *p == port).map(|(_, s)| s.clone())
+}
+
+/// The setting that carries the filter secret.
+pub const SECRET_ENV: &str = "TOLLGATE_SIDECAR_SERVER__SECRET";
+
+/// A fresh random filter secret (48 hex digits from the kernel's random source): one per
+/// deployment.
+pub fn new_secret() -> String {
+    let mut bytes = [0u8; 24];
+    use std::io::Read;
+    fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).expect("read /dev/urandom");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The real sidecar binary, configured through its environment. It serves the same API on TCP
@@ -64,6 +86,8 @@ impl Sidecar {
             ("TOLLGATE_SIDECAR_LOG__FORMAT".to_string(), "text".to_string()),
             ("TOLLGATE_SIDECAR_LOG__LEVEL".to_string(), "info,tollgate_sidecar=debug".to_string()),
             ("TOLLGATE_SIDECAR_CONFIG".to_string(), config_path.display().to_string()),
+            // Its own deployment's secret unless `extra` says which (a gateway's replicas share one).
+            (SECRET_ENV.to_string(), new_secret()),
         ];
         let mut s = Sidecar { port, service: Service::start("sidecar", sidecar_bin(), dir, env, extra) };
         s.await_healthy("sidecar /healthz");
@@ -72,7 +96,20 @@ impl Sidecar {
             assert!(path.exists(), "the sidecar did not create its unix socket {}", path.display());
             SIDECAR_SOCKETS.lock().unwrap_or_else(|p| p.into_inner()).push((port, path));
         }
+        let secret = s.secret().to_string();
+        SIDECAR_SECRETS.lock().unwrap_or_else(|p| p.into_inner()).push((port, secret));
         s
+    }
+
+    /// The deployment's filter secret this sidecar requires (empty if the test removed it).
+    pub fn secret(&self) -> &str {
+        self.env(SECRET_ENV).unwrap_or_default()
+    }
+
+    /// The header that authenticates a call as the filter's (`x-tollgate-secret`), to add to a
+    /// test's direct calls to the sidecar.
+    pub fn auth(&self) -> (&'static str, &str) {
+        (tollgate_wire::SECRET_HEADER, self.secret())
     }
 
     /// Polls `/healthz`; a sidecar that exits instead (e.g. a configuration it refuses) fails at

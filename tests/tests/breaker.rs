@@ -251,6 +251,11 @@ fn replica_b_opens_from_a_hint_before_it_sees_any_failure() {
     let mut c = redis.connection().expect("redis");
     let ttl: i64 = redis::cmd("TTL").arg("cb:hint:acme:m1").query(&mut c).expect("TTL");
     assert!((1..=30).contains(&ttl), "hint TTL {ttl}");
+    // The index expires too (the TTL rule: every key outside the store of record has one), and
+    // so does every other key the traffic left.
+    let ttl: i64 = redis::cmd("TTL").arg("cb:hints").query(&mut c).expect("TTL");
+    assert!((1..=90).contains(&ttl), "cb:hints TTL {ttl}");
+    assert!(redis.assert_ttl_invariant() >= 2);
 
     let resp = ask(b, &key);
     assert!(is_breaker_503(&resp), "{} {}", resp.status, resp.body);

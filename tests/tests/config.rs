@@ -75,6 +75,25 @@ fn admin_api_and_cli_manage_configuration_with_auth_validation_and_openapi() {
     assert_eq!(call("GET", &format!("{base}/v1/tenants"), None, None).status, 401);
     assert_eq!(call("GET", &format!("{base}/v1/tenants"), Some("wrong-token-wrong-token"), None).status, 401);
     assert_eq!(admin("GET", &base, "/v1/tenants", None).body, "[]");
+    // the scheme in any case (RFC 7235); every error JSON, the body limit's 413 included
+    let lower = format!("bearer {TOKEN}");
+    assert_eq!(send("GET", &format!("{base}/v1/tenants"), &[("authorization", &lower)], None).status, 200);
+    let huge = format!("{{\"id\":\"x\",\"name\":\"{}\"}}", "n".repeat(3 << 20));
+    let auth = format!("Bearer {TOKEN}");
+    let r = send("POST", &format!("{base}/v1/products"), &[("authorization", &auth), ("content-type", "application/json")], Some(&huge));
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.json()["error"], "payload_too_large");
+    let r = call("GET", &format!("{base}/v1/tenants"), None, None);
+    assert_eq!((r.header("content-type"), r.json()["error"].as_str()), (Some("application/json"), Some("unauthorized")));
+    let r = admin("PATCH", &base, "/v1/tenants", None);
+    assert_eq!((r.status, r.json()["error"].as_str()), (405, Some("method_not_allowed")));
+    // the CLI reads the token from a file too (not only the process list's --token)
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), format!("{TOKEN}\n")).unwrap();
+    let bin = std::env::var_os("TOLLGATE_CLI").map(std::path::PathBuf::from).unwrap_or_else(|| root().join("target/release/tollgate"));
+    let out = Command::new(&bin).env("TOLLGATE_ADMIN_URL", &base).env_remove("TOLLGATE_ADMIN_TOKEN").arg("--token-file").arg(token_file.path()).arg("version").output().unwrap();
+    ok(&out);
 
     // the CLI creates, lists, refuses with the field named
     ok(&cli(&base, &["products", "create", "chat"]));
@@ -225,6 +244,7 @@ fn an_unreachable_postgres_at_start_is_a_clear_error() {
         .env("TOLLGATE_SIDECAR_SOURCE__KIND", "postgres")
         .env("TOLLGATE_SIDECAR_SOURCE__POSTGRES_URL", &url)
         .env("TOLLGATE_SIDECAR_SOURCE__CONNECT_TIMEOUT", "2s")
+        .env(tollgate_tests::SECRET_ENV, tollgate_tests::new_secret())
         .output()
         .expect("run the sidecar");
     assert!(!out.status.success());

@@ -5,10 +5,10 @@ use crate::host::CallSpec;
 use crate::settings::{parse_duration, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
-use tollgate_wire::DecideResponse;
+use tollgate_wire::{DecideResponse, SECRET_HEADER};
 
-/// Where calls to the sidecar go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where calls to the sidecar go, and the deployment's secret every call carries.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Sidecar {
     /// The Envoy cluster that reaches the sidecar.
     pub cluster: String,
@@ -16,11 +16,25 @@ pub struct Sidecar {
     pub authority: String,
     /// How long a decision call may take before the failure mode applies.
     pub timeout: Duration,
+    /// The deployment's filter secret (the sidecar's `[server] secret`), sent in
+    /// [`SECRET_HEADER`] on every call; the sidecar refuses calls without it (401).
+    pub secret: Option<String>,
+}
+
+impl std::fmt::Debug for Sidecar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sidecar")
+            .field("cluster", &self.cluster)
+            .field("authority", &self.authority)
+            .field("timeout", &self.timeout)
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for Sidecar {
     fn default() -> Self {
-        Sidecar { cluster: default_cluster(), authority: default_authority(), timeout: Duration::from_millis(25) }
+        Sidecar { cluster: default_cluster(), authority: default_authority(), timeout: Duration::from_millis(25), secret: None }
     }
 }
 
@@ -34,11 +48,13 @@ pub struct RawSidecar {
     authority: String,
     #[serde(default = "default_timeout")]
     timeout: String,
+    #[serde(default)]
+    secret: Option<String>,
 }
 
 impl Default for RawSidecar {
     fn default() -> Self {
-        RawSidecar { cluster: default_cluster(), authority: default_authority(), timeout: default_timeout() }
+        RawSidecar { cluster: default_cluster(), authority: default_authority(), timeout: default_timeout(), secret: None }
     }
 }
 
@@ -61,15 +77,24 @@ impl Sidecar {
         if raw.cluster.trim().is_empty() {
             return Err(ConfigError("sidecar.cluster: must not be empty".into()));
         }
-        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout })
+        // What the sidecar accepts as `[server] secret`; never echoed in the error.
+        if let Some(secret) = &raw.secret {
+            if !(16..=256).contains(&secret.len()) || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError("sidecar.secret: must be 16 to 256 visible ASCII characters".into()));
+            }
+        }
+        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout, secret: raw.secret })
     }
 
-    /// A call to `path`: `:method`, `:path`, `:authority`, then `extra` headers.
+    /// A call to `path`: `:method`, `:path`, `:authority`, the secret, then `extra` headers.
     pub fn call(&self, method: &str, path: &str, extra: &[(&str, &str)], body: Vec<u8>, timeout: Duration) -> CallSpec {
-        let mut headers = Vec::with_capacity(3 + extra.len());
+        let mut headers = Vec::with_capacity(4 + extra.len());
         headers.push((":method".to_string(), method.to_string()));
         headers.push((":path".to_string(), path.to_string()));
         headers.push((":authority".to_string(), self.authority.clone()));
+        if let Some(secret) = &self.secret {
+            headers.push((SECRET_HEADER.to_string(), secret.clone()));
+        }
         headers.extend(extra.iter().map(|(n, v)| (n.to_string(), v.to_string())));
         CallSpec { cluster: self.cluster.clone(), headers, body, timeout }
     }
@@ -111,6 +136,21 @@ mod tests {
             h,
             [(":method", "POST"), (":path", "/v1/decide"), (":authority", "tollgate-sidecar"), ("content-type", "application/json")]
         );
+    }
+
+    #[test]
+    fn every_call_carries_the_secret_when_configured_and_it_never_prints() {
+        let raw: RawSidecar = serde_json::from_str(r#"{"secret":"0123456789abcdef-xyz"}"#).unwrap();
+        let s = Sidecar::compile(raw).unwrap();
+        for c in [s.decide(b"{}".to_vec()), s.call("GET", "/v1/routes", &[], Vec::new(), Duration::from_secs(1))] {
+            assert!(c.headers.iter().any(|(n, v)| n == SECRET_HEADER && v == "0123456789abcdef-xyz"), "{:?}", c.headers);
+        }
+        assert!(!format!("{s:?}").contains("0123456789abcdef"), "{s:?}");
+        for bad in [r#"{"secret":"short"}"#, r#"{"secret":"0123456789abcdef with space"}"#] {
+            let raw: RawSidecar = serde_json::from_str(bad).unwrap();
+            let err = Sidecar::compile(raw).unwrap_err().0;
+            assert!(err.starts_with("sidecar.secret") && !err.contains("0123456789"), "{err}");
+        }
     }
 
     #[test]

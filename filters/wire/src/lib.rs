@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 pub const DECIDE_PATH: &str = "/v1/decide";
 /// Path of the batched completion reports (see [`CompletionBatch`]).
 pub const COMPLETIONS_PATH: &str = "/v1/completions";
+/// The header that carries the deployment's filter secret on every call to the sidecar but
+/// `/healthz` and `/metrics` (the plugin's `sidecar.secret`, the sidecar's `[server] secret`).
+pub const SECRET_HEADER: &str = "x-tollgate-secret";
 
 /// What the filter asks about one request. `Default` is every field empty: fixtures set what
 /// they test on top of [`DecideRequest::new`] with struct update syntax.

@@ -1,7 +1,9 @@
 //! `tollgate`: the command line for people, over the admin HTTP API (docs/openapi.json).
-//! Reads the admin URL and token from `--admin-url`/`--token` or `TOLLGATE_ADMIN_URL` /
-//! `TOLLGATE_ADMIN_TOKEN` (`.tollgate/demo.env` exports both). Tables by default, `--json` for
-//! scripts. The token is never printed.
+//! Reads the admin URL from `--admin-url` or `TOLLGATE_ADMIN_URL`, and the token from
+//! `TOLLGATE_ADMIN_TOKEN`, a file (`--token-file` / `TOLLGATE_ADMIN_TOKEN_FILE`), or `--token`
+//! (which any user of the host sees in the process list: prefer the other two).
+//! `.tollgate/demo.env` exports the URL and the token. Tables by default, `--json` for scripts.
+//! The token is never printed.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -14,9 +16,13 @@ struct Cli {
     /// Admin API base URL, e.g. http://127.0.0.1:9091
     #[arg(long, global = true, env = "TOLLGATE_ADMIN_URL")]
     admin_url: Option<String>,
-    /// Bearer token of the admin API.
+    /// Bearer token of the admin API. Prefer TOLLGATE_ADMIN_TOKEN or --token-file: an argument
+    /// shows in the process list.
     #[arg(long, global = true, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A file holding the admin token (surrounding whitespace trimmed).
+    #[arg(long, global = true, env = "TOLLGATE_ADMIN_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<std::path::PathBuf>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -223,10 +229,24 @@ fn main() {
     }
 }
 
+/// The admin token: from the environment or `--token`, else from `--token-file`.
+fn admin_token(token: Option<String>, file: Option<&std::path::Path>) -> Result<String> {
+    if let Some(t) = token.filter(|t| !t.is_empty()) {
+        return Ok(t);
+    }
+    let Some(path) = file else { bail!("no admin token: set TOLLGATE_ADMIN_TOKEN or pass --token-file") };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the admin token from {}", path.display()))?;
+    let t = text.trim();
+    if t.is_empty() {
+        bail!("the admin token file {} is empty", path.display());
+    }
+    Ok(t.to_string())
+}
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
     let base = cli.admin_url.context("no admin URL: pass --admin-url or set TOLLGATE_ADMIN_URL")?;
-    let token = cli.token.context("no admin token: pass --token or set TOLLGATE_ADMIN_TOKEN")?;
+    let token = admin_token(cli.token, cli.token_file.as_deref())?;
     let agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(15))).build().into();
     let api = Api { base, token, agent };
     let j = cli.json;
@@ -333,6 +353,22 @@ mod tests {
         let cli = Cli::try_parse_from(["tollgate", "keys", "list", "--json"]).unwrap();
         assert!(cli.json && matches!(cli.command, Command::Keys { action: KeyCommand::List { tenant: None } }));
         <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
+    fn the_token_comes_from_the_environment_or_a_file() {
+        let dir = std::env::temp_dir().join(format!("tollgate-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-the-file-0123456789\n").unwrap();
+        assert_eq!(admin_token(None, Some(&file)).unwrap(), "from-the-file-0123456789");
+        assert_eq!(admin_token(Some("given".into()), Some(&file)).unwrap(), "given");
+        assert!(admin_token(None, None).unwrap_err().to_string().contains("TOLLGATE_ADMIN_TOKEN"));
+        std::fs::write(&file, "  \n").unwrap();
+        assert!(admin_token(None, Some(&file)).is_err());
+        let cli = Cli::try_parse_from(["tollgate", "--token-file", "/x", "version"]).unwrap();
+        assert_eq!(cli.token_file.as_deref(), Some(std::path::Path::new("/x")));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

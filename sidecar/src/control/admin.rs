@@ -13,6 +13,7 @@ use crate::control::source::SourceError;
 use crate::decision::unix_now;
 use crate::invalid::{invalid, Invalid};
 use crate::keys::{Id, KeyHash};
+use crate::secret::Secret;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::Uri;
@@ -35,7 +36,7 @@ pub struct AdminConfig {
     pub listen: Option<std::net::SocketAddr>,
     /// Bearer token every admin request must carry (env `TOLLGATE_SIDECAR_ADMIN__TOKEN`). At
     /// least 16 characters. Never logged.
-    pub token: String,
+    pub token: crate::secret::Secret,
     /// How often each replica compares `cfg:routing:version` with what it loaded, in case a
     /// change event was missed while its pub/sub connection was up but silent. Reconnects always
     /// resynchronise at once.
@@ -45,7 +46,7 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        AdminConfig { listen: None, token: String::new(), resync_interval: Duration::from_secs(5) }
+        AdminConfig { listen: None, token: Default::default(), resync_interval: Duration::from_secs(5) }
     }
 }
 
@@ -55,7 +56,7 @@ impl AdminConfig {
             if !addr.ip().is_loopback() {
                 return Err(invalid("admin.listen", "must be a loopback address"));
             }
-            if self.token.len() < 16 {
+            if self.token.expose().len() < 16 {
                 return Err(invalid("admin.token", "at least 16 characters are required when admin.listen is set"));
             }
         }
@@ -71,10 +72,10 @@ pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
 pub struct AdminState {
     pub control: Arc<Control>,
-    token: String,
+    token: Secret,
 }
 
-pub fn router(control: Arc<Control>, token: String) -> Router {
+pub fn router(control: Arc<Control>, token: Secret) -> Router {
     let state = Arc::new(AdminState { control, token });
     let api = Router::new()
         .route("/v1/version", get(version))
@@ -84,7 +85,8 @@ pub fn router(control: Arc<Control>, token: String) -> Router {
         .route("/v1/{kind}/{id}", get(get_one).put(put).delete(delete))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state);
-    Router::new().route("/openapi.json", get(openapi)).merge(api)
+    // Every error answer JSON, the framework's own included (413 over the body limit, 404, 405).
+    Router::new().route("/openapi.json", get(openapi)).merge(api).layer(middleware::map_response(crate::errors::json_errors))
 }
 
 /// Serves the admin API until `shutdown`, then drains.
@@ -109,15 +111,14 @@ fn unavailable(e: impl std::fmt::Display) -> Response {
     error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", None, e)
 }
 
-/// Constant-time equality (the token must not leak through timing).
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Whether the headers carry `Authorization: Bearer <token>`.
-pub fn authorized(headers: &HeaderMap, token: &str) -> bool {
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    !token.is_empty() && given.is_some_and(|g| same(g.trim().as_bytes(), token.as_bytes()))
+/// Whether the headers carry `Authorization: Bearer <token>` (the scheme in any case, RFC 7235),
+/// compared in constant time.
+pub fn authorized(headers: &HeaderMap, token: &Secret) -> bool {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+        let (scheme, credentials) = v.trim_start().split_once(' ')?;
+        scheme.eq_ignore_ascii_case("bearer").then_some(credentials)
+    });
+    given.is_some_and(|g| token.matches(g.trim().as_bytes()))
 }
 
 async fn require_token(State(state): State<Arc<AdminState>>, req: Request, next: Next) -> Response {
@@ -379,15 +380,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bearer_tokens_are_checked_exactly() {
+    fn bearer_tokens_are_checked_exactly_and_the_scheme_in_any_case() {
+        let t = |s: &str| Secret::new(s);
         let mut h = HeaderMap::new();
-        assert!(!authorized(&h, "secret-secret-secret"));
+        assert!(!authorized(&h, &t("secret-secret-secret")));
         h.insert(header::AUTHORIZATION, "Bearer secret-secret-secret".parse().unwrap());
-        assert!(authorized(&h, "secret-secret-secret"));
-        assert!(!authorized(&h, "secret-secret-secreT"));
-        assert!(!authorized(&h, ""));
+        assert!(authorized(&h, &t("secret-secret-secret")));
+        assert!(!authorized(&h, &t("secret-secret-secreT")));
+        assert!(!authorized(&h, &t("")));
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            h.insert(header::AUTHORIZATION, format!("{scheme} secret-secret-secret").parse().unwrap());
+            assert!(authorized(&h, &t("secret-secret-secret")), "{scheme}");
+        }
         h.insert(header::AUTHORIZATION, "Basic secret-secret-secret".parse().unwrap());
-        assert!(!authorized(&h, "secret-secret-secret"));
+        assert!(!authorized(&h, &t("secret-secret-secret")));
+        h.insert(header::AUTHORIZATION, "Bearersecret-secret-secret".parse().unwrap());
+        assert!(!authorized(&h, &t("secret-secret-secret")));
     }
 
     #[test]
@@ -400,10 +408,10 @@ mod tests {
 
     #[test]
     fn admin_config_is_checked() {
-        let mut a = AdminConfig { listen: Some("0.0.0.0:1".parse().unwrap()), token: "x".repeat(16), ..AdminConfig::default() };
+        let mut a = AdminConfig { listen: Some("0.0.0.0:1".parse().unwrap()), token: Secret::new("x".repeat(16)), ..AdminConfig::default() };
         assert_eq!(a.validate().unwrap_err().field, "admin.listen");
         a.listen = Some("127.0.0.1:1".parse().unwrap());
-        a.token = "short".into();
+        a.token = Secret::new("short");
         assert_eq!(a.validate().unwrap_err().field, "admin.token");
     }
 }

@@ -121,7 +121,8 @@ impl Hints {
 }
 
 /// `SET cb:hint:{provider}:{model} <value> EX ttl`, then the index: `ZADD cb:hints <expiry>
-/// <name>` and `ZREMRANGEBYSCORE cb:hints -inf <long expired>` (one pipeline, one slot).
+/// <name>`, `ZREMRANGEBYSCORE cb:hints -inf <long expired>` and `PEXPIRE cb:hints <ttl + slack>`
+/// (one pipeline, one slot): the index outlives its newest member by the slack, then goes.
 async fn put(store: &Store, key: BreakerHintKey, value: String, ttl_secs: u64) -> Result<(), StoreError> {
     store
         .run_with_deadline("set_breaker_hint", DEADLINE, |mut c| async move {
@@ -131,6 +132,8 @@ async fn put(store: &Store, key: BreakerHintKey, value: String, ttl_secs: u64) -
                 .zadd(BREAKER_HINT_INDEX, key.as_str(), now + ttl_secs * 1000)
                 .ignore()
                 .zrembyscore(BREAKER_HINT_INDEX, "-inf", now.saturating_sub(BREAKER_HINT_INDEX_SLACK_MS))
+                .ignore()
+                .pexpire(BREAKER_HINT_INDEX, (ttl_secs * 1000 + BREAKER_HINT_INDEX_SLACK_MS) as i64)
                 .ignore()
                 .query_async::<()>(&mut c)
                 .await

@@ -18,6 +18,9 @@
 //!   filter still holds that batch and sends it again.
 //! - Events may be shipped more than once (a crash between Kafka's ack and the delete); the
 //!   billing consumer counts each event id once.
+//! - A failed write (a full disk) cuts the segment back to its last whole line and the batch is
+//!   refused (503: the filter keeps it and retries); a failed sync cuts back to the last durable
+//!   length; a failed seal leaves the segment open and is retried at the next tick.
 //! - The spool is bounded (`max_bytes`): past it `append` fails with [`SpoolError::Full`] and the
 //!   sidecar answers 503, so the filter keeps the events (back-pressure instead of loss).
 
@@ -142,10 +145,42 @@ impl SpoolWriter {
             self.current = Some(OpenSegment { file, path, bytes: 0, opened: Instant::now() });
         }
         let Some(seg) = self.current.as_mut() else { return Err(SpoolError::Stopped) };
-        seg.file.write_all(data)?;
+        if let Err(e) = seg.file.write_all(data) {
+            // A full disk (or any write error) may have left part of `data`: cut the segment
+            // back to its last whole line, or the next batch's first line would glue onto the
+            // partial one and be skipped as torn. If even that fails, seal the segment here (its
+            // torn tail is then its last line) and start a fresh one for the next batch.
+            if let Err(cut) = seg.file.set_len(seg.bytes) {
+                tracing::error!(error = %cut, "usage spool: cannot truncate a failed write; sealing the segment");
+                if let Err(seal) = self.seal() {
+                    tracing::error!(error = %seal, "usage spool: cannot seal it either; it is sealed at the next start");
+                    self.current = None;
+                }
+            }
+            return Err(SpoolError::Io(e));
+        }
         seg.bytes += data.len() as u64;
         self.total.fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Cuts the open segment back to `len` bytes (the bytes after it were refused): after a
+    /// failed sync, to what the last good sync made durable.
+    pub fn truncate_to(&mut self, len: u64) -> io::Result<()> {
+        let Some(seg) = self.current.as_mut() else { return Ok(()) };
+        if len >= seg.bytes {
+            return Ok(());
+        }
+        seg.file.set_len(len)?;
+        let cut = seg.bytes - len;
+        seg.bytes = len;
+        let _ = self.total.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_sub(cut)));
+        Ok(())
+    }
+
+    /// Bytes in the open segment (0 when none).
+    pub fn open_bytes(&self) -> u64 {
+        self.current.as_ref().map_or(0, |s| s.bytes)
     }
 
     /// Makes every appended byte durable.
@@ -169,15 +204,17 @@ impl SpoolWriter {
         Ok(due)
     }
 
-    /// Seals the open segment now, if any.
+    /// Seals the open segment now, if any. On failure the segment stays open (and is appended
+    /// to) and sealing is tried again at the next tick.
     pub fn seal(&mut self) -> io::Result<()> {
-        if let Some(seg) = self.current.take() {
+        if let Some(seg) = &self.current {
             seg.file.sync_data()?;
             if seg.bytes == 0 {
                 fs::remove_file(&seg.path)?;
             } else {
                 fs::rename(&seg.path, seg.path.with_extension("seg"))?;
             }
+            self.current = None;
         }
         Ok(())
     }
@@ -218,6 +255,8 @@ impl Spool {
             let mut stopped = None;
             while stopped.is_none() {
                 let mut acks = Vec::new();
+                // what the last good sync made durable in the open segment
+                let durable = writer.open_bytes();
                 match rx.recv_timeout(tick) {
                     Ok(cmd) => {
                         let mut next = Some(cmd);
@@ -248,13 +287,17 @@ impl Spool {
                 }
                 if let Err(e) = synced {
                     tracing::error!(error = %e, "usage spool: sync failed; the batch is refused (the filter retries)");
-                    // a failed fsync may have lost bytes: start a fresh segment
+                    // the refused bytes go (a retried batch must not be in the spool twice), and a
+                    // failed fsync may have lost bytes: start a fresh segment
+                    if let Err(e) = writer.truncate_to(durable) {
+                        tracing::error!(error = %e, "usage spool: cannot cut back after a failed sync");
+                    }
                     let _ = writer.seal();
                 }
                 match writer.seal_if_due(segment_age) {
                     Ok(true) => sealed.notify_one(),
                     Ok(false) => {}
-                    Err(e) => tracing::error!(error = %e, "usage spool: cannot seal a segment"),
+                    Err(e) => tracing::error!(error = %e, "usage spool: cannot seal a segment; retrying at the next tick"),
                 }
             }
             if let Err(e) = writer.seal() {
@@ -349,6 +392,97 @@ mod tests {
         let mut w = SpoolWriter::open(dir.path(), 30).unwrap();
         w.append(&lines(0..2)).unwrap(); // 22 bytes
         assert!(matches!(w.append(&lines(2..3)), Err(SpoolError::Full(22))));
+    }
+
+    /// A real full disk: a tmpfs this test mounts (the machine must allow it: root).
+    struct SmallDisk(tempfile::TempDir);
+    impl SmallDisk {
+        fn mount(size: &str) -> SmallDisk {
+            let dir = tempfile::tempdir().unwrap();
+            let out = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir.path()).output().unwrap();
+            assert!(out.status.success(), "mounting a tmpfs (the full-disk test needs root): {}", String::from_utf8_lossy(&out.stderr));
+            SmallDisk(dir)
+        }
+    }
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0.path()).status();
+        }
+    }
+
+    #[test]
+    fn a_full_disk_refuses_the_batch_cuts_back_and_loses_no_acknowledged_line() {
+        let disk = SmallDisk::mount("64k");
+        let dir = disk.0.path().join("spool");
+        let mut w = SpoolWriter::open(&dir, 1 << 30).unwrap();
+        // lines of 1000 bytes until the disk is full
+        let line = |i: u32| format!("{{\"id\":\"{i:06}\",\"pad\":\"{}\"}}\n", "x".repeat(975)).into_bytes();
+        let mut acked = Vec::new();
+        let mut refused = None;
+        for i in 0..200 {
+            let batch: Vec<u8> = [line(2 * i), line(2 * i + 1)].concat();
+            match w.append(&batch) {
+                Ok(()) => {
+                    w.sync().unwrap();
+                    acked.extend([2 * i, 2 * i + 1]);
+                }
+                Err(SpoolError::Io(e)) => {
+                    assert_eq!(e.raw_os_error(), Some(28), "ENOSPC: {e}");
+                    refused = Some(i);
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let refused = refused.expect("the disk filled up");
+        assert!(!acked.is_empty());
+        // the segment holds whole lines only, and the spool's count matches the file
+        let open = with_ext(&dir, "open");
+        assert_eq!(fs::metadata(&open[0]).unwrap().len(), w.total().load(Ordering::Relaxed));
+        assert_eq!(fs::metadata(&open[0]).unwrap().len() % 1000, 0, "a partial line was left");
+        // space comes back (the shipper deleted a segment, an operator cleaned up): the refused
+        // batch, sent again, lands whole after the last good line
+        drop(w);
+        fs::remove_dir_all(&dir).unwrap();
+        let mut w = SpoolWriter::open(&dir, 1 << 30).unwrap();
+        let batch: Vec<u8> = [line(2 * refused), line(2 * refused + 1)].concat();
+        w.append(&batch).unwrap();
+        w.seal().unwrap();
+        let (good, bad) = read_segment(&sealed_segments(&dir)[0]).unwrap();
+        assert_eq!((good.len(), bad), (2, 0));
+    }
+
+    #[test]
+    fn after_a_refused_write_the_next_batch_is_not_glued_to_a_partial_line() {
+        let disk = SmallDisk::mount("48k");
+        let dir = disk.0.path().join("spool");
+        let mut w = SpoolWriter::open(&dir, 1 << 30).unwrap();
+        let big = |i: u32, pad: usize| format!("{{\"id\":\"{i}\",\"pad\":\"{}\"}}\n", "y".repeat(pad)).into_bytes();
+        let mut acked = 0;
+        let mut i = 0;
+        // fill with big lines until one fails (partly written), then small lines fit again
+        loop {
+            i += 1;
+            match w.append(&big(i, 3000)) {
+                Ok(()) => acked += 1,
+                Err(_) => break,
+            }
+            assert!(i < 100, "the disk never filled");
+        }
+        let mut small_acked = 0;
+        for j in 0..50 {
+            if w.append(&big(1000 + j, 10)).is_ok() {
+                small_acked += 1;
+            }
+        }
+        w.sync().unwrap_or_default();
+        w.seal().unwrap_or_default();
+        drop(w);
+        let w = SpoolWriter::open(&dir, 1 << 30).unwrap();
+        let (good, bad) = read_segment(&sealed_segments(&dir)[0]).unwrap();
+        assert_eq!(bad, 0, "a torn line: a partial write was left in the segment");
+        assert_eq!(good.len(), acked + small_acked, "every acknowledged line is there");
+        drop(w);
     }
 
     #[tokio::test]

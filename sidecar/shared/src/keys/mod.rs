@@ -336,9 +336,9 @@ pub const BREAKER_HINT_TTL_SECS: u64 = 30;
 
 /// `cb:hints` — sorted set, the index of the [`BreakerHintKey`]s: member = the hint key's name,
 /// score = when it expires (ms since the epoch, the writing sidecar's clock). Written with each
-/// hint; members expired for over [`BREAKER_HINT_INDEX_SLACK_MS`] are removed on each write. No
-/// TTL of its own: it holds at most one member per provider/model, each gone a minute after its
-/// hint. Listing reads the index and then the hint keys (their TTL stays the authority), so a
+/// hint; members expired for over [`BREAKER_HINT_INDEX_SLACK_MS`] are removed on each write, and
+/// each write sets the index's TTL to the hint's plus that slack (the TTL rule: it goes a minute
+/// after its newest member's hint). It holds at most one member per provider/model. Listing reads the index and then the hint keys (their TTL stays the authority), so a
 /// listing costs O(hints), never a SCAN of the whole keyspace.
 pub const BREAKER_HINT_INDEX: &str = "cb:hints";
 
