@@ -113,7 +113,7 @@ pub fn reference_matches(r: &RouteSpec, authority: &str, method: &str, path: &st
         _ => authority,
     };
     if let Some(h) = &r.host {
-        if h.to_ascii_lowercase() != host.to_ascii_lowercase() {
+        if !h.eq_ignore_ascii_case(host) {
             return false;
         }
     }

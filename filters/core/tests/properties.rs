@@ -92,11 +92,11 @@ fn reference_find<'t>(table: &'t RouteTable, authority: &str, method: &str, path
     };
     let header = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
     for r in &table.routes {
-        let ok = r.host.as_ref().map_or(true, |h| h.to_lowercase() == host.to_lowercase())
-            && r.path.as_ref().map_or(true, |p| p == path)
-            && r.path_prefix.as_ref().map_or(true, |p| path.get(..p.len()) == Some(p.as_str()))
-            && r.method.as_ref().map_or(true, |m| m == method)
-            && r.headers.iter().all(|h| header(&h.name).is_some_and(|v| h.value.as_ref().map_or(true, |want| want == v)));
+        let ok = r.host.as_ref().is_none_or(|h| h.to_lowercase() == host.to_lowercase())
+            && r.path.as_ref().is_none_or(|p| p == path)
+            && r.path_prefix.as_ref().is_none_or(|p| path.get(..p.len()) == Some(p.as_str()))
+            && r.method.as_ref().is_none_or(|m| m == method)
+            && r.headers.iter().all(|h| header(&h.name).is_some_and(|v| h.value.as_ref().is_none_or(|want| want == v)));
         if ok {
             return Some(&r.id);
         }
