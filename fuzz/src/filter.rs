@@ -196,7 +196,8 @@ pub fn wire_answers(data: &[u8]) {
         assert_eq!(rec.encode(), data, "a lease record decodes from other bytes than its encoding");
     }
     if let Some(st) = State::decode(data) {
-        assert_eq!(st.encode(), data, "a breaker state decodes from other bytes than its encoding");
+        // (decoding ignores the fields a phase does not use, so only the state round-trips)
+        assert_eq!(State::decode(&st.encode()), Some(st), "a breaker state does not round-trip");
     }
     if let Some(p) = hostmap::parse_pairs(data) {
         let refs: Vec<(&[u8], &[u8])> = p.iter().map(|(n, v)| (n.as_slice(), v.as_slice())).collect();
