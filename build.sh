@@ -10,6 +10,8 @@
 #   ./build.sh bench cache | usage-intake | usage-shipping   the other measurements of tollgate-bench
 #                       (`./build.sh bench --help`)
 #   ./build.sh bench micro   criterion micro-benchmarks of the filter's and the sidecar's pure logic
+#   ./build.sh fuzz [seconds per target] [target...]   coverage-guided fuzzing (cargo-fuzz, nightly; not
+#                       part of `test`): every target in fuzz/, then the corpus minimized (docs/fuzzing.md)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -163,6 +165,39 @@ run_tests() {
   cargo test -q --release -p tollgate-tests -- --test-threads 2
 }
 
+# Coverage-guided fuzzing (docs/fuzzing.md): nightly + cargo-fuzz are installed if missing (the
+# project itself stays on stable). Each target runs its seconds under `nice -n 19` from its
+# committed corpus (fuzz/corpus/<target>, seeded by fuzz/seeds/make_seeds.py when empty), which is
+# then minimized in place (`cargo fuzz cmin`). A crash leaves its input in fuzz/artifacts/<target>/;
+# fixed, it goes to fuzz/regressions/<target>/, which `./build.sh test` replays on stable.
+run_fuzz() {
+  local secs="${1:-60}"; shift || true
+  [[ "$secs" =~ ^[0-9]+$ ]] || die "usage: ./build.sh fuzz [seconds per target] [target...]"
+  rustup toolchain list | grep -q '^nightly' || { log "rustup toolchain install nightly"; rustup toolchain install nightly --profile minimal; }
+  command -v cargo-fuzz >/dev/null || { log "cargo install cargo-fuzz"; cargo install cargo-fuzz --locked; }
+  local targets=("$@")
+  [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
+  log "building ${#targets[@]} fuzz targets (nightly, debug assertions on)"
+  nice -n 19 cargo +nightly fuzz build -a
+  local logs="$ROOT/fuzz/target/logs" failed=() summary=()
+  mkdir -p "$logs"
+  for t in "${targets[@]}"; do
+    local corpus="$ROOT/fuzz/corpus/$t"
+    if [ -z "$(ls -A "$corpus" 2>/dev/null)" ]; then python3 "$ROOT/fuzz/seeds/make_seeds.py" "$t"; fi
+    log "fuzz $t for ${secs}s"
+    if nice -n 19 cargo +nightly fuzz run -a "$t" "$corpus" -- -max_total_time="$secs" -rss_limit_mb=2048 \
+        -max_len=65536 -print_final_stats=1 >"$logs/$t.log" 2>&1; then
+      summary+=("$t: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$logs/$t.log" | tail -1)")
+    else
+      failed+=("$t"); summary+=("$t: CRASH, see $logs/$t.log and fuzz/artifacts/$t/")
+    fi
+    # minimized by edges (not hit counts): a small corpus to commit
+    nice -n 19 cargo +nightly fuzz cmin -a "$t" "$corpus" -- -use_counters=0 >>"$logs/$t.log" 2>&1 || true
+  done
+  printf '%s\n' "${summary[@]}"
+  [ ${#failed[@]} -eq 0 ] || die "fuzz targets crashed: ${failed[*]}"
+}
+
 case "${1:-build}" in
   deps) deps ;;
   build) deps; build ;;
@@ -183,5 +218,6 @@ case "${1:-build}" in
     export TOLLGATE_OHA_BIN="$OHA_BIN"
     exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;
-  *) die "unknown command '$1' (build | deps | up | down | test | bench)" ;;
+  fuzz) shift; run_fuzz "$@" ;;
+  *) die "unknown command '$1' (build | deps | up | down | test | bench | fuzz)" ;;
 esac

@@ -296,9 +296,11 @@ pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
         let row = &mut bucket.rows[r];
         row.count += 1;
         row.requests.add(class_of(line.status, line.denied.is_some()), 1);
+        // saturating, and tokens clamped: a spool line is bytes from disk, its numbers are not
+        // trusted to sum within u64 (found by fuzzing, `spool_lines`; a wrapped sum would bill too little)
         row.tokens = row.tokens.saturating_add(line.tokens.unwrap_or(0).min(tollgate_wire::usage::MAX_TOKENS));
-        row.request_bytes += line.request_bytes.unwrap_or(0);
-        row.response_bytes += line.response_bytes.unwrap_or(0);
+        row.request_bytes = row.request_bytes.saturating_add(line.request_bytes.unwrap_or(0));
+        row.response_bytes = row.response_bytes.saturating_add(line.response_bytes.unwrap_or(0));
         row.ids.update(line.id.as_bytes());
         row.ids.update(b"\n");
         plan.aggregated += 1;

@@ -196,9 +196,11 @@ pub fn normalize_query(query: &str) -> String {
     params.join("&")
 }
 
+/// Works on bytes and replaces only ASCII by ASCII, so other characters (UTF-8) pass through
+/// unchanged and the result is a fixed point (`normalize_query` is idempotent).
 fn normalize_escapes(s: &str) -> String {
     let b = s.as_bytes();
-    let mut out = String::with_capacity(s.len());
+    let mut out: Vec<u8> = Vec::with_capacity(s.len());
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' && i + 2 < b.len() {
@@ -206,18 +208,25 @@ fn normalize_escapes(s: &str) -> String {
             if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
                 let c = (h * 16 + l) as u8;
                 if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
-                    out.push(c as char);
+                    out.push(c);
                 } else {
-                    out.push_str(&format!("%{c:02X}"));
+                    out.extend_from_slice(format!("%{c:02X}").as_bytes());
                 }
                 i += 3;
                 continue;
             }
         }
-        out.push(b[i] as char);
+        if b[i] == b'%' {
+            // a `%` that starts no escape stands for itself: written as its escape, so that no
+            // escape can form around it in a second pass ("%%341" -> "%2541", not "%41")
+            out.extend_from_slice(b"%25");
+        } else {
+            out.push(b[i]);
+        }
         i += 1;
     }
-    out
+    // only ASCII was put in place of ASCII: still UTF-8
+    String::from_utf8(out).unwrap_or_default()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -401,7 +410,12 @@ mod tests {
         assert_eq!(normalize_query("b=2&a=1"), "a=1&b=2");
         assert_eq!(normalize_query("a=2&&b=1&a=1"), "a=2&a=1&b=1", "one name's values keep their order");
         assert_eq!(normalize_query("q=%7e%41%2f"), "q=~A%2F");
-        assert_eq!(normalize_query("q=%zz%4"), "q=%zz%4");
+        // a `%` that starts no escape is written as one, so normalizing is idempotent
+        assert_eq!(normalize_query("q=%zz%4"), "q=%25zz%254");
+        assert_eq!(normalize_query("q=%%341"), "q=%2541");
+        assert_eq!(normalize_query(&normalize_query("q=%%341")), "q=%2541");
+        // other characters pass through as they are (not re-encoded byte by byte)
+        assert_eq!(normalize_query("q=\u{e9}&p=%C3%A9"), "p=%C3%A9&q=\u{e9}");
         assert_eq!(normalize_query(""), "");
     }
 
