@@ -323,7 +323,7 @@ pub fn filter_request(data: &[u8]) {
     host.response_chunk = field(&f, 4).to_vec();
     let size = host.response_chunk.len();
     filter.on_response_body(&mut host, size, true);
-    filter.on_log(&host);
+    filter.on_log(&mut host);
     if let Some((batch, _)) = queue.borrow_mut().begin_flush(1 << 16) {
         assert!(serde_json::from_slice::<serde_json::Value>(&batch).is_ok(), "a store batch is not JSON");
     }

@@ -6,24 +6,12 @@
 #[path = "../../fuzz/src/sidecar.rs"]
 mod entries;
 
-use std::path::Path;
+#[path = "../../fuzz/src/replay.rs"]
+mod replay;
 
-/// Runs every regression and corpus input of `target` through `entry`; returns how many ran.
+/// Runs every committed input of `target` through `entry` (fuzz/src/replay.rs).
 fn replay(target: &str, entry: fn(&[u8])) -> usize {
-    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let mut ran = 0;
-    for dir in ["regressions", "corpus"] {
-        let Ok(files) = std::fs::read_dir(fuzz.join(dir).join(target)) else { continue };
-        for file in files {
-            let path = file.unwrap().path();
-            let data = std::fs::read(&path).unwrap();
-            let outcome = std::panic::catch_unwind(|| entry(&data));
-            assert!(outcome.is_ok(), "{target}: {} fails again", path.display());
-            ran += 1;
-        }
-    }
-    assert!(ran > 0, "{target}: no committed corpus under fuzz/corpus/{target}");
-    ran
+    replay::replay(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz"), target, entry)
 }
 
 #[test]

@@ -1,0 +1,23 @@
+//! The stable-toolchain replay of committed fuzz inputs, shared by the filter's and the sidecar's
+//! `tests/fuzz_regressions.rs` (compiled into each by path; docs/fuzzing.md).
+
+use std::path::Path;
+
+/// Runs every input under `<fuzz>/regressions/<target>/` (each a crash the fuzzer found, now
+/// fixed) and `<fuzz>/corpus/<target>/` through `entry`; returns how many ran. Fails when an input
+/// panics again, or when the target has no committed input at all.
+pub fn replay(fuzz: &Path, target: &str, entry: fn(&[u8])) -> usize {
+    let mut ran = 0;
+    for dir in ["regressions", "corpus"] {
+        let Ok(files) = std::fs::read_dir(fuzz.join(dir).join(target)) else { continue };
+        for file in files {
+            let path = file.unwrap().path();
+            let data = std::fs::read(&path).unwrap();
+            let outcome = std::panic::catch_unwind(|| entry(&data));
+            assert!(outcome.is_ok(), "{target}: {} fails again", path.display());
+            ran += 1;
+        }
+    }
+    assert!(ran > 0, "{target}: no committed corpus under fuzz/corpus/{target}");
+    ran
+}
