@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tollgate_tests::fixtures::cache_sidecar_toml;
 use tollgate_tests::{get, poll_until, post, raw, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
 
 const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
@@ -98,35 +99,12 @@ fn a_fixed_client_request_id_never_merges_token_reservations() {
     tollgate_tests::poll_until("three reservations reconciled to 3 x 100", std::time::Duration::from_secs(10), || used() == Some(300));
 }
 
-const ROUTED_TOML: &str = r#"
-[[plans.p.limits]]
-name = "pm"
-algorithm = "fixed_window"
-limit = 100000
-window = "60s"
-
-[[routes]]
-id = "cached"
-cluster = "upstream"
-priority = 10
-cache_ttl = "60s"
-[routes.match]
-path_prefix = "/cached"
-
-[[routes]]
-id = "plain"
-cluster = "upstream"
-priority = 20
-[routes.match]
-path_prefix = "/"
-"#;
-
 /// A byte like 0xFF anywhere a client or an upstream can put it never kills a worker: one worker
 /// only, so a dead VM would fail every request after it.
 #[test]
 fn bytes_that_are_not_utf8_never_kill_a_worker() {
     let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(&redis.url(), ROUTED_TOML, &[]);
+    let sidecar = Sidecar::start_with_config(&redis.url(), &cache_sidecar_toml(100_000), &[]);
     let (upstream, seen) = start_counting_echo();
     let plugin = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","routing":{"enabled":true,"refreshInterval":"50ms"},
       "idempotency":{"enabled":true},"completionFlushInterval":"20ms"}"#;
