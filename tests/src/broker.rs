@@ -102,6 +102,8 @@ fn from_the_beginning(brokers: &str, topic: &str, group: &str, start: Instant, d
         if start.elapsed() > deadline {
             return None;
         }
+        // the poll interval of a deadline-bounded wait for the topic (returns None past the
+        // deadline instead of panicking like `poll_until`, so the caller can report the topic)
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut tpl = TopicPartitionList::new();

@@ -125,6 +125,7 @@ impl Proc {
                 let _ = c.wait();
                 return None;
             }
+            // the poll interval of a deadline-bounded wait for the exit, not a wait for readiness
             std::thread::sleep(Duration::from_millis(10));
         }
     }

@@ -56,6 +56,8 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     };
     let delay: u64 = req.headers().get("x-echo-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
     if delay > 0 {
+        // `x-echo-delay-ms`: a slow upstream is what the test asked for (requests held in flight
+        // for concurrency caps, timeouts), not a wait for readiness
         tokio::time::sleep(std::time::Duration::from_millis(delay.min(30_000))).await;
     }
     let cache_control = req.headers().get("x-echo-cache-control").and_then(|v| v.to_str().ok()).map(str::to_string);

@@ -49,6 +49,7 @@ async fn handle(State(c): State<Arc<Control>>) -> Response {
     c.seen.fetch_add(1, Ordering::SeqCst);
     let delay = c.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
+        // the slowness is what the test asked for (a slow upstream: breaker timeouts), not a wait
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     let status = StatusCode::from_u16(c.status.load(Ordering::SeqCst)).unwrap_or(StatusCode::OK);
