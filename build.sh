@@ -178,21 +178,21 @@ run_fuzz() {
   local targets=("$@")
   [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
   log "building ${#targets[@]} fuzz targets (nightly, debug assertions on)"
-  nice -n 19 cargo +nightly fuzz build -a
+  nice -n 19 cargo +nightly fuzz build -a -s none
   local logs="$ROOT/fuzz/target/logs" failed=() summary=()
   mkdir -p "$logs"
   for t in "${targets[@]}"; do
     local corpus="$ROOT/fuzz/corpus/$t"
     if [ -z "$(ls -A "$corpus" 2>/dev/null)" ]; then python3 "$ROOT/fuzz/seeds/make_seeds.py" "$t"; fi
     log "fuzz $t for ${secs}s"
-    if nice -n 19 cargo +nightly fuzz run -a "$t" "$corpus" -- -max_total_time="$secs" -rss_limit_mb=2048 \
+    if nice -n 19 cargo +nightly fuzz run -a -s none "$t" "$corpus" -- -max_total_time="$secs" -rss_limit_mb=2048 \
         -max_len=65536 -print_final_stats=1 >"$logs/$t.log" 2>&1; then
       summary+=("$t: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$logs/$t.log" | tail -1)")
     else
       failed+=("$t"); summary+=("$t: CRASH, see $logs/$t.log and fuzz/artifacts/$t/")
     fi
     # minimized by edges (not hit counts): a small corpus to commit
-    nice -n 19 cargo +nightly fuzz cmin -a "$t" "$corpus" -- -use_counters=0 >>"$logs/$t.log" 2>&1 || true
+    nice -n 19 cargo +nightly fuzz cmin -a -s none "$t" "$corpus" -- -use_counters=0 >>"$logs/$t.log" 2>&1 || true
   done
   printf '%s\n' "${summary[@]}"
   [ ${#failed[@]} -eq 0 ] || die "fuzz targets crashed: ${failed[*]}"
