@@ -83,6 +83,9 @@ impl Sidecar {
             ("TOLLGATE_SIDECAR_REDIS__URL".to_string(), redis_url.to_string()),
             // Generous on a noisy 2-core machine; tests that need a short one say so.
             ("TOLLGATE_SIDECAR_REDIS__TIMEOUT".to_string(), "500ms".to_string()),
+            // The whole decision's Redis budget too (20 ms by default): on a loaded machine a
+            // starved Redis or sidecar must not turn a test's decisions into 503s.
+            ("TOLLGATE_SIDECAR_REDIS__DECISION_TIMEOUT".to_string(), "500ms".to_string()),
             ("TOLLGATE_SIDECAR_LOG__FORMAT".to_string(), "text".to_string()),
             ("TOLLGATE_SIDECAR_LOG__LEVEL".to_string(), "info,tollgate_sidecar=debug".to_string()),
             ("TOLLGATE_SIDECAR_CONFIG".to_string(), config_path.display().to_string()),
