@@ -27,6 +27,7 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod trace;
 pub mod usage;
 
 /// The typed Redis keys (shared with billing: `tollgate_shared::keys`).
@@ -113,6 +114,7 @@ impl Sidecar {
             prometheus: metrics::handle(),
             hints: hints::Hints::new(&config.breaker),
             usage,
+            tracer: trace::Tracer::start(&config.telemetry.traces),
         });
         let (control, admin, propagation) = config_parts(config, state.clone()).await?;
         let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };

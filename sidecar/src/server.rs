@@ -15,7 +15,7 @@ use crate::decision::{DecideError, Decider};
 use crate::store::Store;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::extract::Request;
 use axum::middleware::{self, Next};
@@ -118,6 +118,8 @@ pub struct AppState {
     pub hints: Hints,
     /// Usage metering (crate::usage), when enabled.
     pub usage: Option<Arc<crate::usage::Usage>>,
+    /// One span per decision when traces are on (crate::trace).
+    pub tracer: crate::trace::Tracer,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -171,19 +173,30 @@ fn error(status: StatusCode, code: &str, message: String) -> Response {
     json(status, body)
 }
 
-async fn decide(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn decide(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
     let req: DecideRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid decision request: {e}")),
     };
     let started = std::time::Instant::now();
-    let decided = state.decider.decide(&req).await;
+    let traced = state.tracer.begin(headers.get(tollgate_wire::TRACEPARENT_HEADER).map(|v| v.as_bytes()));
+    let (decided, redis) = match traced {
+        Some(_) => crate::trace::with_redis_clock(state.decider.decide(&req)).await,
+        None => (state.decider.decide(&req).await, std::time::Duration::ZERO),
+    };
     let outcome = match &decided {
         Ok(DecideResponse::Allow { .. }) => "allow",
         Ok(DecideResponse::Deny { .. }) => "deny",
         Err(_) => "unavailable",
     };
     metrics::histogram!(crate::telemetry::DECISION_SECONDS, "outcome" => outcome).record(started.elapsed().as_secs_f64());
+    if let Some(t) = traced {
+        let tenant = match &decided {
+            Ok(DecideResponse::Allow { tenant, .. }) => Some(tenant.clone()),
+            Ok(DecideResponse::Deny { .. }) | Err(_) => None,
+        };
+        state.tracer.finish(t, tenant, outcome, redis);
+    }
     match decided {
         Ok(resp) => match serde_json::to_vec(&resp) {
             Ok(b) => json(StatusCode::OK, b),

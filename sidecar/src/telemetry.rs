@@ -56,11 +56,13 @@ pub struct TelemetryConfig {
     pub max_tenants: usize,
     /// The share of a limit's quota from which a decision counts as near the limit (0–1).
     pub near_limit: f64,
+    /// Decision spans over OTLP (crate::trace); off unless an endpoint is set.
+    pub traces: crate::trace::TracesConfig,
 }
 
 impl Default for TelemetryConfig {
     fn default() -> Self {
-        TelemetryConfig { max_tenants: 200, near_limit: 0.8 }
+        TelemetryConfig { max_tenants: 200, near_limit: 0.8, traces: Default::default() }
     }
 }
 
@@ -72,7 +74,7 @@ impl TelemetryConfig {
         if !(self.near_limit > 0.0 && self.near_limit <= 1.0) {
             return Err(invalid("telemetry.near_limit", "a fraction in (0, 1]"));
         }
-        Ok(())
+        self.traces.validate()
     }
 }
 

@@ -20,6 +20,7 @@ pub mod envoy;
 pub mod fixtures;
 pub mod gateway;
 pub mod http;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 /// A real Prometheus with Tollgate's rules (observability tests).

@@ -148,3 +148,48 @@ fn prometheus_counts_every_tenants_requests_by_outcome_and_every_dashboard_panel
     }
     assert!(empty.is_empty(), "dashboard queries without data: {empty:#?}\n{}", prom.log_text());
 }
+
+/// Traces (issue 17.6): a request carrying a sampled W3C `traceparent` gets exactly one decision
+/// span in its own trace, parented by the caller's span, with the tenant and the Redis time; a
+/// request without one, or with the sampled flag off, gets none (`sample_ratio` is 0 by default).
+#[test]
+fn one_traced_request_gives_one_decision_span_in_its_own_trace() {
+    let receiver = tollgate_tests::otlp::OtlpReceiver::start();
+    let g = Gateway::builder()
+        .sidecar_toml(&format!(
+            "[[plans.p.limits]]\nname = \"per_minute\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n\
+             [telemetry.traces]\nendpoint = \"{}\"\nexport_interval = \"100ms\"\n",
+            receiver.endpoint()
+        ))
+        .plugin(json!({"sidecar": {"timeout": "2s"}, "failureMode": "closed"}))
+        .build();
+    let key = g.sidecar().create_key("acme", "p", &[]);
+    let traced = |tp: Option<&str>| {
+        let mut h = vec![("x-api-key", key.raw.as_str())];
+        h.extend(tp.map(|tp| ("traceparent", tp)));
+        assert_eq!(get(&g.envoy().url("/v1/items"), &h).status, 200);
+    };
+    let (ta, pa) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let (tc, td) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331b7ad6b7169203331");
+    traced(Some(&format!("00-{ta}-{pa}-01")));
+    poll_until("the first request's span", Duration::from_secs(20), || !receiver.trace(ta).is_empty());
+    traced(None);
+    traced(Some(&format!("00-{tc}-{pa}-00"))); // not sampled by the caller
+    traced(Some(&format!("00-{td}-{pa}-01")));
+    // spans are posted in order: once the last one is in, any of the two before it would be too
+    poll_until("the last request's span", Duration::from_secs(20), || !receiver.trace(td).is_empty());
+    let spans = receiver.trace(ta);
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    let s = &spans[0];
+    assert_eq!((s["name"].as_str(), s["parentSpanId"].as_str(), s["kind"].as_i64()), (Some("tollgate.decide"), Some(pa), Some(2)), "{s}");
+    assert_ne!(s["spanId"].as_str(), Some(pa));
+    let attr = |name: &str| s["attributes"].as_array().unwrap().iter().find(|a| a["key"] == name).map(|a| a["value"].clone());
+    assert_eq!(attr("tollgate.tenant"), Some(json!({"stringValue": "acme"})), "{s}");
+    assert_eq!(attr("tollgate.outcome"), Some(json!({"stringValue": "allow"})), "{s}");
+    let redis_ns: u64 = attr("tollgate.redis_time_ns").and_then(|v| v["intValue"].as_str()?.parse().ok()).expect("the Redis time");
+    let (start, end): (u64, u64) = (s["startTimeUnixNano"].as_str().unwrap().parse().unwrap(), s["endTimeUnixNano"].as_str().unwrap().parse().unwrap());
+    assert!(redis_ns > 0 && redis_ns <= end - start, "redis {redis_ns} ns within the span's {} ns", end - start);
+    assert!(receiver.trace(tc).is_empty(), "a trace the caller did not sample");
+    assert_eq!(receiver.spans().len(), 2, "only the two sampled requests: {:?}", receiver.spans());
+    assert_eq!(g.sidecar().metric("tollgate_sidecar_spans_total{outcome=\"exported\"}"), 2);
+}

@@ -104,10 +104,35 @@ impl Sidecar {
         self.call("POST", path, &[("content-type", "application/json")], body, timeout)
     }
 
-    /// A decision call (`POST /v1/decide`) with the decision timeout.
-    pub fn decide(&self, body: Vec<u8>) -> CallSpec {
-        self.post_json(tollgate_wire::DECIDE_PATH, body, self.timeout)
+    /// A decision call (`POST /v1/decide`) with the decision timeout, carrying the request's
+    /// `traceparent` when it is well formed ([`traceparent`]).
+    pub fn decide(&self, body: Vec<u8>, traceparent: Option<&str>) -> CallSpec {
+        let mut extra = vec![("content-type", "application/json")];
+        if let Some(tp) = traceparent {
+            extra.push((tollgate_wire::TRACEPARENT_HEADER, tp));
+        }
+        self.call("POST", tollgate_wire::DECIDE_PATH, &extra, body, self.timeout)
     }
+}
+
+/// The request's W3C `traceparent`, when it has the form the sidecar reads
+/// (`vv-<32 hex>-<16 hex>-<2 hex>`, lower case, at most 256 bytes with a later version's
+/// fields); anything else is not forwarded.
+pub fn traceparent(value: Option<&str>) -> Option<&str> {
+    let v = value?.trim();
+    let b = v.as_bytes();
+    let hex = |r: std::ops::Range<usize>| b[r].iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let shaped = b.len() >= 55
+        && b.len() <= 256
+        && (b.len() == 55 || b[55] == b'-')
+        && b[2] == b'-'
+        && b[35] == b'-'
+        && b[52] == b'-'
+        && hex(0..2)
+        && hex(3..35)
+        && hex(36..52)
+        && hex(53..55);
+    shaped.then_some(v)
 }
 
 /// Reads a decision call's result: anything but a 200 with a decodable body is an error.
@@ -128,7 +153,7 @@ mod tests {
     #[test]
     fn a_decision_call_is_a_json_post_with_the_decision_timeout() {
         let s = Sidecar::default();
-        let c = s.decide(b"{}".to_vec());
+        let c = s.decide(b"{}".to_vec(), None);
         assert_eq!(c.cluster, "tollgate_sidecar");
         assert_eq!(c.timeout, Duration::from_millis(25));
         let h: Vec<(&str, &str)> = c.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
@@ -139,10 +164,24 @@ mod tests {
     }
 
     #[test]
+    fn the_decision_call_carries_a_well_formed_traceparent_only() {
+        const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(traceparent(Some(TP)), Some(TP));
+        assert_eq!(traceparent(Some(&format!(" {TP} "))), Some(TP));
+        assert_eq!(traceparent(Some(&format!("01{}-more", &TP[2..]))).map(str::len), Some(60));
+        for bad in [TP.to_uppercase(), TP[..54].to_string(), format!("{TP}x"), TP.replace('-', "."), "x".repeat(300), String::new()] {
+            assert_eq!(traceparent(Some(&bad)), None, "{bad}");
+        }
+        assert_eq!(traceparent(None), None);
+        let c = Sidecar::default().decide(b"{}".to_vec(), Some(TP));
+        assert!(c.headers.iter().any(|(n, v)| n == "traceparent" && v == TP), "{:?}", c.headers);
+    }
+
+    #[test]
     fn every_call_carries_the_secret_when_configured_and_it_never_prints() {
         let raw: RawSidecar = serde_json::from_str(r#"{"secret":"0123456789abcdef-xyz"}"#).unwrap();
         let s = Sidecar::compile(raw).unwrap();
-        for c in [s.decide(b"{}".to_vec()), s.call("GET", "/v1/routes", &[], Vec::new(), Duration::from_secs(1))] {
+        for c in [s.decide(b"{}".to_vec(), None), s.call("GET", "/v1/routes", &[], Vec::new(), Duration::from_secs(1))] {
             assert!(c.headers.iter().any(|(n, v)| n == SECRET_HEADER && v == "0123456789abcdef-xyz"), "{:?}", c.headers);
         }
         assert!(!format!("{s:?}").contains("0123456789abcdef"), "{s:?}");

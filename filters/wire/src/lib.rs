@@ -18,6 +18,8 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 /// The header that carries the deployment's filter secret on every call to the sidecar but
 /// `/healthz` and `/metrics` (the plugin's `sidecar.secret`, the sidecar's `[server] secret`).
 pub const SECRET_HEADER: &str = "x-tollgate-secret";
+/// The request's W3C trace context, forwarded on the decision call (well-formed values only).
+pub const TRACEPARENT_HEADER: &str = "traceparent";
 
 /// What the filter asks about one request. `Default` is every field empty: fixtures set what
 /// they test on top of [`DecideRequest::new`] with struct update syntax.

@@ -255,7 +255,7 @@ impl<S: DecisionStore> Decider<S> {
         let Checks { checks, meta } = checks::checks(limits, &ctx);
         let (lease, lease_ttl_ms) = Self::lease(cx, r, limits);
         let call = DecideCall { now_ms: cx.now_ms, request_id, limits: checks, lease, lookup: lookup.as_ref().map(ResponseLookup::script_lookup) };
-        let reply = self.store.decide(&call, cx.deadline.saturating_duration_since(Instant::now())).await;
+        let reply = crate::trace::redis_call(self.store.decide(&call, cx.deadline.saturating_duration_since(Instant::now()))).await;
         let asked = Asked { meta, request_id: call.request_id, lease_ttl_ms, lookup };
         let reply = match reply {
             Ok(reply) => reply,
@@ -434,7 +434,7 @@ impl<S: DecisionStore> Decider<S> {
             metrics::counter!(m::CACHE, "result" => "fresh").increment(1);
             return Ok((r, Some(left)));
         }
-        match self.store.key_record(hash, deadline.saturating_duration_since(now)).await {
+        match crate::trace::redis_call(self.store.key_record(hash, deadline.saturating_duration_since(now))).await {
             Ok(r) => {
                 metrics::counter!(m::CACHE, "result" => "miss").increment(1);
                 self.cache.insert(hash.clone(), r.clone(), now);

@@ -85,6 +85,8 @@ pub struct AuthFilter {
     request: Option<RequestInfo>,
     /// When the decision call that asks for a lease was sent.
     lease_sent_ms: Option<u64>,
+    /// The request's well-formed W3C `traceparent`, forwarded on the decision call.
+    traceparent: Option<String>,
     response: ResponseSide,
 }
 
@@ -105,6 +107,7 @@ impl AuthFilter {
             route: None,
             request: None,
             lease_sent_ms: None,
+            traceparent: None,
             response: ResponseSide::default(),
         }
     }
@@ -210,6 +213,7 @@ impl AuthFilter {
                 return hit;
             }
         }
+        self.traceparent = crate::sidecar::traceparent(headers.get(tollgate_wire::TRACEPARENT_HEADER)).map(str::to_string);
         let mut request = stages::decide_request(&self.config, &headers, key_hash, keyed.path, self.route());
         if let (None, Some(renewals)) = (&lookup, &self.worker.leases) {
             if let Some(hit) = stages::lease(host, &self.config.leases, renewals, &mut request) {
@@ -378,7 +382,7 @@ impl AuthFilter {
         if request.lease.is_some() {
             self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
         }
-        match host.dispatch(self.config.sidecar.decide(body)) {
+        match host.dispatch(self.config.sidecar.decide(body, self.traceparent.as_deref())) {
             Ok(token) => {
                 self.state = State::Waiting { token, key_hash: request.key_hash };
                 Action::Pause
