@@ -116,6 +116,8 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
         KeyCommand::Revoke { key_id } => {
             let id = parse_id("key-id", &key_id)?;
             let r = store.revoke_key(&id, unix_now()).await.with_context(|| format!("revoking {id}"))?;
+            // Every replica forgets the key's cached answers now, not when its cache entry ends.
+            tollgate_sidecar::control::announce(&store, Some(&r.tenant)).await.context("announcing the revocation")?;
             println!("revoked {} (tenant {})", r.key_id, r.tenant);
         }
         KeyCommand::List { tenant } => {

@@ -1,5 +1,6 @@
 //! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter, `GET /v1/routes` (the
-//! routing table the filters match locally), `GET /metrics` (Prometheus text) and `GET /healthz`.
+//! routing table the filters match locally), `GET /v1/changes` (the change count the filters
+//! poll to drop cached answers and leases), `GET /metrics` (Prometheus text) and `GET /healthz`.
 //!
 //! Every call but `/healthz` and `/metrics` must carry the deployment's filter secret in
 //! [`SECRET_HEADER`](tollgate_wire::SECRET_HEADER) (`[server] secret`, the plugin's
@@ -134,6 +135,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(responses).layer(axum::extract::DefaultBodyLimit::max(RESPONSES_BODY_LIMIT)),
         )
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
+        .route(tollgate_wire::changes::CHANGES_PATH, get(changes))
         .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_secret));
     Router::new()
@@ -157,6 +159,7 @@ async fn require_secret(State(state): State<Arc<AppState>>, req: Request, next: 
         USAGE_PATH,
         tollgate_wire::responses::RESPONSES_PATH,
         tollgate_wire::routes::ROUTES_PATH,
+        tollgate_wire::changes::CHANGES_PATH,
         tollgate_wire::breaker::HINTS_PATH,
     ];
     let path: &'static str = known.into_iter().find(|p| *p == req.uri().path()).unwrap_or("other");
@@ -306,6 +309,12 @@ async fn routes(State(state): State<Arc<AppState>>, headers: axum::http::HeaderM
         Ok(b) => json(StatusCode::OK, b),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
     }
+}
+
+/// The change count (tollgate_wire::changes): one root context per Envoy polls it every
+/// `changes.pollInterval` (50 ms); answered from memory, ~30 bytes.
+async fn changes(State(state): State<Arc<AppState>>) -> Response {
+    json(StatusCode::OK, serde_json::to_vec(&state.decider.changes()).unwrap_or_default())
 }
 
 async fn healthz(State(state): State<Arc<AppState>>) -> Response {

@@ -3,8 +3,10 @@
 //! every worker of the Envoy reuses them, and copied into each worker's [`LocalAllows`] so a
 //! repeat request on a worker costs no host call and no decode.
 //!
-//! Invariant: an entry is never used past its `until_ms` (in shared data or a worker's copy), so
-//! a revocation takes effect within the TTL the sidecar chose.
+//! Invariant: an entry is never used past its `until_ms` (in shared data or a worker's copy), nor
+//! once the worker's generation passed the one its call was sent under (crate::changes), so a
+//! revocation takes effect within one change poll and tick, and at worst within the TTL the
+//! sidecar chose.
 
 use crate::host::Host;
 use crate::shared_keys::SharedKey;
@@ -22,6 +24,9 @@ pub struct CachedAllow {
     pub plan: String,
     #[serde(default)]
     pub request_headers: Vec<Header>,
+    /// The generation the decision call was sent under (crate::changes).
+    #[serde(default)]
+    pub gen: u64,
 }
 
 /// A worker's own copy of the auth cache entries it has read or written (the same entries, the
@@ -37,8 +42,13 @@ impl LocalAllows {
     /// Entries kept at most (beyond it the expired are dropped, and if that is not enough, all).
     pub const MAX_ENTRIES: usize = 4096;
 
-    fn get(&self, key: &SharedKey, now_ms: u64) -> Option<&CachedAllow> {
-        self.entries.get(key).filter(|e| e.until_ms > now_ms)
+    fn get(&self, key: &SharedKey, now_ms: u64, gen: u64) -> Option<&CachedAllow> {
+        self.entries.get(key).filter(|e| live(e, now_ms, gen))
+    }
+
+    /// Forgets every entry (the generation moved: they all predate a change).
+    pub fn clear(&mut self) {
+        self.entries.clear();
     }
 
     fn put(&mut self, key: SharedKey, entry: CachedAllow, now_ms: u64) {
@@ -60,14 +70,20 @@ impl LocalAllows {
     }
 }
 
-/// The live entry at `key`: the worker's copy first, then shared data (copied into the worker's).
-pub fn read(host: &impl Host, local: Option<&RefCell<LocalAllows>>, key: SharedKey, now_ms: u64) -> Option<CachedAllow> {
-    if let Some(hit) = local.and_then(|l| l.borrow().get(&key, now_ms).cloned()) {
+/// Whether `e` may answer at `now_ms` for a worker at generation `gen`.
+fn live(e: &CachedAllow, now_ms: u64, gen: u64) -> bool {
+    e.until_ms > now_ms && e.gen >= gen
+}
+
+/// The live entry at `key` for a worker at generation `gen`: the worker's copy first, then
+/// shared data (copied into the worker's).
+pub fn read(host: &impl Host, local: Option<&RefCell<LocalAllows>>, key: SharedKey, now_ms: u64, gen: u64) -> Option<CachedAllow> {
+    if let Some(hit) = local.and_then(|l| l.borrow().get(&key, now_ms, gen).cloned()) {
         return Some(hit);
     }
     let bytes = host.shared_get(key.as_str())?;
     let entry: CachedAllow = serde_json::from_slice(&bytes).ok()?;
-    if entry.until_ms <= now_ms {
+    if !live(&entry, now_ms, gen) {
         return None;
     }
     if let Some(local) = local {

@@ -3,11 +3,12 @@
 //!
 //! Unknown fields are refused and every field has an explicit default, so `{}` is a valid
 //! configuration and a typo is an error that makes Envoy refuse the plugin. Each section's types
-//! live beside the code they configure (`crate::sidecar`, `crate::key`, `crate::breaker::config`,
+//! live beside the code they configure (`crate::sidecar`, `crate::key`, `crate::changes`, `crate::breaker::config`,
 //! `crate::lease::config`, `crate::routing`, `crate::usage`, `crate::responses`); this module
 //! only composes them.
 
 use crate::breaker::config::{BreakerConfig, RawBreakers};
+use crate::changes::{ChangesConfig, RawChanges};
 use crate::headers::check_header_name;
 use crate::key::{self, KeySource};
 use crate::lease::config::{LeaseConfig, RawLeases};
@@ -72,6 +73,9 @@ struct RawConfig {
     response_cache: RawResponseCache,
     #[serde(default)]
     idempotency: RawIdempotency,
+    /// Revocations and plan changes reaching cached answers and leases (crate::changes).
+    #[serde(default)]
+    changes: RawChanges,
 }
 
 fn default_token_usage() -> TokenUsage {
@@ -120,6 +124,9 @@ pub struct FilterConfig {
     pub idempotency: IdempotencyConfig,
     /// Leased limits: how the filter asks for, sizes and renews leases (crate::lease).
     pub leases: LeaseConfig,
+    /// Polling the sidecar's change count (on): revocations and plan changes drop cached answers
+    /// and leases (crate::changes).
+    pub changes: ChangesConfig,
 }
 
 impl Default for FilterConfig {
@@ -139,6 +146,7 @@ impl Default for FilterConfig {
             response_cache: ResponseCacheConfig::default(),
             idempotency: IdempotencyConfig::default(),
             leases: LeaseConfig::default(),
+            changes: ChangesConfig::default(),
         }
     }
 }
@@ -191,6 +199,7 @@ impl FilterConfig {
             response_cache,
             idempotency,
             leases: LeaseConfig::compile(raw.leases)?,
+            changes: ChangesConfig::compile(raw.changes)?,
         })
     }
 }

@@ -46,12 +46,19 @@ impl HttpFilter {
     }
 
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Action {
-        self.filter.on_response_headers(host, end_of_stream);
-        self.guard.on_response(host)
+        let auth = self.filter.on_response_headers(host, end_of_stream);
+        let guard = self.guard.on_response(host);
+        if auth == Action::Pause { Action::Pause } else { guard }
     }
 
     pub fn on_response_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
         self.filter.on_response_body(host, body_size, end_of_stream)
+    }
+
+    /// Whether the adapter must resume the response now (its end waited for an idempotency
+    /// outcome to be stored).
+    pub fn take_resume_response(&mut self) -> bool {
+        self.filter.take_resume_response()
     }
 
     pub fn on_log(&mut self, host: &mut impl Host) {

@@ -11,7 +11,7 @@
 //!   [`hostmap`], [`ids`];
 //! - calls and shared-data helpers: [`sidecar`], [`reply`], [`election`];
 //! - domains, each with its configuration section beside it: [`key`], [`auth_cache`],
-//!   [`routing`], [`lease`], [`breaker`], [`responses`], [`completions`], [`usage`];
+//!   [`changes`], [`routing`], [`lease`], [`breaker`], [`responses`], [`completions`], [`usage`];
 //! - background jobs: [`jobs`] (tick, owned call tokens, call responses) and the one batch
 //!   flusher [`flush`] (completions, usage, responses);
 //! - the whole configuration: [`config`];
@@ -23,6 +23,8 @@
 //! that worker); the crate denies `unwrap`, `expect` and `panic`.
 
 pub mod auth_cache;
+/// Revocations and plan changes reaching cached answers and leases: the change poller, generations.
+pub mod changes;
 /// Circuit breakers: the state machine, its configuration, the per-request guard, the hint poller.
 pub mod breaker;
 pub mod completions;

@@ -13,6 +13,8 @@
 //! | `tollgate.breaker.v1.lease` | hint poller election: owner, expiry (crate::election) | root contexts, by CAS |
 //! | `tollgate.routes.v1` | JSON `RouteTable` (crate::routing) | the route poller, by CAS |
 //! | `tollgate.routes.v1.lease` | route poller election: owner, expiry | root contexts, by CAS |
+//! | `tollgate.changes.v1` | generation, sidecar epoch and change count, 3 × u64 LE (crate::changes) | the change poller, by CAS |
+//! | `tollgate.changes.v1.lease` | change poller election: owner, expiry | root contexts, by CAS |
 //!
 //! The route suffix makes an entry per route where a route's product and plan override change
 //! what a key may do. A breaker target may not be named `lease` in practice: its state would
@@ -39,6 +41,10 @@ impl SharedKey {
 pub const ROUTES_TABLE: SharedKey = SharedKey(Cow::Borrowed("tollgate.routes.v1"));
 /// The election of the one root context per Envoy that polls the routing table.
 pub const ROUTES_POLLER: SharedKey = SharedKey(Cow::Borrowed("tollgate.routes.v1.lease"));
+/// The generation of cached answers and leases, and the sidecar change count it follows.
+pub const CHANGES: SharedKey = SharedKey(Cow::Borrowed("tollgate.changes.v1"));
+/// The election of the one root context per Envoy that polls the sidecar's change count.
+pub const CHANGES_POLLER: SharedKey = SharedKey(Cow::Borrowed("tollgate.changes.v1.lease"));
 /// The election of the one root context per Envoy that exchanges breaker hints.
 pub const HINTS_POLLER: SharedKey = SharedKey(Cow::Borrowed("tollgate.breaker.v1.lease"));
 
@@ -81,6 +87,8 @@ mod tests {
         assert_eq!(HINTS_POLLER.as_str(), "tollgate.breaker.v1.lease");
         assert_eq!(ROUTES_TABLE.as_str(), "tollgate.routes.v1");
         assert_eq!(ROUTES_POLLER.as_str(), "tollgate.routes.v1.lease");
+        assert_eq!(CHANGES.as_str(), "tollgate.changes.v1");
+        assert_eq!(CHANGES_POLLER.as_str(), "tollgate.changes.v1.lease");
         assert_eq!(lease("h", None).into_string(), "tollgate.lease.v1.h");
     }
 }

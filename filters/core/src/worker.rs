@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!  HTTP contexts ── push ──► completions · usage events · responses to store · lease renewals
-//!  root tick ──► renewals (every tick) ─ completions (completionFlushInterval) ─ responses (every
+//!  root tick ──► the generation (every tick; the elected context polls the change count) ─
+//!               renewals (every tick) ─ completions (completionFlushInterval) ─ responses (every
 //!               tick) ─ usage (usage.flushInterval) ─ routing table ─ breaker hints (pollInterval)
 //!  call responses ──► the job that owns the token
 //! ```
@@ -15,6 +16,7 @@
 
 use crate::auth_cache::LocalAllows;
 use crate::breaker::{self, guard::BreakerGuard, hints::HintPoller};
+use crate::changes::{ChangesJob, Generation};
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::filter::AuthFilter;
@@ -58,6 +60,8 @@ pub struct Seeds {
     pub hints_owner: u64,
     /// This VM's identity in the route poller's election.
     pub routes_owner: u64,
+    /// This VM's identity in the change poller's election.
+    pub changes_owner: u64,
 }
 
 /// One worker's filter (see the module docs).
@@ -70,7 +74,9 @@ pub struct Worker {
     routes: Rc<RefCell<WorkerRoutes>>,
     local_allows: Rc<RefCell<LocalAllows>>,
     decision_ids: Rc<RefCell<DecisionIds>>,
+    gen: Generation,
     // the background jobs, in the order a tick runs them
+    changes: Option<ChangesJob>,
     renewer: LeaseRenewer,
     completion_flusher: Every<BatchFlusher<CompletionQueue>>,
     response_flusher: BatchFlusher<ResponseQueue>,
@@ -92,6 +98,11 @@ impl Worker {
         let responses = Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES)));
         let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
         let routes = Rc::new(RefCell::new(WorkerRoutes::default()));
+        let local_allows: Rc<RefCell<LocalAllows>> = Rc::default();
+        let gen = Generation::default();
+        let changes = config.changes.enabled.then(|| {
+            ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone())
+        });
         let completion_spec = FlushSpec {
             stream: Stream::Completions,
             what: "completions",
@@ -131,7 +142,8 @@ impl Worker {
             Every::new(config.breakers.hints.poll_interval, poller)
         });
         Worker {
-            renewer: LeaseRenewer::new(renewals.clone(), sidecar.clone()),
+            changes,
+            renewer: LeaseRenewer::new(renewals.clone(), sidecar.clone()).with_generation(gen.clone()),
             completion_flusher: Every::new(
                 config.completion_flush_interval,
                 BatchFlusher::new(completions.clone(), completion_spec, sidecar.clone()),
@@ -145,7 +157,8 @@ impl Worker {
             responses,
             renewals,
             routes,
-            local_allows: Rc::default(),
+            local_allows,
+            gen,
             decision_ids: Rc::new(RefCell::new(DecisionIds::new(seeds.decision_ids))),
             config,
         }
@@ -187,6 +200,10 @@ impl Worker {
         if c.routing.enabled {
             tick = tick.min(c.routing.refresh_interval);
         }
+        if c.changes.enabled {
+            // a change reaches a worker within one poll and one tick
+            tick = tick.min(c.changes.poll_interval);
+        }
         if c.leases.enabled {
             // lease renewals wait for the tick: keep it well under `renewAhead`
             tick = tick.min(LEASE_TICK);
@@ -202,12 +219,14 @@ impl Worker {
             .with_responses(self.responses.clone())
             .with_leases(self.renewals.clone())
             .with_local_allows(self.local_allows.clone())
+            .with_generation(self.gen.clone())
             .with_decision_ids(self.decision_ids.clone());
         HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()))
     }
 
     /// One tick: every job, in order.
     pub fn on_tick(&mut self, host: &mut impl Host) {
+        self.changes.on_tick(host);
         self.renewer.on_tick(host);
         self.completion_flusher.on_tick(host);
         self.response_flusher.on_tick(host);
@@ -225,6 +244,7 @@ impl Worker {
             || deliver(&mut self.response_flusher, host, token, status, &mut read)
             || deliver(&mut self.completion_flusher, host, token, status, &mut read)
             || deliver(&mut self.route_poller, host, token, status, &mut read)
+            || deliver(&mut self.changes, host, token, status, &mut read)
             || deliver(&mut self.renewer, host, token, status, &mut read)
             || deliver(&mut self.hint_poller, host, token, status, &mut read);
         if !delivered {

@@ -222,12 +222,21 @@ fn an_idempotency_key_carries_the_seed_digest_and_its_outcome_is_stored_or_relea
         assert_eq!(req.cache_key, None, "an idempotency key bypasses the cache");
         f.on_sidecar_response(&mut h, 1, Some(200), CLAIMED);
         upstream(&mut h, status, &[("content-type", "application/json"), ("location", "/orders/1")]);
-        f.on_response_headers(&mut h, false);
+        assert_eq!(f.on_response_headers(&mut h, false), Action::Continue);
         h.response_chunk = br#"{"id":1}"#.to_vec();
         let n = h.response_chunk.len();
-        f.on_response_body(&mut h, n, true);
+        // the response's end waits until its outcome is stored: a retry must find it
+        assert_eq!(f.on_response_body(&mut h, n, true), Action::Pause, "{status}");
+        assert_eq!(h.calls.len(), 2);
+        let call = &h.calls[1];
+        assert!(call.headers.contains(&(":path".into(), "/v1/responses".into())));
+        let batch: StoreBatch = serde_json::from_slice(&call.body).unwrap();
+        assert!(!f.take_resume_response(), "not before the answer");
+        assert_eq!(f.on_sidecar_response(&mut h, 2, Some(200), br#"{"stored":1}"#), Action::Pause, "the request is not resumed");
+        assert!(f.take_resume_response(), "the response is");
+        assert!(!f.take_resume_response(), "once");
         f.on_log(&mut h);
-        let batch = rig.stored();
+        assert!(rig.stored().responses.is_empty(), "{status}: stored already, not queued again");
         assert_eq!(batch.responses.len(), 1, "{status}");
         let item = &batch.responses[0];
         assert!(matches!(item.ticket, StoreTicket::Idempotency { .. }));
@@ -238,6 +247,34 @@ fn an_idempotency_key_carries_the_seed_digest_and_its_outcome_is_stored_or_relea
         } else {
             assert!(item.response.is_none(), "a failure releases the claim");
         }
+    }
+}
+
+#[test]
+fn an_outcome_the_sidecar_did_not_take_now_goes_with_the_batch() {
+    for failure in ["status", "dispatch", "gone"] {
+        let rig = Rig::new();
+        let mut h = host("POST", "/orders").with_header("idempotency-key", "order-1");
+        let mut f = rig.request(&mut h);
+        f.on_sidecar_response(&mut h, 1, Some(200), CLAIMED);
+        upstream(&mut h, "201", &[]);
+        if failure == "dispatch" {
+            h.dispatch_error = Some("no cluster".into());
+        }
+        let held = f.on_response_headers(&mut h, true);
+        match failure {
+            "dispatch" => assert_eq!(held, Action::Continue, "nothing to wait for"),
+            "status" => {
+                assert_eq!(held, Action::Pause);
+                f.on_sidecar_response(&mut h, 2, Some(503), b"");
+                assert!(f.take_resume_response());
+            }
+            _ => assert_eq!(held, Action::Pause), // the client goes away while it waits
+        }
+        f.on_log(&mut h);
+        let batch = rig.stored();
+        assert_eq!(batch.responses.len(), 1, "{failure}");
+        assert_eq!(batch.responses[0].response.as_ref().map(|r| r.status), Some(201), "{failure}");
     }
 }
 

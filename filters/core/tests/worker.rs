@@ -16,7 +16,7 @@ use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::host::{Action, CallSpec, Host, LogLevel};
 use tollgate_filter_core::http::HttpFilter;
 use tollgate_filter_core::key::hash_key;
-use tollgate_filter_core::lease::LeaseRecord;
+use tollgate_filter_core::lease::{Batch, LeaseIdentity, LeaseRecord};
 use tollgate_filter_core::mock::MockHost;
 use tollgate_filter_core::shared_keys::{self, ROUTES_TABLE};
 use tollgate_filter_core::stats::{FlushEvent, Metric, Stream};
@@ -27,13 +27,22 @@ use tollgate_wire::{CompletionBatch, DecideRequest};
 
 const KEY: &str = "tg_worker_key";
 const T: u64 = 1_000_000;
-const SEEDS: Seeds = Seeds { decision_ids: [3; 32], usage_ids: 0xfeed, hints_owner: 11, routes_owner: 12 };
+const SEEDS: Seeds = Seeds { decision_ids: [3; 32], usage_ids: 0xfeed, hints_owner: 11, routes_owner: 12, changes_owner: 13 };
 
-/// A worker of `config`, and its root context's host at time `T`.
+/// A worker of `config`, and its root context's host at time `T`. The change poller is off
+/// unless `config` names it (the tests of other jobs count the calls a tick makes).
 fn worker(config: &str) -> (Worker, MockHost) {
+    let mut v: serde_json::Value = serde_json::from_str(config).unwrap();
+    if v.get("changes").is_none() {
+        v["changes"] = serde_json::json!({"enabled": false});
+    }
+    worker_of(&v.to_string(), SEEDS)
+}
+
+fn worker_of(config: &str, seeds: Seeds) -> (Worker, MockHost) {
     let mut root = MockHost::new();
     root.now_ms = T;
-    let w = Worker::new(&mut root, Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()), SEEDS);
+    let w = Worker::new(&mut root, Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()), seeds);
     (w, root)
 }
 
@@ -104,6 +113,86 @@ fn the_tick_is_the_fastest_cadence_and_counters_follow_the_configuration() {
         let state = root.shared.get(shared_keys::breaker(t).as_str()).expect("initialised before any traffic");
         assert_eq!(State::decode(state).map(|s| s.phase), Some(Phase::Closed));
     }
+}
+
+#[test]
+fn the_change_poller_is_on_by_default_and_sets_the_tick() {
+    let (w, _) = worker_of(r#"{"leases":{"enabled":false}}"#, SEEDS);
+    assert_eq!(w.tick_period(), Duration::from_millis(50), "changes.pollInterval");
+    let (w, _) = worker_of(r#"{"leases":{"enabled":false},"changes":{"pollInterval":"30ms"}}"#, SEEDS);
+    assert_eq!(w.tick_period(), Duration::from_millis(30));
+    assert!(FilterConfig::parse(br#"{"changes":{"pollInterval":"1ms"}}"#).is_err());
+}
+
+/// A request of `key` on `w`: `Some(answer)` when it made a decision call (answered with it),
+/// `None` when it was let through without one.
+fn request_of(w: &Worker, root: &mut MockHost, key: &str, answer: &[u8]) -> bool {
+    let mut h = MockHost::next_request(root).with_header("x-api-key", key);
+    let mut f = w.request();
+    let called = match f.on_request_headers(&mut h, true) {
+        Action::Continue => false,
+        Action::Pause => {
+            let token = h.calls.len() as u32;
+            assert_eq!(f.on_call_response(&mut h, token, Some(200), answer), Action::Continue);
+            true
+        }
+    };
+    h.upstream_response = vec![(":status".into(), b"200".to_vec())];
+    f.on_response_headers(&mut h, true);
+    f.on_log(&mut h);
+    root.shared = h.shared;
+    root.cas = h.cas;
+    called
+}
+
+/// The elected worker's tick polls the change count; the answer `{epoch, version}` is delivered.
+fn poll_changes(w: &mut Worker, root: &mut MockHost, epoch: u64, version: u64) {
+    let calls = root.calls.len();
+    w.on_tick(root);
+    assert_eq!(root.calls.len(), calls + 1, "one poll");
+    let call = root.calls.last().unwrap().clone();
+    assert_eq!((header(&call, ":method"), header(&call, ":path")), (Some("GET"), Some("/v1/changes")));
+    let body = format!(r#"{{"epoch":{epoch},"version":{version}}}"#);
+    assert!(answer(w, root, root.calls.len() as u32, Some(200), body.as_bytes()));
+}
+
+#[test]
+fn a_change_count_that_moves_drops_cached_answers_and_leases_on_every_worker() {
+    const CACHED: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":60000}"#;
+    let (mut w, mut root) = worker_of(r#"{"changes":{"pollInterval":"50ms"}}"#, SEEDS);
+    // a second worker of the same Envoy (not elected: it only reads the generation)
+    let (mut w2, _) = worker_of(r#"{"changes":{"pollInterval":"50ms"}}"#, Seeds { changes_owner: 99, ..SEEDS });
+    poll_changes(&mut w, &mut root, 7, 0);
+    assert!(request_of(&w, &mut root, KEY, CACHED), "the first request asks");
+    assert!(!request_of(&w, &mut root, KEY, CACHED), "then the auth cache answers");
+    assert!(!request_of(&w2, &mut root, KEY, CACHED), "on every worker");
+    // a lease of another key, granted before the change
+    let leased = "tg_worker_leased";
+    let identity = LeaseIdentity { tenant: "acme".into(), key_id: "key_8".into(), plan: "gold".into(), ..LeaseIdentity::default() };
+    let rec = LeaseRecord { identity, batches: vec![Batch { units: 100, until_ms: T + 400 }], obs_since_ms: T, ..LeaseRecord::default() };
+    root.shared.insert(shared_keys::lease(&hash_key(leased), None).as_str().into(), rec.encode());
+    assert!(!request_of(&w, &mut root, leased, ALLOW), "the lease answers");
+
+    // the same count again changes nothing; a moved count drops both, on both workers
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 7, 0);
+    assert!(!request_of(&w, &mut root, KEY, CACHED));
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 7, 1);
+    assert!(request_of(&w, &mut root, KEY, CACHED), "the cached answer predates the change: asked again");
+    assert!(request_of(&w, &mut root, leased, ALLOW), "the lease predates the change: asked again");
+    let units = LeaseRecord::decode(&root.shared[shared_keys::lease(&hash_key(leased), None).as_str()]).unwrap().units(root.now_ms);
+    assert_eq!(units, 0, "its units are dropped, never spent");
+    w2.on_tick(&mut root);
+    assert!(!request_of(&w2, &mut root, KEY, CACHED), "the answer made after the change is reused");
+    let calls = root.calls.len();
+    w2.on_tick(&mut root);
+    assert_eq!(root.calls.len(), calls, "the second worker does not poll: one poller per Envoy");
+
+    // a restarted sidecar (another epoch) is a change too
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 8, 0);
+    assert!(request_of(&w, &mut root, KEY, CACHED));
 }
 
 #[test]

@@ -79,6 +79,7 @@ impl RootContext for Root {
             usage_ids: vm_identity(),
             hints_owner: vm_identity(),
             routes_owner: vm_identity(),
+            changes_owner: vm_identity(),
         };
         let worker = Worker::new(&mut EnvoyHost::new(&self.metrics, &self.named), config, seeds);
         self.metrics = Rc::new(define(worker.metrics().into_iter().map(|m| (m, m.name()))));
@@ -123,6 +124,9 @@ impl Context for Http {
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
         if self.filter.on_call_response(&mut host, token_id, status, &body) == Action::Continue {
             self.resume_http_request();
+        }
+        if self.filter.take_resume_response() {
+            self.resume_http_response();
         }
     }
 }

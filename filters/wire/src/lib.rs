@@ -366,3 +366,6 @@ pub mod routes;
 
 /// The response cache and Idempotency-Key replay (issue 7).
 pub mod responses;
+
+/// The change count the filter polls to drop cached answers and leases (issue 15).
+pub mod changes;

@@ -108,16 +108,7 @@ impl Control {
 
     /// After a committed write: bump the generation and tell every replica. Returns the version.
     pub async fn announce(&self, tenant: Option<&Id>) -> Result<u64, StoreError> {
-        let channel = tenant.map_or_else(ConfigChangedChannel::all, ConfigChangedChannel::tenant);
-        let version: u64 = self
-            .store
-            .run_with_deadline("announce_change", Duration::from_secs(5), |mut c| async move {
-                let v: u64 = c.incr(RoutingVersionKey::new(), 1u64).await?;
-                c.publish::<_, _, ()>(channel, v).await?;
-                Ok(v)
-            })
-            .await?;
-        Ok(version)
+        announce(&self.store, tenant).await
     }
 
     /// `cfg:routing:version` now (0 when never written).
@@ -140,6 +131,21 @@ impl Control {
         }
         Ok(keys.len())
     }
+}
+
+/// Bumps `cfg:routing:version` and publishes it on `config_changed:{tenant}` (`None`: `_all`):
+/// every replica's subscriber reloads and evicts that tenant's cached key answers (and its
+/// filters then drop theirs). Returns the version. Also used by `tollgate-sidecar keys revoke`,
+/// which writes Redis directly.
+pub async fn announce(store: &Store, tenant: Option<&Id>) -> Result<u64, StoreError> {
+    let channel = tenant.map_or_else(ConfigChangedChannel::all, ConfigChangedChannel::tenant);
+    store
+        .run_with_deadline("announce_change", Duration::from_secs(5), |mut c| async move {
+            let v: u64 = c.incr(RoutingVersionKey::new(), 1u64).await?;
+            c.publish::<_, _, ()>(channel, v).await?;
+            Ok(v)
+        })
+        .await
 }
 
 /// The configuration in force in this process, and the generation it was loaded at.

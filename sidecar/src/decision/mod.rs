@@ -51,6 +51,7 @@ use cache::{CacheConfig, Lookup, TtlCache};
 use checks::{Checks, Meta, RequestCtx};
 use limits::{Limit, LimitFailureMode, Plans};
 use responses::{Lookup as ResponseLookup, Outcome};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_wire::responses::{Replay, ReplayKind, StoreTicket};
@@ -78,6 +79,11 @@ pub struct Decider<S = Store> {
     /// Usage metering: denials of known tenants become usage events.
     usage: Option<Arc<crate::usage::Usage>>,
     routing: std::sync::RwLock<Arc<Routing>>,
+    /// Random per process: with `changes`, what `GET /v1/changes` answers (the filter drops its
+    /// cached answers and leases when either moves).
+    epoch: u64,
+    /// Evictions so far (each after the change it follows was applied here).
+    changes: std::sync::atomic::AtomicU64,
 }
 
 /// The id of a decision: the filter's `decisionId` when it is one (32 lowercase hex), else a
@@ -134,6 +140,8 @@ impl<S: DecisionStore> Decider<S> {
             clock,
             usage: None,
             routing: std::sync::RwLock::new(Arc::new(Routing::default())),
+            epoch: rand::random::<u64>() >> 11,
+            changes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -434,9 +442,15 @@ impl<S: DecisionStore> Decider<S> {
             metrics::counter!(m::CACHE, "result" => "fresh").increment(1);
             return Ok((r, Some(left)));
         }
+        let changes = self.changes.load(Ordering::Acquire);
         match crate::trace::redis_call(self.store.key_record(hash, deadline.saturating_duration_since(now))).await {
             Ok(r) => {
                 metrics::counter!(m::CACHE, "result" => "miss").increment(1);
+                if self.changes.load(Ordering::Acquire) != changes {
+                    // An eviction came while Redis answered: the record may predate the change.
+                    // Use it for this decision only, and let nobody reuse the answer.
+                    return Ok((r, Some(Duration::ZERO)));
+                }
                 self.cache.insert(hash.clone(), r.clone(), now);
                 Ok((r, Some(self.ttl)))
             }
@@ -502,11 +516,20 @@ impl<S> Decider<S> {
 
     /// Forgets the cached answers for `tenant`'s keys, and every cached "no such key" (a key just
     /// issued must not stay unknown for a TTL). `None` forgets everything.
+    ///
+    /// Then counts the change: filters polling [`Decider::changes`] drop the answers and leases
+    /// they got before it (the count moves only once this replica's cache no longer holds them).
     pub fn evict(&self, tenant: Option<&Id>) {
         self.cache.retain(|_, r| match (tenant, r) {
             (None, _) | (_, None) => false,
             (Some(t), Some(r)) => &r.tenant != t,
         });
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The change count the filters poll (`GET /v1/changes`).
+    pub fn changes(&self) -> tollgate_wire::changes::Changes {
+        tollgate_wire::changes::Changes { epoch: self.epoch, version: self.changes.load(Ordering::Acquire) }
     }
 }
 

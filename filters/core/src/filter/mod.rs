@@ -16,6 +16,7 @@ pub mod response;
 pub mod stages;
 
 use crate::auth_cache::{self, CachedAllow, LocalAllows};
+use crate::changes::Generation;
 use crate::breaker::guard::CLUSTER_HEADER;
 use crate::completions::CompletionQueue;
 use crate::config::{FailureMode, FilterConfig};
@@ -35,7 +36,7 @@ use decision::{Decision, Denial, Grant, Source};
 use response::ResponseSide;
 use std::cell::RefCell;
 use std::rc::Rc;
-use tollgate_wire::responses::StoreTicket;
+use tollgate_wire::responses::{StoreBatch, StoreItem, StoreTicket, RESPONSES_PATH};
 use tollgate_wire::routes::{RouteFailureMode, RouteSpec};
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse};
 
@@ -72,6 +73,13 @@ struct WorkerParts {
     local_allows: Option<Rc<RefCell<LocalAllows>>>,
     /// Without it the sidecar names the decision.
     decision_ids: Option<Rc<RefCell<DecisionIds>>>,
+    /// The worker's generation of cached answers and leases (crate::changes); without it, 0.
+    gen: Generation,
+}
+
+/// How long the end of an idempotent response waits for its outcome to be stored.
+fn outcome_timeout(config: &FilterConfig) -> std::time::Duration {
+    config.sidecar.timeout.max(std::time::Duration::from_millis(250))
 }
 
 /// One request's filter.
@@ -87,7 +95,14 @@ pub struct AuthFilter {
     lease_sent_ms: Option<u64>,
     /// The request's well-formed W3C `traceparent`, forwarded on the decision call.
     traceparent: Option<String>,
+    /// The worker's generation when the decision call was sent.
+    sent_gen: u64,
     response: ResponseSide,
+    /// The call storing an idempotency outcome while the response's end is held (its token, and
+    /// the item, queued for the batch if the call fails).
+    outcome_call: Option<(u32, StoreItem)>,
+    /// The outcome call is answered: the adapter resumes the response.
+    resume_response: bool,
 }
 
 impl AuthFilter {
@@ -102,19 +117,29 @@ impl AuthFilter {
                 leases: None,
                 local_allows: None,
                 decision_ids: None,
+                gen: Generation::default(),
             },
             state: State::Start,
             route: None,
             request: None,
             lease_sent_ms: None,
             traceparent: None,
+            sent_gen: 0,
             response: ResponseSide::default(),
+            outcome_call: None,
+            resume_response: false,
         }
     }
 
     /// Names every decision call with an id from `ids` (crate::ids).
     pub fn with_decision_ids(mut self, ids: Rc<RefCell<DecisionIds>>) -> AuthFilter {
         self.worker.decision_ids = Some(ids);
+        self
+    }
+
+    /// Trusts cached answers and leases of generation `gen` and later (crate::changes).
+    pub fn with_generation(mut self, gen: Generation) -> AuthFilter {
+        self.worker.gen = gen;
         self
     }
 
@@ -209,14 +234,14 @@ impl AuthFilter {
         // A lookup rides on the decision call: neither the auth cache nor a lease can answer it.
         if lookup.is_none() {
             let local = self.worker.local_allows.as_deref();
-            if let Some(hit) = stages::auth_cache(host, &self.config, local, &key_hash, self.route_id()) {
+            if let Some(hit) = stages::auth_cache(host, &self.config, local, &key_hash, self.route_id(), self.worker.gen.get()) {
                 return hit;
             }
         }
         self.traceparent = crate::sidecar::traceparent(headers.get(tollgate_wire::TRACEPARENT_HEADER)).map(str::to_string);
         let mut request = stages::decide_request(&self.config, &headers, key_hash, keyed.path, self.route());
         if let (None, Some(renewals)) = (&lookup, &self.worker.leases) {
-            if let Some(hit) = stages::lease(host, &self.config.leases, renewals, &mut request) {
+            if let Some(hit) = stages::lease(host, &self.config.leases, renewals, &mut request, self.worker.gen.get()) {
                 return hit;
             }
         }
@@ -266,6 +291,10 @@ impl AuthFilter {
     /// when the sidecar is unreachable and 504 on timeout). Returns `Continue` when the adapter
     /// must resume the request.
     pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
+        if self.outcome_call.as_ref().is_some_and(|(t, _)| *t == token) {
+            self.outcome_stored(status);
+            return Action::Pause;
+        }
         let key_hash = match &self.state {
             State::Waiting { token: t, key_hash } if *t == token => key_hash.clone(),
             _ => {
@@ -279,7 +308,8 @@ impl AuthFilter {
             // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
             let now = host.now_ms();
             let key = shared_keys::lease(&key_hash, self.route_id());
-            lease::on_answer(host, &key, &answer, self.lease_sent_ms.take(), now, false);
+            let gens = lease::Gens { sent: self.sent_gen, now: self.worker.gen.get() };
+            lease::on_answer(host, &key, &answer, self.lease_sent_ms.take(), now, false, gens);
         }
         let decision = self.decide(host, &key_hash, answer);
         self.apply(host, decision)
@@ -320,14 +350,18 @@ impl AuthFilter {
                     host.count(Metric::CacheMiss);
                 }
                 let ttl = cache_for_ms.unwrap_or(0).min(self.config.auth_cache_max_ttl.as_millis() as u64);
-                // Only an answer that is the same for every request of this key may be reused.
-                if ttl > 0 && response_headers.is_empty() && self.response.ticket.is_none() && self.response.pending_store.is_none() {
+                // Only an answer that is the same for every request of this key may be reused,
+                // and only if no change of keys or plans came while the call was out.
+                let current = self.sent_gen >= self.worker.gen.get();
+                let reusable = response_headers.is_empty() && self.response.ticket.is_none() && self.response.pending_store.is_none();
+                if ttl > 0 && reusable && current {
                     let entry = CachedAllow {
                         until_ms: host.now_ms().saturating_add(ttl),
                         tenant: who.tenant.clone(),
                         key_id: who.key_id.clone(),
                         plan: who.plan.clone(),
                         request_headers: request_headers.clone(),
+                        gen: self.sent_gen,
                     };
                     let key = shared_keys::auth_cache(key_hash, self.route_id());
                     auth_cache::write(host, self.worker.local_allows.as_deref(), key, entry);
@@ -382,6 +416,7 @@ impl AuthFilter {
         if request.lease.is_some() {
             self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
         }
+        self.sent_gen = self.worker.gen.get();
         match host.dispatch(self.config.sidecar.decide(body, self.traceparent.as_deref())) {
             Ok(token) => {
                 self.state = State::Waiting { token, key_hash: request.key_hash };
@@ -453,19 +488,77 @@ impl AuthFilter {
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Action {
         let key_headers = self.route.as_ref().and_then(Routed::spec).map(|r| r.cache_key_headers.as_slice()).unwrap_or(&[]);
         self.response.on_headers(host, self.config.token_usage_from_response, key_headers, end_of_stream);
+        if end_of_stream {
+            return self.store_outcome(host);
+        }
         Action::Continue
     }
 
     /// Keeps the response body (bounded) when token usage must be read from it or the response
-    /// may be stored. Never pauses: streaming responses flow through untouched.
+    /// may be stored. Streaming responses flow through untouched; only the end of a response to
+    /// an idempotency claim waits for its outcome to be stored ([`Self::store_outcome`]).
     pub fn on_response_body(&mut self, host: &mut impl Host, chunk_size: usize, end_of_stream: bool) -> Action {
         self.response.on_body(host, chunk_size, end_of_stream);
+        if end_of_stream {
+            return self.store_outcome(host);
+        }
         Action::Continue
+    }
+
+    /// The response to an idempotency claim is complete: its outcome (the 2xx to replay, or the
+    /// claim's release) is sent to the sidecar now, and the response's end waits for the answer,
+    /// so a retry the client sends once it has the answer finds the outcome, never the claim
+    /// (a 409). A call that cannot be sent, or fails, leaves the item to the worker's batch.
+    fn store_outcome(&mut self, host: &mut impl Host) -> Action {
+        let Some(item) = self.response.take_idempotency_outcome(host.now_ms()) else { return Action::Continue };
+        let batch = StoreBatch { responses: vec![item] };
+        let sent = serde_json::to_vec(&batch).map_err(|e| e.to_string()).and_then(|body| {
+            host.dispatch(self.config.sidecar.post_json(RESPONSES_PATH, body, outcome_timeout(&self.config)))
+        });
+        let item = batch.responses.into_iter().next();
+        match (sent, item) {
+            (Ok(token), Some(item)) => {
+                self.outcome_call = Some((token, item));
+                Action::Pause
+            }
+            (Err(e), Some(item)) => {
+                host.log(LogLevel::Debug, &format!("tollgate: cannot store an idempotency outcome now: {e}"));
+                self.queue_store(item);
+                Action::Continue
+            }
+            (_, None) => Action::Continue,
+        }
+    }
+
+    /// The outcome call is answered (any 200 means the sidecar read the batch and stored it).
+    fn outcome_stored(&mut self, status: Option<u16>) {
+        if let Some((_, item)) = self.outcome_call.take() {
+            if status != Some(200) {
+                self.queue_store(item);
+            }
+        }
+        self.resume_response = true;
+    }
+
+    fn queue_store(&self, item: StoreItem) {
+        if let Some(queue) = &self.worker.responses {
+            queue.borrow_mut().push(item);
+        }
+    }
+
+    /// Whether the adapter must resume the response now (once per held response end).
+    pub fn take_resume_response(&mut self) -> bool {
+        std::mem::take(&mut self.resume_response)
     }
 
     /// The request is over (response sent, or the client went away): report what it held, store
     /// what may be stored, and meter it.
     pub fn on_log(&mut self, host: &mut impl Host) {
+        // The stream ended while its outcome call was out (the client went away): the call
+        // dies with the stream, the batch sends the outcome (settling twice is a no-op).
+        if let Some((_, item)) = self.outcome_call.take() {
+            self.queue_store(item);
+        }
         let (tokens, store) = self.response.finish(host);
         if let (Some(item), Some(queue)) = (store, &self.worker.responses) {
             queue.borrow_mut().push(item);

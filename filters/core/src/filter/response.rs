@@ -1,6 +1,7 @@
 //! The response side of one request: the headers its decision adds, what it keeps of the
 //! response body (bounded; for token usage or to store the response), and what it holds until it
-//! ends (a ticket, an identity to meter). Never pauses: streaming responses flow through.
+//! ends (a ticket, an identity to meter). Never pauses: streaming responses flow through (the
+//! auth filter holds only the end of an idempotent response until its outcome is stored).
 
 use super::MAX_USAGE_BODY;
 use crate::host::Host;
@@ -171,6 +172,17 @@ impl ResponseSide {
         }
         host.count(Metric::Allowed);
         host.send_reply(r.status, &headers, &body);
+    }
+
+    /// The response is complete (its end is about to go to the client): the outcome of an
+    /// idempotency claim to store now, before the client can retry (the body stays kept for
+    /// token usage). `None` for anything else (cache fills wait for the request's end).
+    pub fn take_idempotency_outcome(&mut self, now_ms: u64) -> Option<StoreItem> {
+        if !self.pending_store.as_ref().is_some_and(|p| p.is_idempotency() && p.complete) {
+            return None;
+        }
+        let p = self.pending_store.take()?;
+        store_item(p, self.body.clone(), now_ms)
     }
 
     /// The request ended: the tokens its response used (when they were to be read) and what to

@@ -6,8 +6,9 @@
 //! 3. **routing** — match the worker's routing table (404, or the failure mode without a table);
 //! 4. **lookup** — plan a response-cache lookup or an idempotency claim (completed with the
 //!    body by [`complete_lookup`]);
-//! 5. **auth cache** — a reusable allow for the key, without a call;
-//! 6. **lease** — a unit of this Envoy's lease of the key, without a call;
+//! 5. **auth cache** — a reusable allow for the key, without a call (none from before the
+//!    worker's generation: crate::changes);
+//! 6. **lease** — a unit of this Envoy's lease of the key, without a call (likewise);
 //! 7. otherwise the decision call (now, or once the body is in).
 //!
 //! The breaker stage follows an allow ([`crate::http::HttpFilter`]). Each stage takes what it reads
@@ -183,11 +184,12 @@ pub fn auth_cache(
     local: Option<&RefCell<LocalAllows>>,
     key_hash: &str,
     route: Option<&str>,
+    gen: u64,
 ) -> Option<Decision> {
     if config.auth_cache_max_ttl.is_zero() {
         return None;
     }
-    let hit = auth_cache::read(host, local, shared_keys::auth_cache(key_hash, route), host.now_ms())?;
+    let hit = auth_cache::read(host, local, shared_keys::auth_cache(key_hash, route), host.now_ms(), gen)?;
     Some(Decision::Allow(Grant {
         who: Identity { tenant: hit.tenant, key_id: hit.key_id, plan: hit.plan },
         request_headers: hit.request_headers,
@@ -218,10 +220,11 @@ pub fn decide_request(config: &FilterConfig, headers: &RequestHeaders, key_hash:
 }
 
 /// Stage 6, the lease: admits the request from this Envoy's lease of its key (queueing a
-/// renewal when this spend claimed one), or sets the lease ask on the decision `request`.
-pub fn lease(host: &mut impl Host, config: &LeaseConfig, renewals: &RefCell<RenewalQueue>, request: &mut DecideRequest) -> Option<Decision> {
+/// renewal when this spend claimed one), or sets the lease ask on the decision `request`. `gen`:
+/// the worker's generation (crate::changes).
+pub fn lease(host: &mut impl Host, config: &LeaseConfig, renewals: &RefCell<RenewalQueue>, request: &mut DecideRequest, gen: u64) -> Option<Decision> {
     let now = host.now_ms();
-    match lease::spend(host, &lease::key_of(request), config, now) {
+    match lease::spend(host, &lease::key_of(request), config, now, gen) {
         Spend::Hit { identity, renew } => {
             if let Some(want) = renew {
                 let mut renewal = request.clone();

@@ -70,8 +70,9 @@ pub enum Spend {
     Miss { want: u64 },
 }
 
-/// Spends one unit of the lease at `key`, if there is one (see the module docs).
-pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64) -> Spend {
+/// Spends one unit of the lease at `key`, if there is one (see the module docs). `gen`: the
+/// worker's generation (crate::changes); grants asked under an older one are dropped unspent.
+pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64, gen: u64) -> Spend {
     for _ in 0..MAX_CAS_TRIES {
         let (bytes, cas) = host.shared_get_cas(key.as_str());
         // No record: this key was never allowed here (or its lease was dropped). Nothing is
@@ -79,6 +80,10 @@ pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64
         // so a flood of random keys leaves no shared data behind.
         let Some(mut rec) = decode(bytes) else { return Spend::Miss { want: 0 } };
         rec.prune(now_ms);
+        if rec.gen < gen {
+            // a key or plan changed since these units were granted: ask the sidecar again
+            rec.batches.clear();
+        }
         rec.obs_spent += 1;
         // the batch that expires first is spent first
         let batch = rec.batches.iter_mut().min_by_key(|b| b.until_ms);
@@ -120,27 +125,38 @@ pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64
 
 /// Stores a grant: a new batch valid until `sent_ms + ttl` (the call was sent at `sent_ms`, no
 /// later than the sidecar took the units, so the batch never outlives the sidecar's bound).
-/// `renewal`: the answer to a renewal (else to a request's ask); that claim is released.
-pub fn store_grant(host: &mut impl Host, key: &SharedKey, identity: LeaseIdentity, lease: &Lease, sent_ms: u64, now_ms: u64, renewal: bool) {
+/// `renewal`: the answer to a renewal (else to a request's ask); that claim is released. `gen`:
+/// the generation the call was sent under: a grant older than the record's is not kept, a newer
+/// one replaces the record's batches.
+#[allow(clippy::too_many_arguments)]
+pub fn store_grant(host: &mut impl Host, key: &SharedKey, identity: LeaseIdentity, lease: &Lease, sent_ms: u64, now_ms: u64, renewal: bool, gen: u64) {
     let batch = Batch { units: lease.units, until_ms: sent_ms.saturating_add(lease.ttl_ms) };
     for _ in 0..MAX_CAS_TRIES {
         let (bytes, cas) = host.shared_get_cas(key.as_str());
-        let mut rec = decode(bytes).unwrap_or_else(|| LeaseRecord::new(now_ms));
+        let mut rec = decode(bytes).unwrap_or_else(|| LeaseRecord { gen, ..LeaseRecord::new(now_ms) });
         rec.prune(now_ms);
-        rec.rate_per_s = rec.rate(now_ms);
-        rec.obs_since_ms = now_ms;
-        rec.obs_spent = 0;
-        rec.last_granted = lease.units;
-        rec.identity = LeaseIdentity { response_headers: lease.response_headers.clone(), ..identity.clone() };
-        if batch.until_ms > now_ms && batch.units > 0 {
-            rec.batches.push(batch);
+        // A grant asked before a change another worker already knows of is not kept; one asked
+        // after a change the record predates replaces its batches.
+        if gen > rec.gen {
+            rec.batches.clear();
+            rec.gen = gen;
         }
-        rec.batches.sort_by_key(|b| b.until_ms);
-        while rec.batches.len() > MAX_BATCHES {
-            // Merge the two that expire first: the units stay, spendable until the earlier expiry.
-            let first = rec.batches.remove(0);
-            if let Some(b) = rec.batches.first_mut() {
-                *b = Batch { units: b.units + first.units, until_ms: first.until_ms };
+        if gen == rec.gen {
+            rec.rate_per_s = rec.rate(now_ms);
+            rec.obs_since_ms = now_ms;
+            rec.obs_spent = 0;
+            rec.last_granted = lease.units;
+            rec.identity = LeaseIdentity { response_headers: lease.response_headers.clone(), ..identity.clone() };
+            if batch.until_ms > now_ms && batch.units > 0 {
+                rec.batches.push(batch);
+            }
+            rec.batches.sort_by_key(|b| b.until_ms);
+            while rec.batches.len() > MAX_BATCHES {
+                // Merge the two that expire first: the units stay, spendable until the earlier expiry.
+                let first = rec.batches.remove(0);
+                if let Some(b) = rec.batches.first_mut() {
+                    *b = Batch { units: b.units + first.units, until_ms: first.until_ms };
+                }
             }
         }
         if renewal {
@@ -160,9 +176,18 @@ pub fn store_grant(host: &mut impl Host, key: &SharedKey, identity: LeaseIdentit
     }
 }
 
+/// The generations of a decision call: the one it was sent under, and the worker's when its
+/// answer came (crate::changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Gens {
+    pub sent: u64,
+    pub now: u64,
+}
+
 /// Applies a decision call's answer to the lease at `key`: `asked_at` is when the call was sent
-/// if it asked for a lease (its claim is released, or the grant stored). A 401 (the key is no
-/// longer allowed) drops the lease whether the call asked or not.
+/// if it asked for a lease (its claim is released, or the grant stored — unless a change came
+/// while the call was out: then the grant is not kept). A 401 (the key is no longer allowed)
+/// drops the lease whether the call asked or not.
 pub fn on_answer(
     host: &mut impl Host,
     key: &SharedKey,
@@ -170,9 +195,13 @@ pub fn on_answer(
     asked_at: Option<u64>,
     now_ms: u64,
     renewal: bool,
+    gens: Gens,
 ) {
     match (answer, asked_at) {
         (Ok(DecideResponse::Deny { status: 401, .. }), _) => forget(host, key),
+        (Ok(DecideResponse::Allow { lease: Some(_), .. }), Some(_)) if gens.sent < gens.now => {
+            release_claim(host, key, now_ms, renewal)
+        }
         (Ok(DecideResponse::Allow { tenant, key_id, plan, request_headers, lease: Some(lease), .. }), Some(sent_ms)) => {
             let identity = LeaseIdentity {
                 tenant: tenant.clone(),
@@ -181,7 +210,7 @@ pub fn on_answer(
                 request_headers: request_headers.clone(),
                 response_headers: Vec::new(),
             };
-            store_grant(host, key, identity, lease, sent_ms, now_ms, renewal);
+            store_grant(host, key, identity, lease, sent_ms, now_ms, renewal, gens.sent);
         }
         (_, Some(_)) => release_claim(host, key, now_ms, renewal),
         (Ok(DecideResponse::Allow { .. }), None) => start_observing(host, key, now_ms),

@@ -47,6 +47,9 @@ pub struct LeaseRecord {
     pub renewing_until_ms: u64,
     /// A request's call asking for a lease is in flight (or backing off) until then.
     pub asking_until_ms: u64,
+    /// The generation the grants in `batches` were asked under (crate::changes): a worker at a
+    /// later generation spends none of them.
+    pub gen: u64,
 }
 
 impl LeaseRecord {
@@ -105,11 +108,11 @@ pub fn want_for(rate_per_s: f64, last_granted: u64, c: &LeaseConfig) -> u64 {
 
 /// The first byte of an encoded [`LeaseRecord`]: its format. A record in another format (an older
 /// filter's, in the same Envoy) reads as absent: its units are lost — under-use, never over-use.
-pub const RECORD_FORMAT: u8 = 2;
+pub const RECORD_FORMAT: u8 = 3;
 
 impl LeaseRecord {
     /// Little-endian: the format byte; obs_spent, obs_since_ms, rate_per_s (f64 bits), last_granted,
-    /// renewing_until_ms, asking_until_ms (u64 each); the batch count (u8) and each batch's units
+    /// renewing_until_ms, asking_until_ms, gen (u64 each); the batch count (u8) and each batch's units
     /// and until_ms (u64); then tenant, key id, plan (u32 length + UTF-8) and the request and
     /// response headers (u32 count, then name and value as strings).
     pub fn encode(&self) -> Vec<u8> {
@@ -122,6 +125,7 @@ impl LeaseRecord {
             self.last_granted,
             self.renewing_until_ms,
             self.asking_until_ms,
+            self.gen,
         ];
         for v in fixed {
             b.extend_from_slice(&v.to_le_bytes());
@@ -160,6 +164,7 @@ impl LeaseRecord {
             last_granted: r.u64()?,
             renewing_until_ms: r.u64()?,
             asking_until_ms: r.u64()?,
+            gen: r.u64()?,
             ..LeaseRecord::default()
         };
         let n = *r.take(1)?.first()?;
@@ -265,6 +270,7 @@ mod tests {
             last_granted: 8,
             renewing_until_ms: 2_000,
             asking_until_ms: 0,
+            gen: 5,
         };
         let bytes = rec.encode();
         assert_eq!(bytes[0], RECORD_FORMAT);

@@ -3,7 +3,8 @@
 //! context sends it as a decision call with `lease.renewal = true` ([`LeaseRenewer`], a
 //! background job) and applies the answer.
 
-use super::{forget, on_answer, release_claim, MAX_QUEUED_RENEWALS, RENEWAL_TIMEOUT};
+use super::{forget, on_answer, release_claim, Gens, MAX_QUEUED_RENEWALS, RENEWAL_TIMEOUT};
+use crate::changes::Generation;
 use crate::host::{Host, LogLevel};
 use crate::jobs::Job;
 use crate::shared_keys::SharedKey;
@@ -60,13 +61,21 @@ impl RenewalQueue {
 pub struct LeaseRenewer {
     queue: Rc<RefCell<RenewalQueue>>,
     sidecar: Sidecar,
-    /// Calls in flight: token → (the lease's key, sent at).
-    in_flight: Vec<(u32, SharedKey, u64)>,
+    /// Calls in flight: token → (the lease's key, sent at, the generation sent under).
+    in_flight: Vec<(u32, SharedKey, u64, u64)>,
+    /// The worker's generation (crate::changes); none: always 0.
+    gen: Generation,
 }
 
 impl LeaseRenewer {
     pub fn new(queue: Rc<RefCell<RenewalQueue>>, sidecar: Sidecar) -> LeaseRenewer {
-        LeaseRenewer { queue, sidecar, in_flight: Vec::new() }
+        LeaseRenewer { queue, sidecar, in_flight: Vec::new(), gen: Generation::default() }
+    }
+
+    /// Stamps grants with the worker's generation `gen`.
+    pub fn with_generation(mut self, gen: Generation) -> LeaseRenewer {
+        self.gen = gen;
+        self
     }
 
     /// Sends every queued renewal (the root context's tick).
@@ -79,7 +88,7 @@ impl LeaseRenewer {
             match host.dispatch(call) {
                 Ok(token) => {
                     host.count(Metric::LeaseRenewal);
-                    self.in_flight.push((token, r.key, now));
+                    self.in_flight.push((token, r.key, now, self.gen.get()));
                 }
                 Err(e) => {
                     host.log(LogLevel::Debug, &format!("tollgate: cannot send a lease renewal: {e}"));
@@ -91,13 +100,13 @@ impl LeaseRenewer {
 
     /// Whether `token` is one of this renewer's calls.
     pub fn owns(&self, token: u32) -> bool {
-        self.in_flight.iter().any(|(t, _, _)| *t == token)
+        self.in_flight.iter().any(|(t, ..)| *t == token)
     }
 
     /// Applies a call's answer; false when `token` is not a renewal of this renewer.
     pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> bool {
-        let Some(i) = self.in_flight.iter().position(|(t, _, _)| *t == token) else { return false };
-        let (_, key, sent_ms) = self.in_flight.swap_remove(i);
+        let Some(i) = self.in_flight.iter().position(|(t, ..)| *t == token) else { return false };
+        let (_, key, sent_ms, sent_gen) = self.in_flight.swap_remove(i);
         let now = host.now_ms();
         let answer = interpret(status, body);
         if let Err(e) = &answer {
@@ -108,7 +117,7 @@ impl LeaseRenewer {
         if let Ok(DecideResponse::Deny { .. }) = &answer {
             forget(host, &key);
         }
-        on_answer(host, &key, &answer, Some(sent_ms), now, true);
+        on_answer(host, &key, &answer, Some(sent_ms), now, true, Gens { sent: sent_gen, now: self.gen.get() });
         true
     }
 
