@@ -288,8 +288,13 @@ const FILTER_ROUTES: &str = r#"{"version":1,"etag":"e","routes":[
 pub fn filter_request(data: &[u8]) {
     let Some((&pick, rest)) = data.split_first() else { return };
     let Ok(config) = FilterConfig::parse(FILTER_CONFIGS[pick as usize % FILTER_CONFIGS.len()].as_bytes()) else { return };
-    let f = fields(rest);
     const KEY: &str = "tg_fuzz_secret_key_42";
+    // The key is the client's to send elsewhere too (a header name, a path, a body): the
+    // invariant is that the key given in its key source never leaves, so such inputs prove nothing.
+    if rest.windows(KEY.len()).any(|w| w == KEY.as_bytes()) {
+        return;
+    }
+    let f = fields(rest);
     // the key in a header that is a key source of the picked configuration
     let key_header = if pick as usize % FILTER_CONFIGS.len() == 2 { "x-k" } else { "x-api-key" };
     let mut host = MockHost::new().with_header(key_header, KEY);
@@ -327,5 +332,6 @@ pub fn filter_request(data: &[u8]) {
     if let Some((batch, _)) = queue.borrow_mut().begin_flush(1 << 16) {
         assert!(serde_json::from_slice::<serde_json::Value>(&batch).is_ok(), "a store batch is not JSON");
     }
-    assert!(!host.everything_sent().contains(KEY), "the raw key left the filter");
+    let sent = host.everything_sent();
+    assert!(!sent.contains(KEY), "the raw key left the filter: {sent}");
 }
