@@ -27,6 +27,7 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod testing;
 pub mod usage;
 
 /// The typed Redis keys (shared with billing: `tollgate_shared::keys`).

@@ -364,3 +364,6 @@ pub mod routes;
 
 /// The response cache and Idempotency-Key replay (issue 7).
 pub mod responses;
+
+/// Abandoned decisions, refunded by the sidecar (issue 15.2).
+pub mod refunds;

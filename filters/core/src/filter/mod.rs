@@ -24,6 +24,7 @@ use crate::host::{Action, Host, LogLevel};
 use crate::ids::DecisionIds;
 use crate::lease::renewer::RenewalQueue;
 use crate::lease::{self};
+use crate::refunds::RefundQueue;
 use crate::responses::queue::{PendingStore, ResponseQueue};
 use crate::responses::LookupPlan;
 use crate::routing::{Routed, WorkerRoutes};
@@ -35,6 +36,7 @@ use decision::{Decision, Denial, Grant, Source};
 use response::ResponseSide;
 use std::cell::RefCell;
 use std::rc::Rc;
+use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::responses::StoreTicket;
 use tollgate_wire::routes::{RouteFailureMode, RouteSpec};
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse};
@@ -57,7 +59,8 @@ enum State {
     Start,
     /// The decision needs the request body; the call is ready but for it.
     AwaitingBody { request: Box<DecideRequest>, lookup: Option<LookupPlan> },
-    Waiting { token: u32, key_hash: String },
+    /// The decision call is in flight; `decision_id` names it (a refund needs it if it is abandoned).
+    Waiting { token: u32, key_hash: String, decision_id: Option<String> },
     Done,
 }
 
@@ -72,6 +75,8 @@ struct WorkerParts {
     local_allows: Option<Rc<RefCell<LocalAllows>>>,
     /// Without it the sidecar names the decision.
     decision_ids: Option<Rc<RefCell<DecisionIds>>>,
+    /// Abandoned decisions to refund (crate::refunds); only with `decision_ids`.
+    refunds: Option<Rc<RefCell<RefundQueue>>>,
 }
 
 /// One request's filter.
@@ -85,6 +90,9 @@ pub struct AuthFilter {
     request: Option<RequestInfo>,
     /// When the decision call that asks for a lease was sent.
     lease_sent_ms: Option<u64>,
+    /// The decision whose answer was lost, until the failure mode says whether the request is
+    /// refused (then it is refunded) or let through (then what it took stays taken).
+    abandoned: Option<Abandoned>,
     response: ResponseSide,
 }
 
@@ -100,11 +108,13 @@ impl AuthFilter {
                 leases: None,
                 local_allows: None,
                 decision_ids: None,
+                refunds: None,
             },
             state: State::Start,
             route: None,
             request: None,
             lease_sent_ms: None,
+            abandoned: None,
             response: ResponseSide::default(),
         }
     }
@@ -112,6 +122,13 @@ impl AuthFilter {
     /// Names every decision call with an id from `ids` (crate::ids).
     pub fn with_decision_ids(mut self, ids: Rc<RefCell<DecisionIds>>) -> AuthFilter {
         self.worker.decision_ids = Some(ids);
+        self
+    }
+
+    /// Reports decisions whose answer was abandoned to `queue`, for the sidecar to refund
+    /// (crate::refunds; needs decision ids).
+    pub fn with_refunds(mut self, queue: Rc<RefCell<RefundQueue>>) -> AuthFilter {
+        self.worker.refunds = Some(queue);
         self
     }
 
@@ -262,8 +279,8 @@ impl AuthFilter {
     /// when the sidecar is unreachable and 504 on timeout). Returns `Continue` when the adapter
     /// must resume the request.
     pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
-        let key_hash = match &self.state {
-            State::Waiting { token: t, key_hash } if *t == token => key_hash.clone(),
+        let (key_hash, decision_id) = match &mut self.state {
+            State::Waiting { token: t, key_hash, decision_id } if *t == token => (key_hash.clone(), decision_id.take()),
             _ => {
                 host.log(LogLevel::Debug, "ignoring a call response with an unexpected token");
                 return Action::Pause;
@@ -271,6 +288,10 @@ impl AuthFilter {
         };
         self.state = State::Done;
         let answer = interpret(status, body);
+        if answer.is_err() {
+            // the sidecar may have decided and taken, but its answer is lost (timeout, error)
+            self.abandoned = decision_id.map(|decision_id| Abandoned { decision_id, key_hash: key_hash.clone() });
+        }
         if self.worker.leases.is_some() {
             // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
             let now = host.now_ms();
@@ -380,7 +401,7 @@ impl AuthFilter {
         }
         match host.dispatch(self.config.sidecar.decide(body)) {
             Ok(token) => {
-                self.state = State::Waiting { token, key_hash: request.key_hash };
+                self.state = State::Waiting { token, key_hash: request.key_hash, decision_id: request.decision_id };
                 Action::Pause
             }
             Err(e) => self.sidecar_failed(host, &format!("cannot call the sidecar: {e}")),
@@ -429,6 +450,10 @@ impl AuthFilter {
             FailureMode::Closed => {
                 host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
                 host.count(Metric::FailedClosed);
+                // refused: whatever the lost answer's decision took is given back
+                if let Some(a) = self.abandoned.take() {
+                    self.queue_refund(host, a);
+                }
                 self.response.cache_status = None;
                 let message = "the gateway cannot decide this request now";
                 crate::reply::json_error(host, 503, codes::SIDECAR_UNAVAILABLE, message, None, &[]);
@@ -441,6 +466,14 @@ impl AuthFilter {
                 self.steer(host);
                 Action::Continue
             }
+        }
+    }
+
+    /// Queues an abandoned decision for the sidecar to refund (crate::refunds).
+    fn queue_refund(&self, host: &mut impl Host, a: Abandoned) {
+        if let Some(q) = &self.worker.refunds {
+            q.borrow_mut().push(a);
+            host.count(Metric::RefundQueued);
         }
     }
 
@@ -462,6 +495,11 @@ impl AuthFilter {
     /// The request is over (response sent, or the client went away): report what it held, store
     /// what may be stored, and meter it.
     pub fn on_log(&mut self, host: &mut impl Host) {
+        // The client went away while the decision call was in flight: the request was never
+        // admitted, and the call's answer is lost with its context.
+        if let State::Waiting { key_hash, decision_id: Some(decision_id), .. } = std::mem::replace(&mut self.state, State::Done) {
+            self.queue_refund(host, Abandoned { decision_id, key_hash });
+        }
         let (tokens, store) = self.response.finish(host);
         if let (Some(item), Some(queue)) = (store, &self.worker.responses) {
             queue.borrow_mut().push(item);
