@@ -115,7 +115,7 @@ fn limit_path(c: &mut Criterion) {
     };
     let call = |ctx: &RequestCtx<'_>| {
         let planned = checks::checks(limits, ctx);
-        let call = DecideCall { now_ms: ctx.now_ms, request_id: ctx.request_id.clone(), limits: planned.checks, lease: None, lookup: None };
+        let call = DecideCall { now_ms: ctx.now_ms, request_id: ctx.request_id.clone(), limits: planned.checks, lease: None, lookup: None, record: None };
         (call.encode(), planned.meta)
     };
     let (_, meta) = call(&ctx);

@@ -11,6 +11,8 @@
 -- ARGV[5] '1' if the request reserved budget, else '0'
 -- ARGV[6] '1' if the request took a concurrency slot, else '0'
 -- ARGV[7] reservation TTL in ms (the settled marker keeps it)
+-- ARGV[8] '1' if the last of KEYS is the decision's record (dec:…, issue 15.2): it is deleted,
+--         so a refund of a completed decision finds nothing to give back
 -- returns {delta charged to the counter, 1 reconciled now | 0 reservation had expired |
 --          2 already settled (a retried report: nothing done)}
 --
@@ -49,5 +51,8 @@ if ARGV[5] == '1' then
 end
 if ARGV[6] == '1' then
   redis.call('ZREM', KEYS[k], ARGV[3])
+end
+if ARGV[8] == '1' then
+  redis.call('DEL', KEYS[#KEYS])
 end
 return { delta, found }

@@ -38,6 +38,17 @@
 --     'hit' <json> | 'miss' ''            (cache; limits taken either way)
 --     'replay' <json> | 'claimed' ''      (idem; limits taken; claimed = owner + in-flight marker set)
 --     'in_flight' '' | 'conflict' ''      (idem; nothing taken or written: 409 / 422)
+--   ARGV[a] may also be 'none': no lookup, only a placeholder for what follows.
+-- then, optionally, the decision record (issue 15.2): its key, dec:{tenant}:<decisionId>, is the
+--   last of KEYS; ARGV[r] its TTL ms, r = a + 5 after an 'idem' lookup, else a + 1. An allowed
+--   decision that took anything (or claimed an idempotency key) writes there, in this call, what
+--   it took — one line per limit, so refund.lua can give it back if the filter abandons it:
+--     v1 <now_ms>                                  (first line: when it was taken)
+--     fixed <key> <units>       sliding <key> <units>      log <key> <members rid:1..n>
+--     bucket <key> <units> <capacity> <refill_ms> <tokens left after the take>
+--     budget <counter> <reservation> <tokens>      conc <key>
+--     idem <owner> <memo> <claim token> <digest>
+--   Units include a lease granted in the call. Keys never contain spaces or newlines.
 
 local now = tonumber(ARGV[1])
 local rid = ARGV[2]
@@ -106,6 +117,7 @@ local function check(s)
     if ok then reset = math.ceil((s.limit - tokens + s.cost) / rate) else reset = math.ceil((s.cost - tokens) / rate) end
     s.room = tokens
     s.apply = function()
+      s.after = tokens - s.take
       redis.call('HSET', key, 'tokens', tostring(tokens - s.take), 'ts', now)
       redis.call('PEXPIRE', key, 2 * s.window)
     end
@@ -162,6 +174,7 @@ end
 local a = 7 + n * 6
 local lookup = ARGV[a]
 local outcome, value = nil, ''
+local record_ttl = tonumber(ARGV[a + ((lookup == 'idem') and 5 or 1)] or '0')
 if denied == 0 and lookup == 'idem' then
   local owner_key, memo_key = KEYS[k], KEYS[k + 1]
   local digest = ARGV[a + 1]
@@ -214,13 +227,35 @@ if denied == 0 and lease_want > 0 then
   if granted < 0 then granted = 0 end
 end
 
+-- What one limit took, as a line of the decision record (see the contract).
+local function num(x) return string.format('%.17g', x) end
+local function took(s)
+  local key = KEYS[s.k]
+  if s.kind == 'fixed' then return 'fixed ' .. key .. ' ' .. num(s.take)
+  elseif s.kind == 'sliding' then return 'sliding ' .. key .. ' ' .. num(s.cost)
+  elseif s.kind == 'bucket' then
+    return 'bucket ' .. key .. ' ' .. num(s.take) .. ' ' .. num(s.limit) .. ' ' .. num(s.window) .. ' ' .. num(s.after)
+  elseif s.kind == 'log' then return 'log ' .. key .. ' ' .. num(s.cost)
+  elseif s.kind == 'budget' then return 'budget ' .. key .. ' ' .. KEYS[s.k + 1] .. ' ' .. num(s.cost)
+  elseif s.kind == 'conc' then return 'conc ' .. key
+  end
+end
+
 -- Phase 2: take from every limit, only when nothing (non-shadow) denied.
 if denied == 0 and not (renewal and granted == 0) then
+  local rec = { 'v1 ' .. num(now) }
   for i = 1, n do
     local s = specs[i]
     s.take = s.cost + granted * s.unit
     s.apply()
     s.remaining = s.remaining - s.take
+    if s.take > 0 then rec[#rec + 1] = took(s) end
+  end
+  if outcome == 'claimed' then
+    rec[#rec + 1] = 'idem ' .. KEYS[k] .. ' ' .. KEYS[k + 1] .. ' ' .. ARGV[a + 2] .. ' ' .. ARGV[a + 1]
+  end
+  if record_ttl > 0 and #rec > 1 then
+    redis.call('SET', KEYS[#KEYS], table.concat(rec, '\n'), 'PX', record_ttl)
   end
 elseif denied ~= 0 then
   out[1] = 0

@@ -27,6 +27,7 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod testing;
 pub mod trace;
 pub mod usage;
 

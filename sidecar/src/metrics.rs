@@ -18,6 +18,10 @@ pub const LIMITS_FAILED: &str = "tollgate_sidecar_limits_unavailable_total";
 pub const SHADOW_DENIALS: &str = "tollgate_sidecar_shadow_denials_total";
 /// Completion reports settled, labelled `outcome` (reconciled | expired | duplicate).
 pub const COMPLETIONS: &str = "tollgate_sidecar_completions_total";
+/// Abandoned decisions the filter reported (issue 15.2), labelled `outcome`: refunded (what it
+/// took was given back) | nothing (no record: denied, already refunded, expired) | completed
+/// (served: nothing given back) | invalid (a malformed report or record) | unknown_key.
+pub const REFUNDS: &str = "tollgate_sidecar_refunds_total";
 /// Tokens moved at reconciliation, labelled `direction` (refund | overrun).
 pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total";
 /// Lease asks answered, labelled `call` (request | renewal) and `result` (granted | none |

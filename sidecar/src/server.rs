@@ -1,4 +1,5 @@
-//! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter, `GET /v1/routes` (the
+//! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter (and its batches:
+//! `/v1/completions`, `/v1/refunds`, `/v1/usage`, `/v1/responses`), `GET /v1/routes` (the
 //! routing table the filters match locally), `GET /v1/changes` (the change count the filters
 //! poll to drop cached answers and leases), `GET /metrics` (Prometheus text) and `GET /healthz`.
 //!
@@ -127,6 +128,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route(DECIDE_PATH, post(decide))
         .route(COMPLETIONS_PATH, post(completions))
+        .route(tollgate_wire::refunds::REFUNDS_PATH, post(refunds))
         .route(USAGE_PATH, post(usage))
         // Response batches carry bodies (JSON-escaped or base64): the filter bounds a batch by
         // MAX_RESPONSE_BATCH_BYTES (4 MiB) of body text, which escaping can inflate up to 6x.
@@ -156,6 +158,7 @@ async fn require_secret(State(state): State<Arc<AppState>>, req: Request, next: 
     let known = [
         DECIDE_PATH,
         COMPLETIONS_PATH,
+        tollgate_wire::refunds::REFUNDS_PATH,
         USAGE_PATH,
         tollgate_wire::responses::RESPONSES_PATH,
         tollgate_wire::routes::ROUTES_PATH,
@@ -200,6 +203,7 @@ async fn decide(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         };
         state.tracer.finish(t, tenant, outcome, redis);
     }
+    crate::testing::decide_answer_delay().await;
     match decided {
         Ok(resp) => match serde_json::to_vec(&resp) {
             Ok(b) => json(StatusCode::OK, b),
@@ -237,6 +241,24 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
         }
     }
     json(StatusCode::OK, format!(r#"{{"settled":{},"invalid":{invalid}}}"#, batch.completions.len() - invalid).into_bytes())
+}
+
+/// Refunds a batch of abandoned decisions (issue 15.2). 200 when each is settled for good
+/// (given back, nothing to give back, or invalid); 503 when Redis failed, so the filter sends the
+/// batch again — a refund is idempotent, so what was given back is not given back twice.
+async fn refunds(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let batch: tollgate_wire::refunds::RefundBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid refund batch: {e}")),
+    };
+    for chunk in batch.abandoned.chunks(64) {
+        for r in futures::future::join_all(chunk.iter().map(|a| state.decider.refund(a))).await {
+            if let Err(crate::decision::refund::RefundFailed::Store(e)) = r {
+                return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string());
+            }
+        }
+    }
+    json(StatusCode::OK, format!(r#"{{"settled":{}}}"#, batch.abandoned.len()).into_bytes())
 }
 
 /// Takes a batch of usage events: 200 [`UsageAck`] once the valid ones are durable in the spool

@@ -11,6 +11,8 @@ use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::decision::limits::Plans;
 use tollgate_sidecar::store::Store;
 use tollgate_tests::{RedisCluster, RedisSentinel};
+use tollgate_sidecar::scripts::refund::Refunded;
+use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::{Completion, DecideRequest, DecideResponse};
 
 /// Every algorithm in one plan: one script call touching 8 keys, all in the tenant's slot.
@@ -33,14 +35,14 @@ fn decider(redis: RedisConfig) -> (Decider, Store) {
 fn request(hash: &str, n: u32) -> DecideRequest {
     DecideRequest {
         request_id: Some(format!("r-{n}")),
-        decision_id: None,
+        decision_id: Some(format!("{n:032x}")),
         client_ip: Some("10.1.1.1".into()),
         ..DecideRequest::new(hash, "GET", "a", "/")
     }
 }
 
-/// Issues a key, makes 3 allowed decisions and a 4th denied by the fixed window, and settles
-/// the first request's reservation and slot.
+/// Issues a key, makes 3 allowed decisions and a 4th denied by the fixed window, settles the
+/// first request's reservation and slot, refunds the second (then a 5th decision is allowed).
 async fn exercise(decider: &Decider, store: &Store) {
     let key = apikey::issue(Id::parse("acme").unwrap(), Id::parse("all").unwrap(), 1, None);
     store.create_key(&key.hash, &key.record).await.unwrap();
@@ -56,6 +58,16 @@ async fn exercise(decider: &Decider, store: &Store) {
         other => panic!("expected the fixed window to deny: {other:?}"),
     }
     decider.complete(&Completion { ticket: tickets.remove(0), status: 200, tokens: Some(4) }).await.unwrap();
+    // an abandoned decision is refunded (issue 15.2): the record and every key it names are in
+    // the tenant's slot; the completed one has nothing left to give back
+    let abandoned = |n: u32| Abandoned { decision_id: format!("{n:032x}"), key_hash: key.hash.as_str().to_string() };
+    assert_eq!(decider.refund(&abandoned(1)).await.unwrap(), Refunded::Done { lines: 6 });
+    assert_eq!(decider.refund(&abandoned(1)).await.unwrap(), Refunded::Nothing);
+    assert_eq!(decider.refund(&abandoned(0)).await.unwrap(), Refunded::Nothing);
+    match decider.decide(&request(key.hash.as_str(), 4)).await.unwrap() {
+        DecideResponse::Allow { .. } => {}
+        other => panic!("the refunded unit is back: {other:?}"),
+    }
     let listed = store.list_keys(Some(&Id::parse("acme").unwrap())).await.unwrap();
     assert!(listed.iter().any(|r| r.key_id == key.record.key_id));
 }

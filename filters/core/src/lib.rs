@@ -11,9 +11,9 @@
 //!   [`hostmap`], [`ids`];
 //! - calls and shared-data helpers: [`sidecar`], [`reply`], [`election`];
 //! - domains, each with its configuration section beside it: [`key`], [`auth_cache`],
-//!   [`changes`], [`routing`], [`lease`], [`breaker`], [`responses`], [`completions`], [`usage`];
+//!   [`changes`], [`routing`], [`lease`], [`breaker`], [`responses`], [`completions`], [`refunds`], [`usage`];
 //! - background jobs: [`jobs`] (tick, owned call tokens, call responses) and the one batch
-//!   flusher [`flush`] (completions, usage, responses);
+//!   flusher [`flush`] (completions, refunds, usage, responses);
 //! - the whole configuration: [`config`];
 //! - the request path: [`filter`] (stages, decisions, the response side), then the breaker
 //!   stage: [`http::HttpFilter`];
@@ -45,6 +45,8 @@ pub mod key;
 pub mod lease;
 /// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
 pub mod mock;
+/// Abandoned decisions, queued for the sidecar to refund (issue 15.2).
+pub mod refunds;
 pub mod reply;
 /// The response cache and Idempotency-Key replay: keys, digests, rules, the store queue.
 pub mod responses;

@@ -31,6 +31,9 @@ pub enum Metric {
     /// An upstream reported a token count outside `0..=2^53` (negative, huge): it was clamped
     /// (crate::usage::read_tokens).
     TokensClamped,
+    /// Decisions whose answer the filter gave up on while the request was refused or gone,
+    /// queued for the sidecar to refund (crate::refunds).
+    RefundQueued,
     /// A batch flusher's counters (crate::flush): batches sent, items dropped, failed sends.
     Flush(Stream, FlushEvent),
 }
@@ -63,15 +66,18 @@ pub enum Stream {
     Usage,
     /// Responses to store (`POST /v1/responses`).
     Responses,
+    /// Abandoned decisions to refund (`POST /v1/refunds`).
+    Refunds,
 }
 
 impl Stream {
-    pub const ALL: [Stream; 3] = [Stream::Completions, Stream::Usage, Stream::Responses];
+    pub const ALL: [Stream; 4] = [Stream::Completions, Stream::Usage, Stream::Responses, Stream::Refunds];
     fn name(self) -> &'static str {
         match self {
             Stream::Completions => "completions",
             Stream::Usage => "usage",
             Stream::Responses => "responses",
+            Stream::Refunds => "refunds",
         }
     }
 }
@@ -113,6 +119,7 @@ impl Metric {
             Metric::LeaseHit,
             Metric::LeaseRenewal,
             Metric::TokensClamped,
+            Metric::RefundQueued,
         ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
@@ -148,6 +155,7 @@ impl Metric {
             Metric::LeaseHit => "tollgate.leases.hits".into(),
             Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
             Metric::TokensClamped => "tollgate.tokens.clamped".into(),
+            Metric::RefundQueued => "tollgate.refunds.queued".into(),
             Metric::Flush(s, e) => format!("tollgate.{}.{}", s.name(), e.name()),
         }
     }
@@ -174,6 +182,9 @@ mod tests {
                 "tollgate.responses.batches_sent",
                 "tollgate.responses.dropped",
                 "tollgate.responses.flush_errors",
+                "tollgate.refunds.batches_sent",
+                "tollgate.refunds.dropped",
+                "tollgate.refunds.flush_errors",
             ]
         );
     }

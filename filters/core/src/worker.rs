@@ -3,9 +3,9 @@
 //! ids), and the background jobs its tick drives.
 //!
 //! ```text
-//!  HTTP contexts ── push ──► completions · usage events · responses to store · lease renewals
+//!  HTTP contexts ── push ──► completions · refunds · usage events · responses to store · renewals
 //!  root tick ──► the generation (every tick; the elected context polls the change count) ─
-//!               renewals (every tick) ─ completions (completionFlushInterval) ─ responses (every
+//!               renewals (every tick) ─ completions and refunds (completionFlushInterval) ─ responses (every
 //!               tick) ─ usage (usage.flushInterval) ─ routing table ─ breaker hints (pollInterval)
 //!  call responses ──► the job that owns the token
 //! ```
@@ -18,6 +18,7 @@ use crate::auth_cache::LocalAllows;
 use crate::breaker::{self, guard::BreakerGuard, hints::HintPoller};
 use crate::changes::{ChangesJob, Generation};
 use crate::completions::CompletionQueue;
+use crate::refunds::{RefundQueue, MAX_QUEUED_REFUNDS, MAX_REFUND_BATCH};
 use crate::config::FilterConfig;
 use crate::filter::AuthFilter;
 use crate::flush::{BatchFlusher, FlushSpec};
@@ -36,6 +37,7 @@ use std::rc::Rc;
 use std::time::Duration;
 use tollgate_wire::responses::RESPONSES_PATH;
 use tollgate_wire::usage::USAGE_PATH;
+use tollgate_wire::refunds::REFUNDS_PATH;
 use tollgate_wire::COMPLETIONS_PATH;
 
 /// Completion reports a worker keeps while the sidecar is unreachable.
@@ -68,6 +70,7 @@ pub struct Seeds {
 pub struct Worker {
     config: Rc<FilterConfig>,
     completions: Rc<RefCell<CompletionQueue>>,
+    refunds: Rc<RefCell<RefundQueue>>,
     meter: Rc<RefCell<Meter>>,
     responses: Rc<RefCell<ResponseQueue>>,
     renewals: Rc<RefCell<RenewalQueue>>,
@@ -79,6 +82,7 @@ pub struct Worker {
     changes: Option<ChangesJob>,
     renewer: LeaseRenewer,
     completion_flusher: Every<BatchFlusher<CompletionQueue>>,
+    refund_flusher: Every<BatchFlusher<RefundQueue>>,
     response_flusher: BatchFlusher<ResponseQueue>,
     usage_flusher: Option<Every<BatchFlusher<Meter>>>,
     route_poller: Option<RoutesJob>,
@@ -94,6 +98,7 @@ impl Worker {
         }
         let sidecar = &config.sidecar;
         let completions = Rc::new(RefCell::new(CompletionQueue::new(MAX_QUEUED_COMPLETIONS)));
+        let refunds = Rc::new(RefCell::new(RefundQueue::new(MAX_QUEUED_REFUNDS)));
         let meter = Rc::new(RefCell::new(Meter::bounded(config.usage.max_queued, config.usage.max_queued_bytes, seeds.usage_ids)));
         let responses = Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES)));
         let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
@@ -111,6 +116,15 @@ impl Worker {
             // A batch may wait longer than a decision: it is off the request path.
             timeout: sidecar.timeout.max(Duration::from_secs(2)),
             refused: &[],
+        };
+        let refund_spec = FlushSpec {
+            stream: Stream::Refunds,
+            what: "abandoned decisions to refund",
+            path: REFUNDS_PATH,
+            max_batch: MAX_REFUND_BATCH,
+            timeout: sidecar.timeout.max(Duration::from_secs(2)),
+            // a batch it cannot read, or a sidecar without refunds: retrying cannot help
+            refused: &[400, 404],
         };
         let response_spec = FlushSpec {
             stream: Stream::Responses,
@@ -148,11 +162,13 @@ impl Worker {
                 config.completion_flush_interval,
                 BatchFlusher::new(completions.clone(), completion_spec, sidecar.clone()),
             ),
+            refund_flusher: Every::new(config.completion_flush_interval, BatchFlusher::new(refunds.clone(), refund_spec, sidecar.clone())),
             response_flusher: BatchFlusher::new(responses.clone(), response_spec, sidecar.clone()),
             usage_flusher,
             route_poller,
             hint_poller,
             completions,
+            refunds,
             meter,
             responses,
             renewals,
@@ -173,6 +189,7 @@ impl Worker {
         let c = &self.config;
         let mut v = Metric::requests();
         v.extend(Metric::flush(Stream::Completions));
+        v.extend(Metric::flush(Stream::Refunds));
         if c.response_cache.enabled || c.idempotency.enabled {
             v.extend(Metric::flush(Stream::Responses));
         }
@@ -220,7 +237,8 @@ impl Worker {
             .with_leases(self.renewals.clone())
             .with_local_allows(self.local_allows.clone())
             .with_generation(self.gen.clone())
-            .with_decision_ids(self.decision_ids.clone());
+            .with_decision_ids(self.decision_ids.clone())
+            .with_refunds(self.refunds.clone());
         HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()))
     }
 
@@ -229,6 +247,7 @@ impl Worker {
         self.changes.on_tick(host);
         self.renewer.on_tick(host);
         self.completion_flusher.on_tick(host);
+        self.refund_flusher.on_tick(host);
         self.response_flusher.on_tick(host);
         self.usage_flusher.on_tick(host);
         self.route_poller.on_tick(host);
@@ -243,6 +262,7 @@ impl Worker {
         let delivered = deliver(&mut self.usage_flusher, host, token, status, &mut read)
             || deliver(&mut self.response_flusher, host, token, status, &mut read)
             || deliver(&mut self.completion_flusher, host, token, status, &mut read)
+            || deliver(&mut self.refund_flusher, host, token, status, &mut read)
             || deliver(&mut self.route_poller, host, token, status, &mut read)
             || deliver(&mut self.changes, host, token, status, &mut read)
             || deliver(&mut self.renewer, host, token, status, &mut read)
@@ -255,6 +275,9 @@ impl Worker {
     /// This worker's queues, for tests and tools: completions, usage, responses, renewals.
     pub fn completions(&self) -> &Rc<RefCell<CompletionQueue>> {
         &self.completions
+    }
+    pub fn refunds(&self) -> &Rc<RefCell<RefundQueue>> {
+        &self.refunds
     }
     pub fn meter(&self) -> &Rc<RefCell<Meter>> {
         &self.meter

@@ -369,3 +369,5 @@ pub mod responses;
 
 /// The change count the filter polls to drop cached answers and leases (issue 15).
 pub mod changes;
+/// Abandoned decisions, refunded by the sidecar (issue 15.2).
+pub mod refunds;

@@ -253,7 +253,7 @@ mod tests {
             Limit::example(Algorithm::Concurrency, SubjectKind::Key),
         ];
         let planned = checks(&limits, &ctx);
-        let call = DecideCall { now_ms: ctx.now_ms, request_id: r.clone(), limits: planned.checks, lease: None, lookup: None };
+        let call = DecideCall { now_ms: ctx.now_ms, request_id: r.clone(), limits: planned.checks, lease: None, lookup: None, record: None };
         let (keys, args) = call.encode();
         let bucket = 1_764_374_400_000u64 / 60_000;
         assert_eq!(

@@ -2,7 +2,7 @@
 //! reservations (actual vs reserved) and concurrency slots — through `complete.lua`.
 
 use super::{DecisionStore, Decider};
-use crate::keys::{ConcurrencyKey, Id, ReservationKey, Subject, TokenBudgetKey};
+use crate::keys::{ConcurrencyKey, DecisionRecordKey, Id, ReservationKey, Subject, TokenBudgetKey};
 use crate::metrics as m;
 use crate::scripts::complete::CompleteCall;
 use crate::store::StoreError;
@@ -59,10 +59,15 @@ impl<S: DecisionStore> Decider<S> {
                 actual: c.tokens.unwrap_or(b.reserved),
                 estimate: b.reserved,
                 request_id: request_id.to_string(),
+                record: None,
             });
         }
         for slot in slots {
-            calls.push(CompleteCall { budget: None, slot: Some(slot), actual: 0, estimate: 0, request_id: request_id.to_string() });
+            calls.push(CompleteCall { budget: None, slot: Some(slot), actual: 0, estimate: 0, request_id: request_id.to_string(), record: None });
+        }
+        // A completed decision is never refunded (issue 15.2): its record goes with the first call.
+        if let Some(first) = calls.first_mut() {
+            first.record = Some(DecisionRecordKey::new(&tenant, &request_id));
         }
         for call in calls {
             let (delta, settled) = self.store.complete(&call).await?;

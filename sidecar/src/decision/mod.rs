@@ -31,6 +31,7 @@ pub mod cache;
 pub mod checks;
 pub mod complete;
 pub mod hints;
+pub mod refund;
 pub mod limits;
 pub mod responses;
 pub mod routing;
@@ -43,9 +44,9 @@ pub use store::DecisionStore;
 
 use crate::apikey::{self, KeyRecord};
 use crate::clock::Clock;
-use crate::keys::{Id, KeyHash};
+use crate::keys::{DecisionRecordKey, Id, KeyHash, DECISION_RECORD_TTL_MS};
 use crate::metrics as m;
-use crate::scripts::decide::{DecideCall, DecideReply, Lease, LimitState};
+use crate::scripts::decide::{DecideCall, DecideReply, Lease, LimitState, Record};
 use crate::store::Store;
 use cache::{CacheConfig, Lookup, TtlCache};
 use checks::{Checks, Meta, RequestCtx};
@@ -86,13 +87,22 @@ pub struct Decider<S = Store> {
     changes: std::sync::atomic::AtomicU64,
 }
 
+/// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
+pub fn well_formed_decision_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Whether the filter named this decision (a well-formed `decisionId`).
+fn filter_named(req: &DecideRequest) -> bool {
+    req.decision_id.as_deref().is_some_and(well_formed_decision_id)
+}
+
 /// The id of a decision: the filter's `decisionId` when it is one (32 lowercase hex), else a
 /// random one of the same form made here.
 pub fn decision_id(req: &DecideRequest) -> Id {
-    let valid = |s: &&str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     req.decision_id
         .as_deref()
-        .filter(valid)
+        .filter(|s| well_formed_decision_id(s))
         .and_then(Id::parse)
         .unwrap_or_else(|| Id::parse(&format!("{:032x}", rand::random::<u128>())).expect("hex id"))
 }
@@ -262,7 +272,19 @@ impl<S: DecisionStore> Decider<S> {
         };
         let Checks { checks, meta } = checks::checks(limits, &ctx);
         let (lease, lease_ttl_ms) = Self::lease(cx, r, limits);
-        let call = DecideCall { now_ms: cx.now_ms, request_id, limits: checks, lease, lookup: lookup.as_ref().map(ResponseLookup::script_lookup) };
+        // A decision the filter named can be reported abandoned (its answer lost): record what it
+        // takes, in the same call, so the refund can give it back (issue 15.2). A renewal admits
+        // no request, and an id made here is known to no filter.
+        let record = (filter_named(req) && !req.lease.is_some_and(|l| l.renewal))
+            .then(|| Record { key: DecisionRecordKey::new(&r.tenant, &request_id), ttl_ms: DECISION_RECORD_TTL_MS });
+        let call = DecideCall {
+            now_ms: cx.now_ms,
+            request_id,
+            limits: checks,
+            lease,
+            lookup: lookup.as_ref().map(ResponseLookup::script_lookup),
+            record,
+        };
         let reply = crate::trace::redis_call(self.store.decide(&call, cx.deadline.saturating_duration_since(Instant::now()))).await;
         let asked = Asked { meta, request_id: call.request_id, lease_ttl_ms, lookup };
         let reply = match reply {

@@ -1,4 +1,4 @@
-//! The decision path's port to its store: the four things a decision or a completion asks of
+//! The decision path's port to its store: the five things a decision or a completion asks of
 //! Redis. [`crate::store::Store`] implements it over the real connection and scripts; the unit
 //! tests of the decision logic implement it in memory. Generic, so the hot path is statically
 //! dispatched (no boxing, no vtable).
@@ -7,6 +7,7 @@ use crate::apikey::KeyRecord;
 use crate::keys::{Id, KeyHash};
 use crate::scripts::complete::{self, CompleteCall, Settled};
 use crate::scripts::decide::{self, DecideCall, DecideReply, ScriptError};
+use crate::scripts::refund::{self, RefundError, Refunded};
 use crate::store::{Store, StoreError};
 use std::future::Future;
 use std::time::Duration;
@@ -25,6 +26,9 @@ pub trait DecisionStore: Clone + Send + Sync + 'static {
 
     /// Settles a reservation and/or a slot: one `complete.lua` call.
     fn complete(&self, call: &CompleteCall) -> impl Future<Output = Result<(i64, Settled), StoreError>> + Send;
+
+    /// Gives back what an abandoned decision took: its record, then one `refund.lua` call.
+    fn refund(&self, tenant: &Id, decision_id: &Id, now_ms: u64) -> impl Future<Output = Result<Refunded, RefundError>> + Send;
 
     /// Whether this caller writes the key's audit line (the first failure of the hour).
     fn claim_audit(&self, key_id: &Id) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -45,6 +49,10 @@ impl DecisionStore for Store {
 
     async fn complete(&self, call: &CompleteCall) -> Result<(i64, Settled), StoreError> {
         complete::run(self, call).await
+    }
+
+    async fn refund(&self, tenant: &Id, decision_id: &Id, now_ms: u64) -> Result<Refunded, RefundError> {
+        refund::run(self, tenant, decision_id, now_ms).await
     }
 
     async fn claim_audit(&self, key_id: &Id) -> Result<bool, StoreError> {

@@ -2,7 +2,7 @@
 //! reserved) and free its concurrency slot. Idempotent: a retried report changes nothing twice.
 
 use super::Invocation;
-use crate::keys::{ConcurrencyKey, ReservationKey, TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS};
+use crate::keys::{ConcurrencyKey, DecisionRecordKey, ReservationKey, TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS};
 use crate::store::{Store, StoreError};
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -24,6 +24,8 @@ pub struct CompleteCall {
     pub estimate: u64,
     /// The slot's member.
     pub request_id: String,
+    /// The decision's record (`dec:…`), deleted: a completed decision is never refunded.
+    pub record: Option<DecisionRecordKey>,
 }
 
 /// What became of the reservation.
@@ -57,6 +59,9 @@ impl CompleteCall {
         if let Some(slot) = &self.slot {
             keys.push(slot.as_str().to_string());
         }
+        if let Some(record) = &self.record {
+            keys.push(record.as_str().to_string());
+        }
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let args = vec![
             self.actual.to_string(),
@@ -66,6 +71,7 @@ impl CompleteCall {
             flag(self.budget.is_some()),
             flag(self.slot.is_some()),
             RESERVATION_TTL_MS.to_string(),
+            flag(self.record.is_some()),
         ];
         (keys, args)
     }
@@ -103,12 +109,13 @@ mod tests {
             actual: 70,
             estimate: 50,
             request_id: "req-1".into(),
+            record: Some(DecisionRecordKey::new(&t, &r)),
         };
         let (keys, args) = both.encode();
-        assert_eq!(keys, ["q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:l:t:req-1", "q:conc:{acme}:l:t"]);
-        assert_eq!(args, ["70", "50", "req-1", &TOKEN_BUDGET_TTL_MS.to_string(), "1", "1", &RESERVATION_TTL_MS.to_string()]);
-        let (keys, args) = CompleteCall { budget: None, actual: 0, estimate: 0, ..both }.encode();
-        assert_eq!((keys.len(), &args[4..6]), (1, &["0".to_string(), "1".to_string()][..]));
+        assert_eq!(keys, ["q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:l:t:req-1", "q:conc:{acme}:l:t", "dec:{acme}:req-1"]);
+        assert_eq!(args, ["70", "50", "req-1", &TOKEN_BUDGET_TTL_MS.to_string(), "1", "1", &RESERVATION_TTL_MS.to_string(), "1"]);
+        let (keys, args) = CompleteCall { budget: None, actual: 0, estimate: 0, record: None, ..both }.encode();
+        assert_eq!((keys.len(), &args[4..6], args[7].as_str()), (1, &["0".to_string(), "1".to_string()][..], "0"));
         assert_eq!(parse((20, 1)), (20, Settled::Reconciled));
         assert_eq!(parse((0, 2)), (0, Settled::Duplicate));
         assert_eq!(parse((5, 0)), (5, Settled::Expired));

@@ -8,7 +8,7 @@
 
 use super::Invocation;
 use crate::keys::{
-    ConcurrencyKey, FixedWindowKey, Id, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ReservationKey,
+    ConcurrencyKey, DecisionRecordKey, FixedWindowKey, Id, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ReservationKey,
     ResponseCacheKey, SlidingLogKey, SlidingWindowKey, TokenBucketKey, TokenBudgetKey,
 };
 use crate::store::{Store, StoreError};
@@ -81,6 +81,14 @@ pub enum Lookup {
     },
 }
 
+/// Where an allowed decision records what it took, for its refund (issue 15.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// `dec:{tenant}:<decisionId>`.
+    pub key: DecisionRecordKey,
+    pub ttl_ms: u64,
+}
+
 /// One `decide.lua` call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecideCall {
@@ -91,6 +99,9 @@ pub struct DecideCall {
     pub limits: Vec<LimitCheck>,
     pub lease: Option<Lease>,
     pub lookup: Option<Lookup>,
+    /// Record what an allowed decision takes (only for decisions the filter named: it can report
+    /// them abandoned).
+    pub record: Option<Record>,
 }
 
 impl DecideCall {
@@ -135,17 +146,18 @@ impl DecideCall {
                 aux,
             ]);
         }
-        // The lease's three arguments come next; a lookup's follow them, so with a lookup they
-        // are present even when no lease is asked.
-        let lease = match (self.lease, &self.lookup) {
+        // The lease's three arguments come next; a lookup's follow them, then the record's, so
+        // with a lookup or a record they are present even when no lease is asked.
+        let lease = match (self.lease, self.lookup.is_some() || self.record.is_some()) {
             (Some(l), _) => Some(l),
-            (None, Some(_)) => Some(Lease { want: 0, renewal: false, share: DEFAULT_SHARE }),
-            (None, None) => None,
+            (None, true) => Some(Lease { want: 0, renewal: false, share: DEFAULT_SHARE }),
+            (None, false) => None,
         };
         if let Some(l) = lease {
             args.extend([l.want.to_string(), if l.renewal { "1" } else { "0" }.to_string(), l.share.to_string()]);
         }
         match &self.lookup {
+            None if self.record.is_some() => args.push("none".into()),
             None => {}
             Some(Lookup::Cache { key }) => {
                 keys.push(key.as_str().to_string());
@@ -161,6 +173,10 @@ impl DecideCall {
                     owner_ttl_ms.to_string(),
                 ]);
             }
+        }
+        if let Some(r) = &self.record {
+            keys.push(r.key.as_str().to_string());
+            args.push(r.ttl_ms.to_string());
         }
         (keys, args)
     }
@@ -288,7 +304,7 @@ mod tests {
     }
 
     fn call(limits: Vec<LimitCheck>) -> DecideCall {
-        DecideCall { now_ms: 1_000, request_id: id("req-1"), limits, lease: None, lookup: None }
+        DecideCall { now_ms: 1_000, request_id: id("req-1"), limits, lease: None, lookup: None, record: None }
     }
 
     fn fixed(limit: u64) -> LimitCheck {
@@ -349,6 +365,28 @@ mod tests {
 
     fn ints(v: &[i64]) -> Vec<redis::Value> {
         v.iter().map(|i| Int(*i)).collect()
+    }
+
+    #[test]
+    fn a_record_comes_last_after_placeholders_for_the_lease_and_the_lookup() {
+        let key = DecisionRecordKey::new(&id("acme"), &id(&"ab".repeat(16)));
+        let record = Some(Record { key: key.clone(), ttl_ms: 60_000 });
+        let (keys, args) = DecideCall { record: record.clone(), ..call(vec![fixed(5)]) }.encode();
+        assert_eq!(keys.last().map(String::as_str), Some(key.as_str()));
+        assert_eq!(&args[9..], ["0", "0", "2", "none", "60000"], "a = 7 + 6n; r = a + 1");
+        let idem = IdemKey::parse("k-1").unwrap();
+        let digest = RequestDigest::parse(&"0a".repeat(16)).unwrap();
+        let lookup = Lookup::Idempotency {
+            owner: IdempotencyOwnerKey::new(&id("acme"), &id("key_1"), &idem),
+            memo: IdempotencyMemoKey::new(&id("acme"), &id("key_1"), &digest, &idem),
+            digest,
+            token: "tok".into(),
+            in_flight_ttl_ms: 300_000,
+            owner_ttl_ms: 86_400_000,
+        };
+        let (keys, args) = DecideCall { record, lookup: Some(lookup), ..call(vec![]) }.encode();
+        assert_eq!(keys.len(), 3);
+        assert_eq!(&args[6..], ["idem", &"0a".repeat(16), "tok", "300000", "86400000", "60000"], "r = a + 5");
     }
 
     #[test]

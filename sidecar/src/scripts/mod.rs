@@ -7,14 +7,15 @@
 pub mod complete;
 pub mod decide;
 pub mod idem_complete;
+pub mod refund;
 
 use crate::store::{Store, StoreError};
 use std::time::Duration;
 
 /// The scripts the request path and the completions run, loaded at start
 /// ([`Store::warm_up`]).
-pub fn all() -> [&'static redis::Script; 3] {
-    [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT]
+pub fn all() -> [&'static redis::Script; 4] {
+    [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT, &refund::SCRIPT]
 }
 
 /// One script call, keys and arguments already encoded.

@@ -14,6 +14,7 @@
 pub mod decision;
 pub mod response;
 pub mod stages;
+mod wiring;
 
 use crate::auth_cache::{self, CachedAllow, LocalAllows};
 use crate::changes::Generation;
@@ -25,6 +26,7 @@ use crate::host::{Action, Host, LogLevel};
 use crate::ids::DecisionIds;
 use crate::lease::renewer::RenewalQueue;
 use crate::lease::{self};
+use crate::refunds::RefundQueue;
 use crate::responses::queue::{PendingStore, ResponseQueue};
 use crate::responses::LookupPlan;
 use crate::routing::{Routed, WorkerRoutes};
@@ -36,6 +38,7 @@ use decision::{Decision, Denial, Grant, Source};
 use response::ResponseSide;
 use std::cell::RefCell;
 use std::rc::Rc;
+use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::responses::{StoreBatch, StoreItem, StoreTicket, RESPONSES_PATH};
 use tollgate_wire::routes::{RouteFailureMode, RouteSpec};
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse};
@@ -58,7 +61,8 @@ enum State {
     Start,
     /// The decision needs the request body; the call is ready but for it.
     AwaitingBody { request: Box<DecideRequest>, lookup: Option<LookupPlan> },
-    Waiting { token: u32, key_hash: String },
+    /// The decision call is in flight; `decision_id` names it (a refund needs it if it is abandoned).
+    Waiting { token: u32, key_hash: String, decision_id: Option<String> },
     Done,
 }
 
@@ -75,6 +79,8 @@ struct WorkerParts {
     decision_ids: Option<Rc<RefCell<DecisionIds>>>,
     /// The worker's generation of cached answers and leases (crate::changes); without it, 0.
     gen: Generation,
+    /// Abandoned decisions to refund (crate::refunds); only with `decision_ids`.
+    refunds: Option<Rc<RefCell<RefundQueue>>>,
 }
 
 /// How long the end of an idempotent response waits for its outcome to be stored.
@@ -97,6 +103,9 @@ pub struct AuthFilter {
     traceparent: Option<String>,
     /// The worker's generation when the decision call was sent.
     sent_gen: u64,
+    /// The decision whose answer was lost, until the failure mode says whether the request is
+    /// refused (then it is refunded) or let through (then what it took stays taken).
+    abandoned: Option<Abandoned>,
     response: ResponseSide,
     /// The call storing an idempotency outcome while the response's end is held (its token, and
     /// the item, queued for the batch if the call fails).
@@ -118,6 +127,7 @@ impl AuthFilter {
                 local_allows: None,
                 decision_ids: None,
                 gen: Generation::default(),
+                refunds: None,
             },
             state: State::Start,
             route: None,
@@ -125,61 +135,11 @@ impl AuthFilter {
             lease_sent_ms: None,
             traceparent: None,
             sent_gen: 0,
+            abandoned: None,
             response: ResponseSide::default(),
             outcome_call: None,
             resume_response: false,
         }
-    }
-
-    /// Names every decision call with an id from `ids` (crate::ids).
-    pub fn with_decision_ids(mut self, ids: Rc<RefCell<DecisionIds>>) -> AuthFilter {
-        self.worker.decision_ids = Some(ids);
-        self
-    }
-
-    /// Trusts cached answers and leases of generation `gen` and later (crate::changes).
-    pub fn with_generation(mut self, gen: Generation) -> AuthFilter {
-        self.worker.gen = gen;
-        self
-    }
-
-    /// Keeps this worker's copy of auth cache entries in `allows` (see [`LocalAllows`]).
-    pub fn with_local_allows(mut self, allows: Rc<RefCell<LocalAllows>>) -> AuthFilter {
-        self.worker.local_allows = Some(allows);
-        self
-    }
-
-    /// Stores responses through `queue` (when the response cache or idempotency is on).
-    pub fn with_responses(mut self, queue: Rc<RefCell<ResponseQueue>>) -> AuthFilter {
-        if self.config.response_cache.enabled || self.config.idempotency.enabled {
-            self.worker.responses = Some(queue);
-        }
-        self
-    }
-
-    /// Routes requests by `routes` (when the configuration turns routing on).
-    pub fn with_routes(mut self, routes: Rc<RefCell<WorkerRoutes>>) -> AuthFilter {
-        if self.config.routing.enabled {
-            self.worker.routes = Some(routes);
-        }
-        self
-    }
-
-    /// Spends and renews leases of leased limits through `renewals` (when the configuration
-    /// enables leases; crate::lease).
-    pub fn with_leases(mut self, renewals: Rc<RefCell<RenewalQueue>>) -> AuthFilter {
-        if self.config.leases.enabled {
-            self.worker.leases = Some(renewals);
-        }
-        self
-    }
-
-    /// Meters this request into `meter` (when the configuration enables usage metering).
-    pub fn with_meter(mut self, meter: Rc<RefCell<Meter>>) -> AuthFilter {
-        if self.config.usage.enabled {
-            self.worker.meter = Some(meter);
-        }
-        self
     }
 
     /// The route this request matched, if any.
@@ -295,8 +255,8 @@ impl AuthFilter {
             self.outcome_stored(status);
             return Action::Pause;
         }
-        let key_hash = match &self.state {
-            State::Waiting { token: t, key_hash } if *t == token => key_hash.clone(),
+        let (key_hash, decision_id) = match &mut self.state {
+            State::Waiting { token: t, key_hash, decision_id } if *t == token => (key_hash.clone(), decision_id.take()),
             _ => {
                 host.log(LogLevel::Debug, "ignoring a call response with an unexpected token");
                 return Action::Pause;
@@ -304,6 +264,10 @@ impl AuthFilter {
         };
         self.state = State::Done;
         let answer = interpret(status, body);
+        if answer.is_err() {
+            // the sidecar may have decided and taken, but its answer is lost (timeout, error)
+            self.abandoned = decision_id.map(|decision_id| Abandoned { decision_id, key_hash: key_hash.clone() });
+        }
         if self.worker.leases.is_some() {
             // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
             let now = host.now_ms();
@@ -419,7 +383,7 @@ impl AuthFilter {
         self.sent_gen = self.worker.gen.get();
         match host.dispatch(self.config.sidecar.decide(body, self.traceparent.as_deref())) {
             Ok(token) => {
-                self.state = State::Waiting { token, key_hash: request.key_hash };
+                self.state = State::Waiting { token, key_hash: request.key_hash, decision_id: request.decision_id };
                 Action::Pause
             }
             Err(e) => self.sidecar_failed(host, &format!("cannot call the sidecar: {e}")),
@@ -468,6 +432,10 @@ impl AuthFilter {
             FailureMode::Closed => {
                 host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
                 host.count(Metric::FailedClosed);
+                // refused: whatever the lost answer's decision took is given back
+                if let Some(a) = self.abandoned.take() {
+                    self.queue_refund(host, a);
+                }
                 self.response.cache_status = None;
                 let message = "the gateway cannot decide this request now";
                 crate::reply::json_error(host, 503, codes::SIDECAR_UNAVAILABLE, message, None, &[]);
@@ -480,6 +448,14 @@ impl AuthFilter {
                 self.steer(host);
                 Action::Continue
             }
+        }
+    }
+
+    /// Queues an abandoned decision for the sidecar to refund (crate::refunds).
+    fn queue_refund(&self, host: &mut impl Host, a: Abandoned) {
+        if let Some(q) = &self.worker.refunds {
+            q.borrow_mut().push(a);
+            host.count(Metric::RefundQueued);
         }
     }
 
@@ -558,6 +534,11 @@ impl AuthFilter {
         // dies with the stream, the batch sends the outcome (settling twice is a no-op).
         if let Some((_, item)) = self.outcome_call.take() {
             self.queue_store(item);
+        }
+        // The client went away while the decision call was in flight: the request was never
+        // admitted, and the call's answer is lost with its context.
+        if let State::Waiting { key_hash, decision_id: Some(decision_id), .. } = std::mem::replace(&mut self.state, State::Done) {
+            self.queue_refund(host, Abandoned { decision_id, key_hash });
         }
         let (tokens, store) = self.response.finish(host);
         if let (Some(item), Some(queue)) = (store, &self.worker.responses) {

@@ -22,6 +22,8 @@
 //!   decision, 5 minutes (seed 000). Per budget: each budget of a request settles on its own.
 //! - `q:conc:{tenant}:{limit}:{subject}` — in-flight zset scored by start ms, PEXPIRE slot timeout
 //!   (seed 000 has a Set; a scored zset lets the script prune slots whose completion never came).
+//! - `dec:{tenant}:{decisionId}` — string, what one allowed decision took (decide.lua writes it in
+//!   the same call), so a decision the filter abandoned can be refunded (refund.lua); 60 s.
 
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 use std::fmt;
@@ -131,6 +133,12 @@ redis_key!(
     ConcurrencyKey
 );
 
+redis_key!(
+    /// `dec:{tenant}:{decisionId}` — what one allowed decision took, for its refund if the filter
+    /// abandons it (issue 15.2). TTL [`DECISION_RECORD_TTL_MS`].
+    DecisionRecordKey
+);
+
 /// What a limit counts per: a key, the tenant, a product, a client IP, a header value.
 /// Always a safe key segment (no spaces, braces or colons-free guarantees are not needed after
 /// the hash tag, but length and charset are bounded).
@@ -227,6 +235,19 @@ impl ConcurrencyKey {
     }
 }
 
+impl DecisionRecordKey {
+    /// In the tenant's hash tag: `decide.lua` writes it with the decision's limit keys, and
+    /// `refund.lua` reads it with them (one Cluster slot).
+    pub fn new(tenant: &Id, decision_id: &Id) -> Self {
+        Self(format!("dec:{}:{decision_id}", tag(tenant)))
+    }
+}
+
+/// TTL of [`DecisionRecordKey`]: 60 s — the filter reports an abandoned decision on its next
+/// completion flush (100 ms by default), retried every flush while the sidecar cannot take it; a
+/// refund later than this finds nothing (what the decision took stays taken, as before refunds).
+pub const DECISION_RECORD_TTL_MS: u64 = 60_000;
+
 /// TTL of [`TokenBudgetKey`]: 40 days (seed 000).
 pub const TOKEN_BUDGET_TTL_MS: u64 = 40 * 24 * 3600 * 1000;
 /// TTL of [`ReservationKey`]: 5 minutes, set on every write (seed 000).
@@ -295,6 +316,7 @@ mod tests {
         assert_eq!(TokenBudgetKey::new(&t, &l, &k, 202611).as_str(), "q:tokens:{acme}:per-min:k.key_1:202611");
         assert_eq!(ReservationKey::new(&t, &l, &k, &Id::parse("req-1").unwrap()).as_str(), "q:reserved:{acme}:per-min:k.key_1:req-1");
         assert_eq!(ConcurrencyKey::new(&t, &l, &k).as_str(), "q:conc:{acme}:per-min:k.key_1");
+        assert_eq!(DecisionRecordKey::new(&t, &Id::parse(&"ab".repeat(16)).unwrap()).as_str(), format!("dec:{{acme}}:{}", "ab".repeat(16)));
         assert_eq!(Subject::product(&Id::parse("chat").unwrap()).as_str(), "p.chat");
     }
 

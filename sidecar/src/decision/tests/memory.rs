@@ -10,6 +10,7 @@ use crate::apikey::KeyRecord;
 use crate::decision::DecisionStore;
 use crate::keys::{Id, KeyHash};
 use crate::scripts::complete::{CompleteCall, Settled};
+use crate::scripts::refund::{RefundError, Refunded};
 use crate::scripts::decide::{Check, DecideCall, DecideReply, LimitState, Lookup, Outcome, ScriptError};
 use crate::store::StoreError;
 use std::collections::HashMap;
@@ -31,6 +32,8 @@ pub struct Mem {
     pub record_reads: usize,
     pub audits: Vec<Id>,
     pub completions: Vec<CompleteCall>,
+    /// Every refund asked: (tenant, decision id).
+    pub refunds: Vec<(Id, Id)>,
 }
 
 #[derive(Clone, Default)]
@@ -172,6 +175,15 @@ impl DecisionStore for MemoryStore {
         }
         m.completions.push(call.clone());
         Ok((call.actual as i64 - call.estimate as i64, Settled::Reconciled))
+    }
+
+    async fn refund(&self, tenant: &Id, decision_id: &Id, _now_ms: u64) -> Result<Refunded, RefundError> {
+        let mut m = self.mem();
+        if m.down {
+            return Err(RefundError::Store(unreachable()));
+        }
+        m.refunds.push((tenant.clone(), decision_id.clone()));
+        Ok(Refunded::Nothing)
     }
 
     async fn claim_audit(&self, key_id: &Id) -> Result<bool, StoreError> {

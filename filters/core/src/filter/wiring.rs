@@ -1,0 +1,74 @@
+//! How a worker wires an [`AuthFilter`] to the state it shares with its other requests (the
+//! queues, caches and counters of crate::worker): one builder method each.
+
+use super::AuthFilter;
+use crate::auth_cache::LocalAllows;
+use crate::changes::Generation;
+use crate::ids::DecisionIds;
+use crate::lease::renewer::RenewalQueue;
+use crate::refunds::RefundQueue;
+use crate::responses::queue::ResponseQueue;
+use crate::routing::WorkerRoutes;
+use crate::usage::Meter;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+impl AuthFilter {
+    /// Names every decision call with an id from `ids` (crate::ids).
+    pub fn with_decision_ids(mut self, ids: Rc<RefCell<DecisionIds>>) -> AuthFilter {
+        self.worker.decision_ids = Some(ids);
+        self
+    }
+
+    /// Trusts cached answers and leases of generation `gen` and later (crate::changes).
+    pub fn with_generation(mut self, gen: Generation) -> AuthFilter {
+        self.worker.gen = gen;
+        self
+    }
+
+    /// Reports decisions whose answer was abandoned to `queue`, for the sidecar to refund
+    /// (crate::refunds; needs decision ids).
+    pub fn with_refunds(mut self, queue: Rc<RefCell<RefundQueue>>) -> AuthFilter {
+        self.worker.refunds = Some(queue);
+        self
+    }
+
+    /// Keeps this worker's copy of auth cache entries in `allows` (see [`LocalAllows`]).
+    pub fn with_local_allows(mut self, allows: Rc<RefCell<LocalAllows>>) -> AuthFilter {
+        self.worker.local_allows = Some(allows);
+        self
+    }
+
+    /// Stores responses through `queue` (when the response cache or idempotency is on).
+    pub fn with_responses(mut self, queue: Rc<RefCell<ResponseQueue>>) -> AuthFilter {
+        if self.config.response_cache.enabled || self.config.idempotency.enabled {
+            self.worker.responses = Some(queue);
+        }
+        self
+    }
+
+    /// Routes requests by `routes` (when the configuration turns routing on).
+    pub fn with_routes(mut self, routes: Rc<RefCell<WorkerRoutes>>) -> AuthFilter {
+        if self.config.routing.enabled {
+            self.worker.routes = Some(routes);
+        }
+        self
+    }
+
+    /// Spends and renews leases of leased limits through `renewals` (when the configuration
+    /// enables leases; crate::lease).
+    pub fn with_leases(mut self, renewals: Rc<RefCell<RenewalQueue>>) -> AuthFilter {
+        if self.config.leases.enabled {
+            self.worker.leases = Some(renewals);
+        }
+        self
+    }
+
+    /// Meters this request into `meter` (when the configuration enables usage metering).
+    pub fn with_meter(mut self, meter: Rc<RefCell<Meter>>) -> AuthFilter {
+        if self.config.usage.enabled {
+            self.worker.meter = Some(meter);
+        }
+        self
+    }
+}

@@ -1,0 +1,232 @@
+#![recursion_limit = "256"]
+//! Refunds of abandoned decisions (issue 15.2) against a real redis-server, with the clock driven
+//! by the test: for every algorithm (fixed, sliding, bucket, log, budget, concurrency), a leased
+//! grant and an idempotency claim, an allowed decision refunded leaves Redis exactly as it was
+//! before the decision; a second refund changes nothing; a refund of a denied or unknown decision
+//! changes nothing; a refund after a completion gives nothing back; a late bucket refund never
+//! gives back what a refill to capacity absorbed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_sidecar::apikey;
+use tollgate_sidecar::clock::ManualClock;
+use tollgate_sidecar::config::Config;
+use tollgate_sidecar::decision::limits::Plans;
+use tollgate_sidecar::decision::Decider;
+use tollgate_sidecar::keys::Id;
+use tollgate_sidecar::scripts::refund::Refunded;
+use tollgate_sidecar::store::Store;
+use tollgate_tests::Redis;
+use tollgate_wire::refunds::Abandoned;
+use tollgate_wire::responses::IdempotencyRequest;
+use tollgate_wire::{Completion, DecideRequest, DecideResponse, LeaseAsk};
+
+/// 2026-11-29T12:00:00Z.
+const T0: u64 = 1_795_953_600_000;
+
+struct Lab {
+    redis: Redis,
+    clock: Arc<ManualClock>,
+    decider: Decider,
+    key_hash: String,
+    n: u32,
+}
+
+impl Lab {
+    async fn new(limits: &str) -> Lab {
+        let redis = Redis::start();
+        let mut cfg = Config::from_toml(limits).unwrap();
+        cfg.redis.url = redis.url();
+        cfg.redis.timeout = Duration::from_millis(500);
+        cfg.redis.decision_timeout = Duration::from_millis(500);
+        cfg.cache.ttl = Duration::from_secs(600);
+        let store = Store::new(&cfg.redis).unwrap();
+        let clock = Arc::new(ManualClock::new(T0));
+        let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock.clone());
+        let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse("p").unwrap(), 1, None);
+        store.create_key(&issued.hash, &issued.record).await.unwrap();
+        Lab { redis, clock, decider, key_hash: issued.hash.as_str().to_string(), n: 0 }
+    }
+
+    /// A decision the filter named; returns its id and the answer.
+    async fn decide_with(&mut self, f: impl FnOnce(DecideRequest) -> DecideRequest) -> (String, DecideResponse) {
+        self.n += 1;
+        let id = format!("{:032x}", 0xdec0_0000u64 + u64::from(self.n));
+        let req = DecideRequest { decision_id: Some(id.clone()), client_ip: Some("10.0.0.1".into()), ..DecideRequest::new(self.key_hash.clone(), "POST", "api", "/") };
+        let answer = self.decider.decide(&f(req)).await.unwrap();
+        (id, answer)
+    }
+
+    async fn decide(&mut self) -> (String, DecideResponse) {
+        self.decide_with(|r| r).await
+    }
+
+    async fn refund(&self, id: &str) -> Refunded {
+        self.decider.refund(&Abandoned { decision_id: id.into(), key_hash: self.key_hash.clone() }).await.unwrap()
+    }
+
+    /// Every key but the key records, with its value (strings, hashes, zsets with scores).
+    fn state(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for k in self.redis.keys("*") {
+            if k.starts_with("apikey") {
+                continue;
+            }
+            let kind: String = self.redis.cmd(&["TYPE", &k]);
+            let value = match kind.as_str() {
+                "string" => self.redis.cmd::<String>(&["GET", &k]),
+                "hash" => format!("{:?}", self.redis.cmd::<BTreeMap<String, String>>(&["HGETALL", &k])),
+                "zset" => format!("{:?}", self.redis.cmd::<Vec<String>>(&["ZRANGE", &k, "0", "-1", "WITHSCORES"])),
+                other => panic!("unexpected {other} at {k}"),
+            };
+            out.insert(k, value);
+        }
+        out
+    }
+}
+
+fn allowed(r: &DecideResponse) -> bool {
+    matches!(r, DecideResponse::Allow { .. })
+}
+
+fn limit(name: &str, algorithm: &str, limit: u64, extra: &str) -> String {
+    format!("[[plans.p.limits]]\nname = \"{name}\"\nalgorithm = \"{algorithm}\"\nlimit = {limit}\n{extra}\n")
+}
+
+/// Decide (allowed) → refund → Redis as before the decision; refunding again, or a denied or
+/// unknown decision, changes nothing.
+async fn refunded_as_if_it_never_came(limits: &str, lines: u64) {
+    let mut lab = Lab::new(limits).await;
+    let (_, warm) = lab.decide().await; // a decision that stays: the state has something in it
+    assert!(allowed(&warm), "{warm:?}");
+    let before = lab.state();
+    let (id, r) = lab.decide().await;
+    assert!(allowed(&r), "{r:?}");
+    let taken = lab.state();
+    assert_ne!(taken, before, "the decision took something");
+    assert!(taken.contains_key(&format!("dec:{{acme}}:{id}")), "its record: {taken:?}");
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines });
+    assert_eq!(lab.state(), before, "{limits}: as if the decision never came");
+    assert_eq!(lab.refund(&id).await, Refunded::Nothing, "a second refund is a no-op");
+    assert_eq!(lab.state(), before);
+    assert_eq!(lab.refund(&format!("{:032x}", 7)).await, Refunded::Nothing, "an unknown decision");
+    assert_eq!(lab.state(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_is_given_back_exactly_once() {
+    refunded_as_if_it_never_came(&limit("fw", "fixed_window", 5, "window = \"60s\""), 1).await;
+    refunded_as_if_it_never_came(&limit("sw", "sliding_window", 5, "window = \"60s\""), 1).await;
+    refunded_as_if_it_never_came(&limit("tb", "token_bucket", 5, "window = \"10s\"\ncost = 2"), 1).await;
+    refunded_as_if_it_never_came(&limit("log", "sliding_log", 5, "window = \"60s\"\ncost = 2"), 1).await;
+    refunded_as_if_it_never_came(&limit("bud", "token_budget", 100_000, "estimate = 700"), 1).await;
+    refunded_as_if_it_never_came(&limit("conc", "concurrency", 5, ""), 1).await;
+    // every kind in one decision, one record, one refund
+    let all = [
+        limit("fw", "fixed_window", 5, ""),
+        limit("sw", "sliding_window", 5, ""),
+        limit("tb", "token_bucket", 5, ""),
+        limit("log", "sliding_log", 5, ""),
+        limit("bud", "token_budget", 100_000, ""),
+        limit("bud2", "token_budget", 100_000, "subject = \"tenant\""),
+        limit("conc", "concurrency", 5, ""),
+    ]
+    .concat();
+    refunded_as_if_it_never_came(&all, 7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_grant_is_given_back_with_the_request() {
+    let mut lab = Lab::new(&limit("fw", "fixed_window", 100, "mode = \"leased\"")).await;
+    let before = lab.state();
+    let (id, r) = lab.decide_with(|req| DecideRequest { lease: Some(LeaseAsk { want: 20, renewal: false }), ..req }).await;
+    let DecideResponse::Allow { lease: Some(l), .. } = &r else { panic!("no lease: {r:?}") };
+    assert!(l.units > 0);
+    let counter = lab.redis.keys("rl:{acme}:fw:*");
+    assert_eq!(lab.redis.cmd::<u64>(&["GET", &counter[0]]), 1 + l.units, "the request and its lease");
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 1 });
+    let after = lab.state();
+    assert_eq!(after.get(&counter[0]).map(String::as_str), Some("0"), "{after:?}");
+    assert_eq!(after.len(), before.len() + 1, "only the emptied counter remains");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_claim_is_released_only_while_it_is_the_decisions() {
+    let mut lab = Lab::new(&limit("fw", "fixed_window", 5, "")).await;
+    lab.decide().await;
+    let before = lab.state();
+    let idem = |key: &str| IdempotencyRequest { key: key.into(), digest: "0a".repeat(16) };
+    let (id, r) = lab.decide_with(|req| DecideRequest { idempotency: Some(idem("order-1")), ..req }).await;
+    assert!(allowed(&r), "{r:?}");
+    assert_eq!(lab.redis.keys("idem:*").len(), 2, "owner and in-flight memo");
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 2 });
+    assert_eq!(lab.state(), before, "the claim and the window unit are back");
+    // the key can be claimed again right away (not 409 in flight)
+    let (_, again) = lab.decide_with(|req| DecideRequest { idempotency: Some(idem("order-1")), ..req }).await;
+    let DecideResponse::Allow { store: Some(_), .. } = again else { panic!("not claimed: {again:?}") };
+
+    // a claim that is no longer the decision's (its memo replaced) is left alone
+    let (id, _) = lab.decide_with(|req| DecideRequest { idempotency: Some(idem("order-2")), ..req }).await;
+    let memo = lab.redis.keys("idem:api:{acme}:*:order-2").pop().unwrap();
+    let _: () = lab.redis.cmd(&["SET", &memo, "{\"status\":200}"]);
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 2 });
+    assert_eq!(lab.redis.cmd::<String>(&["GET", &memo]), "{\"status\":200}", "someone else's outcome stays");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_decision_and_a_completed_one_are_not_refunded() {
+    let mut lab = Lab::new(&[limit("fw", "fixed_window", 1, ""), limit("bud", "token_budget", 100_000, "estimate = 500")].concat()).await;
+    let (done, r) = lab.decide().await;
+    let DecideResponse::Allow { ticket: Some(ticket), .. } = r else { panic!("{r:?}") };
+    let (denied, r) = lab.decide().await;
+    assert!(!allowed(&r), "over the limit: {r:?}");
+    assert!(lab.redis.keys(&format!("dec:*{denied}")).is_empty(), "a denied decision writes no record");
+    let before = lab.state();
+    assert_eq!(lab.refund(&denied).await, Refunded::Nothing);
+    assert_eq!(lab.state(), before);
+    // the allowed one completes (served, 300 tokens): its record goes, a refund gives nothing back
+    lab.decider.complete(&Completion { ticket, status: 200, tokens: Some(300) }).await.unwrap();
+    assert!(lab.redis.keys(&format!("dec:*{done}")).is_empty(), "the completion deleted the record");
+    let completed = lab.state();
+    assert_eq!(lab.refund(&done).await, Refunded::Nothing);
+    assert_eq!(lab.state(), completed, "the served request stays counted, its usage settled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_racing_a_settled_reservation_gives_nothing_back() {
+    let mut lab = Lab::new(&limit("bud", "token_budget", 100_000, "estimate = 500")).await;
+    let (id, r) = lab.decide().await;
+    assert!(allowed(&r));
+    // as if a completion settled it but its record was not yet deleted (a report and a refund
+    // of one decision: never sent by a correct filter)
+    let reservation = lab.redis.keys("q:reserved:*").pop().unwrap();
+    let _: () = lab.redis.cmd(&["SET", &reservation, "settled"]);
+    let before = lab.state();
+    assert_eq!(lab.refund(&id).await, Refunded::Completed);
+    let mut after = before.clone();
+    after.remove(&format!("dec:{{acme}}:{id}"));
+    assert_eq!(lab.state(), after, "only the record is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_bucket_refund_never_gives_back_what_a_full_refill_absorbed() {
+    let mut lab = Lab::new(&limit("tb", "token_bucket", 10, "window = \"10s\"")).await;
+    let (id, _) = lab.decide().await; // 9 left
+    let bucket = lab.redis.keys("q:rps:*").pop().unwrap();
+    let tokens = |lab: &Lab| lab.redis.cmd::<String>(&["HGET", &bucket, "tokens"]).parse::<f64>().unwrap();
+    // 20 s later the bucket is full again either way; one request takes one
+    lab.clock.advance(20_000);
+    let (_, r) = lab.decide().await;
+    assert!(allowed(&r));
+    assert_eq!(tokens(&lab), 9.0);
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 1 });
+    assert_eq!(tokens(&lab), 9.0, "without the first request the bucket would hold 9 too");
+
+    // refunded soon after the take, the whole take comes back
+    let (id, _) = lab.decide().await;
+    assert_eq!(tokens(&lab), 8.0);
+    lab.clock.advance(100);
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 1 });
+    assert_eq!(tokens(&lab), 9.0);
+}

@@ -1,0 +1,113 @@
+//! Abandoned decisions are refunded (issue 15.2), through two real Envoys and their sidecars on
+//! one Redis: a test-only delay (`TOLLGATE_TEST_DECIDE_DELAY_FILE`, sidecar/src/testing.rs) holds
+//! every decision's answer back past the filter's callout timeout, so a burst is refused with 503
+//! `sidecar_unavailable` although each decision was allowed and took from its limits. The filters
+//! report those decisions on their next flush and the sidecars give everything back: the
+//! fixed-window counter, the concurrency slots and the Idempotency-Key claim are as if the burst
+//! never came — the limit then admits exactly its 10 requests, the cap its 6 in flight, and the
+//! key executes its request.
+
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tollgate_tests::{get, poll_until, post, Gateway, Resp};
+
+const PLAN: &str = r#"
+[[plans.p.limits]]
+name = "pm"
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+
+[[plans.p.limits]]
+name = "conc"
+algorithm = "concurrency"
+limit = 6
+"#;
+
+/// The burst: 5 GETs and one POST with an Idempotency-Key, 6 decisions in all (the cap).
+const BURST_GETS: usize = 5;
+
+#[test]
+fn decisions_whose_answers_came_too_late_are_given_back() {
+    // a window rolling over mid-test would reset the counter by itself: start well inside one
+    poll_until("well inside the hour's window", Duration::from_secs(90), || {
+        let s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        s % 3600 < 3600 - 60
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let delay = dir.path().join("decide-delay-ms");
+    std::fs::write(&delay, "0").unwrap();
+    let g = Gateway::builder()
+        .sidecar_toml(PLAN)
+        .sidecar_env("TOLLGATE_TEST_DECIDE_DELAY_FILE", delay.to_str().unwrap())
+        .plugin(json!({
+            "sidecar": {"timeout": "500ms"}, "failureMode": "closed",
+            "idempotency": {"enabled": true}, "completionFlushInterval": "20ms",
+        }))
+        .replicas(2)
+        .build();
+    let key = g.sidecar().create_key("acme", "p", &[]);
+    let urls = [g.replica(0).envoy().url("/"), g.replica(1).envoy().url("/orders")];
+    let h = [("x-api-key", key.raw.as_str())];
+    let idem = [("x-api-key", key.raw.as_str()), ("content-type", "application/json"), ("idempotency-key", "\"order-1\"")];
+    let (window_key, conc_key) = (format!("rl:{{acme}}:pm:k.{}:*", key.id), format!("q:conc:{{acme}}:conc:k.{}", key.id));
+    let counter = || -> u64 {
+        let keys = g.redis().keys(&window_key);
+        keys.first().map_or(0, |k| g.redis().cmd::<Option<u64>>(&["GET", k]).unwrap_or(0))
+    };
+    let slots = || g.redis().cmd::<u64>(&["ZCARD", &conc_key]);
+
+    // every answer now comes 2 s after its decision, the filters give up after 500 ms
+    std::fs::write(&delay, "2000").unwrap();
+    let burst: Vec<Resp> = std::thread::scope(|s| {
+        let mut handles: Vec<_> = (0..BURST_GETS).map(|i| { let (urls, h) = (&urls, &h); s.spawn(move || get(&urls[i % 2], h)) }).collect();
+        handles.push(s.spawn(|| post(&urls[1], &idem, r#"{"item":"book"}"#)));
+        handles.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let refused_at = Instant::now();
+    for r in &burst {
+        assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("sidecar_unavailable")), "{}", r.body);
+    }
+    assert_eq!(g.upstream().calls(), 0, "nothing of the burst was admitted");
+    // the decisions ran, were allowed and took — then the filters' refunds gave it all back
+    poll_until("every abandoned decision refunded", Duration::from_secs(20), || {
+        let refunded: u64 = (0..2).map(|i| g.replica(i).sidecar().metric("tollgate_sidecar_refunds_total{outcome=\"refunded\"}")).sum();
+        refunded == 1 + BURST_GETS as u64
+    });
+    let took = refused_at.elapsed();
+    let queued: u64 = (0..2).map(|i| g.replica(i).envoy().counter("wasmcustom.tollgate.refunds.queued")).sum();
+    assert_eq!(queued, 1 + BURST_GETS as u64, "each refused decision was reported once");
+    assert_eq!(counter(), 0, "the window counter is back where it was");
+    assert_eq!(slots(), 0, "no concurrency slot is held");
+    assert!(g.redis().keys("idem:*{acme}*").is_empty(), "the Idempotency-Key claim is released: {:?}", g.redis().keys("idem:*"));
+    assert!(g.redis().keys("dec:{acme}:*").is_empty(), "every decision record is consumed by its refund");
+    assert!(g.redis().keys("q:reserved:*").is_empty());
+    eprintln!("refunded {} decisions {took:?} after the filters refused them", 1 + BURST_GETS);
+    std::fs::write(&delay, "0").unwrap();
+
+    // as if the burst never came: the cap holds its 6 in flight (each upstream call held 1 s)...
+    let slow = [("x-api-key", key.raw.as_str()), ("x-echo-delay-ms", "1000")];
+    let held: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6).map(|i| { let (urls, slow) = (&urls, &slow); s.spawn(move || get(&urls[i % 2], slow).status) }).collect();
+        handles.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert_eq!(held, [200; 6], "the cap admits 6 in flight: no slot of the burst is left");
+    poll_until("the 6 slots freed by their completions", Duration::from_secs(20), || slots() == 0);
+    // ...the Idempotency-Key executes its request (not 409 in flight, not a replay)...
+    let before = g.upstream().calls();
+    let first = post(&urls[1], &idem, r#"{"item":"book"}"#);
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    assert_eq!(g.upstream().calls(), before + 1);
+    // ...and the window admits exactly its 10: 6 + 1 so far, 3 more, then 429
+    for i in 0..3 {
+        poll_until("a free slot", Duration::from_secs(20), || slots() == 0);
+        let r = get(&urls[i % 2], &h);
+        assert_eq!(r.status, 200, "request {} of the window: {}", 8 + i, r.body);
+    }
+    poll_until("a free slot", Duration::from_secs(20), || slots() == 0);
+    let over = get(&urls[0], &h);
+    assert_eq!((over.status, over.json()["error"].as_str()), (429, Some("rate_limited")), "{}", over.body);
+    assert_eq!(counter(), 10);
+    assert!(g.redis().assert_ttl_invariant() > 0, "every key written has a TTL");
+}
