@@ -24,6 +24,9 @@ pub struct CompleteCall {
     pub estimate: u64,
     /// The slot's member.
     pub request_id: String,
+    /// How long the settled marker is kept: at least the reservation's TTL, and until the ticket
+    /// it settles expires (a replay within the ticket's life finds the marker).
+    pub marker_ttl_ms: u64,
 }
 
 /// What became of the reservation.
@@ -65,7 +68,7 @@ impl CompleteCall {
             TOKEN_BUDGET_TTL_MS.to_string(),
             flag(self.budget.is_some()),
             flag(self.slot.is_some()),
-            RESERVATION_TTL_MS.to_string(),
+            self.marker_ttl_ms.max(RESERVATION_TTL_MS).to_string(),
         ];
         (keys, args)
     }
@@ -103,10 +106,13 @@ mod tests {
             actual: 70,
             estimate: 50,
             request_id: "req-1".into(),
+            marker_ttl_ms: 0,
         };
         let (keys, args) = both.encode();
         assert_eq!(keys, ["q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:l:t:req-1", "q:conc:{acme}:l:t"]);
         assert_eq!(args, ["70", "50", "req-1", &TOKEN_BUDGET_TTL_MS.to_string(), "1", "1", &RESERVATION_TTL_MS.to_string()]);
+        let longer = CompleteCall { marker_ttl_ms: RESERVATION_TTL_MS + 1, ..both.clone() }.encode().1;
+        assert_eq!(longer[6], (RESERVATION_TTL_MS + 1).to_string(), "the marker outlives the ticket");
         let (keys, args) = CompleteCall { budget: None, actual: 0, estimate: 0, ..both }.encode();
         assert_eq!((keys.len(), &args[4..6]), (1, &["0".to_string(), "1".to_string()][..]));
         assert_eq!(parse((20, 1)), (20, Settled::Reconciled));
