@@ -10,7 +10,7 @@
 -- ARGV[4] counter TTL in ms (re-applied on write)
 -- ARGV[5] '1' if the request reserved budget, else '0'
 -- ARGV[6] '1' if the request took a concurrency slot, else '0'
--- ARGV[7] reservation TTL in ms (the settled marker keeps it)
+-- ARGV[7] TTL in ms of the settled marker: at least the reservation's, and until the ticket expires
 -- ARGV[8] '1' if the last of KEYS is the decision's record (dec:…, issue 15.2): it is deleted,
 --         so a refund of a completed decision finds nothing to give back
 -- returns {delta charged to the counter, 1 reconciled now | 0 reservation had expired |

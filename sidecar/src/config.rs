@@ -283,13 +283,13 @@ mod tests {
     #[test]
     fn the_printed_configuration_shows_no_secret() {
         let c = Config::from_toml(
-            "[server]\nsecret = \"filter-secret-0123456789\"\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = \"admin-token-0123456789\"\n\
+            "[server]\nsecret = \"filter-secret-0123456789\"\nticket_key = \"ticket-key-0123456789\"\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = \"admin-token-0123456789\"\n\
              [redis]\nurl = \"redis://:redispass123@127.0.0.1:6379/\"\n[source]\npostgres_url = \"postgres://u:pgpass123@h/db\"\n\
              [usage.kafka.properties]\n\"sasl.password\" = \"kafkapass123\"\n\"compression.type\" = \"zstd\"\n",
         )
         .unwrap();
         let printed = format!("{:#?}", c.redacted());
-        for secret in ["filter-secret", "admin-token", "redispass123", "pgpass123", "kafkapass123"] {
+        for secret in ["filter-secret", "ticket-key", "admin-token", "redispass123", "pgpass123", "kafkapass123"] {
             assert!(!printed.contains(secret), "{secret} printed:\n{printed}");
         }
         assert!(printed.contains("zstd") && printed.contains("127.0.0.1:6379"), "{printed}");

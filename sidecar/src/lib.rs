@@ -105,11 +105,13 @@ impl Sidecar {
             true => Some(Arc::new(usage::Usage::start(&config.usage, store.clone())?)),
             false => None,
         };
+        let ticket_key = decision::tickets::TicketKey::derive(&secret, &config.server.ticket_key);
         let state = Arc::new(server::AppState {
             secret,
             decider: Arc::new(
                 decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans)?, clock)
-                    .with_usage(usage.clone()),
+                    .with_usage(usage.clone())
+                    .with_ticket_key(ticket_key),
             ),
             store,
             prometheus: metrics::handle(),

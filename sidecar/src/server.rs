@@ -45,6 +45,12 @@ pub struct ServerConfig {
     pub secret: Secret,
     /// A file holding the secret (its surrounding whitespace trimmed), instead of `secret`.
     pub secret_file: Option<PathBuf>,
+    /// Optional, sidecar-only (env `TOLLGATE_SIDECAR_SERVER__TICKET_KEY`): mixed into the key
+    /// that seals tickets (crate::decision::tickets), so that even a caller who read the filter
+    /// secret (e.g. from Envoy's configuration) cannot make or alter a ticket. The same on every
+    /// sidecar of a deployment; changing it refuses the tickets in flight once (their
+    /// reservations stay charged, their slots expire). Never logged.
+    pub ticket_key: Secret,
     /// A connection must send a whole request head within this from accept, and every later
     /// HTTP/1.1 head within this from the previous response (which also closes an HTTP/1.1
     /// connection idle that long). Keep the Envoy cluster's `idle_timeout` below it.
@@ -63,6 +69,7 @@ impl Default for ServerConfig {
         ServerConfig {
             secret: Secret::default(),
             secret_file: None,
+            ticket_key: Secret::default(),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             allow_non_loopback: false,
@@ -77,6 +84,9 @@ impl ServerConfig {
         }
         if !self.secret.is_empty() && !crate::secret::well_formed(self.secret.expose()) {
             return Err(invalid("server.secret", "16 to 256 visible ASCII characters"));
+        }
+        if !self.ticket_key.is_empty() && self.ticket_key.expose().len() < 16 {
+            return Err(invalid("server.ticket_key", "at least 16 characters"));
         }
         if self.header_read_timeout.is_zero() || self.idle_timeout.is_zero() {
             return Err(invalid("server.header_read_timeout and server.idle_timeout", "must be above zero"));
@@ -107,8 +117,8 @@ impl ServerConfig {
     }
 }
 
-/// The body limit of `POST /v1/responses` (the other endpoints keep axum's 2 MiB).
-pub const RESPONSES_BODY_LIMIT: usize = 32 << 20;
+/// The body limit of `POST /v1/responses` (the other endpoints: [`tollgate_wire::BODY_LIMIT`]).
+pub const RESPONSES_BODY_LIMIT: usize = tollgate_wire::responses::RESPONSES_BODY_LIMIT;
 
 pub struct AppState {
     /// The deployment's filter secret.
@@ -130,8 +140,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(COMPLETIONS_PATH, post(completions))
         .route(tollgate_wire::refunds::REFUNDS_PATH, post(refunds))
         .route(USAGE_PATH, post(usage))
-        // Response batches carry bodies (JSON-escaped or base64): the filter bounds a batch by
-        // MAX_RESPONSE_BATCH_BYTES (4 MiB) of body text, which escaping can inflate up to 6x.
+        // Response batches carry bodies (JSON-escaped or base64): the filter bounds a batch's
+        // serialized size by MAX_RESPONSE_BATCH_BYTES (4 MiB); a single item may be larger.
         .route(
             tollgate_wire::responses::RESPONSES_PATH,
             post(responses).layer(axum::extract::DefaultBodyLimit::max(RESPONSES_BODY_LIMIT)),
@@ -139,7 +149,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route(tollgate_wire::changes::CHANGES_PATH, get(changes))
         .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_secret));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_secret))
+        // the filter's batches are bounded below this (filters/core: completions, usage)
+        .layer(axum::extract::DefaultBodyLimit::max(tollgate_wire::BODY_LIMIT));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
@@ -214,9 +226,11 @@ async fn decide(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
     }
 }
 
-/// Settles a batch of completion reports. 200 when every report is settled (or refused as
-/// invalid, which retrying cannot fix); 503 when Redis failed, so the filter retries the batch —
-/// settling is idempotent, so reports already settled are not counted twice.
+/// Settles a batch of completion reports. 200 when every report is settled (or refused, which
+/// retrying cannot fix: `invalid`, a malformed ticket; `refused`, a ticket this deployment did not
+/// seal, altered, or expired — each report on its own, so one bad ticket costs no good report);
+/// 503 when Redis failed, so the filter retries the batch — settling is idempotent, so reports
+/// already settled are not counted twice.
 async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let batch: CompletionBatch = match serde_json::from_slice(&body) {
         Ok(b) => b,
@@ -224,7 +238,7 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
     };
     // Reports of different requests are independent: settle them concurrently, so the
     // multiplexed Redis connection pipelines them (a batch costs about one round trip per chunk).
-    let mut invalid = 0usize;
+    let (mut invalid, mut refused) = (0usize, 0usize);
     for chunk in batch.completions.chunks(64) {
         let results = futures::future::join_all(chunk.iter().map(|c| state.decider.complete(c))).await;
         for r in results {
@@ -234,13 +248,18 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
                     invalid += 1;
                     tracing::debug!(field = %what, "refused a completion with an invalid ticket");
                 }
+                Err(crate::decision::complete::CompleteError::Refused(why)) => {
+                    refused += 1;
+                    tracing::debug!(reason = why.as_str(), "refused a completion's ticket");
+                }
                 Err(crate::decision::complete::CompleteError::Store(e)) => {
                     return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", e.to_string());
                 }
             }
         }
     }
-    json(StatusCode::OK, format!(r#"{{"settled":{},"invalid":{invalid}}}"#, batch.completions.len() - invalid).into_bytes())
+    let settled = batch.completions.len() - invalid - refused;
+    json(StatusCode::OK, format!(r#"{{"settled":{settled},"invalid":{invalid},"refused":{refused}}}"#).into_bytes())
 }
 
 /// Refunds a batch of abandoned decisions (issue 15.2). 200 when each is settled for good
@@ -303,7 +322,8 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 /// Stores (or releases) a batch of finished responses: cache entries and idempotency outcomes
-/// (crate::decision::responses). Always 200 with the counts once the batch is read: storing is best effort
+/// (crate::decision::responses); an item whose ticket this deployment did not seal, altered or
+/// expired is refused. Always 200 with the counts once the batch is read: storing is best effort
 /// and the filter does not retry (a lost entry is a later miss; a lost outcome's claim expires).
 async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let batch: tollgate_wire::responses::StoreBatch = match serde_json::from_slice(&body) {
@@ -311,7 +331,8 @@ async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid response batch: {e}")),
     };
     let routing = state.decider.routing();
-    let ack = crate::decision::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route)).await;
+    let (tickets, now_ms) = (state.decider.tickets(), state.decider.now_ms());
+    let ack = crate::decision::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route), tickets, now_ms).await;
     json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
 }
 

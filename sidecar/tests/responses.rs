@@ -75,7 +75,14 @@ impl Lab {
 
     async fn store(&self, ticket: StoreTicket, response: Option<StoredResponse>) -> tollgate_wire::responses::StoreAck {
         let routing = self.decider.routing();
-        store_batch(&self.store, &StoreBatch { responses: vec![StoreItem { ticket, response }] }, |r| routing.cache_ttl_ms(r)).await
+                let batch = StoreBatch { responses: vec![StoreItem { ticket, response }] };
+        store_batch(&self.store, &batch, |r| routing.cache_ttl_ms(r), self.decider.tickets(), self.decider.now_ms()).await
+    }
+
+    /// `t` sealed as the decider would have (so only its fields are judged).
+    fn sealed(&self, mut t: StoreTicket) -> StoreTicket {
+        self.decider.tickets().seal_store(&mut t, "0123456789abcdef0123456789abcdef", T0 + 60_000);
+        t
     }
 
     fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
@@ -139,12 +146,30 @@ async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     assert!(replay.is_none() && t.is_none());
 
     // the store refuses what it must: unknown route, no TTL, a failure status, a forged tenant
-    let bad_route = StoreTicket::Cache { tenant: "acme".into(), route: "nocache".into(), hash: "cd".repeat(32) };
+    let bad_route = lab.sealed(StoreTicket::Cache { tenant: "acme".into(), route: "nocache".into(), hash: "cd".repeat(32), seal: Default::default() });
     assert_eq!(lab.store(bad_route, Some(ok("x"))).await.refused, 1);
     let status = StoredResponse::new(500, vec![], b"x".to_vec(), T0);
     assert_eq!(lab.store(ticket.clone(), Some(status)).await.refused, 1);
-    let forged = StoreTicket::Cache { tenant: "a}b".into(), route: "chat".into(), hash: "cd".repeat(32) };
+    let forged = lab.sealed(StoreTicket::Cache { tenant: "a}b".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
     assert_eq!(lab.store(forged, Some(ok("x"))).await.refused, 1);
+
+    // tickets: an unsealed one, one moved to another tenant, and the settled one replayed with
+    // another body are refused; the entry is unchanged
+    let entry: String = lab.cmd(&["GET", &key]);
+    let unsealed = StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() };
+    assert_eq!(lab.store(unsealed, Some(ok("poison"))).await.refused, 1);
+    let mut moved = ticket.clone();
+    if let StoreTicket::Cache { tenant, .. } = &mut moved {
+        *tenant = "beta".into();
+    }
+    assert_eq!(lab.store(moved, Some(ok("poison"))).await.refused, 1);
+    assert_eq!(lab.store(ticket.clone(), Some(ok("poison"))).await.refused, 1, "a replay writes over nothing");
+    let after: String = lab.cmd(&["GET", &key]);
+    assert_eq!(after, entry);
+    let beta: Vec<String> = lab.cmd(&["KEYS", "cache:exact:{beta}:*"]);
+    assert!(beta.is_empty(), "{beta:?}");
+    // a cache ticket is taken back no longer than its route's TTL (30 s here)
+    assert_eq!(ticket.seal().expires_at_ms, T0 + 30_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

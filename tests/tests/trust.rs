@@ -7,7 +7,7 @@ use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
-use tollgate_tests::{get, send, Gateway, Sidecar};
+use tollgate_tests::{get, poll_until, post, send, Gateway, Sidecar};
 use tollgate_wire::SECRET_HEADER;
 
 const PLANS: &str = "[[plans.p.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\n";
@@ -158,4 +158,226 @@ fn a_response_batch_above_two_mib_is_read_and_one_above_the_limit_answers_json()
     let r = send("POST", &s.url("/v1/responses"), &auth, Some(&too_big));
     assert_eq!((r.status, r.header("content-type")), (413, Some("application/json")), "{}", r.body);
     assert_eq!(r.json()["error"], "payload_too_large");
+}
+
+/// A gateway with a token budget and a concurrency cap on plan `p`, a caching route and
+/// idempotency on; keys of `acme` and `beta`.
+fn ticket_gateway() -> (Gateway, String, String) {
+    let toml = format!(
+        "{}\n[[plans.p.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400\n\
+         [[plans.p.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 50\n",
+        tollgate_tests::fixtures::cache_sidecar_toml(1000)
+    );
+    let g = Gateway::builder().sidecar_toml(&toml).plugin(tollgate_tests::fixtures::cache_plugin()).build();
+    let acme = g.sidecar().create_key("acme", "p", &[]).raw;
+    let beta = g.sidecar().create_key("beta", "p", &[]).raw;
+    poll_until("the routing table in the filter", Duration::from_secs(20), || {
+        get(&g.envoy().url("/warmup"), &[("x-api-key", &acme)]).status == 200
+    });
+    (g, acme, beta)
+}
+
+#[test]
+fn tickets_forged_altered_or_replayed_are_refused_and_change_nothing() {
+    let (g, acme, _beta) = ticket_gateway();
+    let (sidecar, redis) = (g.sidecar(), g.redis());
+
+    // Through Envoy: the filter echoes the sealed tickets it got, and they are taken — the
+    // reservation is settled, the response cached, the idempotency outcome stored.
+    let r = get(&g.envoy().url("/cached/a"), &[("x-api-key", &acme)]);
+    assert_eq!((r.status, r.header("x-tollgate-cache")), (200, Some("miss")), "{}", r.body);
+    let r = post(&g.envoy().url("/orders"), &[("x-api-key", &acme), ("idempotency-key", "order-1")], "{\"n\":1}");
+    assert_eq!(r.status, 200, "{}", r.body);
+    poll_until("the filter's tickets taken", Duration::from_secs(20), || {
+        let reserved = redis.keys("q:reserved:{acme}:*");
+        let settled = !reserved.is_empty() && reserved.iter().all(|k| redis.cmd::<Option<String>>(&["GET", k]).as_deref() == Some("settled"));
+        let memo = redis.keys("idem:api:{acme}:*");
+        let stored = memo.len() == 1 && redis.cmd::<Option<String>>(&["GET", &memo[0]]).is_some_and(|v| !v.starts_with("inflight:"));
+        settled && stored && redis.keys("cache:exact:{acme}:cached:*").len() == 1
+    });
+    assert_eq!(sidecar.metric("tollgate_sidecar_tickets_refused_total"), 0, "no ticket of the filter was refused");
+
+    // Direct calls with the deployment's secret: a decision hands out sealed tickets.
+    let auth = [sidecar.auth(), ("content-type", "application/json")];
+    let decide = |extra: serde_json::Value| {
+        let mut req = json!({"keyHash": key_hash(&acme), "method": "POST", "authority": "a", "path": "/cached/b", "route": "cached",
+                             "decisionId": format!("{:032x}", rand_id()), "tokenEstimate": 500});
+        req.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = send("POST", &sidecar.url("/v1/decide"), &auth, Some(&req.to_string()));
+        assert_eq!((r.status, r.json()["verdict"].as_str()), (200, Some("allow")), "{}", r.body);
+        r.json()
+    };
+    let answer = decide(json!({"cacheKey": "ab".repeat(32)}));
+    let ticket = answer["ticket"].clone();
+    let store = answer["store"].clone();
+    assert_eq!(ticket["mac"].as_str().map(str::len), Some(64), "{ticket}");
+    assert_eq!(store["mac"].as_str().map(str::len), Some(64), "{store}");
+    let complete = |ticket: &serde_json::Value, tokens: u64| {
+        let body = json!({"completions": [{"ticket": ticket, "status": 200, "tokens": tokens}]}).to_string();
+        let r = send("POST", &sidecar.url("/v1/completions"), &auth, Some(&body));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let store_one = |ticket: &serde_json::Value, body: &str| {
+        let batch = json!({"responses": [{"ticket": ticket, "response": {"status": 200, "body": body}}]}).to_string();
+        let r = send("POST", &sidecar.url("/v1/responses"), &auth, Some(&batch));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let altered = |t: &serde_json::Value, field: &str, value: serde_json::Value| {
+        let mut t = t.clone();
+        let shown = t.to_string();
+        *t.pointer_mut(field).unwrap_or_else(|| panic!("{field} in {shown}")) = value;
+        t
+    };
+
+    // Altered completion tickets: another tenant, a bigger reservation (a refund), a budget
+    // dropped, another slot, a longer life, no MAC, another decision. All refused; nothing moves.
+    let before = state(redis);
+    let forged_completions = [
+        altered(&ticket, "/tenant", json!("beta")),
+        altered(&ticket, "/budgets/0/reserved", json!(99_000)),
+        altered(&ticket, "/budgets", json!([])),
+        altered(&ticket, "/slots/0/subject", json!("t")),
+        altered(&ticket, "/expiresAtMs", json!(ticket["expiresAtMs"].as_u64().unwrap() + 3_600_000)),
+        altered(&ticket, "/mac", json!("")),
+        altered(&ticket, "/requestId", json!(format!("{:032x}", rand_id()))),
+    ];
+    for t in &forged_completions {
+        let a = complete(t, 0);
+        assert_eq!((a["settled"].as_u64(), a["refused"].as_u64()), (Some(0), Some(1)), "{t}: {a}");
+    }
+    // Altered store tickets: another tenant (cache poisoning), another route, another hash, a
+    // longer life, no MAC.
+    let forged_stores = [
+        altered(&store, "/tenant", json!("beta")),
+        altered(&store, "/route", json!("plain")),
+        altered(&store, "/hash", json!("cd".repeat(32))),
+        altered(&store, "/expiresAtMs", json!(store["expiresAtMs"].as_u64().unwrap() + 3_600_000)),
+        altered(&store, "/mac", json!("")),
+    ];
+    for t in &forged_stores {
+        let a = store_one(t, "poison");
+        assert_eq!((a["stored"].as_u64(), a["refused"].as_u64()), (Some(0), Some(1)), "{t}: {a}");
+    }
+    assert_eq!(state(redis), before, "a forged or altered ticket changed Redis");
+    assert!(sidecar.metric("tollgate_sidecar_tickets_refused_total{kind=\"completion\",reason=\"mac\"}") >= 7);
+    assert!(sidecar.metric("tollgate_sidecar_tickets_refused_total{kind=\"cache\",reason=\"mac\"}") >= 5);
+
+    // The real tickets are taken once; replayed after settlement they change nothing.
+    assert_eq!(complete(&ticket, 100)["settled"].as_u64(), Some(1));
+    assert_eq!(store_one(&store, "{\"fresh\":1}")["stored"].as_u64(), Some(1));
+    let settled = state(redis);
+    assert_ne!(settled, before, "the real tickets were taken");
+    let duplicates = sidecar.metric("tollgate_sidecar_completions_total{outcome=\"duplicate\"}");
+    complete(&ticket, 0); // a replay that would refund the whole reservation
+    let a = store_one(&store, "poison");
+    assert_eq!((a["stored"].as_u64(), a["refused"].as_u64()), (Some(0), Some(1)), "{a}");
+    assert_eq!(state(redis), settled, "a replayed ticket changed Redis");
+    assert_eq!(sidecar.metric("tollgate_sidecar_completions_total{outcome=\"duplicate\"}"), duplicates + 1);
+
+    // Idempotency outcomes: a claim's ticket moved to another tenant or key is refused, the
+    // real one stores the outcome once, its replay changes nothing.
+    let claim = decide(json!({"path": "/orders", "route": "plain", "idempotency": {"key": "order-2", "digest": "0a".repeat(16)}}));
+    let idem = claim["store"].clone();
+    assert_eq!(idem["kind"], "idempotency", "{claim}");
+    let before = state(redis);
+    for t in [altered(&idem, "/tenant", json!("beta")), altered(&idem, "/keyId", json!("key_other")), altered(&idem, "/mac", json!(""))] {
+        let a = store_one(&t, "poison");
+        assert_eq!((a["stored"].as_u64(), a["refused"].as_u64()), (Some(0), Some(1)), "{t}: {a}");
+    }
+    assert_eq!(state(redis), before, "an altered idempotency ticket changed Redis");
+    assert_eq!(store_one(&idem, "{\"order\":2}")["stored"].as_u64(), Some(1));
+    let stored = state(redis);
+    assert_eq!(store_one(&idem, "poison")["refused"].as_u64(), Some(1));
+    assert_eq!(state(redis), stored, "a replayed idempotency ticket changed Redis");
+    // the client's retry gets the first outcome
+    let replay = decide(json!({"path": "/orders", "route": "plain", "idempotency": {"key": "order-2", "digest": "0a".repeat(16)}}));
+    assert_eq!(replay["replay"]["response"]["body"], "{\"order\":2}", "{replay}");
+    redis.assert_ttl_invariant();
+}
+
+#[test]
+fn six_mib_of_idempotency_outcomes_in_one_tick_are_all_stored_and_replayed() {
+    // one worker: one response queue takes every outcome
+    let g = Gateway::builder()
+        .sidecar_toml(PLANS)
+        .plugin(json!({"sidecar": {"timeout": "2s"}, "failureMode": "closed", "idempotency": {"enabled": true}}))
+        .concurrency(1)
+        .build();
+    let key = g.sidecar().create_key("acme", "p", &[]).raw;
+    // 16 outcomes of ~200 KB each (100 000 quotes, escaped once in the upstream's JSON): ~400 KB
+    // each once escaped again in a batch, ~6.4 MiB together — above the 4 MiB batch bound
+    const N: usize = 16;
+    let url = g.envoy().url("/orders");
+    let headers = |i: usize| -> Vec<(String, String)> {
+        vec![
+            ("x-api-key".into(), key.clone()),
+            ("content-type".into(), "application/json".into()),
+            ("idempotency-key".into(), format!("big-{i}")),
+            ("x-echo-pad".into(), "100000".into()),
+        ]
+    };
+    let first: Vec<tollgate_tests::Resp> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..N)
+            .map(|i| {
+                let (url, h) = (url.clone(), headers(i));
+                s.spawn(move || {
+                    let h: Vec<(&str, &str)> = h.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+                    post(&url, &h, &format!("{{\"order\":{i}}}"))
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().expect("a call")).collect()
+    });
+    for r in &first {
+        assert_eq!(r.status, 200, "{}", &r.body[..r.body.len().min(200)]);
+        assert!(r.body.len() > 200_000, "{}", r.body.len());
+    }
+    let upstream_calls = g.upstream().calls();
+    poll_until("every outcome stored", Duration::from_secs(30), || {
+        let memos = g.redis().keys("idem:api:{acme}:*");
+        memos.len() == N && memos.iter().all(|m| g.redis().cmd::<Option<String>>(&["GET", m]).is_some_and(|v| !v.starts_with("inflight:")))
+    });
+    assert_eq!(g.envoy().counter("wasmcustom.tollgate.responses.dropped"), 0, "no outcome dropped");
+    // every retry gets its replay, the upstream is not called again
+    for (i, r) in first.iter().enumerate() {
+        let h = headers(i);
+        let h: Vec<(&str, &str)> = h.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let again = post(&url, &h, &format!("{{\"order\":{i}}}"));
+        assert_eq!((again.status, again.header("idempotent-replayed")), (200, Some("true")), "retry {i}");
+        assert_eq!(again.body, r.body, "retry {i} replays the first outcome");
+    }
+    assert_eq!(g.upstream().calls(), upstream_calls, "no retry reached the upstream");
+    // ~6.4 MiB of batch bodies do not fit one batch of at most 4 MiB
+    assert!(g.envoy().counter("wasmcustom.tollgate.responses.batches_sent") >= 2);
+}
+
+/// Redis' content (sorted keys and their values) but the rate-limit counters: their windows end
+/// on their own while a test runs, and no ticket touches them.
+fn state(redis: &tollgate_tests::Redis) -> Vec<(String, Vec<String>)> {
+    let mut keys = redis.keys("*");
+    keys.retain(|k| !k.starts_with("rl:") && !k.starts_with("rate:"));
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let kind: String = redis.cmd(&["TYPE", &k]);
+            let value: Vec<String> = match kind.as_str() {
+                "string" => redis.cmd::<Option<String>>(&["GET", &k]).into_iter().collect(),
+                "hash" => redis.cmd(&["HGETALL", &k]),
+                "set" => redis.cmd(&["SMEMBERS", &k]),
+                "zset" => redis.cmd(&["ZRANGE", &k, "0", "-1", "WITHSCORES"]),
+                "list" => redis.cmd(&["LRANGE", &k, "0", "-1"]),
+                other => vec![format!("<{other}>")],
+            };
+            (k, value)
+        })
+        .collect()
+}
+
+fn rand_id() -> u128 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() << 16) | u128::from(n)
 }

@@ -19,10 +19,15 @@ use tollgate_wire::usage::UsageEvent;
 /// gateway's spool and shipping to the broker's topic `usage_events`, the billing consumer
 /// (group `billing`) writing to PostgreSQL. `usage` are more `[usage]` settings (lines).
 fn gateway(usage: &str) -> Gateway {
+    gateway_spooling_to("${SPOOL_DIR}", usage)
+}
+
+/// [`gateway`] with the spool in `spool_dir`.
+fn gateway_spooling_to(spool_dir: &str, usage: &str) -> Gateway {
     Gateway::builder()
         .sidecar_toml(&format!(
             "[[plans.small.limits]]\nname = \"few\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1h\"\n\
-             [usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n{usage}\
+             [usage]\nenabled = true\nspool_dir = \"{spool_dir}\"\nsegment_age = \"50ms\"\n{usage}\
              [usage.kafka]\nbrokers = \"${{BROKERS}}\"\ntopic = \"usage_events\"\npartitions = 4\ndelivery_timeout = \"3s\"\n"
         ))
         .plugin(json!({"sidecar": {"timeout": "2s"}, "usage": {"enabled": true, "flushInterval": "100ms"}}))
@@ -149,6 +154,99 @@ fn a_broker_outage_during_traffic_loses_nothing_and_counts_nothing_twice() {
     assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), 50);
     assert!(s.sidecar().log_text().contains("kafka went down"), "the outage was noticed (logged once)");
     assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
+}
+
+/// A real small disk: a tmpfs mounted for the test (the test machine runs as root), unmounted
+/// at drop.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn mount(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "mounting a tmpfs (this test needs root): {}", String::from_utf8_lossy(&out.stderr));
+        SmallDisk(dir)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+
+    /// Fills what is left of the disk with a filler file (appending to it); returns its size.
+    fn fill(&self) -> u64 {
+        use std::io::Write;
+        let path = self.path().join("filler");
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("filler");
+        let chunk = vec![b'x'; 4096];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.raw_os_error() == Some(28) => break, // ENOSPC: full
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        // the last page may be partly free: single bytes until ENOSPC
+        while let Ok(1) = f.write(b"x") {}
+        std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    fn free(&self) {
+        let _ = std::fs::remove_file(self.path().join("filler"));
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_full_spool_disk_loses_no_request_and_bills_each_once() {
+    let disk = SmallDisk::mount("1m");
+    let spool = disk.path().join("spool");
+    let s = gateway_spooling_to(spool.to_str().expect("utf-8 path"), "");
+    let acme = s.sidecar().create_key("acme", "big", &[]);
+    let flush_errors = || s.envoy().counter("wasmcustom.tollgate.usage.flush_errors");
+    let total = |pg: &Postgres| rollup(pg).values().map(|v| v[0]).sum::<i64>();
+
+    // before: 10 requests billed
+    for _ in 0..10 {
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+    }
+    poll_until("the first 10 in the rollup", Duration::from_secs(60), || total(s.pg()) == 10);
+
+    // during: the disk is full; requests are served, their events are refused by the spool (503)
+    // and kept by the filter. The filler is topped up while shipped segments free space.
+    let errors_before = flush_errors();
+    assert!(disk.fill() > 0, "the disk had room to fill");
+    for _ in 0..20 {
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+        disk.fill();
+    }
+    poll_until("the spool to refuse a batch on the full disk", Duration::from_secs(30), || {
+        disk.fill();
+        flush_errors() > errors_before
+    });
+
+    // after: space comes back; 10 more requests; every request billed exactly once
+    disk.free();
+    for _ in 0..10 {
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+    }
+    poll_until("all 40 requests in the rollup", Duration::from_secs(90), || total(s.pg()) >= 40);
+    // a short grace for a duplicate to show (resent batches are idempotent by event id)
+    let settled = || psql_i64(s.pg(), "SELECT count(*) FROM usage_events");
+    poll_until("the events table to hold 40", Duration::from_secs(30), || settled() >= 40);
+    assert_eq!(total(s.pg()), 40, "exactly one count per request");
+    assert_eq!(settled(), 40, "exactly one event per request");
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0, "the filter dropped nothing");
+    assert!(s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}") >= 40);
 }
 
 // ---- per-second aggregation (usage.aggregate_above_rps) ----------------------------------------

@@ -49,7 +49,7 @@ impl BatchItem for UsageEvent {
 }
 
 /// Bytes `item` takes in a batch body (its JSON, exactly).
-fn encoded_len<T: serde::Serialize>(item: &T) -> usize {
+pub(crate) fn encoded_len<T: serde::Serialize>(item: &T) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -257,7 +257,7 @@ mod tests {
 
     fn c(id: &str) -> Completion {
         Completion {
-            ticket: Ticket { tenant: "t".into(), request_id: id.into(), budgets: vec![], slots: vec![] },
+            ticket: Ticket::new("t", id, vec![], vec![]),
             status: 200,
             tokens: None,
         }

@@ -48,6 +48,11 @@ pub const MAX_COMPLETION_BATCH: usize = 500;
 pub const MAX_QUEUED_RESPONSES: usize = 1_000;
 pub const MAX_QUEUED_RESPONSE_BYTES: usize = 32 << 20;
 pub const MAX_RESPONSE_BATCH_BYTES: usize = 4 << 20;
+
+// Batch sizes agree end to end: every batch's serialized size (items bound exactly, plus the
+// few bytes around them) stays below the sidecar's limit for its endpoint.
+const _: () = assert!(MAX_RESPONSE_BATCH_BYTES + crate::responses::queue::BATCH_OVERHEAD < tollgate_wire::responses::RESPONSES_BODY_LIMIT);
+const _: () = assert!(crate::completions::DEFAULT_MAX_BATCH_BYTES + 64 < tollgate_wire::BODY_LIMIT);
 /// The longest a queued lease renewal waits for its root context's tick.
 pub const LEASE_TICK: Duration = Duration::from_millis(20);
 

@@ -295,7 +295,8 @@ fn a_429_names_the_limit_and_carries_the_sidecars_headers() {
 
 fn allow_with_ticket() -> &'static [u8] {
     br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":500,
-        "ticket":{"tenant":"acme","requestId":"req-9","budgets":[{"limit":"tokens","subject":"k.key_7","period":202611,"reserved":1000}]}}"#
+        "ticket":{"tenant":"acme","requestId":"req-9","budgets":[{"limit":"tokens","subject":"k.key_7","period":202611,"reserved":1000}],
+        "expiresAtMs":1764374700000,"mac":"0f1e"}}"#
 }
 
 #[test]
@@ -320,6 +321,7 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
     assert_eq!(c.tokens, Some(42));
     assert_eq!(c.ticket.request_id, "req-9");
     assert_eq!(c.ticket.budgets[0].reserved, 1000);
+    assert_eq!((c.ticket.expires_at_ms, c.ticket.mac.as_str()), (1_764_374_700_000, "0f1e"), "echoed as sealed");
 }
 
 #[test]

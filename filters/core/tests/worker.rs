@@ -279,7 +279,7 @@ fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
 
 fn store_item(hash: &str) -> StoreItem {
     StoreItem {
-        ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: hash.into() },
+        ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: hash.into(), seal: Default::default() },
         response: Some(StoredResponse::new(200, vec![], b"{}".to_vec(), 0)),
     }
 }

@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 pub const DECIDE_PATH: &str = "/v1/decide";
 /// Path of the batched completion reports (see [`CompletionBatch`]).
 pub const COMPLETIONS_PATH: &str = "/v1/completions";
+/// The sidecar's body limit on every filter-facing endpoint but `POST /v1/responses`
+/// ([`responses::RESPONSES_BODY_LIMIT`]): a bigger call is refused with 413. The filter bounds
+/// the serialized size of its batches below it.
+pub const BODY_LIMIT: usize = 2 << 20;
 /// The header that carries the deployment's filter secret on every call to the sidecar but
 /// `/healthz` and `/metrics` (the plugin's `sidecar.secret`, the sidecar's `[server] secret`).
 pub const SECRET_HEADER: &str = "x-tollgate-secret";
@@ -124,6 +128,9 @@ impl Header {
 /// The sidecar's verdict on one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "camelCase")]
+// Allow (the common answer) is the large variant: boxing its fields would add an allocation to
+// the usual case to save bytes on the rare one; one value lives per request, briefly.
+#[allow(clippy::large_enum_variant)]
 pub enum DecideResponse {
     /// Let the request through, tagged with the caller's identity.
     #[serde(rename_all = "camelCase")]
@@ -192,7 +199,7 @@ impl DecideResponse {
 }
 
 /// What an allowed request holds until its completion is reported. Opaque to the filter: it is
-/// echoed back as is; the sidecar validates every field again.
+/// echoed back as is; the sidecar checks its MAC, its expiry and every field again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Ticket {
@@ -202,6 +209,24 @@ pub struct Ticket {
     pub budgets: Vec<BudgetHold>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slots: Vec<SlotHold>,
+    /// Until when (ms since the Unix epoch) the sidecar takes the ticket back; 0: unsealed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expires_at_ms: u64,
+    /// The sidecar's MAC over every other field (lowercase hex HMAC-SHA256), made at decision
+    /// time: a ticket without it, or with any field changed, is refused.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Ticket {
+    /// An unsealed ticket of `tenant`'s decision `request_id` (the sidecar seals it).
+    pub fn new(tenant: impl Into<String>, request_id: impl Into<String>, budgets: Vec<BudgetHold>, slots: Vec<SlotHold>) -> Ticket {
+        Ticket { tenant: tenant.into(), request_id: request_id.into(), budgets, slots, expires_at_ms: 0, mac: String::new() }
+    }
 }
 
 /// A token reservation taken from a monthly budget.

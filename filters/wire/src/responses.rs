@@ -32,6 +32,11 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 /// Largest stored body the sidecar accepts (bytes of the body, before JSON escaping).
 pub const MAX_STORED_BODY: usize = 1 << 20;
 
+/// The sidecar's body limit on `POST /v1/responses`: a bigger batch is refused with 413 (and
+/// split by the filter). Room for one item of the largest stored body at its worst JSON
+/// inflation (a control character is 6 bytes escaped: ~6 MiB) and its headers.
+pub const RESPONSES_BODY_LIMIT: usize = 32 << 20;
+
 /// What the filter asks about an `Idempotency-Key` request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -113,16 +118,62 @@ pub struct Replay {
 }
 
 /// Where the response of an allowed request may be stored. Echoed back by the filter in a
-/// [`StoreItem`]; the sidecar validates it again.
+/// [`StoreItem`]; the sidecar checks its [`Seal`] and validates every field again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum StoreTicket {
     /// A response-cache miss: store a successful response under the route's TTL.
     #[serde(rename_all = "camelCase")]
-    Cache { tenant: String, route: String, hash: String },
+    Cache {
+        tenant: String,
+        route: String,
+        hash: String,
+        #[serde(flatten)]
+        seal: Seal,
+    },
     /// A claimed idempotency key: store the 2xx outcome (24 h) or release the claim.
     #[serde(rename_all = "camelCase")]
-    Idempotency { tenant: String, key_id: String, digest: String, key: String, token: String },
+    Idempotency {
+        tenant: String,
+        key_id: String,
+        digest: String,
+        key: String,
+        token: String,
+        #[serde(flatten)]
+        seal: Seal,
+    },
+}
+
+impl StoreTicket {
+    /// The ticket's seal (set by the sidecar).
+    pub fn seal(&self) -> &Seal {
+        match self {
+            StoreTicket::Cache { seal, .. } | StoreTicket::Idempotency { seal, .. } => seal,
+        }
+    }
+
+    pub fn seal_mut(&mut self) -> &mut Seal {
+        match self {
+            StoreTicket::Cache { seal, .. } | StoreTicket::Idempotency { seal, .. } => seal,
+        }
+    }
+}
+
+/// What the sidecar adds to a store ticket at decision time: the decision's id, until when the
+/// ticket is taken back, and a MAC over every field of the ticket. Opaque to the filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Seal {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expires_at_ms: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One finished request's response (or, for an idempotency claim without a 2xx outcome, `None`:
@@ -228,8 +279,17 @@ mod tests {
 
     #[test]
     fn tickets_are_tagged_by_kind() {
-        let t = StoreTicket::Cache { tenant: "acme".into(), route: "r".into(), hash: "ab".into() };
+        let t = StoreTicket::Cache { tenant: "acme".into(), route: "r".into(), hash: "ab".into(), seal: Seal::default() };
         assert_eq!(serde_json::to_string(&t).unwrap(), r#"{"kind":"cache","tenant":"acme","route":"r","hash":"ab"}"#);
+        let sealed = StoreTicket::Cache {
+            tenant: "acme".into(),
+            route: "r".into(),
+            hash: "ab".into(),
+            seal: Seal { id: "d".into(), expires_at_ms: 7, mac: "m".into() },
+        };
+        let s = serde_json::to_string(&sealed).unwrap();
+        assert_eq!(s, r#"{"kind":"cache","tenant":"acme","route":"r","hash":"ab","id":"d","expiresAtMs":7,"mac":"m"}"#);
+        assert_eq!(serde_json::from_str::<StoreTicket>(&s).unwrap(), sealed);
         let i = StoreItem {
             ticket: StoreTicket::Idempotency {
                 tenant: "acme".into(),
@@ -237,6 +297,7 @@ mod tests {
                 digest: "d".into(),
                 key: "k".into(),
                 token: "t".into(),
+                seal: Seal::default(),
             },
             response: None,
         };

@@ -181,7 +181,13 @@ pub fn ticket(meta: &[Meta], tenant: &Id, request_id: &Id) -> Option<Ticket> {
     if budgets.is_empty() && slots.is_empty() {
         return None;
     }
-    Some(Ticket { tenant: tenant.to_string(), request_id: request_id.to_string(), budgets, slots })
+    Some(Ticket::new(tenant.to_string(), request_id.to_string(), budgets, slots))
+}
+
+/// The longest a request's concurrency slots are held (their timeouts), 0 without slots: its
+/// completion ticket must be taken back at least that long.
+pub fn slot_hold_ms(meta: &[Meta]) -> u64 {
+    meta.iter().filter(|m| m.algorithm == Algorithm::Concurrency).map(|m| m.window_ms).max().unwrap_or(0)
 }
 
 /// `(yyyyMM, ms until the month ends)` of a unix-ms instant (UTC).

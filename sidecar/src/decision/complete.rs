@@ -21,15 +21,22 @@ pub fn clamped(n: u64, source: &'static str) -> u64 {
 pub enum CompleteError {
     #[error("invalid ticket field {0}")]
     BadTicket(String),
+    /// Not a ticket this deployment sealed (forged or altered), or past its expiry.
+    #[error("ticket refused: {}", .0.as_str())]
+    Refused(super::tickets::Refused),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
 impl<S: DecisionStore> Decider<S> {
     /// Settles one completed request: its token reservations (actual vs reserved) and its
-    /// concurrency slots. Idempotent (a retried report changes nothing twice).
+    /// concurrency slots. Only with a ticket this deployment sealed, unaltered and unexpired.
+    /// Idempotent (a retried or replayed report changes nothing twice).
     pub async fn complete(&self, c: &Completion) -> Result<(), CompleteError> {
         let t = &c.ticket;
+        let now_ms = self.now_ms();
+        self.tickets().verify(t, now_ms).map_err(CompleteError::Refused)?;
+        let marker_ttl_ms = t.expires_at_ms.saturating_sub(now_ms);
         // An upstream's count beyond 2^53 (the filter clamps it too): exact in Lua's doubles, and
         // an INCRBY of it cannot fail, so a bad number never makes the batch fail and be resent.
         let c = &Completion { tokens: c.tokens.map(|n| clamped(n, "completion")), ..c.clone() };
@@ -60,10 +67,11 @@ impl<S: DecisionStore> Decider<S> {
                 estimate: b.reserved,
                 request_id: request_id.to_string(),
                 record: None,
+                marker_ttl_ms,
             });
         }
         for slot in slots {
-            calls.push(CompleteCall { budget: None, slot: Some(slot), actual: 0, estimate: 0, request_id: request_id.to_string(), record: None });
+            calls.push(CompleteCall { budget: None, slot: Some(slot), actual: 0, estimate: 0, request_id: request_id.to_string(), record: None, marker_ttl_ms });
         }
         // A completed decision is never refunded (issue 15.2): its record goes with the first call.
         if let Some(first) = calls.first_mut() {

@@ -36,6 +36,7 @@ pub mod limits;
 pub mod responses;
 pub mod routing;
 pub mod store;
+pub mod tickets;
 #[cfg(test)]
 mod tests;
 
@@ -85,6 +86,8 @@ pub struct Decider<S = Store> {
     epoch: u64,
     /// Evictions so far (each after the change it follows was applied here).
     changes: std::sync::atomic::AtomicU64,
+    /// What tickets are sealed with (tickets::TicketKey).
+    tickets: tickets::TicketKey,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -152,12 +155,19 @@ impl<S: DecisionStore> Decider<S> {
             routing: std::sync::RwLock::new(Arc::new(Routing::default())),
             epoch: rand::random::<u64>() >> 11,
             changes: std::sync::atomic::AtomicU64::new(0),
+            tickets: tickets::TicketKey::random(),
         }
     }
 
     /// Meters this decider's denials into `usage` (when metering is on).
     pub fn with_usage(mut self, usage: Option<Arc<crate::usage::Usage>>) -> Decider<S> {
         self.usage = usage;
+        self
+    }
+
+    /// Seals tickets with the deployment's key (the default is one of this process only).
+    pub fn with_ticket_key(mut self, key: tickets::TicketKey) -> Decider<S> {
+        self.tickets = key;
         self
     }
 
@@ -380,7 +390,21 @@ impl<S: DecisionStore> Decider<S> {
                 Err(deny) => return deny,
             },
         };
-        allow(r, headers, checks::ticket(&asked.meta, &r.tenant, &asked.request_id), lease, replay, store.map(Box::new))
+        let ticket = checks::ticket(&asked.meta, &r.tenant, &asked.request_id).map(|mut t| {
+            self.tickets.seal(&mut t, cx.now_ms, checks::slot_hold_ms(&asked.meta));
+            t
+        });
+        let store = store.map(|mut t| {
+            // a cache ticket lives no longer than the entry it may write (written only where none
+            // is, so a replay within its life finds the entry and changes nothing)
+            let life = match &t {
+                StoreTicket::Cache { route, .. } => self.routing().cache_ttl_ms(route).unwrap_or(0).min(tickets::STORE_TICKET_TTL_MS),
+                StoreTicket::Idempotency { .. } => tickets::STORE_TICKET_TTL_MS,
+            };
+            self.tickets.seal_store(&mut t, asked.request_id.as_str(), cx.now_ms + life);
+            Box::new(t)
+        });
+        allow(r, headers, ticket, lease, replay, store)
     }
 
     /// What a lookup's outcome means for the answer: a replay, a store ticket, or a 409/422.
@@ -400,8 +424,9 @@ impl<S: DecisionStore> Decider<S> {
                     count(responses::CACHE_LOOKUPS, "result", "hit");
                     Ok((Some(Box::new(Replay { kind: ReplayKind::Cache, response })), None))
                 }
-                // unreadable: overwrite it with the fresh response
-                None => Ok((None, Some(l.ticket()))),
+                // unreadable: a miss, not stored over (entries are written only where none is:
+                // it goes with its TTL)
+                None => Ok((None, None)),
             },
             Some(Outcome::Miss) => {
                 count(responses::CACHE_LOOKUPS, "result", "miss");
@@ -519,6 +544,16 @@ impl<S> Decider<S> {
     /// The plans in force now.
     pub fn plans(&self) -> Arc<Plans> {
         self.plans.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The key tickets are sealed and checked with.
+    pub fn tickets(&self) -> &tickets::TicketKey {
+        &self.tickets
+    }
+
+    /// Now, by the decider's clock (ms since the Unix epoch).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// The routing in force now.

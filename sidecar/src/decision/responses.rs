@@ -23,6 +23,7 @@ use crate::keys::{
 use crate::scripts::decide::Lookup as ScriptLookup;
 use crate::scripts::idem_complete::{self, IdemComplete};
 use crate::store::{Store, StoreError};
+use super::tickets::TicketKey;
 use std::time::Duration;
 use rand::distr::{Alphanumeric, SampleString};
 use tollgate_wire::responses::{StoreAck, StoreBatch, StoreItem, StoreTicket, StoredResponse, MAX_STORED_BODY};
@@ -64,6 +65,7 @@ impl Lookup {
                     digest: digest.as_str().to_string(),
                     key: i.key.clone(),
                     token: token.clone(),
+                    seal: Default::default(),
                 },
                 digest,
                 token,
@@ -73,7 +75,12 @@ impl Lookup {
         let hash = CacheHash::parse(req.cache_key.as_deref()?)?;
         Some(Lookup::Cache {
             key: ResponseCacheKey::new(tenant, route, &hash),
-            ticket: StoreTicket::Cache { tenant: tenant.to_string(), route: route.to_string(), hash: hash.as_str().to_string() },
+            ticket: StoreTicket::Cache {
+                tenant: tenant.to_string(),
+                route: route.to_string(),
+                hash: hash.as_str().to_string(),
+                seal: Default::default(),
+            },
         })
     }
 
@@ -120,7 +127,7 @@ fn storable(r: &StoredResponse) -> bool {
 /// Where a cache ticket's response goes and for how long, after validating every field.
 /// `route_ttl_ms` gives the TTL of a route id in the configuration in force (none: not caching).
 pub fn cache_target(ticket: &StoreTicket, route_ttl_ms: impl Fn(&str) -> Option<u64>) -> Option<(ResponseCacheKey, u64)> {
-    let StoreTicket::Cache { tenant, route, hash } = ticket else { return None };
+    let StoreTicket::Cache { tenant, route, hash, .. } = ticket else { return None };
     let (tenant, route_id, hash) = (Id::parse(tenant)?, Id::parse(route)?, CacheHash::parse(hash)?);
     let ttl = route_ttl_ms(route)?;
     Some((ResponseCacheKey::new(&tenant, &route_id, &hash), ttl))
@@ -128,7 +135,7 @@ pub fn cache_target(ticket: &StoreTicket, route_ttl_ms: impl Fn(&str) -> Option<
 
 /// The keys, digest and token of an idempotency ticket, after validating every field.
 pub fn idempotency_target(ticket: &StoreTicket) -> Option<(IdempotencyOwnerKey, IdempotencyMemoKey, RequestDigest, String)> {
-    let StoreTicket::Idempotency { tenant, key_id, digest, key, token } = ticket else { return None };
+    let StoreTicket::Idempotency { tenant, key_id, digest, key, token, .. } = ticket else { return None };
     let (tenant, key_id, digest, idem) = (Id::parse(tenant)?, Id::parse(key_id)?, RequestDigest::parse(digest)?, IdemKey::parse(key)?);
     if token.is_empty() || token.len() > 64 || !token.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return None;
@@ -139,13 +146,18 @@ pub fn idempotency_target(ticket: &StoreTicket) -> Option<(IdempotencyOwnerKey, 
 /// Off the request path: the filter's batch waits, not a request.
 const STORE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// `SET cache:exact:… <json> PX <ttl>`: one cached response.
-async fn set(store: &Store, key: &ResponseCacheKey, json: String, ttl_ms: u64) -> Result<(), StoreError> {
+/// `SET cache:exact:… <json> NX PX <ttl>`: one cached response, where none is (`true` when
+/// written). Never over an entry: a cache ticket is taken back only while the entry it wrote
+/// would live, so its replay finds that entry and changes nothing.
+async fn set(store: &Store, key: &ResponseCacheKey, json: String, ttl_ms: u64) -> Result<bool, StoreError> {
     let key = key.clone();
-    let opts = redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(ttl_ms.max(1)));
+    let opts = redis::SetOptions::default()
+        .conditional_set(redis::ExistenceCheck::NX)
+        .with_expiration(redis::SetExpiry::PX(ttl_ms.max(1)));
     store
         .run_with_deadline("set_response", STORE_DEADLINE, |mut c| async move {
-            redis::AsyncCommands::set_options::<_, _, ()>(&mut c, key, json, opts).await
+            let written: Option<String> = redis::AsyncCommands::set_options(&mut c, key, json, opts).await?;
+            Ok(written.is_some())
         })
         .await
 }
@@ -157,15 +169,29 @@ enum Done {
     Failed,
 }
 
-async fn store_one(store: &Store, item: &StoreItem, route_ttl_ms: &(impl Fn(&str) -> Option<u64> + Sync)) -> (&'static str, Done) {
+async fn store_one(
+    store: &Store,
+    item: &StoreItem,
+    route_ttl_ms: &(impl Fn(&str) -> Option<u64> + Sync),
+    tickets: &TicketKey,
+    now_ms: u64,
+) -> (&'static str, Done) {
+    let kind = match item.ticket {
+        StoreTicket::Cache { .. } => "cache",
+        StoreTicket::Idempotency { .. } => "idempotency",
+    };
+    if let Err(why) = tickets.verify_store(&item.ticket, now_ms) {
+        tracing::debug!(kind, reason = why.as_str(), "refused a response's ticket");
+        return (kind, Done::Refused);
+    }
     let response = item.response.as_ref().filter(|r| storable(r));
     match &item.ticket {
         t @ StoreTicket::Cache { .. } => {
-            let kind = "cache";
             let (Some((key, ttl)), Some(r)) = (cache_target(t, route_ttl_ms), response) else { return (kind, Done::Refused) };
             let Ok(json) = serde_json::to_string(r) else { return (kind, Done::Refused) };
             match set(store, &key, json, ttl).await {
-                Ok(()) => (kind, Done::Stored),
+                Ok(true) => (kind, Done::Stored),
+                Ok(false) => (kind, Done::Refused),
                 Err(e) => {
                     tracing::debug!(error = %e, "a response could not be cached");
                     (kind, Done::Failed)
@@ -173,7 +199,6 @@ async fn store_one(store: &Store, item: &StoreItem, route_ttl_ms: &(impl Fn(&str
             }
         }
         t @ StoreTicket::Idempotency { .. } => {
-            let kind = "idempotency";
             let Some((owner, memo, digest, token)) = idempotency_target(t) else { return (kind, Done::Refused) };
             let json = match (&item.response, response) {
                 (None, _) => None,
@@ -200,10 +225,17 @@ async fn store_one(store: &Store, item: &StoreItem, route_ttl_ms: &(impl Fn(&str
 
 /// Stores (or releases) a batch of finished responses; each item independently, concurrently (the
 /// multiplexed connection pipelines them).
-pub async fn store_batch(store: &Store, batch: &StoreBatch, route_ttl_ms: impl Fn(&str) -> Option<u64> + Sync) -> StoreAck {
+/// Only items whose ticket `tickets` sealed, unaltered and unexpired at `now_ms`, are looked at.
+pub async fn store_batch(
+    store: &Store,
+    batch: &StoreBatch,
+    route_ttl_ms: impl Fn(&str) -> Option<u64> + Sync,
+    tickets: &TicketKey,
+    now_ms: u64,
+) -> StoreAck {
     let mut ack = StoreAck::default();
     for chunk in batch.responses.chunks(64) {
-        let results = futures::future::join_all(chunk.iter().map(|i| store_one(store, i, &route_ttl_ms))).await;
+        let results = futures::future::join_all(chunk.iter().map(|i| store_one(store, i, &route_ttl_ms, tickets, now_ms))).await;
         for (kind, done) in results {
             let (outcome, n) = match done {
                 Done::Stored => ("stored", &mut ack.stored),
@@ -247,7 +279,7 @@ mod tests {
         let l = Lookup::of(&req(), &t, &k, Some(&r)).unwrap();
         let ScriptLookup::Cache { key } = l.script_lookup() else { panic!("{l:?}") };
         assert_eq!(key.as_str(), format!("cache:exact:{{acme}}:chat:{}", "cd".repeat(32)));
-        assert_eq!(l.ticket(), StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "cd".repeat(32) });
+        assert_eq!(l.ticket(), StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
         assert_eq!(Lookup::of(&req(), &t, &k, None), None, "the route does not cache");
         assert_eq!(Lookup::of(&DecideRequest { cache_key: Some("xyz".into()), ..req() }, &t, &k, Some(&r)), None);
     }
@@ -273,13 +305,13 @@ mod tests {
 
     #[test]
     fn cache_tickets_are_validated_and_take_the_routes_ttl() {
-        let ok = StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".repeat(32) };
+        let ok = StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() };
         let ttl = |r: &str| (r == "chat").then_some(60_000);
         let (key, t) = cache_target(&ok, ttl).unwrap();
         assert_eq!((key.as_str().starts_with("cache:exact:{acme}:chat:"), t), (true, 60_000));
-        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), route: "other".into(), hash: "ab".repeat(32) }, ttl).is_none());
-        assert!(cache_target(&StoreTicket::Cache { tenant: "a{b}".into(), route: "chat".into(), hash: "ab".repeat(32) }, ttl).is_none());
-        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".into() }, ttl).is_none());
+        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), route: "other".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
+        assert!(cache_target(&StoreTicket::Cache { tenant: "a{b}".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
+        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".into(), seal: Default::default() }, ttl).is_none());
     }
 
     #[test]

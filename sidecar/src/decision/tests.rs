@@ -39,6 +39,7 @@ fn id(s: &str) -> Id {
 struct Lab {
     store: MemoryStore,
     decider: Decider<MemoryStore>,
+    clock: Arc<ManualClock>,
 }
 
 impl Lab {
@@ -47,8 +48,9 @@ impl Lab {
         let raw: BTreeMap<String, PlanConfig> = toml::from_str(PLANS).unwrap();
         let store = MemoryStore::default();
         let cache = CacheConfig { ttl, stale_grace: Duration::from_secs(60), ..CacheConfig::default() };
-        let decider = Decider::new(store.clone(), &cache, Plans::compile(&raw).unwrap(), Arc::new(ManualClock::new(T0)));
-        Lab { store, decider }
+        let clock = Arc::new(ManualClock::new(T0));
+        let decider = Decider::new(store.clone(), &cache, Plans::compile(&raw).unwrap(), clock.clone());
+        Lab { store, decider, clock }
     }
 
     /// Issues key `raw` to tenant `acme` on `plan`; returns its hash.
@@ -231,7 +233,7 @@ async fn a_cache_lookup_misses_then_replays_and_is_a_miss_when_the_store_is_down
     assert_eq!((replay.kind, replay.response.body.as_str()), (ReplayKind::Cache, "hello"));
 
     lab.store.mem().strings.insert(key.as_str().to_string(), "not json".into());
-    assert!(matches!(lab.decide(&get).await, DecideResponse::Allow { replay: None, store: Some(_), .. }), "unreadable: stored again");
+    assert!(matches!(lab.decide(&get).await, DecideResponse::Allow { replay: None, store: None, .. }), "unreadable: a miss, not written over");
 
     lab.store.set_down(true);
     assert!(matches!(lab.decide(&get).await, DecideResponse::Allow { replay: None, store: None, .. }), "fail-open: a miss, nothing stored");
@@ -294,12 +296,20 @@ async fn leases_are_taken_with_the_request_and_renewals_admit_none() {
 #[tokio::test]
 async fn completions_settle_budgets_and_slots_and_refuse_bad_tickets() {
     let lab = Lab::new(Duration::from_secs(60));
-    let ticket = Ticket {
-        tenant: "acme".into(),
-        request_id: "req-1".into(),
-        budgets: vec![BudgetHold { limit: "tokens".into(), subject: "k.key_1".into(), period: 202511, reserved: 50 }],
-        slots: vec![SlotHold { limit: "inflight".into(), subject: "k.key_1".into() }, SlotHold { limit: "other".into(), subject: "t".into() }],
-    };
+    let mut ticket = Ticket::new(
+        "acme",
+        "req-1",
+        vec![BudgetHold { limit: "tokens".into(), subject: "k.key_1".into(), period: 202511, reserved: 50 }],
+        vec![SlotHold { limit: "inflight".into(), subject: "k.key_1".into() }, SlotHold { limit: "other".into(), subject: "t".into() }],
+    );
+    let unsealed = lab.decider.complete(&Completion { ticket: ticket.clone(), status: 200, tokens: Some(0) }).await.unwrap_err();
+    assert!(matches!(unsealed, super::complete::CompleteError::Refused(super::tickets::Refused::Mac)), "{unsealed}");
+    lab.decider.tickets().seal(&mut ticket, T0, 0);
+    let mut refund = ticket.clone();
+    refund.budgets[0].reserved = 1_000_000;
+    let altered = lab.decider.complete(&Completion { ticket: refund, status: 200, tokens: Some(0) }).await.unwrap_err();
+    assert!(matches!(altered, super::complete::CompleteError::Refused(super::tickets::Refused::Mac)), "{altered}");
+    assert!(lab.store.mem().completions.is_empty(), "nothing settled by a refused ticket");
     lab.decider.complete(&Completion { ticket: ticket.clone(), status: 200, tokens: Some(70) }).await.unwrap();
     let done = lab.store.mem().completions.clone();
     assert_eq!(done.len(), 2, "the budget with one slot, then the other slot");
@@ -309,9 +319,17 @@ async fn completions_settle_budgets_and_slots_and_refuse_bad_tickets() {
     assert_eq!(done[0].slot.as_ref().map(|s| s.as_str()), Some("q:conc:{acme}:other:t"));
     assert_eq!((done[1].budget.is_none(), done[1].slot.as_ref().map(|s| s.as_str())), (true, Some("q:conc:{acme}:inflight:k.key_1")));
 
-    let bad = Ticket { budgets: vec![BudgetHold { period: 1, ..ticket.budgets[0].clone() }], ..ticket };
+    assert!(done.iter().all(|c| c.marker_ttl_ms == super::tickets::COMPLETION_TICKET_TTL_MS), "the marker outlives the ticket");
+
+    let mut bad = Ticket { budgets: vec![BudgetHold { period: 1, ..ticket.budgets[0].clone() }], ..ticket.clone() };
+    lab.decider.tickets().seal(&mut bad, T0, 0);
     let err = lab.decider.complete(&Completion { ticket: bad, status: 200, tokens: None }).await.unwrap_err();
     assert!(matches!(err, super::complete::CompleteError::BadTicket(f) if f == "budgets.period"));
+
+    lab.clock.advance(super::tickets::COMPLETION_TICKET_TTL_MS + 1);
+    let late = lab.decider.complete(&Completion { ticket, status: 200, tokens: Some(0) }).await.unwrap_err();
+    assert!(matches!(late, super::complete::CompleteError::Refused(super::tickets::Refused::Expired)), "{late}");
+    assert_eq!(lab.store.mem().completions.len(), 2, "nothing settled after the ticket expired");
 }
 
 #[tokio::test]

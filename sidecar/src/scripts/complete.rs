@@ -26,6 +26,9 @@ pub struct CompleteCall {
     pub request_id: String,
     /// The decision's record (`dec:…`), deleted: a completed decision is never refunded.
     pub record: Option<DecisionRecordKey>,
+    /// How long the settled marker is kept: at least the reservation's TTL, and until the ticket
+    /// it settles expires (a replay within the ticket's life finds the marker).
+    pub marker_ttl_ms: u64,
 }
 
 /// What became of the reservation.
@@ -70,7 +73,7 @@ impl CompleteCall {
             TOKEN_BUDGET_TTL_MS.to_string(),
             flag(self.budget.is_some()),
             flag(self.slot.is_some()),
-            RESERVATION_TTL_MS.to_string(),
+            self.marker_ttl_ms.max(RESERVATION_TTL_MS).to_string(),
             flag(self.record.is_some()),
         ];
         (keys, args)
@@ -110,10 +113,13 @@ mod tests {
             estimate: 50,
             request_id: "req-1".into(),
             record: Some(DecisionRecordKey::new(&t, &r)),
+            marker_ttl_ms: 0,
         };
         let (keys, args) = both.encode();
         assert_eq!(keys, ["q:tokens:{acme}:l:t:202511", "q:reserved:{acme}:l:t:req-1", "q:conc:{acme}:l:t", "dec:{acme}:req-1"]);
         assert_eq!(args, ["70", "50", "req-1", &TOKEN_BUDGET_TTL_MS.to_string(), "1", "1", &RESERVATION_TTL_MS.to_string(), "1"]);
+        let longer = CompleteCall { marker_ttl_ms: RESERVATION_TTL_MS + 1, ..both.clone() }.encode().1;
+        assert_eq!(longer[6], (RESERVATION_TTL_MS + 1).to_string(), "the marker outlives the ticket");
         let (keys, args) = CompleteCall { budget: None, actual: 0, estimate: 0, record: None, ..both }.encode();
         assert_eq!((keys.len(), &args[4..6], args[7].as_str()), (1, &["0".to_string(), "1".to_string()][..], "0"));
         assert_eq!(parse((20, 1)), (20, Settled::Reconciled));

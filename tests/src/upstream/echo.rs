@@ -4,7 +4,9 @@
 //! and `x-echo-cache-control: V` sets `Cache-Control: V` on the response (response-cache tests);
 //! `x-echo-latin1: 1` adds a response header whose value is Latin-1, not UTF-8 (`x-latin1: café`
 //! with é as the byte 0xE9; hostile-input tests); `x-echo-usage-raw: TEXT` answers
-//! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1).
+//! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
+//! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
+//! a stored-response batch: batch-size tests).
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
 use axum::body::Body;
@@ -52,6 +54,11 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     // `x-echo-usage-raw: TEXT`: `"total_tokens": TEXT` as written (a hostile upstream: -1, 2^64-1)
     let body = match req.headers().get("x-echo-usage-raw").and_then(|v| v.to_str().ok()) {
         Some(raw) => format!(r#"{{"usage":{{"prompt_tokens":1,"total_tokens":{raw}}}}}"#).into_bytes(),
+        None => body,
+    };
+    // `x-echo-pad: N`: a large body whose text JSON escaping inflates
+    let body = match req.headers().get("x-echo-pad").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
+        Some(n) => serde_json::to_vec(&serde_json::json!({"path": echoed.path, "pad": "\"".repeat(n.min(1 << 20))})).unwrap_or_default(),
         None => body,
     };
     let delay: u64 = req.headers().get("x-echo-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
