@@ -131,7 +131,9 @@ impl Redis {
     /// Every key name and every value in the database, rendered as text, for leak checks.
     pub fn dump(&self) -> Vec<String> {
         let mut c = self.connection().expect("redis connection");
-        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).expect("KEYS");
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).expect("KEYS");
+        // KEYS order follows the hash table, which can be mid-rehash: sorted, two dumps compare
+        keys.sort();
         let mut out = Vec::new();
         for k in keys {
             let kind: String = redis::cmd("TYPE").arg(&k).query(&mut c).expect("TYPE");
