@@ -162,7 +162,7 @@ run_tests() {
   cargo test -q --release -p tollgate-sidecar --tests
   cargo test -q --release -p tollgate-billing --tests
   log "tier 4: functional tests: real Envoy + filter + sidecar + Redis + upstream"
-  cargo test -q --release -p tollgate-tests -- --test-threads 2
+  cargo test -q --release --no-fail-fast -p tollgate-tests -- --test-threads 2
 }
 
 # Coverage-guided fuzzing (docs/fuzzing.md): nightly + cargo-fuzz are installed if missing (the

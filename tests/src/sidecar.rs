@@ -150,6 +150,11 @@ impl Sidecar {
             .map_or(0, |v| v as u64)
     }
 
+    /// The TCP port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{}", self.port, path)
     }
