@@ -22,7 +22,8 @@
 //! fraction), `--only NAME,NAME` (a subset; `envoy-alone` is always kept: it is the reference),
 //! `--compare-wasm PATH` (every Tollgate configuration also runs on a second Envoy loading that
 //! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run),
-//! `--saturation-only` (skip phase 2).
+//! `--saturation-only` (skip phase 2), `--zipf-keys N` (100,000; 0: none) and `--zipf-s S` (1.1):
+//! the key population of `tollgate-full-policy-leased-zipf` (saturation only: oha sends one key).
 
 use crate::{arg, arg_str, args, cpu_us};
 use serde_json::{json, Value};
@@ -68,6 +69,8 @@ struct Config<'a> {
     envoy: &'a Envoy,
     key: Option<&'a str>,
     sidecar: Option<&'a Sidecar>,
+    /// Each request's key drawn from the Zipf population instead of `key` (saturation only).
+    zipf: bool,
 }
 
 /// (all commands, EVALSHA calls) from `INFO commandstats`. Commands run inside a script count
@@ -107,8 +110,21 @@ fn pinned(program: &str) -> Command {
     cmd
 }
 
-/// wrk, closed loop: (rps, p50, p99, p99.9 in ms, requests, non-2xx).
-fn wrk(url: &str, key: Option<&str>, secs: u64, conns: u64) -> (f64, f64, f64, f64, u64, u64) {
+/// The Zipf client: the wrk script, the key list and the exponent.
+struct ZipfClient {
+    script: std::path::PathBuf,
+    keys: std::path::PathBuf,
+    s: f64,
+}
+
+/// wrk, closed loop: (rps, p50, p99, p99.9 in ms, requests, non-2xx). With `zipf`, each request
+/// carries a key drawn from its population instead of `key`.
+fn wrk(url: &str, key: Option<&str>, zipf: Option<&ZipfClient>, secs: u64, conns: u64) -> (f64, f64, f64, f64, u64, u64) {
+    if let Some(z) = zipf {
+        let mut cmd = pinned("wrk");
+        cmd.args(["-t1", &format!("-c{conns}"), &format!("-d{secs}s"), "-s"]).arg(&z.script).arg(url).arg("--").arg(&z.keys).arg(z.s.to_string());
+        return wrk_output(cmd);
+    }
     let lua = root().join("target/bench-percentiles.lua");
     std::fs::write(
         &lua,
@@ -122,7 +138,13 @@ fn wrk(url: &str, key: Option<&str>, secs: u64, conns: u64) -> (f64, f64, f64, f
     if let Some(k) = key {
         cmd.args(["-H", &format!("x-api-key: {k}")]);
     }
-    let out = cmd.arg(url).output().expect("run wrk (apt-get install wrk)");
+    cmd.arg(url);
+    wrk_output(cmd)
+}
+
+/// Runs a wrk command whose script prints the percentiles, and reads its report.
+fn wrk_output(mut cmd: Command) -> (f64, f64, f64, f64, u64, u64) {
+    let out = cmd.output().expect("run wrk (apt-get install wrk)");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let field = |p: &str| text.lines().find_map(|l| l.strip_prefix(p)).map(|v| v.trim().to_string()).unwrap_or_default();
     let rps = field("Requests/sec:").parse().unwrap_or(0.0);
@@ -286,10 +308,43 @@ pub fn run() {
     }));
     let full = Envoy::start(EnvoyOptions {
         cpu: Some(0),
-        ..EnvoyOptions::new(upstream.port, usage_sidecar.port).plugin_config(full_policy_config)
+        ..EnvoyOptions::new(upstream.port, usage_sidecar.port).plugin_config(full_policy_config.clone())
     });
     tollgate_tests::poll_until("the full policy stack's routing table", std::time::Duration::from_secs(10), || {
         get(&full.url("/"), &[("x-api-key", &limited_key.raw)]).status == 200
+    });
+
+    // Many keys (issue 16): `--zipf-keys` (100,000) keys of tenant "bench" on the leased plan,
+    // requests spread over them by a Zipf law of exponent `--zipf-s` (1.1), on the full policy
+    // path. 0 keys: not measured.
+    let zipf_keys: usize = arg("--zipf-keys", 100_000);
+    let zipf = (zipf_keys > 0).then(|| {
+        let started = std::time::Instant::now();
+        let keys = crate::zipf::seed_keys(&redis, zipf_keys, "bench", "leased");
+        eprintln!("wrote {zipf_keys} keys into Redis in {:.1}s", started.elapsed().as_secs_f64());
+        ZipfClient { script: crate::zipf::wrk_script(), keys, s: arg("--zipf-s", 1.1) }
+    });
+
+    // The same full policy path on a third sidecar whose per-tenant series are off
+    // (`telemetry.per_tenant = false`): the A/B of what the issue-17 metrics cost (the filter's
+    // share of them — the usage event's duration, the traceparent — is in both).
+    let bare_spool = tempfile::tempdir().expect("tempdir");
+    let bare_sidecar = Sidecar::start_with_config(
+        &redis.url(),
+        &format!(
+            "{limited_plan}{leased_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
+             [usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n[telemetry]\nper_tenant = false\n",
+            bare_spool.path().display(),
+            broker.brokers()
+        ),
+        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+    );
+    let full_bare = Envoy::start(EnvoyOptions {
+        cpu: Some(0),
+        ..EnvoyOptions::new(upstream.port, bare_sidecar.port).plugin_config(full_policy_config)
+    });
+    tollgate_tests::poll_until("the full policy stack without per-tenant series", std::time::Duration::from_secs(10), || {
+        get(&full_bare.url("/"), &[("x-api-key", &leased_key.raw)]).status == 200
     });
 
     // The two callout-bound configurations again, with the filter reaching the sidecar by each
@@ -321,21 +376,26 @@ pub fn run() {
     }
 
     let mut all = vec![
-        Config { name: "envoy-alone".to_string(), what: "router only", envoy: &baseline, key: None, sidecar: None },
-        Config { name: "envoy+native-local-ratelimit".to_string(), what: "Envoy's C++ local_ratelimit (never denies)", envoy: &native, key: None, sidecar: None },
-        Config { name: "tollgate-auth".to_string(), what: "key auth, filter's auth cache answers", envoy: &tollgate, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth-callout-every-request".to_string(), what: "key auth, no auth cache: one callout", envoy: &callout, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+rate-limit".to_string(), what: "auth + one exact limit: callout + EVALSHA", envoy: &tollgate, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+leased-limit".to_string(), what: "auth + one leased limit: most requests spend the lease", envoy: &tollgate, key: Some(leased_key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth-breaker".to_string(), what: "auth cache + closed breaker", envoy: &breaker, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+token-budget+completion".to_string(), what: "auth + token budget + batched completion", envoy: &tollgate, key: Some(budget_key.raw.as_str()), sidecar: Some(&sidecar) },
-        Config { name: "tollgate-auth+usage".to_string(), what: "auth cache + usage metering", envoy: &metered, key: Some(key.raw.as_str()), sidecar: Some(&usage_sidecar) },
-        Config { name: "tollgate-full-policy".to_string(), what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
-        Config { name: "tollgate-full-policy-leased".to_string(), what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar) },
+        Config { name: "envoy-alone".to_string(), what: "router only", envoy: &baseline, key: None, sidecar: None, zipf: false },
+        Config { name: "envoy+native-local-ratelimit".to_string(), what: "Envoy's C++ local_ratelimit (never denies)", envoy: &native, key: None, sidecar: None, zipf: false },
+        Config { name: "tollgate-auth".to_string(), what: "key auth, filter's auth cache answers", envoy: &tollgate, key: Some(key.raw.as_str()), sidecar: Some(&sidecar), zipf: false },
+        Config { name: "tollgate-auth-callout-every-request".to_string(), what: "key auth, no auth cache: one callout", envoy: &callout, key: Some(key.raw.as_str()), sidecar: Some(&sidecar), zipf: false },
+        Config { name: "tollgate-auth+rate-limit".to_string(), what: "auth + one exact limit: callout + EVALSHA", envoy: &tollgate, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar), zipf: false },
+        Config { name: "tollgate-auth+leased-limit".to_string(), what: "auth + one leased limit: most requests spend the lease", envoy: &tollgate, key: Some(leased_key.raw.as_str()), sidecar: Some(&sidecar), zipf: false },
+        Config { name: "tollgate-auth-breaker".to_string(), what: "auth cache + closed breaker", envoy: &breaker, key: Some(key.raw.as_str()), sidecar: Some(&sidecar), zipf: false },
+        Config { name: "tollgate-auth+token-budget+completion".to_string(), what: "auth + token budget + batched completion", envoy: &tollgate, key: Some(budget_key.raw.as_str()), sidecar: Some(&sidecar), zipf: false },
+        Config { name: "tollgate-auth+usage".to_string(), what: "auth cache + usage metering", envoy: &metered, key: Some(key.raw.as_str()), sidecar: Some(&usage_sidecar), zipf: false },
+        Config { name: "tollgate-full-policy".to_string(), what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar), zipf: false },
+        Config { name: "tollgate-full-policy-leased".to_string(), what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar), zipf: false },
     ];
+    all.push(Config { name: "tollgate-full-policy-leased-no-tenant-metrics".to_string(), what: "the full leased path, the sidecar's per-tenant series off", envoy: &full_bare, key: Some(leased_key.raw.as_str()), sidecar: Some(&bare_sidecar), zipf: false });
+    if zipf.is_some() {
+        all.push(Config { name: "envoy-alone-zipf-client".to_string(), what: "router only, driven by the Zipf client script: the load generator's own limit", envoy: &baseline, key: None, sidecar: None, zipf: true });
+        all.push(Config { name: "tollgate-full-policy-leased-zipf".to_string(), what: "the full leased path, each request's key drawn from the Zipf population", envoy: &full, key: None, sidecar: Some(&usage_sidecar), zipf: true });
+    }
     for (limit_name, callout_name, limit_envoy, callout_envoy) in &by_transport {
-        all.push(Config { name: limit_name.to_string(), what: "auth + one exact limit, by this transport", envoy: limit_envoy, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar) });
-        all.push(Config { name: callout_name.to_string(), what: "key auth, no auth cache, by this transport", envoy: callout_envoy, key: Some(key.raw.as_str()), sidecar: Some(&sidecar) });
+        all.push(Config { name: limit_name.to_string(), what: "auth + one exact limit, by this transport", envoy: limit_envoy, key: Some(limited_key.raw.as_str()), sidecar: Some(&sidecar), zipf: false });
+        all.push(Config { name: callout_name.to_string(), what: "key auth, no auth cache, by this transport", envoy: callout_envoy, key: Some(key.raw.as_str()), sidecar: Some(&sidecar), zipf: false });
     }
     // A/B: the same Tollgate configurations on Envoys that load another build of the filter.
     let compare_wasm = arg_str("--compare-wasm");
@@ -365,7 +425,7 @@ pub fn run() {
     let mut compared = Vec::new();
     for c in &all {
         if let Some(t) = twin_of(envoy_name(c.envoy)) {
-            compared.push(Config { name: format!("{}@compare", c.name), what: c.what, envoy: t, key: c.key, sidecar: c.sidecar });
+            compared.push(Config { name: format!("{}@compare", c.name), what: c.what, envoy: t, key: c.key, sidecar: c.sidecar, zipf: c.zipf });
         }
     }
     all.extend(compared);
@@ -389,10 +449,11 @@ pub fn run() {
             // when the measurement starts (a lease expires within 500 ms of the last request, so a
             // pause between warm-up and measurement would measure its slow start again)
             settle(&redis);
-            let _ = wrk(&url, c.key, 2, conns);
+            let z = zipf.as_ref().filter(|_| c.zipf);
+            let _ = wrk(&url, c.key, z, 2, conns);
             let spid = c.sidecar.and_then(|s| s.pid());
             let (e0, s0, r0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
-            let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, secs, conns);
+            let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, z, secs, conns);
             settle(&redis);
             let (e1, s1, r1) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
             let n = reqs.max(1) as f64;
@@ -403,8 +464,8 @@ pub fn run() {
                 p999_ms: p999,
                 envoy_cpu_us_per_req: (e1 - e0) / n,
                 sidecar_cpu_us_per_req: (s1 - s0) / n,
-                redis_cmds_per_req: if c.key.is_some() { (r1.0 - r0.0) / n } else { 0.0 },
-                redis_scripts_per_req: if c.key.is_some() { (r1.1 - r0.1) / n } else { 0.0 },
+                redis_cmds_per_req: if c.key.is_some() || c.sidecar.is_some() { (r1.0 - r0.0) / n } else { 0.0 },
+                redis_scripts_per_req: if c.key.is_some() || c.sidecar.is_some() { (r1.1 - r0.1) / n } else { 0.0 },
                 requests: reqs,
                 non_2xx: non2xx,
             };
@@ -424,6 +485,9 @@ pub fn run() {
     let open_rounds = if args().iter().any(|a| a == "--saturation-only") { 0 } else { rounds };
     for round in 0..open_rounds {
         for (i, c) in configs.iter().enumerate() {
+            if c.zipf {
+                continue; // oha sends one set of headers: the Zipf client is wrk's script only
+            }
             let url = c.envoy.url("/bench");
             settle(&redis);
             let _ = oha(&url, c.key, 2, conns, rate); // warm-up at the same rate, right before
@@ -516,6 +580,10 @@ pub fn run() {
             mean(s, |x| x.redis_scripts_per_req),
             row["non_2xx"]
         ));
+        if c.zipf {
+            summary.push(row);
+            continue; // saturation only
+        }
         lat_table.push(format!(
             "| {}{} | {:.3} | {:.3} | {:.3} | {:+.3} | {:+.3} | {:+.3} | {:.0} |",
             c.name,
@@ -533,9 +601,11 @@ pub fn run() {
     let native_limited = native.counter(NATIVE_LIMITED);
     println!("\nSaturation (wrk, closed loop; CPU and Redis per request measured here)\n");
     println!("{}", sat_table.join("\n"));
-    println!("\nLatency at a fixed rate (oha, open loop, latency-corrected)\n");
-    println!("{}", lat_table.join("\n"));
-    if summary.iter().any(|r| r["latency"]["overloaded"] == true) {
+    if open_rounds > 0 {
+        println!("\nLatency at a fixed rate (oha, open loop, latency-corrected)\n");
+        println!("{}", lat_table.join("\n"));
+    }
+    if open_rounds > 0 && summary.iter().any(|r| r["latency"]["overloaded"] == true) {
         println!("\n† saturation throughput below the rate: the latencies are queueing, not the cost of the path.");
     }
     if native_limited > 0 {
@@ -563,5 +633,5 @@ pub fn run() {
     drop(all);
     drop(twins);
     drop(by_transport);
-    drop((tollgate, callout, breaker, metered, full, native, baseline, sidecar, usage_sidecar, broker, redis, upstream));
+    drop((tollgate, callout, breaker, metered, full, full_bare, bare_sidecar, native, baseline, sidecar, usage_sidecar, broker, redis, upstream));
 }

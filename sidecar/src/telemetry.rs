@@ -18,6 +18,7 @@ use crate::invalid::{invalid, Invalid};
 use crate::scripts::decide::LimitState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 use tollgate_wire::codes;
 use tollgate_wire::usage::UsageEvent;
@@ -51,6 +52,10 @@ pub const OTHER: &str = "other";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
+    /// The per-tenant series (`tollgate_requests_total`, `tollgate_request_*`, `tollgate_limit_*`)
+    /// on (the default) or off: off, a usage event or a decision records none of them (what
+    /// `./build.sh bench` compares against to measure their cost).
+    pub per_tenant: bool,
     /// How many tenants get their own `tenant` label value (the first ones seen since start);
     /// the rest are counted as `other`.
     pub max_tenants: usize,
@@ -62,7 +67,7 @@ pub struct TelemetryConfig {
 
 impl Default for TelemetryConfig {
     fn default() -> Self {
-        TelemetryConfig { max_tenants: 200, near_limit: 0.8, traces: Default::default() }
+        TelemetryConfig { per_tenant: true, max_tenants: 200, near_limit: 0.8, traces: Default::default() }
     }
 }
 
@@ -112,6 +117,7 @@ impl TenantLabels {
 }
 
 struct Telemetry {
+    per_tenant: AtomicBool,
     near_limit: RwLock<f64>,
     tenants: Mutex<TenantLabels>,
 }
@@ -121,7 +127,7 @@ static TELEMETRY: OnceLock<Telemetry> = OnceLock::new();
 fn global() -> &'static Telemetry {
     TELEMETRY.get_or_init(|| {
         let d = TelemetryConfig::default();
-        Telemetry { near_limit: RwLock::new(d.near_limit), tenants: Mutex::new(TenantLabels::new(d.max_tenants)) }
+        Telemetry { per_tenant: AtomicBool::new(d.per_tenant), near_limit: RwLock::new(d.near_limit), tenants: Mutex::new(TenantLabels::new(d.max_tenants)) }
     })
 }
 
@@ -129,6 +135,7 @@ fn global() -> &'static Telemetry {
 /// sidecar started in a process sets them).
 pub fn install(config: &TelemetryConfig) {
     let t = global();
+    t.per_tenant.store(config.per_tenant, Ordering::Relaxed);
     if let Ok(mut n) = t.near_limit.write() {
         *n = config.near_limit;
     }
@@ -165,6 +172,9 @@ pub fn status_class(status: u16) -> &'static str {
 
 /// Counts durable usage events (called once per event, after the spool took it).
 pub fn observe_usage(events: &[UsageEvent]) {
+    if !global().per_tenant.load(Ordering::Relaxed) {
+        return;
+    }
     for e in events {
         let tenant = tenant_label(&e.tenant);
         let route = e.route.clone().unwrap_or_else(|| "none".into());
@@ -203,7 +213,7 @@ pub fn used_ratio(meta: &Meta, state: &LimitState) -> f64 {
 
 /// Counts one decision's limit checks: hits, the limit that denied, near-limit and shadow denials.
 pub fn observe_limits(tenant: &str, meta: &[Meta], states: &[LimitState], denied: Option<usize>) {
-    if meta.is_empty() {
+    if meta.is_empty() || !global().per_tenant.load(Ordering::Relaxed) {
         return;
     }
     let tenant = tenant_label(tenant);

@@ -32,6 +32,12 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 /// Largest stored body the sidecar accepts (bytes of the body, before JSON escaping).
 pub const MAX_STORED_BODY: usize = 1 << 20;
 
+/// How long the sidecar may take to store one idempotency outcome (its Redis deadline for
+/// `idem_complete.lua`), and so how long the filter holds the end of that answer for it: one
+/// deadline on both sides, so an outcome the sidecar is still storing is never given up early
+/// (given up, it rides the next batch and a retry meanwhile gets 409).
+pub const OUTCOME_STORE_DEADLINE_MS: u64 = 2_000;
+
 /// The sidecar's body limit on `POST /v1/responses`: a bigger batch is refused with 413 (and
 /// split by the filter). Room for one item of the largest stored body at its worst JSON
 /// inflation (a control character is 6 bytes escaped: ~6 MiB) and its headers.

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub(super) static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/idem_complete.lua")));
 
 /// Off the request path (`POST /v1/responses`).
-const DEADLINE: Duration = Duration::from_secs(2);
+const DEADLINE: Duration = Duration::from_millis(tollgate_wire::responses::OUTCOME_STORE_DEADLINE_MS);
 
 /// One `idem_complete.lua` call.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -85,7 +85,8 @@ struct WorkerParts {
 
 /// How long the end of an idempotent response waits for its outcome to be stored.
 fn outcome_timeout(config: &FilterConfig) -> std::time::Duration {
-    config.sidecar.timeout.max(std::time::Duration::from_millis(250))
+    let store = std::time::Duration::from_millis(tollgate_wire::responses::OUTCOME_STORE_DEADLINE_MS);
+    config.sidecar.timeout.max(store)
 }
 
 /// One request's filter.
