@@ -279,17 +279,22 @@ pub fn run() {
     // second sidecar that spools and ships them to a real broker (tansu). It also knows the
     // "limited" plan, for the full policy path.
     let broker = tollgate_tests::broker::Broker::start();
+    // A metering sidecar: both plans, one route for everything, usage spooled under `spool` and
+    // shipped to the broker, and `extra` TOML.
+    let metering_sidecar = |spool: &std::path::Path, extra: &str| {
+        Sidecar::start_with_config(
+            &redis.url(),
+            &format!(
+                "{limited_plan}{leased_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
+                 [usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n{extra}",
+                spool.display(),
+                broker.brokers()
+            ),
+            &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
+        )
+    };
     let spool = tempfile::tempdir().expect("tempdir");
-    let usage_sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        &format!(
-            "{limited_plan}{leased_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
-             [usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n",
-            spool.path().display(),
-            broker.brokers()
-        ),
-        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
-    );
+    let usage_sidecar = metering_sidecar(spool.path(), "");
     let metered = Envoy::start(EnvoyOptions {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, usage_sidecar.port)
@@ -329,16 +334,7 @@ pub fn run() {
     // (`telemetry.per_tenant = false`): the A/B of what the issue-17 metrics cost (the filter's
     // share of them — the usage event's duration, the traceparent — is in both).
     let bare_spool = tempfile::tempdir().expect("tempdir");
-    let bare_sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        &format!(
-            "{limited_plan}{leased_plan}[[routes]]\nid = \"bench\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/\"\n\
-             [usage]\nenabled = true\nspool_dir = \"{}\"\n[usage.kafka]\nbrokers = \"{}\"\n[telemetry]\nper_tenant = false\n",
-            bare_spool.path().display(),
-            broker.brokers()
-        ),
-        &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
-    );
+    let bare_sidecar = metering_sidecar(bare_spool.path(), "[telemetry]\nper_tenant = false\n");
     let full_bare = Envoy::start(EnvoyOptions {
         cpu: Some(0),
         ..EnvoyOptions::new(upstream.port, bare_sidecar.port).plugin_config(full_policy_config)
