@@ -21,3 +21,16 @@ pub fn replay(fuzz: &Path, target: &str, entry: fn(&[u8])) -> usize {
     assert!(ran > 0, "{target}: no committed corpus under fuzz/corpus/{target}");
     ran
 }
+
+/// One `#[test]` per fuzz target named: each replays that target's committed inputs through the
+/// entry function of the same name in the including crate's `entries` module. `$fuzz`: the fuzz
+/// folder, relative to the including crate's manifest.
+macro_rules! replay_tests {
+    ($fuzz:literal: $($target:ident),+ $(,)?) => {$(
+        #[test]
+        fn $target() {
+            let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join($fuzz);
+            replay::replay(&fuzz, stringify!($target), entries::$target);
+        }
+    )+};
+}

@@ -6,25 +6,8 @@
 #[path = "../../fuzz/src/sidecar.rs"]
 mod entries;
 
+#[macro_use]
 #[path = "../../fuzz/src/replay.rs"]
 mod replay;
 
-/// Runs every committed input of `target` through `entry` (fuzz/src/replay.rs).
-fn replay(target: &str, entry: fn(&[u8])) -> usize {
-    replay::replay(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz"), target, entry)
-}
-
-#[test]
-fn sidecar_bodies() {
-    replay("sidecar_bodies", entries::sidecar_bodies);
-}
-
-#[test]
-fn spool_lines() {
-    replay("spool_lines", entries::spool_lines);
-}
-
-#[test]
-fn sidecar_toml() {
-    replay("sidecar_toml", entries::sidecar_toml);
-}
+replay_tests!("../fuzz": sidecar_bodies, spool_lines, sidecar_toml);

@@ -3,44 +3,16 @@
 //! never past the window's end; renewals take only the lease; the tail of a window is exact;
 //! a revoked key's renewal is denied; a plan with an exact limit gets no lease.
 
-use std::sync::Arc;
-use std::time::Duration;
-use tollgate_sidecar::apikey;
-use tollgate_sidecar::clock::ManualClock;
-use tollgate_sidecar::config::Config;
-use tollgate_sidecar::decision::Decider;
-use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::decision::limits::{Plans, LEASE_MAX_TTL_MS};
-use tollgate_sidecar::store::Store;
+mod common;
+
+use common::{Lab, T0};
+use tollgate_sidecar::decision::limits::LEASE_MAX_TTL_MS;
 use tollgate_tests::redis::command_calls;
-use tollgate_tests::Redis;
 use tollgate_wire::{DecideRequest, DecideResponse, Lease, LeaseAsk};
-
-/// 2026-11-29T12:00:00Z — minute-aligned.
-const T0: u64 = 1_795_953_600_000;
-
-struct Lab {
-    redis: Redis,
-    clock: Arc<ManualClock>,
-    decider: Decider,
-    store: Store,
-    key_hash: String,
-    key_id: Id,
-}
 
 impl Lab {
     async fn new(plan_toml: &str) -> Lab {
-        let redis = Redis::start();
-        let mut cfg = Config::from_toml(plan_toml).unwrap();
-        cfg.redis.url = redis.url();
-        cfg.redis.timeout = Duration::from_millis(500);
-        let plans = Plans::compile(&cfg.plans).unwrap();
-        let store = Store::new(&cfg.redis).unwrap();
-        let clock = Arc::new(ManualClock::new(T0 + 1_000));
-        let decider = Decider::new(store.clone(), &cfg.cache, plans, clock.clone());
-        let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse("p").unwrap(), 1, None);
-        store.create_key(&issued.hash, &issued.record).await.unwrap();
-        Lab { redis, clock, decider, store, key_hash: issued.hash.as_str().to_string(), key_id: issued.record.key_id }
+        Lab::start(plan_toml, T0 + 1_000, |_| {}).key("p").await
     }
 
     async fn call(&self, lease: Option<LeaseAsk>) -> DecideResponse {
@@ -157,7 +129,7 @@ async fn token_buckets_lease_what_they_hold_and_refill_after() {
     let lab = Lab::new("[[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 20\nwindow = \"10s\"\nmode = \"leased\"\n").await;
     let l = lease(&lab.ask(100).await).unwrap();
     assert_eq!((l.units, l.ttl_ms), (9, LEASE_MAX_TTL_MS)); // (20 - 1) / 2
-    let bucket = format!("q:rps:{{acme}}:b:k.{}", lab.key_id);
+    let bucket = format!("q:rps:{{acme}}:b:k.{}", lab.key_id());
     let tokens: String = lab.cmd(&["HGET", &bucket, "tokens"]);
     assert_eq!(tokens.parse::<f64>().unwrap(), 10.0);
     lab.clock.advance(10_000); // refilled
@@ -178,7 +150,7 @@ async fn a_plan_with_an_exact_limit_gets_no_lease() {
 async fn a_revoked_keys_renewal_is_denied() {
     let lab = Lab::new(FIXED).await;
     assert!(lease(&lab.renew(5).await).is_some());
-    lab.store.revoke_key(&lab.key_id, 5).await.unwrap();
+    lab.store.revoke_key(lab.key_id(), 5).await.unwrap();
     lab.decider.evict(None);
     match lab.renew(5).await {
         DecideResponse::Deny { status, error, .. } => assert_eq!((status, error.as_str()), (401, "revoked_key")),

@@ -2,50 +2,19 @@
 //! through windows): each algorithm at its boundaries, denied-consumes-nothing, reservations and
 //! reconciliation, crash-safe concurrency slots, shadow mode, failure modes, one round trip.
 
-use std::sync::Arc;
+mod common;
+
+use common::{Lab, T0};
 use std::time::Duration;
-use tollgate_sidecar::apikey;
-use tollgate_sidecar::clock::ManualClock;
 use tollgate_sidecar::config::Config;
-use tollgate_sidecar::decision::Decider;
-use tollgate_sidecar::keys::Id;
-use tollgate_sidecar::decision::limits::Plans;
-use tollgate_sidecar::store::Store;
+use tollgate_tests::poll_until;
 use tollgate_tests::redis::command_calls;
-use tollgate_tests::{poll_until, Redis};
 use tollgate_wire::{Completion, DecideRequest, DecideResponse, Ticket};
-
-/// 2026-11-29T12:00:00Z — the middle of a minute-aligned hour.
-const T0: u64 = 1_795_953_600_000;
-
-struct Lab {
-    redis: Redis,
-    clock: Arc<ManualClock>,
-    decider: Decider,
-    key_hash: String,
-    req: u32,
-}
 
 impl Lab {
     fn new(plan_toml: &str) -> Lab {
-        let redis = Redis::start();
-        let mut cfg = Config::from_toml(plan_toml).unwrap();
-        cfg.redis.url = redis.url();
-        cfg.redis.timeout = Duration::from_millis(500);
-        cfg.cache.ttl = Duration::from_secs(600); // the key record stays cached: one round trip per decision
-        let plans = Plans::compile(&cfg.plans).unwrap();
-        let store = Store::new(&cfg.redis).unwrap();
-        let clock = Arc::new(ManualClock::new(T0));
-        let decider = Decider::new(store, &cfg.cache, plans, clock.clone());
-        Lab { redis, clock, decider, key_hash: String::new(), req: 0 }
-    }
-
-    async fn key(mut self, plan: &str) -> Lab {
-        let store = Store::new(&tollgate_sidecar::config::RedisConfig { url: self.redis.url(), ..Default::default() }).unwrap();
-        let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse(plan).unwrap(), 1, None);
-        store.create_key(&issued.hash, &issued.record).await.unwrap();
-        self.key_hash = issued.hash.as_str().to_string();
-        self
+        // the key record stays cached: one round trip per decision
+        Lab::start(plan_toml, T0, |cfg| cfg.cache.ttl = Duration::from_secs(600))
     }
 
     async fn call(&mut self) -> DecideResponse {
@@ -53,9 +22,9 @@ impl Lab {
     }
 
     async fn call_on(&mut self, route: Option<&str>) -> DecideResponse {
-        self.req += 1;
+        self.n += 1;
         let req = DecideRequest {
-            request_id: Some(format!("req-{}", self.req)),
+            request_id: Some(format!("req-{}", self.n)),
             decision_id: None,
             client_ip: Some("10.0.0.1".into()),
             route: route.map(str::to_string),

@@ -6,47 +6,24 @@
 //! changes nothing; a refund after a completion gives nothing back; a late bucket refund never
 //! gives back what a refill to capacity absorbed.
 
+mod common;
+
+use common::{Lab, T0};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
-use tollgate_sidecar::apikey;
-use tollgate_sidecar::clock::ManualClock;
-use tollgate_sidecar::config::Config;
-use tollgate_sidecar::decision::limits::Plans;
-use tollgate_sidecar::decision::Decider;
-use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::scripts::refund::Refunded;
-use tollgate_sidecar::store::Store;
-use tollgate_tests::Redis;
+use tollgate_tests::fixtures::limit_toml;
 use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::responses::IdempotencyRequest;
 use tollgate_wire::{Completion, DecideRequest, DecideResponse, LeaseAsk};
 
-/// 2026-11-29T12:00:00Z.
-const T0: u64 = 1_795_953_600_000;
-
-struct Lab {
-    redis: Redis,
-    clock: Arc<ManualClock>,
-    decider: Decider,
-    key_hash: String,
-    n: u32,
-}
-
 impl Lab {
     async fn new(limits: &str) -> Lab {
-        let redis = Redis::start();
-        let mut cfg = Config::from_toml(limits).unwrap();
-        cfg.redis.url = redis.url();
-        cfg.redis.timeout = Duration::from_millis(500);
-        cfg.redis.decision_timeout = Duration::from_millis(500);
-        cfg.cache.ttl = Duration::from_secs(600);
-        let store = Store::new(&cfg.redis).unwrap();
-        let clock = Arc::new(ManualClock::new(T0));
-        let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock.clone());
-        let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse("p").unwrap(), 1, None);
-        store.create_key(&issued.hash, &issued.record).await.unwrap();
-        Lab { redis, clock, decider, key_hash: issued.hash.as_str().to_string(), n: 0 }
+        let lab = Lab::start(limits, T0, |cfg| {
+            cfg.redis.decision_timeout = Duration::from_millis(500);
+            cfg.cache.ttl = Duration::from_secs(600);
+        });
+        lab.key("p").await
     }
 
     /// A decision the filter named; returns its id and the answer.
@@ -91,7 +68,7 @@ fn allowed(r: &DecideResponse) -> bool {
 }
 
 fn limit(name: &str, algorithm: &str, limit: u64, extra: &str) -> String {
-    format!("[[plans.p.limits]]\nname = \"{name}\"\nalgorithm = \"{algorithm}\"\nlimit = {limit}\n{extra}\n")
+    limit_toml("p", name, algorithm, limit, extra)
 }
 
 /// Decide (allowed) → refund → Redis as before the decision; refunding again, or a denied or

@@ -1,5 +1,6 @@
 //! Sample values shared by tests and the bench, so that what the tests check and what the bench
-//! measures are the same: usage events, the response-cache gateway's configuration.
+//! measures are the same: usage events, limits of a sidecar configuration, the response-cache
+//! gateway's configuration.
 
 use serde_json::{json, Value};
 use tollgate_wire::usage::UsageEvent;
@@ -26,6 +27,12 @@ pub fn usage_event(tenant: &str, seq: u64) -> UsageEvent {
         response_bytes: Some(200),
         ..UsageEvent::default()
     }
+}
+
+/// One limit of plan `plan` in a sidecar's TOML: `[[plans.<plan>.limits]]` with `name`,
+/// `algorithm` and `limit`, then `extra` (more settings, one a line: `window = "1h"` …).
+pub fn limit_toml(plan: &str, name: &str, algorithm: &str, limit: u64, extra: &str) -> String {
+    format!("[[plans.{plan}.limits]]\nname = \"{name}\"\nalgorithm = \"{algorithm}\"\nlimit = {limit}\n{extra}\n")
 }
 
 /// The response-cache gateway's sidecar (issue 7): plan `p` with one fixed-window limit of

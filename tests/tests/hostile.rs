@@ -1,53 +1,46 @@
 //! Hostile clients (issue 13): what an attacker sends must not bypass a limit, crash a worker or
 //! grow memory without bound. Each test runs a real Envoy with the filter, the sidecar and Redis.
 
-use std::sync::atomic::Ordering;
+use serde_json::json;
 use std::time::Duration;
-use tollgate_tests::fixtures::cache_sidecar_toml;
-use tollgate_tests::{get, poll_until, post, raw, start_counting_echo, Envoy, EnvoyOptions, Redis, Sidecar};
+use tollgate_tests::fixtures::{cache_sidecar_toml, limit_toml};
+use tollgate_tests::{get, poll_until, post, raw, start_counting_echo, Envoy, EnvoyOptions, Gateway, GatewayBuilder};
 
-const PLUGIN: &str = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed"}"#;
+/// A gateway whose sidecar decides by `toml`, its filter by `plugin` (over a 2 s sidecar timeout
+/// and failing closed).
+fn gateway(toml: &str, plugin: serde_json::Value) -> GatewayBuilder {
+    let mut config = tollgate_tests::default_plugin();
+    config.as_object_mut().expect("an object").extend(plugin.as_object().expect("an object").clone());
+    Gateway::builder().sidecar_toml(toml).plugin(config)
+}
 
 /// A client repeating one `x-request-id` is still counted once per request, by every algorithm:
 /// the decision's id is the gateway's, never the client's.
 #[test]
 fn a_fixed_client_request_id_never_bypasses_a_limit() {
-    let redis = Redis::start();
     // Windows far longer than the test, so no window ends or bucket refills during it.
-    let mut toml = String::new();
-    for algorithm in ["fixed_window", "sliding_window", "token_bucket", "sliding_log"] {
-        toml.push_str(&format!(
-            "[[plans.{algorithm}.limits]]\nname = \"ten\"\nalgorithm = \"{algorithm}\"\nlimit = 10\nwindow = \"24h\"\n"
-        ));
-    }
-    let sidecar = Sidecar::start_with_config(&redis.url(), &toml, &[]);
-    let (upstream, seen) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
-    for plan in ["fixed_window", "sliding_window", "token_bucket", "sliding_log"] {
+    let algorithms = ["fixed_window", "sliding_window", "token_bucket", "sliding_log"];
+    let toml: String = algorithms.iter().map(|a| limit_toml(a, "ten", a, 10, "window = \"24h\"")).collect();
+    let g = gateway(&toml, json!({})).build();
+    let (envoy, sidecar) = (g.envoy(), g.sidecar());
+    for plan in algorithms {
         let key = sidecar.create_key("acme", plan, &[]);
-        let before = seen.load(Ordering::SeqCst);
+        let before = g.upstream().calls();
         let statuses: Vec<u16> =
             (0..15).map(|_| get(&envoy.url("/"), &[("x-api-key", key.raw.as_str()), ("x-request-id", "fixed-1")]).status).collect();
         let ok = statuses.iter().filter(|s| **s == 200).count();
         assert_eq!(ok, 10, "{plan}: a fixed x-request-id must not change the count: {statuses:?}");
         assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{plan}: {statuses:?}");
-        assert_eq!(seen.load(Ordering::SeqCst) - before, 10, "{plan}: exactly 10 reached the upstream");
+        assert_eq!(g.upstream().calls() - before, 10, "{plan}: exactly 10 reached the upstream");
     }
 }
 
 /// A concurrency cap of 2 holds against ten parallel slow requests that all carry one id.
 #[test]
 fn a_fixed_client_request_id_never_bypasses_a_concurrency_cap() {
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        "[[plans.two.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 2\n",
-        &[],
-    );
-    let (upstream, seen) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN).concurrency(2));
-    let key = sidecar.create_key("acme", "two", &[]);
-    let url = envoy.url("/slow");
+    let g = gateway(&limit_toml("two", "inflight", "concurrency", 2, ""), json!({})).concurrency(2).build();
+    let key = g.sidecar().create_key("acme", "two", &[]);
+    let url = g.envoy().url("/slow");
     // The upstream holds each admitted request for 4 s: all ten are decided while the first two
     // are still in flight.
     let statuses: Vec<u16> = std::thread::scope(|s| {
@@ -64,24 +57,17 @@ fn a_fixed_client_request_id_never_bypasses_a_concurrency_cap() {
     let ok = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(ok, 2, "exactly two in flight at once: {statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 8, "{statuses:?}");
-    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    assert_eq!(g.upstream().calls(), 2);
 }
 
 /// Each request's token reservation is its own: three parallel requests with one `x-request-id`
 /// are reconciled three times, and the budget ends at what they used.
 #[test]
 fn a_fixed_client_request_id_never_merges_token_reservations() {
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        "[[plans.llm.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400\n",
-        &[],
-    );
-    let (upstream, _) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
-    let key = sidecar.create_key("acme", "llm", &[]);
+    let g = gateway(&limit_toml("llm", "tokens", "token_budget", 100_000, "estimate = 400"), json!({})).build();
+    let key = g.sidecar().create_key("acme", "llm", &[]);
     // In parallel, each held 1.5 s upstream: all three reserve before any is reconciled.
-    let url = envoy.url("/v1/chat");
+    let url = g.envoy().url("/v1/chat");
     std::thread::scope(|s| {
         for _ in 0..3 {
             let (url, key) = (&url, &key);
@@ -92,7 +78,7 @@ fn a_fixed_client_request_id_never_merges_token_reservations() {
         }
     });
     let used = || -> Option<i64> {
-        let mut c = redis.connection()?;
+        let mut c = g.redis().connection()?;
         let keys: Vec<String> = redis::cmd("KEYS").arg("q:tokens:*").query(&mut c).ok()?;
         redis::cmd("GET").arg(keys.first()?).query(&mut c).ok()
     };
@@ -103,13 +89,12 @@ fn a_fixed_client_request_id_never_merges_token_reservations() {
 /// only, so a dead VM would fail every request after it.
 #[test]
 fn bytes_that_are_not_utf8_never_kill_a_worker() {
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(&redis.url(), &cache_sidecar_toml(100_000), &[]);
-    let (upstream, seen) = start_counting_echo();
-    let plugin = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","routing":{"enabled":true,"refreshInterval":"50ms"},
-      "idempotency":{"enabled":true},"completionFlushInterval":"20ms"}"#;
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin).concurrency(1));
-    let key = sidecar.create_key("acme", "p", &[]);
+    let plugin = json!({
+        "routing": {"enabled": true, "refreshInterval": "50ms"}, "idempotency": {"enabled": true}, "completionFlushInterval": "20ms",
+    });
+    let g = gateway(&cache_sidecar_toml(100_000), plugin).build();
+    let envoy = g.envoy();
+    let key = g.sidecar().create_key("acme", "p", &[]);
     let k = key.raw.as_bytes();
     poll_until("the routing table in the filter", Duration::from_secs(20), || get(&envoy.url("/warmup"), &[("x-api-key", &key.raw)]).status == 200);
 
@@ -129,24 +114,24 @@ fn bytes_that_are_not_utf8_never_kill_a_worker() {
 
     // an upstream's Latin-1 header on a caching route: served, not cached (it could not be
     // replayed as sent)
-    let before = seen.load(Ordering::SeqCst);
+    let before = g.upstream().calls();
     for _ in 0..2 {
         let r = raw::get(envoy.port, b"/cached/latin1", &[("x-api-key", k), ("x-echo-latin1", b"1")]);
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.header("x-tollgate-cache"), Some("miss"));
     }
-    assert_eq!(seen.load(Ordering::SeqCst) - before, 2, "not cached: both reached the upstream");
+    assert_eq!(g.upstream().calls() - before, 2, "not cached: both reached the upstream");
 
     // ... and on an idempotent POST: the outcome is stored (without that header) and replayed
     let h = [("x-api-key", key.raw.as_str()), ("idempotency-key", "\"order-1\""), ("x-echo-latin1", "1"), ("content-type", "application/json")];
-    let before = seen.load(Ordering::SeqCst);
+    let before = g.upstream().calls();
     assert_eq!(post(&envoy.url("/orders"), &h, "{\"n\":1}").status, 200);
     poll_until("the idempotent replay", Duration::from_secs(10), || {
         let r = post(&envoy.url("/orders"), &h, "{\"n\":1}");
         assert!(r.status == 200 || r.status == 409, "{r:?}");
         r.header("idempotent-replayed") == Some("true")
     });
-    assert_eq!(seen.load(Ordering::SeqCst) - before, 1, "the operation ran once");
+    assert_eq!(g.upstream().calls() - before, 1, "the operation ran once");
 
     // the worker is alive: twenty ordinary requests all pass
     for _ in 0..20 {
@@ -188,14 +173,8 @@ fn a_failed_filter_vm_is_replaced_and_answers_json_meanwhile() {
 /// more; and header names that only look like the gateway's own never reach the upstream.
 #[test]
 fn forwarded_for_and_underscored_names_choose_nothing() {
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        "[[plans.ip.limits]]\nname = \"per-ip\"\nalgorithm = \"sliding_log\"\nsubject = \"client_ip\"\nlimit = 5\nwindow = \"24h\"\n",
-        &[],
-    );
-    let (upstream, _) = start_counting_echo();
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(PLUGIN));
+    let g = gateway(&limit_toml("ip", "per-ip", "sliding_log", 5, "subject = \"client_ip\"\nwindow = \"24h\""), json!({})).build();
+    let (envoy, sidecar) = (g.envoy(), g.sidecar());
     let key = sidecar.create_key("acme", "ip", &[]);
     let statuses: Vec<u16> = (0..20)
         .map(|i| {
@@ -266,32 +245,27 @@ fn random_key_flood(envoy: &Envoy, n: usize, round: usize) {
 #[test]
 fn a_flood_of_random_keys_grows_neither_envoy_nor_redis() {
     const ROUND: usize = 50_000;
-    let redis = Redis::start();
-    let sidecar = Sidecar::start_with_config(
-        &redis.url(),
-        "[[plans.p.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nwindow = \"60s\"\n",
-        &[],
-    );
-    let (upstream, _) = start_counting_echo();
-    let plugin = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","leases":{"enabled":true}}"#;
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin).concurrency(2));
+    let g = gateway(&limit_toml("p", "pm", "fixed_window", 100_000, "window = \"60s\""), json!({"leases": {"enabled": true}}))
+        .concurrency(2)
+        .build();
+    let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
     // warm up: a valid key (leases, the auth cache path and every worker's allocations in use)
     let key = sidecar.create_key("acme", "p", &[]);
     for _ in 0..50 {
         assert_eq!(get(&envoy.url("/v1/chat"), &[("x-api-key", key.raw.as_str())]).status, 200);
     }
-    random_key_flood(&envoy, 500, 0);
+    random_key_flood(envoy, 500, 0);
     let dbsize = || redis.cmd::<i64>(&["DBSIZE"]);
     let sidecar_rss = || -> i64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", sidecar.pid().expect("sidecar pid"))).unwrap_or_default();
         let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok());
         kb.unwrap_or_else(|| panic!("no VmRSS in {status}")) * 1024
     };
-    let (mem0, db0, rss0) = (envoy_allocated(&envoy), dbsize(), sidecar_rss());
-    random_key_flood(&envoy, ROUND, 1);
-    let (mem1, db1, rss1) = (envoy_allocated(&envoy), dbsize(), sidecar_rss());
-    random_key_flood(&envoy, ROUND, 2);
-    let (mem2, db2, rss2) = (envoy_allocated(&envoy), dbsize(), sidecar_rss());
+    let (mem0, db0, rss0) = (envoy_allocated(envoy), dbsize(), sidecar_rss());
+    random_key_flood(envoy, ROUND, 1);
+    let (mem1, db1, rss1) = (envoy_allocated(envoy), dbsize(), sidecar_rss());
+    random_key_flood(envoy, ROUND, 2);
+    let (mem2, db2, rss2) = (envoy_allocated(envoy), dbsize(), sidecar_rss());
     eprintln!("envoy allocated: {mem0} → {mem1} → {mem2} bytes; sidecar rss: {rss0} → {rss1} → {rss2} bytes; redis dbsize: {db0} → {db1} → {db2}");
     assert!(mem1 - mem0 < 5 << 20, "Envoy grew {} bytes in the first round", mem1 - mem0);
     assert!(mem2 - mem1 < 1 << 20, "Envoy kept growing in the second round: {} bytes", mem2 - mem1);
@@ -301,18 +275,20 @@ fn a_flood_of_random_keys_grows_neither_envoy_nor_redis() {
     assert_eq!(get(&envoy.url("/v1/chat"), &[("x-api-key", key.raw.as_str())]).status, 200);
 }
 
-/// Metering on, a sidecar that spools (Kafka need not be up for the spool and the Redis meter).
-fn metered_sidecar(redis: &Redis, spool: &std::path::Path, plans: &str) -> Sidecar {
+/// Metering on (flushed every 100 ms), a sidecar that spools (Kafka need not be up for the spool
+/// and the Redis meter).
+fn metered(plans: &str, plugin: serde_json::Value) -> GatewayBuilder {
     let toml = format!(
-        "{plans}\n[usage]\nenabled = true\nspool_dir = \"{}\"\nsegment_age = \"50ms\"\n\
-         [usage.kafka]\nbrokers = \"127.0.0.1:1\"\ntopic = \"usage_events\"\ndelivery_timeout = \"1s\"\n",
-        spool.display()
+        "{plans}\n[usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n\
+         [usage.kafka]\nbrokers = \"127.0.0.1:1\"\ntopic = \"usage_events\"\ndelivery_timeout = \"1s\"\n"
     );
-    Sidecar::start_with_config(&redis.url(), &toml, &[])
+    let mut plugin = plugin;
+    plugin["usage"] = json!({"enabled": true, "flushInterval": "100ms"});
+    gateway(&toml, plugin)
 }
 
 /// The Redis usage meter of `tenant` today: `field` (`ok`, `tokens` …).
-fn meter_field(redis: &Redis, tenant: &str, field: &str) -> Option<i64> {
+fn meter_field(redis: &tollgate_tests::Redis, tenant: &str, field: &str) -> Option<i64> {
     let day = tollgate_wire::usage::Day::of_ms(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64);
     let mut c = redis.connection()?;
     redis::cmd("HGET").arg(format!("usage:{{{tenant}}}:{}", day.compact())).arg(field).query(&mut c).ok()
@@ -325,12 +301,8 @@ fn meter_field(redis: &Redis, tenant: &str, field: &str) -> Option<i64> {
 #[test]
 fn a_long_host_is_metered_never_refused() {
     const BURST: usize = 1_200;
-    let redis = Redis::start();
-    let spool = tempfile::tempdir().unwrap();
-    let sidecar = metered_sidecar(&redis, spool.path(), "[[plans.p.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nwindow = \"60s\"\n");
-    let (upstream, _) = start_counting_echo();
-    let plugin = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","usage":{"enabled":true,"flushInterval":"100ms"}}"#;
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin).concurrency(2));
+    let g = metered(&limit_toml("p", "pm", "fixed_window", 100_000, "window = \"60s\""), json!({})).concurrency(2).build();
+    let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
     let key = sidecar.create_key("acme", "p", &[]);
     let request = |host: &str| {
         let req = format!("GET /v1/items HTTP/1.1\r\nhost: {host}\r\nx-api-key: {}\r\nconnection: close\r\n\r\n", key.raw);
@@ -351,13 +323,13 @@ fn a_long_host_is_metered_never_refused() {
     });
     eprintln!("{BURST} requests with 2.5 KB Hosts in {:?}", burst.elapsed());
     let want = (BURST + 1) as i64;
-    poll_until("every request metered", Duration::from_secs(30), || meter_field(&redis, "acme", "ok") == Some(want));
+    poll_until("every request metered", Duration::from_secs(30), || meter_field(redis, "acme", "ok") == Some(want));
     assert_eq!(sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"invalid\"}"), 0);
     assert_eq!(envoy.counter("wasmcustom.tollgate.usage.flush_errors"), 0, "{}", envoy.stats("tollgate.usage"));
     assert_eq!(envoy.counter("wasmcustom.tollgate.usage.dropped"), 0);
     // exactly that count: nothing is metered twice
-    assert_eq!(meter_field(&redis, "acme", "ok"), Some(want));
-    let events: Vec<tollgate_wire::usage::UsageEvent> = std::fs::read_dir(spool.path())
+    assert_eq!(meter_field(redis, "acme", "ok"), Some(want));
+    let events: Vec<tollgate_wire::usage::UsageEvent> = std::fs::read_dir(g.spool_dir())
         .unwrap()
         .flatten()
         .flat_map(|f| std::fs::read(f.path()).unwrap_or_default().split(|b| *b == b'\n').map(<[u8]>::to_vec).collect::<Vec<_>>())
@@ -372,17 +344,9 @@ fn a_long_host_is_metered_never_refused() {
 /// usage nor the completion batches fail (no batch is resent forever).
 #[test]
 fn impossible_token_counts_are_clamped_and_block_no_queue() {
-    let redis = Redis::start();
-    let spool = tempfile::tempdir().unwrap();
-    let sidecar = metered_sidecar(
-        &redis,
-        spool.path(),
-        "[[plans.llm.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 9000000000000000000\nestimate = 400\n",
-    );
-    let (upstream, _) = start_counting_echo();
-    let plugin = r#"{"sidecar":{"timeout":"2s"},"failureMode":"closed","completionFlushInterval":"50ms",
-      "usage":{"enabled":true,"flushInterval":"100ms"}}"#;
-    let envoy = Envoy::start(EnvoyOptions::new(upstream.port, sidecar.port).plugin_config(plugin).concurrency(1));
+    let plans = limit_toml("llm", "tokens", "token_budget", 9_000_000_000_000_000_000, "estimate = 400");
+    let g = metered(&plans, json!({"completionFlushInterval": "50ms"})).build();
+    let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
     let key = sidecar.create_key("acme", "llm", &[]);
     for raw in ["18446744073709551615", "-1", "1e30", "5"] {
         let r = get(&envoy.url("/v1/chat"), &[("x-api-key", key.raw.as_str()), ("x-echo-usage-raw", raw)]);
@@ -390,8 +354,8 @@ fn impossible_token_counts_are_clamped_and_block_no_queue() {
     }
     let max = 1i64 << 53;
     let want_tokens = 2 * max + 5;
-    poll_until("the meter's tokens", Duration::from_secs(20), || meter_field(&redis, "acme", "tokens") == Some(want_tokens));
-    assert_eq!(meter_field(&redis, "acme", "ok"), Some(4));
+    poll_until("the meter's tokens", Duration::from_secs(20), || meter_field(redis, "acme", "tokens") == Some(want_tokens));
+    assert_eq!(meter_field(redis, "acme", "ok"), Some(4));
     let budget = || -> Option<i64> {
         let mut c = redis.connection()?;
         let keys: Vec<String> = redis::cmd("KEYS").arg("q:tokens:*").query(&mut c).ok()?;

@@ -9,20 +9,13 @@
 
 use serde_json::json;
 use std::time::{Duration, Instant};
+use tollgate_tests::fixtures::limit_toml;
 use tollgate_tests::{get, poll_until, post, Gateway, Resp};
 
-const PLAN: &str = r#"
-[[plans.p.limits]]
-name = "pm"
-algorithm = "fixed_window"
-limit = 10
-window = "1h"
-
-[[plans.p.limits]]
-name = "conc"
-algorithm = "concurrency"
-limit = 6
-"#;
+/// Ten requests an hour, six in flight.
+fn plan() -> String {
+    [limit_toml("p", "pm", "fixed_window", 10, "window = \"1h\""), limit_toml("p", "conc", "concurrency", 6, "")].concat()
+}
 
 /// The burst: 5 GETs and one POST with an Idempotency-Key, 6 decisions in all (the cap).
 const BURST_GETS: usize = 5;
@@ -38,7 +31,7 @@ fn decisions_whose_answers_came_too_late_are_given_back() {
     let delay = dir.path().join("decide-delay-ms");
     std::fs::write(&delay, "0").unwrap();
     let g = Gateway::builder()
-        .sidecar_toml(PLAN)
+        .sidecar_toml(&plan())
         .sidecar_env("TOLLGATE_TEST_DECIDE_DELAY_FILE", delay.to_str().unwrap())
         .plugin(json!({
             "sidecar": {"timeout": "500ms"}, "failureMode": "closed",

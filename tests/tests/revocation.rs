@@ -16,6 +16,7 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tollgate_tests::fixtures::limit_toml;
 use tollgate_tests::{default_plugin, get, send, Envoy, Gateway};
 
 const TOKEN: &str = "test-admin-token-0123456789";
@@ -51,23 +52,11 @@ impl Kind {
     }
 }
 
-const SIDECAR_TOML: &str = r#"
-[cache]
-ttl = "5s"
-
-[[plans.leased.limits]]
-name = "big"
-algorithm = "token_bucket"
-limit = 1000000
-window = "1h"
-mode = "leased"
-
-[[plans.exact.limits]]
-name = "big"
-algorithm = "fixed_window"
-limit = 1000000
-window = "1h"
-"#;
+/// Answers cached 5 s; plan `leased` leases a big bucket, plan `exact` counts every request.
+fn sidecar_toml() -> String {
+    let big = |plan: &str, algorithm: &str, extra: &str| limit_toml(plan, "big", algorithm, 1_000_000, &format!("window = \"1h\"\n{extra}"));
+    ["[cache]\nttl = \"5s\"\n".to_string(), big("leased", "token_bucket", "mode = \"leased\""), big("exact", "fixed_window", "")].concat()
+}
 
 /// What one poller saw on one Envoy.
 #[derive(Default)]
@@ -151,7 +140,7 @@ fn quantile(v: &[Duration], q: f64) -> f64 {
 fn revocations_reach_both_replicas_filters_for_every_kind_of_key() {
     let mut plugin = default_plugin();
     plugin["authCacheMaxTtl"] = json!("5s");
-    let g = Gateway::builder().sidecar_toml(SIDECAR_TOML).admin_api(TOKEN).plugin(plugin).replicas(2).concurrency(2).build();
+    let g = Gateway::builder().sidecar_toml(&sidecar_toml()).admin_api(TOKEN).plugin(plugin).replicas(2).concurrency(2).build();
     let envoys = [g.replica(0).envoy(), g.replica(1).envoy()];
     let mut report = Vec::new();
     for kind in [Kind::NoLimits, Kind::Leased, Kind::Exact] {

@@ -23,8 +23,8 @@
 use crate::auth_cache::LocalAllows;
 use crate::election;
 use crate::host::{Host, LogLevel, SharedSetError};
-use crate::jobs::{Cadence, Job};
-use crate::settings::{duration_within, ConfigError};
+use crate::jobs::{Cadence, Job, Outage};
+use crate::settings::{duration_within, given, ConfigError};
 use crate::shared_keys::{CHANGES, CHANGES_POLLER};
 use crate::sidecar::Sidecar;
 use serde::Deserialize;
@@ -49,33 +49,24 @@ impl Default for ChangesConfig {
 }
 
 /// `changes` as written in the plugin configuration.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RawChanges {
-    #[serde(default = "default_enabled")]
-    enabled: bool,
-    #[serde(default = "default_poll_interval")]
-    poll_interval: String,
-}
-
-impl Default for RawChanges {
-    fn default() -> Self {
-        RawChanges { enabled: true, poll_interval: default_poll_interval() }
-    }
-}
-
-fn default_enabled() -> bool {
-    true
-}
-fn default_poll_interval() -> String {
-    "50ms".into()
+    #[serde(default, deserialize_with = "given")]
+    enabled: Option<bool>,
+    #[serde(default, deserialize_with = "given")]
+    poll_interval: Option<String>,
 }
 
 impl ChangesConfig {
     pub fn compile(raw: RawChanges) -> Result<ChangesConfig, ConfigError> {
         let (min, max) = (Duration::from_millis(10), Duration::from_secs(10));
-        let poll_interval = duration_within("changes.pollInterval", &raw.poll_interval, min, max, "10ms and 10s")?;
-        Ok(ChangesConfig { enabled: raw.enabled, poll_interval })
+        let defaults = ChangesConfig::default();
+        let poll_interval = match raw.poll_interval {
+            Some(s) => duration_within("changes.pollInterval", &s, min, max, "10ms and 10s")?,
+            None => defaults.poll_interval,
+        };
+        Ok(ChangesConfig { enabled: raw.enabled.unwrap_or(defaults.enabled), poll_interval })
     }
 }
 
@@ -122,13 +113,13 @@ pub struct ChangesJob {
     local: Rc<RefCell<LocalAllows>>,
     call: Option<(u32, u64)>,
     cadence: Cadence,
-    failing: bool,
+    outage: Outage,
 }
 
 impl ChangesJob {
     pub fn new(config: ChangesConfig, sidecar: Sidecar, owner: u64, gen: Generation, local: Rc<RefCell<LocalAllows>>) -> ChangesJob {
         let cadence = Cadence::every(config.poll_interval);
-        ChangesJob { config, sidecar, owner: owner.max(1), gen, local, call: None, cadence, failing: false }
+        ChangesJob { config, sidecar, owner: owner.max(1), gen, local, call: None, cadence, outage: Outage::default() }
     }
 
     fn lease_ms(&self) -> u64 {
@@ -166,12 +157,7 @@ impl ChangesJob {
     }
 
     fn state(&mut self, host: &mut impl Host, ok: bool, why: &str) {
-        if ok && self.failing {
-            host.log(LogLevel::Info, "tollgate: the sidecar's change count is readable again");
-        } else if !ok && !self.failing {
-            host.log(LogLevel::Warn, &format!("tollgate: cannot read the sidecar's change count ({why}); revocations apply when cached answers and leases expire"));
-        }
-        self.failing = !ok;
+        self.outage.note(host, ok, "tollgate: the sidecar's change count is readable again", || format!("tollgate: cannot read the sidecar's change count ({why}); revocations apply when cached answers and leases expire"));
     }
 }
 
@@ -237,7 +223,7 @@ mod tests {
     #[test]
     fn the_poll_interval_is_bounded() {
         assert_eq!(ChangesConfig::compile(RawChanges::default()).unwrap(), ChangesConfig::default());
-        let raw = |s: &str| RawChanges { enabled: true, poll_interval: s.into() };
+        let raw = |s: &str| RawChanges { enabled: Some(true), poll_interval: Some(s.into()) };
         assert!(ChangesConfig::compile(raw("5ms")).is_err());
         assert!(ChangesConfig::compile(raw("11s")).is_err());
         assert_eq!(ChangesConfig::compile(raw("20ms")).unwrap().poll_interval, Duration::from_millis(20));

@@ -121,6 +121,11 @@ impl<T: BatchItem> BatchQueue<T> {
 
     pub fn push(&mut self, c: T) {
         let size = encoded_len(&c);
+        self.push_sized(c, size);
+    }
+
+    /// [`Self::push`] of an item whose [`encoded_len`] is known.
+    pub(crate) fn push_sized(&mut self, c: T, size: usize) {
         self.bytes += size;
         self.pending.push_back((c, size));
         self.trim();
@@ -152,16 +157,27 @@ impl<T: BatchItem> BatchQueue<T> {
         self.in_flight.is_some()
     }
 
+    /// Items in the batch in flight (0: none).
+    pub(crate) fn in_flight_len(&self) -> usize {
+        self.in_flight.as_ref().map_or(0, Vec::len)
+    }
+
     /// Takes up to `max_batch` items (and `max_batch_bytes`, and the split bound after a 413)
     /// as a JSON body to send, unless a batch is in flight or nothing waits.
     pub fn begin_flush(&mut self, max_batch: usize) -> Option<Vec<u8>> {
+        self.begin_flush_within(max_batch, self.max_batch_bytes)
+    }
+
+    /// [`Self::begin_flush`] with this batch's bound on its items' bytes (each item's JSON and a
+    /// comma) instead of the queue's `max_batch_bytes`.
+    pub(crate) fn begin_flush_within(&mut self, max_batch: usize, max_batch_bytes: usize) -> Option<Vec<u8>> {
         if self.in_flight.is_some() || self.pending.is_empty() {
             return None;
         }
         let max_items = max_batch.min(self.split_cap.unwrap_or(usize::MAX)).max(1);
         let (mut n, mut size) = (0, 0);
         for (_, s) in self.pending.iter().take(max_items) {
-            if n > 0 && size + s + 1 > self.max_batch_bytes {
+            if n > 0 && size + s + 1 > max_batch_bytes {
                 break;
             }
             size += s + 1;
@@ -248,7 +264,7 @@ impl<T: BatchItem> Outbox for BatchQueue<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -367,31 +383,42 @@ mod tests {
         assert_eq!(event_ids(&q.begin_flush(1_000).unwrap()).len(), 1);
     }
 
+    /// Drives an [`Outbox`] holding 8 items numbered 0 to 7 through 413s: its batch is halved
+    /// down to one item, which is dropped and counted; then batches grow back, doubling, and a
+    /// batch of 4 is left in flight. `take`: a batch's item numbers; `state`: (waiting, dropped,
+    /// split bound).
+    pub(crate) fn split_on_413_then_grow_back<Q: Outbox>(
+        q: &mut Q,
+        take: impl Fn(&mut Q) -> Vec<usize>,
+        state: impl Fn(&Q) -> (usize, u64, Option<usize>),
+    ) {
+        assert_eq!(take(q).len(), 8);
+        q.settle(Delivery::TooLarge);
+        assert_eq!(state(q), (8, 0, Some(4)), "back at the front, halved");
+        for n in [4, 2, 1] {
+            assert_eq!(take(q).len(), n);
+            q.settle(Delivery::TooLarge);
+        }
+        assert_eq!((state(q).0, state(q).1), (7, 1), "a single item refused as too large is dropped and counted");
+        assert_eq!(take(q)[0], 1, "in order, the oldest first");
+        q.settle(Delivery::Delivered);
+        assert_eq!(state(q).2, Some(2), "batches grow back once one is taken");
+        assert_eq!(take(q).len(), 2);
+        q.settle(Delivery::Delivered);
+        assert_eq!(take(q).len(), 4);
+    }
+
     #[test]
     fn a_batch_refused_as_too_large_is_split_never_resent_whole() {
         let mut q = UsageQueue::new(1_000);
         for i in 0..8 {
             q.push(ev(i, 10));
         }
-        let sizes = |q: &mut UsageQueue| event_ids(&q.begin_flush(100).unwrap()).len();
-        assert_eq!(sizes(&mut q), 8);
-        q.settle(Delivery::TooLarge);
-        assert_eq!((q.len(), q.dropped, q.split_cap()), (8, 0, Some(4)), "back at the front, halved");
-        assert_eq!(sizes(&mut q), 4);
-        q.settle(Delivery::TooLarge);
-        assert_eq!(sizes(&mut q), 2);
-        q.settle(Delivery::TooLarge);
-        assert_eq!(sizes(&mut q), 1);
-        q.settle(Delivery::TooLarge);
-        assert_eq!((q.len(), q.dropped), (7, 1), "a single event refused as too large is dropped and counted");
-        assert_eq!(event_ids(&q.begin_flush(100).unwrap())[0], format!("{:032}", 1), "in order, the oldest first");
-        q.settle(Delivery::Delivered);
-        assert_eq!(q.split_cap(), Some(2), "batches grow back once one is taken");
-        assert_eq!(sizes(&mut q), 2);
-        q.settle(Delivery::Delivered);
-        assert_eq!(sizes(&mut q), 4);
+        let take = |q: &mut UsageQueue| event_ids(&q.begin_flush(100).unwrap()).iter().map(|id| id.parse().unwrap()).collect();
+        split_on_413_then_grow_back(&mut q, take, |q| (q.len(), q.dropped, q.split_cap()));
         q.settle(Delivery::Delivered);
         assert!(q.is_empty());
         assert_eq!(q.dropped, 1);
     }
+
 }

@@ -12,7 +12,7 @@ use crate::changes::{ChangesConfig, RawChanges};
 use crate::headers::check_header_name;
 use crate::key::{self, KeySource};
 use crate::lease::config::{LeaseConfig, RawLeases};
-use crate::responses::{IdempotencyConfig, RawIdempotency, RawResponseCache, ResponseCacheConfig};
+use crate::responses::{IdempotencyConfig, RawStore, ResponseCacheConfig, StoreConfig};
 use crate::routing::{RawRouting, RoutingConfig};
 use crate::settings::{duration_within, parse_duration, ConfigError};
 use crate::sidecar::{RawSidecar, Sidecar};
@@ -70,9 +70,9 @@ struct RawConfig {
     #[serde(default)]
     routing: RawRouting,
     #[serde(default)]
-    response_cache: RawResponseCache,
+    response_cache: RawStore,
     #[serde(default)]
-    idempotency: RawIdempotency,
+    idempotency: RawStore,
     /// Revocations and plan changes reaching cached answers and leases (crate::changes).
     #[serde(default)]
     changes: RawChanges,
@@ -143,8 +143,8 @@ impl Default for FilterConfig {
             breakers: Rc::default(),
             usage: UsageConfig::default(),
             routing: RoutingConfig::default(),
-            response_cache: ResponseCacheConfig::default(),
-            idempotency: IdempotencyConfig::default(),
+            response_cache: StoreConfig::RESPONSE_CACHE,
+            idempotency: StoreConfig::IDEMPOTENCY,
             leases: LeaseConfig::default(),
             changes: ChangesConfig::default(),
         }
@@ -173,8 +173,8 @@ impl FilterConfig {
             duration_within("completionFlushInterval", &raw.completion_flush_interval, min, max, "10ms and 10s")?;
         let usage = UsageConfig::compile(raw.usage)?;
         let routing = RoutingConfig::compile(raw.routing)?;
-        let response_cache = ResponseCacheConfig::compile(raw.response_cache)?;
-        let idempotency = IdempotencyConfig::compile(raw.idempotency)?;
+        let response_cache = StoreConfig::compile(raw.response_cache, StoreConfig::RESPONSE_CACHE, "responseCache")?;
+        let idempotency = StoreConfig::compile(raw.idempotency, StoreConfig::IDEMPOTENCY, "idempotency")?;
         let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
         for (i, h) in raw.forward_headers.iter().enumerate() {
             let h = h.to_ascii_lowercase();

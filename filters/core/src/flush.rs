@@ -56,6 +56,18 @@ pub struct FlushSpec {
     pub refused: &'static [u16],
 }
 
+impl FlushSpec {
+    /// A stream's batches to `path`, refused for good by no status.
+    pub const fn new(stream: Stream, what: &'static str, path: &'static str, max_batch: usize, timeout: Duration) -> FlushSpec {
+        FlushSpec { stream, what, path, max_batch, timeout, refused: &[] }
+    }
+
+    /// Batches answered with one of `statuses` are refused for good.
+    pub const fn refused_by(self, statuses: &'static [u16]) -> FlushSpec {
+        FlushSpec { refused: statuses, ..self }
+    }
+}
+
 /// Sends one queue in batches (a [`Job`]).
 pub struct BatchFlusher<Q> {
     queue: Rc<RefCell<Q>>,

@@ -7,8 +7,28 @@
 //! call, and every response is matched by its token). [`Every`] runs a job at its own cadence
 //! on a faster tick; `Option<J>` is a job that is configured off.
 
-use crate::host::Host;
+use crate::host::{Host, LogLevel};
 use std::time::Duration;
+
+/// Whether a job's exchanges with the sidecar fail, so that it logs the moment they start failing
+/// and the moment they work again, not every tick in between.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Outage {
+    failing: bool,
+}
+
+impl Outage {
+    /// The last exchange worked (`ok`) or not: logs `back` (info) or `lost()` (a warning) when
+    /// that is a change.
+    pub fn note(&mut self, host: &mut impl Host, ok: bool, back: &str, lost: impl FnOnce() -> String) {
+        if ok && self.failing {
+            host.log(LogLevel::Info, back);
+        } else if !ok && !self.failing {
+            host.log(LogLevel::Warn, &lost());
+        }
+        self.failing = !ok;
+    }
+}
 
 /// A background job of a root context.
 pub trait Job {

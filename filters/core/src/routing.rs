@@ -15,8 +15,8 @@
 //! applies), never a wrong route.
 
 use crate::host::{Host, LogLevel};
-use crate::jobs::{Cadence, Job};
-use crate::settings::{duration_within, ConfigError};
+use crate::jobs::{Cadence, Job, Outage};
+use crate::settings::{duration_within, given, ConfigError};
 use crate::shared_keys::{ROUTES_POLLER, ROUTES_TABLE};
 use crate::sidecar::Sidecar;
 use crate::election;
@@ -42,30 +42,24 @@ impl Default for RoutingConfig {
 }
 
 /// `routing` as written in the plugin configuration.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RawRouting {
-    #[serde(default)]
-    enabled: bool,
-    #[serde(default = "default_routing_refresh")]
-    refresh_interval: String,
-}
-
-impl Default for RawRouting {
-    fn default() -> Self {
-        RawRouting { enabled: false, refresh_interval: default_routing_refresh() }
-    }
-}
-
-fn default_routing_refresh() -> String {
-    "200ms".into()
+    #[serde(default, deserialize_with = "given")]
+    enabled: Option<bool>,
+    #[serde(default, deserialize_with = "given")]
+    refresh_interval: Option<String>,
 }
 
 impl RoutingConfig {
     pub fn compile(raw: RawRouting) -> Result<RoutingConfig, ConfigError> {
         let (min, max) = (Duration::from_millis(10), Duration::from_secs(10));
-        let refresh_interval = duration_within("routing.refreshInterval", &raw.refresh_interval, min, max, "10ms and 10s")?;
-        Ok(RoutingConfig { enabled: raw.enabled, refresh_interval })
+        let defaults = RoutingConfig::default();
+        let refresh_interval = match raw.refresh_interval {
+            Some(s) => duration_within("routing.refreshInterval", &s, min, max, "10ms and 10s")?,
+            None => defaults.refresh_interval,
+        };
+        Ok(RoutingConfig { enabled: raw.enabled.unwrap_or(defaults.enabled), refresh_interval })
     }
 }
 
@@ -141,13 +135,13 @@ pub struct RouteTablePoller {
     call: Option<(u32, u64)>,
     /// Polls at most every `refreshInterval` (counted from the last poll sent).
     cadence: Cadence,
-    failing: bool,
+    outage: Outage,
 }
 
 impl RouteTablePoller {
     pub fn new(config: RoutingConfig, sidecar: Sidecar, owner: u64) -> RouteTablePoller {
         let cadence = Cadence::every(config.refresh_interval);
-        RouteTablePoller { config, sidecar, owner: owner.max(1), call: None, cadence, failing: false }
+        RouteTablePoller { config, sidecar, owner: owner.max(1), call: None, cadence, outage: Outage::default() }
     }
 
     fn lease_ms(&self) -> u64 {
@@ -218,12 +212,7 @@ impl RouteTablePoller {
     }
 
     fn state(&mut self, host: &mut impl Host, ok: bool, why: &str) {
-        if ok && self.failing {
-            host.log(LogLevel::Info, "tollgate: routing table: the sidecar answers again");
-        } else if !ok && !self.failing {
-            host.log(LogLevel::Warn, &format!("tollgate: routing table not refreshed for now: {why}"));
-        }
-        self.failing = !ok;
+        self.outage.note(host, ok, "tollgate: routing table: the sidecar answers again", || format!("tollgate: routing table not refreshed for now: {why}"));
     }
 }
 

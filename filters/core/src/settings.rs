@@ -38,6 +38,13 @@ pub fn duration_within(field: &str, s: &str, min: Duration, max: Duration, range
     Ok(d)
 }
 
+/// Reads an `Option` field of a raw section (with `#[serde(default)]`): absent is `None` — the
+/// section's typed default applies, one place for it — and `null` is refused like any other
+/// value of the wrong type.
+pub fn given<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,42 +113,18 @@ impl Worker {
         let changes = config.changes.enabled.then(|| {
             ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone())
         });
-        let completion_spec = FlushSpec {
-            stream: Stream::Completions,
-            what: "completions",
-            path: COMPLETIONS_PATH,
-            max_batch: MAX_COMPLETION_BATCH,
-            // A batch may wait longer than a decision: it is off the request path.
-            timeout: sidecar.timeout.max(Duration::from_secs(2)),
-            refused: &[],
-        };
-        let refund_spec = FlushSpec {
-            stream: Stream::Refunds,
-            what: "abandoned decisions to refund",
-            path: REFUNDS_PATH,
-            max_batch: MAX_REFUND_BATCH,
-            timeout: sidecar.timeout.max(Duration::from_secs(2)),
-            // a batch it cannot read, or a sidecar without refunds: retrying cannot help
-            refused: &[400, 404],
-        };
-        let response_spec = FlushSpec {
-            stream: Stream::Responses,
-            what: "responses to store",
-            path: RESPONSES_PATH,
-            max_batch: MAX_RESPONSE_BATCH_BYTES,
-            timeout: Duration::from_secs(5),
-            refused: &[],
-        };
-        let usage_spec = FlushSpec {
-            stream: Stream::Usage,
-            what: "usage events",
-            path: USAGE_PATH,
-            max_batch: usage::MAX_BATCH,
-            // The sidecar answers once the batch is on disk (an fsync): allow it a few seconds.
-            timeout: Duration::from_secs(5),
-            // Not metering there, or a batch it can never read: retrying cannot help.
-            refused: &[400, 404],
-        };
+        // A batch may wait longer than a decision: it is off the request path.
+        let off_path = sidecar.timeout.max(Duration::from_secs(2));
+        let completion_spec = FlushSpec::new(Stream::Completions, "completions", COMPLETIONS_PATH, MAX_COMPLETION_BATCH, off_path);
+        // a batch it cannot read, or a sidecar without refunds: retrying cannot help
+        let refund_spec = FlushSpec::new(Stream::Refunds, "abandoned decisions to refund", REFUNDS_PATH, MAX_REFUND_BATCH, off_path)
+            .refused_by(&[400, 404]);
+        let response_spec =
+            FlushSpec::new(Stream::Responses, "responses to store", RESPONSES_PATH, MAX_RESPONSE_BATCH_BYTES, Duration::from_secs(5));
+        // The sidecar answers a usage batch once it is on disk (an fsync): allow it a few seconds.
+        // Not metering there, or a batch it can never read: retrying cannot help.
+        let usage_spec =
+            FlushSpec::new(Stream::Usage, "usage events", USAGE_PATH, usage::MAX_BATCH, Duration::from_secs(5)).refused_by(&[400, 404]);
         let usage_flusher = config.usage.enabled.then(|| {
             Every::new(config.usage.flush_interval, BatchFlusher::new(meter.clone(), usage_spec, sidecar.clone()))
         });

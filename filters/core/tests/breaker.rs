@@ -10,6 +10,7 @@ use std::rc::Rc;
 use tollgate_filter_core::breaker::{self, Admission, HintEffect, Outcome, Phase, Policy, State, Transition, UpdateError};
 use tollgate_filter_core::breaker::guard::{BreakerGuard, CLUSTER_HEADER, TARGET_HEADER};
 use tollgate_filter_core::breaker::hints::HintPoller;
+use tollgate_filter_core::jobs::Job;
 use tollgate_filter_core::shared_keys::{self, HINTS_POLLER};
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::host::{Action, Host};

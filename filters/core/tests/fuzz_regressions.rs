@@ -9,45 +9,8 @@
 #[path = "../../../fuzz/src/filter.rs"]
 mod entries;
 
+#[macro_use]
 #[path = "../../../fuzz/src/replay.rs"]
 mod replay;
 
-/// Runs every committed input of `target` through `entry` (fuzz/src/replay.rs).
-fn replay(target: &str, entry: fn(&[u8])) -> usize {
-    replay::replay(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz"), target, entry)
-}
-
-#[test]
-fn key_plan() {
-    replay("key_plan", entries::key_plan);
-}
-
-#[test]
-fn plugin_config() {
-    replay("plugin_config", entries::plugin_config);
-}
-
-#[test]
-fn route_match() {
-    replay("route_match", entries::route_match);
-}
-
-#[test]
-fn wire_answers() {
-    replay("wire_answers", entries::wire_answers);
-}
-
-#[test]
-fn usage_tokens() {
-    replay("usage_tokens", entries::usage_tokens);
-}
-
-#[test]
-fn cache_key() {
-    replay("cache_key", entries::cache_key);
-}
-
-#[test]
-fn filter_request() {
-    replay("filter_request", entries::filter_request);
-}
+replay_tests!("../../fuzz": key_plan, plugin_config, route_match, wire_answers, usage_tokens, cache_key, filter_request);

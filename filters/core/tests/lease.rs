@@ -14,6 +14,7 @@ use tollgate_filter_core::filter::AuthFilter;
 use tollgate_filter_core::host::Action;
 use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::key::hash_key;
+use tollgate_filter_core::jobs::Job;
 use tollgate_filter_core::lease::renewer::{LeaseRenewer, RenewalQueue};
 use tollgate_filter_core::lease::{self, LeaseRecord};
 use tollgate_filter_core::shared_keys;
@@ -183,7 +184,7 @@ fn each_grant_expires_on_its_own_and_the_oldest_is_spent_first() {
     let (mut renewer, mut root) = e.tick();
     let sent: DecideRequest = serde_json::from_slice(&root.calls[0].body).unwrap();
     assert_eq!(sent.token_estimate, None, "a renewal admits no request");
-    assert!(renewer.on_call_response(&mut root, 1, Some(200), grant(6, 400).as_bytes()));
+    assert!(renewer.apply_answer(&mut root, 1, Some(200), grant(6, 400).as_bytes()));
     e.sync(&root);
     assert_eq!(e.at(30).units(), 2 + 6);
     e.at(40).hit();
@@ -226,9 +227,9 @@ fn a_low_lease_queues_one_renewal_that_the_root_sends_off_the_request_path() {
     assert!(!String::from_utf8_lossy(&call.body).contains(KEY), "only the hash");
 
     // another call's answer is not the renewer's
-    assert!(!renewer.on_call_response(&mut root, 77, Some(200), b"{}"));
+    assert!(!renewer.apply_answer(&mut root, 77, Some(200), b"{}"));
     root.now_ms = T + 15;
-    assert!(renewer.on_call_response(&mut root, 1, Some(200), grant(20, 400).as_bytes()));
+    assert!(renewer.apply_answer(&mut root, 1, Some(200), grant(20, 400).as_bytes()));
     e.sync(&root);
     assert_eq!(e.at(15).units(), 2 + 20);
     assert_eq!(e.record().unwrap().renewing_until_ms, 0, "the claim is released");
@@ -242,7 +243,7 @@ fn a_denied_renewal_drops_the_lease_at_once() {
     let mut e = low_lease();
     let (mut renewer, mut root) = e.tick();
     let revoked = r#"{"verdict":"deny","status":401,"error":"revoked_key","message":"revoked"}"#;
-    assert!(renewer.on_call_response(&mut root, 1, Some(200), revoked.as_bytes()));
+    assert!(renewer.apply_answer(&mut root, 1, Some(200), revoked.as_bytes()));
     e.sync(&root);
     assert_eq!(e.units(), 0);
     let (mut f, mut h, a) = e.at(12).request();
@@ -255,7 +256,7 @@ fn a_denied_renewal_drops_the_lease_at_once() {
 fn a_failed_renewal_backs_off_and_the_lease_is_still_spent() {
     let mut e = low_lease();
     let (mut renewer, mut root) = e.tick();
-    assert!(renewer.on_call_response(&mut root, 1, Some(503), b""));
+    assert!(renewer.apply_answer(&mut root, 1, Some(503), b""));
     e.sync(&root);
     assert_eq!(e.record().unwrap().renewing_until_ms, T + 11 + lease::RENEWAL_BACKOFF_MS);
     e.at(12).hit();

@@ -111,10 +111,14 @@ struct Http {
     named: Named,
 }
 
-fn to_wasm(action: Action) -> WasmAction {
-    match action {
-        Action::Continue => WasmAction::Continue,
-        Action::Pause => WasmAction::Pause,
+impl Http {
+    /// Runs one callback of the filter with a host for it, and gives Envoy its answer.
+    fn step(&mut self, callback: impl FnOnce(&mut HttpFilter, &mut EnvoyHost) -> Action) -> WasmAction {
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
+        match callback(&mut self.filter, &mut host) {
+            Action::Continue => WasmAction::Continue,
+            Action::Pause => WasmAction::Pause,
+        }
     }
 }
 
@@ -133,23 +137,19 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        to_wasm(self.filter.on_request_headers(&mut host, end_of_stream))
+        self.step(|filter, host| filter.on_request_headers(host, end_of_stream))
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        to_wasm(self.filter.on_request_body(&mut host, body_size, end_of_stream))
+        self.step(|filter, host| filter.on_request_body(host, body_size, end_of_stream))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        to_wasm(self.filter.on_response_headers(&mut host, end_of_stream))
+        self.step(|filter, host| filter.on_response_headers(host, end_of_stream))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        to_wasm(self.filter.on_response_body(&mut host, body_size, end_of_stream))
+        self.step(|filter, host| filter.on_response_body(host, body_size, end_of_stream))
     }
 
     fn on_log(&mut self) {

@@ -171,6 +171,21 @@ impl Day {
         let year = (yoe + era * 400 + i64::from(month <= 2)) as i32;
         Day { year, month, day }
     }
+    /// Days from 1970-01-01 to this day (negative before; Howard Hinnant's days_from_civil). The
+    /// day need not exist: 1 March less one day is the last of February.
+    pub fn days_since_epoch(self) -> i64 {
+        let y = i64::from(self.year) - i64::from(self.month <= 2);
+        let era = y.div_euclid(400);
+        let yoe = y.rem_euclid(400);
+        let m = i64::from(self.month);
+        let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(self.day) - 1;
+        era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468
+    }
+    /// The first day of the next month.
+    pub fn next_month(self) -> Day {
+        let (year, month) = if self.month >= 12 { (self.year + 1, 1) } else { (self.year, self.month + 1) };
+        Day { year, month, day: 1 }
+    }
     /// `yyyyMMdd`, as in Redis meter keys.
     pub fn compact(self) -> String {
         format!("{:04}{:02}{:02}", self.year, self.month, self.day)
@@ -305,6 +320,18 @@ mod tests {
         assert_eq!(Day::of_ms(1_764_460_799_999).iso(), "2025-11-29");
         assert_eq!(Day::of_ms(951_782_400_000).iso(), "2000-02-29");
         assert_eq!(Day::of_ms(1_767_225_600_000).iso(), "2026-01-01");
+    }
+
+    #[test]
+    fn days_since_epoch_inverts_of_ms() {
+        // 1970 to 2399: leap years, leap and common centuries
+        for d in 0..157_000u64 {
+            assert_eq!(Day::of_ms(d * 86_400_000).days_since_epoch(), d as i64);
+        }
+        assert_eq!(Day { year: 1969, month: 12, day: 31 }.days_since_epoch(), -1);
+        assert_eq!(Day { year: 2000, month: 3, day: 1 }.days_since_epoch() - 1, Day { year: 2000, month: 2, day: 29 }.days_since_epoch());
+        assert_eq!(Day { year: 2025, month: 12, day: 9 }.next_month(), Day { year: 2026, month: 1, day: 1 });
+        assert_eq!(Day { year: 2026, month: 2, day: 28 }.next_month().days_since_epoch() * 86_400_000, 1_772_323_200_000);
     }
 
     #[test]

@@ -45,28 +45,24 @@ pub enum Error {
 /// The consumer's librdkafka configuration: a consumer group, offsets committed by us (after the
 /// PostgreSQL commit), reading from the start of a partition nobody committed yet.
 pub fn consumer_config(c: &config::KafkaConfig) -> Vec<(String, String)> {
-    let mut m: BTreeMap<String, String> = [
-        ("bootstrap.servers", c.brokers.clone()),
-        ("group.id", c.group_id.clone()),
-        ("client.id", "tollgate-billing".into()),
-        ("enable.auto.commit", "false".into()),
-        ("enable.auto.offset.store", "false".into()),
-        ("auto.offset.reset", "earliest".into()),
-        ("session.timeout.ms", c.session_timeout.as_millis().to_string()),
-        ("heartbeat.interval.ms", (c.session_timeout.as_millis() / 3).max(100).to_string()),
-        // a PostgreSQL outage can hold a batch a long time; do not leave the group meanwhile
-        ("max.poll.interval.ms", "3600000".into()),
-        ("enable.partition.eof", "false".into()),
-        // notice a topic created (or re-created) after we subscribed within seconds, not minutes
-        ("topic.metadata.refresh.interval.ms", "5000".into()),
-    ]
-    .into_iter()
-    .map(|(a, b)| (a.to_string(), b))
-    .collect();
-    for (k, v) in &c.properties {
-        m.insert(k.clone(), v.clone());
-    }
-    m.into_iter().collect()
+    tollgate_shared::kafka::client_properties(
+        &[
+            ("bootstrap.servers", c.brokers.clone()),
+            ("group.id", c.group_id.clone()),
+            ("client.id", "tollgate-billing".into()),
+            ("enable.auto.commit", "false".into()),
+            ("enable.auto.offset.store", "false".into()),
+            ("auto.offset.reset", "earliest".into()),
+            ("session.timeout.ms", c.session_timeout.as_millis().to_string()),
+            ("heartbeat.interval.ms", (c.session_timeout.as_millis() / 3).max(100).to_string()),
+            // a PostgreSQL outage can hold a batch a long time; do not leave the group meanwhile
+            ("max.poll.interval.ms", "3600000".into()),
+            ("enable.partition.eof", "false".into()),
+            // notice a topic created (or re-created) after we subscribed within seconds, not minutes
+            ("topic.metadata.refresh.interval.ms", "5000".into()),
+        ],
+        &c.properties,
+    )
 }
 
 /// One message as read: where it was, and its payload.

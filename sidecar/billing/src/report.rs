@@ -65,22 +65,13 @@ pub fn month_total(days: &BTreeMap<String, DayUsage>) -> DayUsage {
     t
 }
 
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mm = i64::from(m);
-    let doy = (153 * (if mm > 2 { mm - 3 } else { mm + 9 }) + 2) / 5 + i64::from(d) - 1;
-    era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468
-}
-
 fn parse_day(s: &str) -> Option<i64> {
     let mut it = s.split('-');
-    let (y, m, d): (i64, u32, u32) = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
-    if it.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+    let (year, month, day): (i32, u32, u32) = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    if it.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return None;
     }
-    Some(days_from_civil(y, m, d))
+    Some(Day { year, month, day }.days_since_epoch())
 }
 
 /// Days from `from` to `to` (inclusive, `yyyy-MM-dd`), at most 366.
@@ -95,12 +86,11 @@ pub fn days(from: &str, to: &str) -> Option<Vec<String>> {
 /// First and last day of a month `yyyy-MM`.
 pub fn month_days(month: &str) -> Option<(String, String)> {
     let (y, m) = month.split_once('-')?;
-    let (y, m): (i64, u32) = (y.parse().ok()?, m.parse().ok()?);
+    let (y, m): (i32, u32) = (y.parse().ok()?, m.parse().ok()?);
     if !(1..=12).contains(&m) {
         return None;
     }
-    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-    let last = days_from_civil(ny, nm, 1) - 1;
+    let last = Day { year: y, month: m, day: 1 }.next_month().days_since_epoch() - 1;
     Some((format!("{y:04}-{m:02}-01"), Day::of_ms(u64::try_from(last).ok()? * 86_400_000).iso()))
 }
 

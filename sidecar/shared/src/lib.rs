@@ -1,8 +1,10 @@
 //! What the Tollgate sidecar and the billing consumer share, and nothing else: the typed Redis
-//! keys ([`keys`], the only place a key name is built) and the usage aggregate message format
+//! keys ([`keys`], the only place a key name is built), the usage aggregate message format
 //! ([`aggregate`], how a spool segment's marked events become `tollgate.usage.aggregate.v1`
-//! messages with content-derived ids). No I/O, no runtime: billing depends on this crate instead
-//! of the whole sidecar (axum, rdkafka, the Redis client).
+//! messages with content-derived ids) and how a librdkafka client's properties are put together
+//! ([`kafka`]). No I/O, no runtime: billing depends on this crate instead of the whole sidecar
+//! (axum, rdkafka, the Redis client).
 
 pub mod aggregate;
+pub mod kafka;
 pub mod keys;

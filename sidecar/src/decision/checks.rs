@@ -12,6 +12,7 @@ use crate::keys::{
 };
 use crate::scripts::decide::{Check, Lease, LimitCheck, LimitState};
 use std::net::IpAddr;
+use tollgate_wire::usage::Day;
 use tollgate_wire::{codes, BudgetHold, Header, SlotHold, Ticket};
 
 /// What one request is, for its limits.
@@ -192,35 +193,9 @@ pub fn slot_hold_ms(meta: &[Meta]) -> u64 {
 
 /// `(yyyyMM, ms until the month ends)` of a unix-ms instant (UTC).
 pub fn month_of(now_ms: u64) -> (u32, u64) {
-    let days = (now_ms / 86_400_000) as i64;
-    let (y, m, _) = civil_from_days(days);
-    let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-    let next = days_from_civil(ny, nm, 1) as u64 * 86_400_000;
-    ((y as u32) * 100 + m, next.saturating_sub(now_ms))
-}
-
-// Howard Hinnant's civil-date algorithms (proleptic Gregorian, UTC).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let day = Day::of_ms(now_ms);
+    let next = day.next_month().days_since_epoch() as u64 * 86_400_000;
+    ((day.year as u32) * 100 + day.month, next.saturating_sub(now_ms))
 }
 
 #[cfg(test)]

@@ -297,6 +297,7 @@ pub fn lease_ttl_ms(limits: &[Limit], now_ms: u64, key_left_ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_tests::fixtures::limit_toml;
 
     fn plans(toml_text: &str) -> Result<Plans, String> {
         #[derive(Deserialize)]
@@ -310,23 +311,12 @@ mod tests {
     #[test]
     fn plans_compile_with_defaults_and_refuse_bad_limits() {
         let p = plans(
-            r#"
-            [[plans.gold.limits]]
-            name = "per-min"
-            algorithm = "fixed_window"
-            limit = 10
-            [[plans.gold.limits]]
-            name = "conc"
-            algorithm = "concurrency"
-            limit = 2
-            subject = "tenant"
-            [[plans.gold.limits]]
-            name = "by-user"
-            algorithm = "sliding_log"
-            limit = 5
-            subject = "header:X-User"
-            class = "auth"
-            "#,
+            &[
+                limit_toml("gold", "per-min", "fixed_window", 10, ""),
+                limit_toml("gold", "conc", "concurrency", 2, "subject = \"tenant\""),
+                limit_toml("gold", "by-user", "sliding_log", 5, "subject = \"header:X-User\"\nclass = \"auth\""),
+            ]
+            .concat(),
         )
         .unwrap();
         let l = p.limits("gold");

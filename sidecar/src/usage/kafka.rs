@@ -100,25 +100,21 @@ impl KafkaConfig {
 /// The producer's librdkafka configuration: idempotent, `acks=all`, compressed, short linger
 /// (events are batched on the wire), then the operator's extra properties.
 pub fn producer_config(k: &KafkaConfig) -> Vec<(String, String)> {
-    let mut c: BTreeMap<String, String> = [
-        ("bootstrap.servers", k.brokers.clone()),
-        ("client.id", "tollgate-sidecar".into()),
-        ("enable.idempotence", "true".into()),
-        ("acks", "all".into()),
-        ("compression.type", "lz4".into()),
-        ("linger.ms", "20".into()),
-        ("message.timeout.ms", k.delivery_timeout.as_millis().to_string()),
-        // fail fast to the shipper's own retry loop rather than hanging in librdkafka
-        ("socket.connection.setup.timeout.ms", "5000".into()),
-        ("reconnect.backoff.max.ms", "1000".into()),
-    ]
-    .into_iter()
-    .map(|(a, b)| (a.to_string(), b))
-    .collect();
-    for (key, v) in &k.properties {
-        c.insert(key.clone(), v.clone());
-    }
-    c.into_iter().collect()
+    tollgate_shared::kafka::client_properties(
+        &[
+            ("bootstrap.servers", k.brokers.clone()),
+            ("client.id", "tollgate-sidecar".into()),
+            ("enable.idempotence", "true".into()),
+            ("acks", "all".into()),
+            ("compression.type", "lz4".into()),
+            ("linger.ms", "20".into()),
+            ("message.timeout.ms", k.delivery_timeout.as_millis().to_string()),
+            // fail fast to the shipper's own retry loop rather than hanging in librdkafka
+            ("socket.connection.setup.timeout.ms", "5000".into()),
+            ("reconnect.backoff.max.ms", "1000".into()),
+        ],
+        &k.properties,
+    )
 }
 
 /// What a failed delivery calls for.

@@ -16,7 +16,7 @@ use super::config::BreakerConfig;
 use super::guard::report;
 use super::{read, update, HintEffect, Transition};
 use crate::host::{CallSpec, Host, LogLevel};
-use crate::jobs::Job;
+use crate::jobs::{Job, Outage};
 use crate::sidecar::Sidecar;
 use crate::{election, shared_keys};
 use std::rc::Rc;
@@ -30,13 +30,12 @@ pub struct HintPoller {
     owner: u64,
     list_call: Option<(u32, u64)>,
     posts: Vec<u32>,
-    /// Whether the last exchange with the sidecar failed (log on transitions only).
-    failing: bool,
+    outage: Outage,
 }
 
 impl HintPoller {
     pub fn new(config: Rc<BreakerConfig>, sidecar: Sidecar, owner: u64) -> HintPoller {
-        HintPoller { config, sidecar, owner: owner.max(1), list_call: None, posts: Vec::new(), failing: false }
+        HintPoller { config, sidecar, owner: owner.max(1), list_call: None, posts: Vec::new(), outage: Outage::default() }
     }
 
     /// How long a lease lasts without renewal: a few poll intervals, so a stalled holder is
@@ -56,16 +55,37 @@ impl HintPoller {
     }
 
     fn sidecar_state(&mut self, host: &mut impl Host, ok: bool, why: &str) {
-        if ok && self.failing {
-            host.log(LogLevel::Info, "tollgate: breaker hints: the sidecar answers again");
-        } else if !ok && !self.failing {
-            host.log(LogLevel::Warn, &format!("tollgate: breaker hints not shared for now: {why}"));
-        }
-        self.failing = !ok;
+        self.outage.note(host, ok, "tollgate: breaker hints: the sidecar answers again", || format!("tollgate: breaker hints not shared for now: {why}"));
     }
 
+    /// Applies listed hints to the matching targets.
+    pub fn apply(&self, host: &mut impl Host, list: &HintList) {
+        let b = &self.config;
+        let now = host.now_ms();
+        for hint in &list.hints {
+            let fp = super::hint_fingerprint(&hint.replica, hint.opened_at_ms);
+            for target in b.targets.iter() {
+                if target.hint.as_ref() != Some(&(hint.provider.clone(), hint.model.clone())) {
+                    continue;
+                }
+                let key = shared_keys::breaker(&target.name);
+                match update(host, &key, |s| s.apply_hint(&b.policy, now, fp)) {
+                    Ok(HintEffect::Opened) => {
+                        report(host, target, Transition::OpenedByHint, &format!("hint from replica {}", hint.replica))
+                    }
+                    Ok(HintEffect::Ignored) => host.count_named(&target.stat("hint_ignored")),
+                    Ok(HintEffect::Known) => {}
+                    Err(e) => host.log(LogLevel::Debug, &format!("tollgate: breaker {}: hint not applied: {e:?}", target.name)),
+                }
+            }
+        }
+    }
+}
+
+/// Runs every `breakers.hints.pollInterval` (crate::jobs::Every).
+impl Job for HintPoller {
     /// One tick: if this context holds the lease, report pending opens and ask for hints.
-    pub fn on_tick(&mut self, host: &mut impl Host) {
+    fn on_tick(&mut self, host: &mut impl Host) {
         if !self.config.shares_hints() {
             return;
         }
@@ -106,12 +126,12 @@ impl HintPoller {
     }
 
     /// Whether `token` is one of this poller's calls.
-    pub fn owns(&self, token: u32) -> bool {
+    fn owns(&self, token: u32) -> bool {
         self.posts.contains(&token) || self.list_call.is_some_and(|(t, _)| t == token)
     }
 
     /// A call response arrived at the root context.
-    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
+    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
         if let Some(i) = self.posts.iter().position(|t| *t == token) {
             self.posts.swap_remove(i);
             let ok = matches!(status, Some(200..=299));
@@ -133,40 +153,5 @@ impl HintPoller {
         self.sidecar_state(host, true, "");
         self.apply(host, &list);
     }
-
-    /// Applies listed hints to the matching targets.
-    pub fn apply(&self, host: &mut impl Host, list: &HintList) {
-        let b = &self.config;
-        let now = host.now_ms();
-        for hint in &list.hints {
-            let fp = super::hint_fingerprint(&hint.replica, hint.opened_at_ms);
-            for target in b.targets.iter() {
-                if target.hint.as_ref() != Some(&(hint.provider.clone(), hint.model.clone())) {
-                    continue;
-                }
-                let key = shared_keys::breaker(&target.name);
-                match update(host, &key, |s| s.apply_hint(&b.policy, now, fp)) {
-                    Ok(HintEffect::Opened) => {
-                        report(host, target, Transition::OpenedByHint, &format!("hint from replica {}", hint.replica))
-                    }
-                    Ok(HintEffect::Ignored) => host.count_named(&target.stat("hint_ignored")),
-                    Ok(HintEffect::Known) => {}
-                    Err(e) => host.log(LogLevel::Debug, &format!("tollgate: breaker {}: hint not applied: {e:?}", target.name)),
-                }
-            }
-        }
-    }
 }
 
-/// Runs every `breakers.hints.pollInterval` (crate::jobs::Every).
-impl Job for HintPoller {
-    fn on_tick(&mut self, host: &mut impl Host) {
-        HintPoller::on_tick(self, host);
-    }
-    fn owns(&self, token: u32) -> bool {
-        HintPoller::owns(self, token)
-    }
-    fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
-        HintPoller::on_call_response(self, host, token, status, body);
-    }
-}

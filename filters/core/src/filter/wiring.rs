@@ -41,34 +41,26 @@ impl AuthFilter {
 
     /// Stores responses through `queue` (when the response cache or idempotency is on).
     pub fn with_responses(mut self, queue: Rc<RefCell<ResponseQueue>>) -> AuthFilter {
-        if self.config.response_cache.enabled || self.config.idempotency.enabled {
-            self.worker.responses = Some(queue);
-        }
+        self.worker.responses = (self.config.response_cache.enabled || self.config.idempotency.enabled).then_some(queue);
         self
     }
 
     /// Routes requests by `routes` (when the configuration turns routing on).
     pub fn with_routes(mut self, routes: Rc<RefCell<WorkerRoutes>>) -> AuthFilter {
-        if self.config.routing.enabled {
-            self.worker.routes = Some(routes);
-        }
+        self.worker.routes = self.config.routing.enabled.then_some(routes);
         self
     }
 
     /// Spends and renews leases of leased limits through `renewals` (when the configuration
     /// enables leases; crate::lease).
     pub fn with_leases(mut self, renewals: Rc<RefCell<RenewalQueue>>) -> AuthFilter {
-        if self.config.leases.enabled {
-            self.worker.leases = Some(renewals);
-        }
+        self.worker.leases = self.config.leases.enabled.then_some(renewals);
         self
     }
 
     /// Meters this request into `meter` (when the configuration enables usage metering).
     pub fn with_meter(mut self, meter: Rc<RefCell<Meter>>) -> AuthFilter {
-        if self.config.usage.enabled {
-            self.worker.meter = Some(meter);
-        }
+        self.worker.meter = self.config.usage.enabled.then_some(meter);
         self
     }
 }

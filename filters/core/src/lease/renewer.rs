@@ -78,33 +78,8 @@ impl LeaseRenewer {
         self
     }
 
-    /// Sends every queued renewal (the root context's tick).
-    pub fn on_tick(&mut self, host: &mut impl Host) {
-        let pending: Vec<Renewal> = self.queue.borrow_mut().pending.drain(..).collect();
-        for r in pending {
-            let now = host.now_ms();
-            let Ok(body) = serde_json::to_vec(&r.request) else { continue };
-            let call = self.sidecar.post_json(DECIDE_PATH, body, RENEWAL_TIMEOUT);
-            match host.dispatch(call) {
-                Ok(token) => {
-                    host.count(Metric::LeaseRenewal);
-                    self.in_flight.push((token, r.key, now, self.gen.get()));
-                }
-                Err(e) => {
-                    host.log(LogLevel::Debug, &format!("tollgate: cannot send a lease renewal: {e}"));
-                    release_claim(host, &r.key, now, true);
-                }
-            }
-        }
-    }
-
-    /// Whether `token` is one of this renewer's calls.
-    pub fn owns(&self, token: u32) -> bool {
-        self.in_flight.iter().any(|(t, ..)| *t == token)
-    }
-
     /// Applies a call's answer; false when `token` is not a renewal of this renewer.
-    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> bool {
+    pub fn apply_answer(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> bool {
         let Some(i) = self.in_flight.iter().position(|(t, ..)| *t == token) else { return false };
         let (_, key, sent_ms, sent_gen) = self.in_flight.swap_remove(i);
         let now = host.now_ms();
@@ -129,13 +104,33 @@ impl LeaseRenewer {
 
 /// Runs on every tick of its root context (a queued renewal waits at most one tick).
 impl Job for LeaseRenewer {
+    /// Sends every queued renewal (the root context's tick).
     fn on_tick(&mut self, host: &mut impl Host) {
-        LeaseRenewer::on_tick(self, host);
+        let pending: Vec<Renewal> = self.queue.borrow_mut().pending.drain(..).collect();
+        for r in pending {
+            let now = host.now_ms();
+            let Ok(body) = serde_json::to_vec(&r.request) else { continue };
+            let call = self.sidecar.post_json(DECIDE_PATH, body, RENEWAL_TIMEOUT);
+            match host.dispatch(call) {
+                Ok(token) => {
+                    host.count(Metric::LeaseRenewal);
+                    self.in_flight.push((token, r.key, now, self.gen.get()));
+                }
+                Err(e) => {
+                    host.log(LogLevel::Debug, &format!("tollgate: cannot send a lease renewal: {e}"));
+                    release_claim(host, &r.key, now, true);
+                }
+            }
+        }
     }
+
+    /// Whether `token` is one of this renewer's calls.
     fn owns(&self, token: u32) -> bool {
-        LeaseRenewer::owns(self, token)
+        self.in_flight.iter().any(|(t, ..)| *t == token)
     }
+
     fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) {
-        LeaseRenewer::on_call_response(self, host, token, status, body);
+        self.apply_answer(host, token, status, body);
     }
 }
+

@@ -20,7 +20,7 @@
 
 pub mod queue;
 
-use crate::settings::ConfigError;
+use crate::settings::{given, ConfigError};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -29,96 +29,47 @@ use tollgate_wire::Header;
 
 /// The response cache (issue 7, plugin configuration `responseCache`): routes with a `cache_ttl`
 /// are looked up in the decision call and their successful responses stored off the request path.
+/// Or Idempotency-Key replay (issue 7, seed 002; plugin configuration `idempotency`). Both store
+/// responses, and are configured alike.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResponseCacheConfig {
-    /// Honour routes' cache TTLs (off: no lookups, no stores, no `x-tollgate-cache`).
+pub struct StoreConfig {
+    /// The cache: honour routes' cache TTLs (off: no lookups, no stores, no `x-tollgate-cache`).
+    /// Idempotency: honour `Idempotency-Key` on POST, PATCH, PUT and DELETE.
     pub enabled: bool,
-    /// Larger response bodies are not stored.
+    /// The cache: larger response bodies are not stored. Idempotency: a larger 2xx body is
+    /// remembered without its body (status and headers are replayed).
     pub max_body_bytes: usize,
 }
 
-impl Default for ResponseCacheConfig {
-    fn default() -> Self {
-        ResponseCacheConfig { enabled: true, max_body_bytes: default_cache_max_body() }
+/// `responseCache` of the plugin configuration.
+pub type ResponseCacheConfig = StoreConfig;
+/// `idempotency` of the plugin configuration.
+pub type IdempotencyConfig = StoreConfig;
+
+impl StoreConfig {
+    /// `responseCache` unless configured: on, bodies up to 256 KiB.
+    pub const RESPONSE_CACHE: StoreConfig = StoreConfig { enabled: true, max_body_bytes: 256 * 1024 };
+    /// `idempotency` unless configured: off, bodies up to 1 MiB.
+    pub const IDEMPOTENCY: StoreConfig = StoreConfig { enabled: false, max_body_bytes: 1 << 20 };
+
+    /// `raw` over `defaults`; `section` names it in errors.
+    pub fn compile(raw: RawStore, defaults: StoreConfig, section: &str) -> Result<StoreConfig, ConfigError> {
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(defaults.max_body_bytes);
+        if max_body_bytes == 0 || max_body_bytes > MAX_STORED_BODY {
+            return Err(ConfigError(format!("{section}.maxBodyBytes: must be between 1 and {MAX_STORED_BODY}")));
+        }
+        Ok(StoreConfig { enabled: raw.enabled.unwrap_or(defaults.enabled), max_body_bytes })
     }
 }
 
-/// Idempotency-Key replay (issue 7, seed 002; plugin configuration `idempotency`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdempotencyConfig {
-    /// Honour `Idempotency-Key` on POST, PATCH, PUT and DELETE.
-    pub enabled: bool,
-    /// A larger 2xx body is remembered without its body (status and headers are replayed).
-    pub max_body_bytes: usize,
-}
-
-impl Default for IdempotencyConfig {
-    fn default() -> Self {
-        IdempotencyConfig { enabled: false, max_body_bytes: default_idem_max_body() }
-    }
-}
-
-/// `responseCache` as written in the plugin configuration.
-#[derive(Debug, Deserialize)]
+/// `responseCache` or `idempotency` as written in the plugin configuration.
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RawResponseCache {
-    #[serde(default = "default_true")]
-    enabled: bool,
-    #[serde(default = "default_cache_max_body")]
-    max_body_bytes: usize,
-}
-
-impl Default for RawResponseCache {
-    fn default() -> Self {
-        RawResponseCache { enabled: true, max_body_bytes: default_cache_max_body() }
-    }
-}
-
-/// `idempotency` as written in the plugin configuration.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RawIdempotency {
-    #[serde(default)]
-    enabled: bool,
-    #[serde(default = "default_idem_max_body")]
-    max_body_bytes: usize,
-}
-
-impl Default for RawIdempotency {
-    fn default() -> Self {
-        RawIdempotency { enabled: false, max_body_bytes: default_idem_max_body() }
-    }
-}
-
-fn default_true() -> bool {
-    true
-}
-fn default_cache_max_body() -> usize {
-    256 * 1024
-}
-fn default_idem_max_body() -> usize {
-    1 << 20
-}
-
-fn check_max_body(field: &str, n: usize) -> Result<(), ConfigError> {
-    if n == 0 || n > MAX_STORED_BODY {
-        return Err(ConfigError(format!("{field}: must be between 1 and {MAX_STORED_BODY}")));
-    }
-    Ok(())
-}
-
-impl ResponseCacheConfig {
-    pub fn compile(raw: RawResponseCache) -> Result<ResponseCacheConfig, ConfigError> {
-        check_max_body("responseCache.maxBodyBytes", raw.max_body_bytes)?;
-        Ok(ResponseCacheConfig { enabled: raw.enabled, max_body_bytes: raw.max_body_bytes })
-    }
-}
-
-impl IdempotencyConfig {
-    pub fn compile(raw: RawIdempotency) -> Result<IdempotencyConfig, ConfigError> {
-        check_max_body("idempotency.maxBodyBytes", raw.max_body_bytes)?;
-        Ok(IdempotencyConfig { enabled: raw.enabled, max_body_bytes: raw.max_body_bytes })
-    }
+pub struct RawStore {
+    #[serde(default, deserialize_with = "given")]
+    enabled: Option<bool>,
+    #[serde(default, deserialize_with = "given")]
+    max_body_bytes: Option<usize>,
 }
 
 /// Methods whose responses the cache serves (the body is part of the key).

@@ -345,13 +345,14 @@ mod tests {
 
 // ---- circuit-breaker hints (seed 000, ADR-004: fast-open only) ----
 
-/// `cb:hint:{provider}:{model}` — string, JSON `{"replica","openedAtMs"}`, TTL
-/// [`BREAKER_HINT_TTL_SECS`] (`SET … EX`): an advisory hint that a replica's breaker for this
-/// provider/model opened. Other replicas may only use it to open their own breaker sooner; it
-/// is never evidence for closing one. Provider and model are validated (no `:`), so the key parses
-/// back unambiguously. Written by the sidecar on the filter's report; listed through [`BREAKER_HINT_INDEX`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BreakerHintKey(String);
+redis_key!(
+    /// `cb:hint:{provider}:{model}` — string, JSON `{"replica","openedAtMs"}`, TTL
+    /// [`BREAKER_HINT_TTL_SECS`] (`SET … EX`): an advisory hint that a replica's breaker for this
+    /// provider/model opened. Other replicas may only use it to open their own breaker sooner; it
+    /// is never evidence for closing one. Provider and model are validated (no `:`), so the key parses
+    /// back unambiguously. Written by the sidecar on the filter's report; listed through [`BREAKER_HINT_INDEX`].
+    BreakerHintKey
+);
 
 /// TTL of [`BreakerHintKey`] (seed 000): 30 seconds.
 pub const BREAKER_HINT_TTL_SECS: u64 = 30;
@@ -374,23 +375,12 @@ impl BreakerHintKey {
         use tollgate_wire::breaker::valid_hint_part;
         (valid_hint_part(provider) && valid_hint_part(model)).then(|| Self(format!("cb:hint:{provider}:{model}")))
     }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
     /// Provider and model back from a key name listed in [`BREAKER_HINT_INDEX`].
     pub fn parse(name: &str) -> Option<(String, String)> {
         let (provider, model) = name.strip_prefix("cb:hint:")?.split_once(':')?;
         Self::new(provider, model).map(|_| (provider.to_string(), model.to_string()))
     }
 }
-
-impl ToRedisArgs for BreakerHintKey {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg(self.0.as_bytes())
-    }
-}
-
-impl ToSingleRedisArg for BreakerHintKey {}
 
 #[cfg(test)]
 mod breaker_hint_key_tests {
@@ -412,14 +402,15 @@ mod breaker_hint_key_tests {
 
 // ---- usage meter (issue 6; seed 004's `usage:<subject>:<day>`) ----
 
-/// `usage:{tenant}:{yyyyMMdd}` — hash of counters (`ok`, `4xx`, `5xx`, `denied`, `aborted`,
-/// `tokens`), TTL [`USAGE_METER_TTL_MS`] (35 days, seed 004), refreshed on every write. A fast,
-/// approximate per-day view of a tenant's usage (a batch the filter re-sends may count twice;
-/// the key may be evicted): billing reads the PostgreSQL rollup, and readers of a day take the
-/// larger of the two (seed 004). The tenant is the hash tag, like the limit keys, so a script
-/// may read a tenant's days together with its limits on Cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageMeterKey(String);
+redis_key!(
+    /// `usage:{tenant}:{yyyyMMdd}` — hash of counters (`ok`, `4xx`, `5xx`, `denied`, `aborted`,
+    /// `tokens`), TTL [`USAGE_METER_TTL_MS`] (35 days, seed 004), refreshed on every write. A fast,
+    /// approximate per-day view of a tenant's usage (a batch the filter re-sends may count twice;
+    /// the key may be evicted): billing reads the PostgreSQL rollup, and readers of a day take the
+    /// larger of the two (seed 004). The tenant is the hash tag, like the limit keys, so a script
+    /// may read a tenant's days together with its limits on Cluster.
+    UsageMeterKey
+);
 
 /// TTL of [`UsageMeterKey`]: 35 days (seed 004).
 pub const USAGE_METER_TTL_MS: u64 = 35 * 24 * 3600 * 1000;
@@ -429,18 +420,7 @@ impl UsageMeterKey {
     pub fn new(tenant: &Id, day: &str) -> Option<Self> {
         (day.len() == 8 && day.bytes().all(|b| b.is_ascii_digit())).then(|| Self(format!("usage:{}:{day}", tag(tenant))))
     }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
-
-impl ToRedisArgs for UsageMeterKey {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg(self.0.as_bytes())
-    }
-}
-
-impl ToSingleRedisArg for UsageMeterKey {}
 
 #[cfg(test)]
 mod usage_meter_key_tests {
