@@ -67,3 +67,15 @@ pub fn send(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str
         Ok(Err(e)) => Resp { status: 0, headers: vec![], body: e.to_string() },
     }
 }
+
+/// `threads` clients at once, each sending `per_thread` GETs with `x-api-key: key`, client `t`'s
+/// `i`-th request to `urls[(t + i) % urls.len()]` (spreads a burst over replicas); every status,
+/// in no particular order.
+pub fn keyed_burst(urls: &[String], key: &str, threads: usize, per_thread: usize) -> Vec<u16> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || (0..per_thread).map(|i| get(&urls[(t + i) % urls.len()], &[("x-api-key", key)]).status).collect::<Vec<_>>()))
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}

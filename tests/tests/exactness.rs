@@ -9,7 +9,7 @@
 //! equal) and a token bucket refills less than one token during a run.
 
 use std::time::{SystemTime, UNIX_EPOCH};
-use tollgate_tests::{get, Gateway, Redis};
+use tollgate_tests::{keyed_burst, Gateway, Redis};
 
 const LIMIT: usize = 137;
 const REQUESTS: usize = 600;
@@ -73,19 +73,7 @@ fn six_hundred_requests_at_concurrency_100_admit_exactly_the_limit_for_every_alg
             let tenant = format!("{plan}run{run}");
             let key = g.sidecar().create_key(&tenant, plan, &[]);
             let (calls_before, day_before) = (g.upstream().calls() as usize, day());
-            let statuses: Vec<u16> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..CONCURRENCY)
-                    .map(|t| {
-                        let (urls, key) = (&urls, &key);
-                        s.spawn(move || {
-                            (0..REQUESTS / CONCURRENCY)
-                                .map(|i| get(&urls[(t + i) % 2], &[("x-api-key", key.raw.as_str())]).status)
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
-            });
+            let statuses = keyed_burst(&urls, &key.raw, CONCURRENCY, REQUESTS / CONCURRENCY);
             let spanned = day() != day_before;
             let ok = statuses.iter().filter(|s| **s == 200).count();
             let limited = statuses.iter().filter(|s| **s == 429).count();

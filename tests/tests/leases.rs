@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tollgate_tests::redis::command_calls;
-use tollgate_tests::{get, poll_until, Gateway, Redis, Sidecar};
+use tollgate_tests::{get, keyed_burst, poll_until, Gateway, Redis, Sidecar};
 
 /// One leased limit `name` of plan `p`: `algorithm` over `window`, `limit` units.
 fn leased_plan(name: &str, algorithm: &str, limit: u64, window: &str) -> String {
@@ -48,19 +48,7 @@ fn two_replicas_never_admit_more_than_a_leased_limit_and_most_requests_pay_no_ca
     let (calls_before, evalsha_before) = (decide_calls(a) + decide_calls(b), evalsha_calls(redis));
 
     let urls = [envoy_a.url("/"), envoy_b.url("/")];
-    let statuses: Vec<u16> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (urls, key) = (&urls, &key);
-                s.spawn(move || {
-                    (0..REQUESTS / THREADS)
-                        .map(|i| get(&urls[(t + i) % 2], &[("x-api-key", key.raw.as_str())]).status)
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let statuses = keyed_burst(&urls, &key.raw, THREADS, REQUESTS / THREADS);
     let ok = statuses.iter().filter(|s| **s == 200).count();
     let limited = statuses.iter().filter(|s| **s == 429).count();
     let calls = decide_calls(a) + decide_calls(b) - calls_before;

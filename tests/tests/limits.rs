@@ -4,7 +4,7 @@
 
 use serde_json::json;
 use std::time::Duration;
-use tollgate_tests::{get, poll_until, post, Gateway};
+use tollgate_tests::{get, keyed_burst, poll_until, post, Gateway};
 
 #[test]
 fn a_rate_limit_answers_429_with_retry_after_and_ratelimit_headers() {
@@ -46,17 +46,7 @@ fn two_replicas_admit_exactly_the_limit_under_concurrency() {
     let key = g.sidecar().create_key("acme", "p", &[]);
 
     let urls = [envoy_a.url("/"), envoy_b.url("/")];
-    let statuses: Vec<u16> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|t| {
-                let (urls, key) = (&urls, &key);
-                s.spawn(move || {
-                    (0..REQUESTS / 8).map(|i| get(&urls[(t + i) % 2], &[("x-api-key", key.raw.as_str())]).status).collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
+    let statuses = keyed_burst(&urls, &key.raw, 8, REQUESTS / 8);
     let ok = statuses.iter().filter(|s| **s == 200).count();
     let limited = statuses.iter().filter(|s| **s == 429).count();
     assert_eq!((ok, limited), (LIMIT, REQUESTS - LIMIT), "statuses: {statuses:?}");
