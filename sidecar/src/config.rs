@@ -41,6 +41,9 @@ pub struct Config {
     pub log: LogConfig,
     /// Plans by name, each a list of limits (docs/configuration.md). A key's `plan` selects one.
     pub plans: std::collections::BTreeMap<String, crate::decision::limits::PlanConfig>,
+    /// How `failure_mode = "local"` limits are enforced while Redis cannot answer (`[limits]`,
+    /// crate::decision::local).
+    pub limits: crate::decision::local::LocalConfig,
     /// Circuit-breaker hints (`[breaker]`, see crate::decision::hints).
     pub breaker: crate::decision::hints::BreakerConfig,
     /// Where tenants, products, plans and routes come from (`[source]`, crate::control::source).
@@ -84,6 +87,7 @@ impl Default for Config {
             cache: CacheConfig::default(),
             log: LogConfig::default(),
             plans: Default::default(),
+            limits: Default::default(),
             breaker: Default::default(),
             source: Default::default(),
             admin: Default::default(),
@@ -177,6 +181,7 @@ impl Config {
             return bad("cache.max_entries", "must be at least 1");
         }
         crate::decision::limits::Plans::compile(&self.plans)?;
+        self.limits.validate()?;
         self.usage.validate()?;
         self.telemetry.validate()?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {

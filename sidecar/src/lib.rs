@@ -111,7 +111,8 @@ impl Sidecar {
             decider: Arc::new(
                 decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans)?, clock)
                     .with_usage(usage.clone())
-                    .with_ticket_key(ticket_key),
+                    .with_ticket_key(ticket_key)
+                    .with_local(Arc::new(decision::local::LocalLimits::new(&config.limits))),
             ),
             store,
             prometheus: metrics::handle(),
