@@ -4,7 +4,8 @@
 //! replica count is right (more when it is undercounted). A share of 0 refuses every request.
 //!
 //! The replica count: `[limits] local_replicas` when set; else the count of live sidecars seen
-//! in Redis while it answered ([`super::replicas`]); else 1.
+//! in Redis while it answered ([`super::replicas`], the count last seen stays in force during the
+//! outage); else 1.
 //!
 //! Counters are keyed like the Redis ones (tenant, limit, subject) and start empty when the
 //! outage starts: what Redis counted before is not known here (decision 103). Per algorithm:
@@ -114,6 +115,11 @@ impl LocalLimits {
     /// Remembers the live sidecars counted in Redis (used while it cannot answer).
     pub fn set_discovered(&self, n: u32) {
         self.discovered.store(n, Ordering::Relaxed);
+    }
+
+    /// Whether the replica count is configured (then it is never discovered).
+    pub fn configured(&self) -> bool {
+        self.configured.is_some()
     }
 
     /// The replica count in force: configured, else discovered, else 1.

@@ -34,6 +34,7 @@ pub mod hints;
 pub mod refund;
 pub mod limits;
 pub mod local;
+pub mod replicas;
 pub mod responses;
 pub mod routing;
 pub mod store;
@@ -161,6 +162,11 @@ impl<S: DecisionStore> Decider<S> {
             tickets: tickets::TicketKey::random(),
             local: Arc::default(),
         }
+    }
+
+    /// The counters of `local` limits (the replica heartbeat sets their discovered count).
+    pub fn local(&self) -> &Arc<local::LocalLimits> {
+        &self.local
     }
 
     /// Enforces `local` limits with these counters (their replica count, their bound).
