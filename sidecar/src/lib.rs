@@ -156,10 +156,10 @@ impl Sidecar {
         if matches!(self.control.source, control::Source::Postgres(_)) {
             tasks.spawn(propagation::rewarm(self.control.clone(), background.clone()));
         }
-        let local = self.state.decider.local().clone();
+        let local = self.state.decider.local();
         ::metrics::gauge!(metrics::LOCAL_REPLICAS).set(f64::from(local.replicas()));
         if !local.configured() {
-            tasks.spawn(decision::replicas::run(self.state.store.clone(), local, background.clone()));
+            tasks.spawn(decision::replicas::run(self.state.store.clone(), self.state.decider.clone(), background.clone()));
         }
         if let Some((listener, token)) = self.admin {
             let router = admin::router(self.control.clone(), token);

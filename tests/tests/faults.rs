@@ -137,9 +137,9 @@ fn a_hung_redis_lets_each_replica_enforce_its_share_of_a_local_limit() {
 
     redis.resume();
     let resumed = Instant::now();
-    for i in 0..2 {
+    for (i, fresh) in fresh.iter().enumerate() {
         loop {
-            let r = call(i, &fresh[i].raw);
+            let r = call(i, &fresh.raw);
             // Redis' bucket: 10 less this one, the first request Redis decided for this key (a
             // local answer would say 5 less those answered locally)
             if r.status == 200 && r.header("ratelimit").is_some_and(|h| h.starts_with("\"l\";r=9;")) {

@@ -267,6 +267,11 @@ impl Plans {
         self.0.get(plan).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether some limit fails `local` (then the sidecars count each other, super::replicas).
+    pub fn any_local(&self) -> bool {
+        self.0.values().flatten().any(|l| l.failure_mode == LimitFailureMode::Local)
+    }
+
     /// Header names some limit counts per: the filter must forward them.
     pub fn subject_headers(&self) -> Vec<String> {
         let mut v: Vec<String> = self

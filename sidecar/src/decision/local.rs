@@ -136,7 +136,7 @@ impl LocalLimits {
     }
 
     /// Counters held now.
-    pub fn len(&self) -> usize {
+    pub fn counters(&self) -> usize {
         self.lock().counters.len()
     }
 
@@ -248,7 +248,7 @@ pub fn answer(local: &LocalLimits, r: &KeyRecord, meta: &[Meta], now_ms: u64) ->
             return super::too_many(&meta[i], s);
         }
     }
-    let (local_meta, states): (Vec<Meta>, Vec<LimitState>) = verdict.states.iter().map(|(i, s)| (meta[*i].clone(), s.clone())).unzip();
+    let (local_meta, states): (Vec<Meta>, Vec<LimitState>) = verdict.states.iter().map(|(i, s)| (meta[*i].clone(), *s)).unzip();
     let headers = checks::nearest(&local_meta, &states)
         .map(|i| checks::ratelimit_headers(&local_meta[i], &states[i]).to_vec())
         .unwrap_or_default();
@@ -371,7 +371,7 @@ mod tests {
         for t in ["a", "b", "c", "d"] {
             assert_eq!(l.decide(t, std::slice::from_ref(&m), &[0], 0).denied, None);
         }
-        assert_eq!(l.len(), 3);
+        assert_eq!(l.counters(), 3);
         assert_eq!(l.decide("a", std::slice::from_ref(&m), &[0], 0).denied, None, "a's counter was dropped");
         assert_eq!(l.decide("d", std::slice::from_ref(&m), &[0], 0).denied, Some(0), "d's is kept");
     }

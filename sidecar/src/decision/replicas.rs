@@ -6,7 +6,7 @@
 //! Off the request path: one task, two round trips a beat (`TIME`, then one pipeline). A beat
 //! Redis cannot answer changes nothing.
 
-use super::local::LocalLimits;
+use super::Decider;
 use crate::keys::{SIDECARS_LIVE, SIDECARS_LIVE_TTL_MS, SIDECAR_BEAT_MS, SIDECAR_LIVE_MS};
 use crate::metrics as m;
 use crate::store::{Store, StoreError};
@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 const DEADLINE: Duration = Duration::from_millis(500);
 
 /// Beats until `stop`, then removes this sidecar from the set (best effort).
-pub async fn run(store: Store, local: Arc<LocalLimits>, stop: CancellationToken) {
+pub async fn run(store: Store, decider: Arc<Decider>, stop: CancellationToken) {
     let me = format!("{:032x}", rand::random::<u128>());
     let mut every = tokio::time::interval(Duration::from_millis(SIDECAR_BEAT_MS));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -27,8 +27,12 @@ pub async fn run(store: Store, local: Arc<LocalLimits>, stop: CancellationToken)
             _ = stop.cancelled() => break,
             _ = every.tick() => {}
         }
+        if !decider.plans().any_local() {
+            continue;
+        }
         match beat(&store, &me).await {
             Ok(n) => {
+                let local = decider.local();
                 local.set_discovered(n);
                 metrics::gauge!(m::LOCAL_REPLICAS).set(f64::from(local.replicas()));
             }
