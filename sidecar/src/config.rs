@@ -269,6 +269,23 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn the_local_replica_count_is_discovered_unless_set_and_at_least_one() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!((c.limits.local_replicas, c.limits.local_max_entries), (None, 100_000));
+        assert_eq!(Config::from_toml("[limits]\nlocal_replicas = 3").unwrap().limits.local_replicas, Some(3));
+        for (bad, field) in [("local_replicas = 0", "limits.local_replicas"), ("local_max_entries = 0", "limits.local_max_entries")] {
+            let err = Config::from_toml(&format!("[limits]\n{bad}")).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_SIDECAR_LIMITS__LOCAL_REPLICAS", "2");
+            assert_eq!(Config::load(None).unwrap().limits.local_replicas, Some(2));
+            Ok(())
+        });
+    }
+
+    #[test]
     fn usage_is_off_by_default_and_checked_when_on() {
         assert!(!Config::default().usage.enabled);
         let c = Config::from_toml(
