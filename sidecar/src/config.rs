@@ -41,6 +41,9 @@ pub struct Config {
     pub log: LogConfig,
     /// Plans by name, each a list of limits (docs/configuration.md). A key's `plan` selects one.
     pub plans: std::collections::BTreeMap<String, crate::decision::limits::PlanConfig>,
+    /// How `failure_mode = "local"` limits are enforced while Redis cannot answer (`[limits]`,
+    /// crate::decision::local).
+    pub limits: crate::decision::local::LocalConfig,
     /// Circuit-breaker hints (`[breaker]`, see crate::decision::hints).
     pub breaker: crate::decision::hints::BreakerConfig,
     /// Where tenants, products, plans and routes come from (`[source]`, crate::control::source).
@@ -84,6 +87,7 @@ impl Default for Config {
             cache: CacheConfig::default(),
             log: LogConfig::default(),
             plans: Default::default(),
+            limits: Default::default(),
             breaker: Default::default(),
             source: Default::default(),
             admin: Default::default(),
@@ -177,6 +181,7 @@ impl Config {
             return bad("cache.max_entries", "must be at least 1");
         }
         crate::decision::limits::Plans::compile(&self.plans)?;
+        self.limits.validate()?;
         self.usage.validate()?;
         self.telemetry.validate()?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
@@ -261,6 +266,23 @@ mod tests {
         assert_eq!(c.plans["demo"].limits[0].limit, 10);
         let err = Config::from_toml("[[plans.demo.limits]]\nname = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 0\n").unwrap_err().to_string();
         assert!(err.contains("plans.demo.limits[0].limit"), "{err}");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn the_local_replica_count_is_discovered_unless_set_and_at_least_one() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!((c.limits.local_replicas, c.limits.local_max_entries), (None, 100_000));
+        assert_eq!(Config::from_toml("[limits]\nlocal_replicas = 3").unwrap().limits.local_replicas, Some(3));
+        for (bad, field) in [("local_replicas = 0", "limits.local_replicas"), ("local_max_entries = 0", "limits.local_max_entries")] {
+            let err = Config::from_toml(&format!("[limits]\n{bad}")).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_SIDECAR_LIMITS__LOCAL_REPLICAS", "2");
+            assert_eq!(Config::load(None).unwrap().limits.local_replicas, Some(2));
+            Ok(())
+        });
     }
 
     #[test]

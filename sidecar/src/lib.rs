@@ -111,7 +111,8 @@ impl Sidecar {
             decider: Arc::new(
                 decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans)?, clock)
                     .with_usage(usage.clone())
-                    .with_ticket_key(ticket_key),
+                    .with_ticket_key(ticket_key)
+                    .with_local(Arc::new(decision::local::LocalLimits::new(&config.limits))),
             ),
             store,
             prometheus: metrics::handle(),
@@ -154,6 +155,11 @@ impl Sidecar {
         }
         if matches!(self.control.source, control::Source::Postgres(_)) {
             tasks.spawn(propagation::rewarm(self.control.clone(), background.clone()));
+        }
+        let local = self.state.decider.local();
+        ::metrics::gauge!(metrics::LOCAL_REPLICAS).set(f64::from(local.replicas()));
+        if !local.configured() {
+            tasks.spawn(decision::replicas::run(self.state.store.clone(), self.state.decider.clone(), background.clone()));
         }
         if let Some((listener, token)) = self.admin {
             let router = admin::router(self.control.clone(), token);

@@ -12,8 +12,13 @@ pub const CACHE: &str = "tollgate_sidecar_key_cache_total";
 pub const REDIS_SECONDS: &str = "tollgate_sidecar_redis_seconds";
 /// Redis command errors, labelled `op` and `kind` (transient | other).
 pub const REDIS_ERRORS: &str = "tollgate_sidecar_redis_errors_total";
-/// Limit checks Redis could not answer, labelled `mode` (open | closed: what was applied).
+/// Limit checks Redis could not answer, labelled `mode` (open | closed | local: what was applied).
 pub const LIMITS_FAILED: &str = "tollgate_sidecar_limits_unavailable_total";
+/// Decisions of `local` limits by this sidecar while Redis could not answer, labelled `outcome`
+/// (allowed | denied).
+pub const LOCAL_DECISIONS: &str = "tollgate_sidecar_local_decisions_total";
+/// The replica count `local` limits divide by (configured, else discovered in Redis).
+pub const LOCAL_REPLICAS: &str = "tollgate_sidecar_local_replicas";
 /// Requests a shadow limit would have denied, labelled `limit`.
 pub const SHADOW_DENIALS: &str = "tollgate_sidecar_shadow_denials_total";
 /// Completion reports settled, labelled `outcome` (reconciled | expired | duplicate).

@@ -392,3 +392,55 @@ async fn a_route_applies_its_plan_override_and_requires_the_products_subscriptio
     let d = denial(&lab.call_on(Some("r_paid")).await);
     assert_eq!((d.0, d.1.as_str()), (403, "not_subscribed"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_count_each_other_in_redis_and_then_each_keeps_its_share_of_a_local_limit() {
+    use tollgate_sidecar::decision::replicas;
+    let toml = "[[plans.loc.limits]]\nname = \"l\"\nalgorithm = \"fixed_window\"\nlimit = 7\nwindow = \"1h\"\nfailure_mode = \"local\"";
+    let redis = Redis::start();
+    let mut cfg = Config::from_toml(toml).unwrap();
+    cfg.redis.url = redis.url();
+    cfg.redis.timeout = Duration::from_millis(500);
+    cfg.cache.ttl = Duration::from_secs(600);
+    let clock = Arc::new(ManualClock::new(T0));
+    let stop = tokio_util::sync::CancellationToken::new();
+    // two sidecars on one Redis, each with its heartbeat
+    let sidecars: Vec<Arc<Decider>> = (0..2)
+        .map(|_| {
+            let store = Store::new(&cfg.redis).unwrap();
+            let d = Arc::new(Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock.clone()));
+            tokio::spawn(replicas::run(store, d.clone(), stop.clone()));
+            d
+        })
+        .collect();
+    tokio::task::block_in_place(|| {
+        poll_until("both sidecars count 2", Duration::from_secs(10), || sidecars.iter().all(|d| d.local().replicas() == 2))
+    });
+    let members: Vec<String> = redis.cmd(&["ZRANGE", "sidecars:live", "0", "-1"]);
+    assert_eq!(members.len(), 2, "{members:?}");
+    let ttl: i64 = redis.cmd(&["PTTL", "sidecars:live"]);
+    assert!(ttl > 0 && ttl <= 10_000, "{ttl}");
+
+    let store = Store::new(&cfg.redis).unwrap();
+    let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse("loc").unwrap(), 1, None);
+    store.create_key(&issued.hash, &issued.record).await.unwrap();
+    let req = DecideRequest::new(issued.hash.as_str().to_string(), "GET", "api", "/");
+    for d in &sidecars {
+        assert!(allowed(&d.decide(&req).await.unwrap()), "the key record is cached");
+    }
+    let mut redis = redis;
+    redis.kill();
+    let mut admitted = Vec::new();
+    for d in &sidecars {
+        let mut n = 0;
+        for _ in 0..10 {
+            match d.decide(&req).await.unwrap() {
+                DecideResponse::Allow { .. } => n += 1,
+                r => assert_eq!(denial(&r).0, 429),
+            }
+        }
+        admitted.push(n);
+    }
+    assert_eq!(admitted, vec![3, 3], "floor(7 / 2) each, the count discovered before Redis went");
+    stop.cancel();
+}

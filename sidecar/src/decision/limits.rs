@@ -43,6 +43,9 @@ pub enum LimitFailureMode {
     Open,
     /// Refuse it with 503 `limits_unavailable`.
     Closed,
+    /// Enforce this sidecar's share of the limit in memory (super::local): fixed and sliding
+    /// windows, sliding logs and token buckets only.
+    Local,
 }
 
 /// How a limit is enforced.
@@ -217,6 +220,14 @@ impl Plans {
                     (Algorithm::SlidingLog, Some(c)) => return Err(invalid(format!("{at}.class"), format!("'{c}' is not api or auth"))),
                     (_, Some(_)) => return Err(invalid(format!("{at}.class"), "only sliding_log limits have a class")),
                 };
+                if l.failure_mode == LimitFailureMode::Local && matches!(l.algorithm, Algorithm::TokenBudget | Algorithm::Concurrency) {
+                    // A budget's reservation and a concurrency slot are settled by the completion
+                    // path in Redis: a local share of them would never be given back.
+                    return Err(invalid(
+                        format!("{at}.failure_mode"),
+                        format!("limit '{name}': local applies to fixed_window, sliding_window, sliding_log and token_bucket only (use open or closed)"),
+                    ));
+                }
                 if l.mode == LimitMode::Leased {
                     // A lease is units taken ahead from a counter that only grows within its
                     // window (fixed) or a bucket that only refills: spending them later never
@@ -254,6 +265,11 @@ impl Plans {
     /// The limits of `plan`; an unknown plan has none (see docs/decisions.md).
     pub fn limits(&self, plan: &str) -> &[Limit] {
         self.0.get(plan).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether some limit fails `local` (then the sidecars count each other, super::replicas).
+    pub fn any_local(&self) -> bool {
+        self.0.values().flatten().any(|l| l.failure_mode == LimitFailureMode::Local)
     }
 
     /// Header names some limit counts per: the filter must forward them.
@@ -341,6 +357,18 @@ mod tests {
         }
         let err = plans("[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"fixed_window\"\nlimit=1\n[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"token_bucket\"\nlimit=1").unwrap_err();
         assert!(err.contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn local_failure_mode_is_for_windows_logs_and_buckets() {
+        for a in ["fixed_window", "sliding_window", "sliding_log", "token_bucket"] {
+            let p = plans(&format!("[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"{a}\"\nlimit = 9\nfailure_mode = \"local\"")).unwrap();
+            assert_eq!(p.limits("p")[0].failure_mode, LimitFailureMode::Local, "{a}");
+        }
+        for a in ["token_budget", "concurrency"] {
+            let err = plans(&format!("[[plans.p.limits]]\nname = \"tok\"\nalgorithm = \"{a}\"\nlimit = 9\nfailure_mode = \"local\"")).unwrap_err();
+            assert!(err.contains("plans.p.limits[0].failure_mode") && err.contains("'tok'") && err.contains("open or closed"), "{err}");
+        }
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub mod complete;
 pub mod hints;
 pub mod refund;
 pub mod limits;
+pub mod local;
+pub mod replicas;
 pub mod responses;
 pub mod routing;
 pub mod store;
@@ -88,6 +90,8 @@ pub struct Decider<S = Store> {
     changes: std::sync::atomic::AtomicU64,
     /// What tickets are sealed with (tickets::TicketKey).
     tickets: tickets::TicketKey,
+    /// The counters of `failure_mode = "local"` limits while Redis cannot answer.
+    local: Arc<local::LocalLimits>,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -156,7 +160,19 @@ impl<S: DecisionStore> Decider<S> {
             epoch: rand::random::<u64>() >> 11,
             changes: std::sync::atomic::AtomicU64::new(0),
             tickets: tickets::TicketKey::random(),
+            local: Arc::default(),
         }
+    }
+
+    /// The counters of `local` limits (the replica heartbeat sets their discovered count).
+    pub fn local(&self) -> &Arc<local::LocalLimits> {
+        &self.local
+    }
+
+    /// Enforces `local` limits with these counters (their replica count, their bound).
+    pub fn with_local(mut self, local: Arc<local::LocalLimits>) -> Decider<S> {
+        self.local = local;
+        self
     }
 
     /// Meters this decider's denials into `usage` (when metering is on).
@@ -299,7 +315,7 @@ impl<S: DecisionStore> Decider<S> {
         let asked = Asked { meta, request_id: call.request_id, lease_ttl_ms, lookup };
         let reply = match reply {
             Ok(reply) => reply,
-            Err(e) => return self.limits_unavailable(r, &asked, &e.to_string()),
+            Err(e) => return self.limits_unavailable(cx, r, &asked, &e.to_string()),
         };
         self.note_shadow_denials(r, &asked.meta, &reply.states);
         crate::telemetry::observe_limits(r.tenant.as_str(), &asked.meta, &reply.states, reply.denied);
@@ -323,27 +339,33 @@ impl<S: DecisionStore> Decider<S> {
         (lease, ttl)
     }
 
-    /// Redis could not answer the limits: each limit's failure mode applies (any fail-closed,
-    /// non-shadow limit → 503; else allowed without limit headers), and the lookup is a miss.
-    fn limits_unavailable(&self, r: &KeyRecord, asked: &Asked, why: &str) -> DecideResponse {
+    /// Redis could not answer the limits: each limit's failure mode applies — any fail-closed,
+    /// non-shadow limit → 503; else any `local` one → this sidecar's share of the `local` limits
+    /// decides (super::local; a renewal gets no lease and counts nothing); else allowed without
+    /// limit headers. The lookup is a miss.
+    fn limits_unavailable(&self, cx: &Cx<'_>, r: &KeyRecord, asked: &Asked, why: &str) -> DecideResponse {
         if let Some(l) = &asked.lookup {
             self.lookup_unavailable(l, why);
         }
-        let closed = asked.meta.iter().any(|m| !m.shadow && m.failure_mode == LimitFailureMode::Closed);
-        let mode = if closed { "closed" } else { "open" };
+        let applies = |mode| asked.meta.iter().any(|m| !m.shadow && m.failure_mode == mode);
+        let mode = match (applies(LimitFailureMode::Closed), applies(LimitFailureMode::Local)) {
+            (true, _) => "closed",
+            (false, true) => "local",
+            (false, false) => "open",
+        };
         metrics::counter!(m::LIMITS_FAILED, "mode" => mode).increment(1);
         tracing::debug!(error = %why, mode, "limits could not be checked");
-        if closed {
-            DecideResponse::Deny {
+        match mode {
+            "closed" => DecideResponse::Deny {
                 status: 503,
                 error: codes::LIMITS_UNAVAILABLE.into(),
                 message: "rate limits cannot be checked right now".into(),
                 limit: None,
                 response_headers: vec![Header::new("retry-after", "1")],
-            }
-        } else {
+            },
+            "local" if !cx.req.lease.is_some_and(|l| l.renewal) => local::answer(&self.local, r, &asked.meta, cx.now_ms),
             // fail-open: a cache miss, an idempotency key executed without being recorded
-            allow(r, vec![], None, None, None, None)
+            _ => allow(r, vec![], None, None, None, None),
         }
     }
 

@@ -29,6 +29,9 @@ closed.limits = [{ name = "pm", algorithm = "fixed_window", limit = 5, failure_m
 shadow-closed.limits = [{ name = "pm", algorithm = "fixed_window", limit = 5, failure_mode = "closed", shadow = true }]
 leased.limits = [{ name = "pm", algorithm = "fixed_window", limit = 100, mode = "leased" }]
 one.limits = [{ name = "once", algorithm = "fixed_window", limit = 1 }]
+local.limits = [{ name = "pm", algorithm = "fixed_window", limit = 3, failure_mode = "local" }, { name = "big", algorithm = "sliding_window", limit = 1000 }]
+local-closed.limits = [{ name = "pm", algorithm = "fixed_window", limit = 3, failure_mode = "local" }, { name = "c", algorithm = "token_bucket", limit = 1000, failure_mode = "closed" }]
+leased-local.limits = [{ name = "pm", algorithm = "fixed_window", limit = 100, mode = "leased", failure_mode = "local" }]
 free = {}
 "#;
 
@@ -162,6 +165,55 @@ async fn when_the_limits_cannot_be_checked_each_limits_failure_mode_applies() {
     assert_eq!(denied(&r), (503, "limits_unavailable"));
     assert_eq!(header(&r, "retry-after"), Some("1"));
     assert!(matches!(lab.decide(&req(&shadow)).await, DecideResponse::Allow { .. }), "a shadow limit never blocks");
+}
+
+#[tokio::test]
+async fn a_local_limit_is_enforced_at_this_sidecars_share_while_the_store_is_down() {
+    let lab = Lab::new(Duration::from_secs(60));
+    let k = lab.key("loc", "local", KeyStatus::Active);
+    let mixed = lab.key("mixed", "local-closed", KeyStatus::Active);
+    let leased = lab.key("leased", "leased-local", KeyStatus::Active);
+    for h in [&k, &mixed, &leased] {
+        assert!(matches!(lab.decide(&req(h)).await, DecideResponse::Allow { .. }), "the record is now cached");
+    }
+    lab.store.set_down(true);
+    // alone (no replica count configured or discovered): the whole limit, 3 — what Redis
+    // counted before the outage is not known here
+    for left in [2, 1, 0] {
+        let r = lab.decide(&req(&k)).await;
+        assert!(matches!(&r, DecideResponse::Allow { ticket: None, lease: None, .. }), "{r:?}");
+        assert_eq!(header(&r, "ratelimit"), Some(format!("\"pm\";r={left};t=60").as_str()), "the local limit's headers");
+    }
+    let r = lab.decide(&req(&k)).await;
+    assert_eq!(denied(&r), (429, "rate_limited"));
+    assert_eq!(header(&r, "retry-after"), Some("60"));
+    assert_eq!(header(&r, "ratelimit-policy"), Some("\"pm\";q=3;w=60"));
+    // a fail-closed limit in the plan decides first
+    assert_eq!(denied(&lab.decide(&req(&mixed)).await), (503, "limits_unavailable"));
+    // a renewal gets no lease and counts nothing; the request path then decides locally
+    let renewal = DecideRequest { lease: Some(LeaseAsk { want: 50, renewal: true }), ..req(&leased) };
+    for _ in 0..5 {
+        assert!(matches!(lab.decide(&renewal).await, DecideResponse::Allow { lease: None, .. }));
+    }
+    let ask = DecideRequest { lease: Some(LeaseAsk { want: 50, renewal: false }), ..req(&leased) };
+    let admitted = allowed_of(&lab, &ask, 150).await;
+    assert_eq!(admitted, 100, "requests asking for a lease are decided locally, with no lease");
+    // a new window: the share again
+    lab.clock.advance(60_000);
+    assert!(matches!(lab.decide(&req(&k)).await, DecideResponse::Allow { .. }));
+}
+
+/// How many of `n` decisions of `r` are allowed (without a lease).
+async fn allowed_of(lab: &Lab, r: &DecideRequest, n: usize) -> usize {
+    let mut allowed = 0;
+    for _ in 0..n {
+        match lab.decide(r).await {
+            DecideResponse::Allow { lease: None, .. } => allowed += 1,
+            DecideResponse::Allow { lease: Some(l), .. } => panic!("a lease while the store is down: {l:?}"),
+            DecideResponse::Deny { .. } => {}
+        }
+    }
+    allowed
 }
 
 #[tokio::test]

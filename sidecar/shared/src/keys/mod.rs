@@ -365,6 +365,20 @@ pub const BREAKER_HINT_TTL_SECS: u64 = 30;
 /// listing costs O(hints), never a SCAN of the whole keyspace.
 pub const BREAKER_HINT_INDEX: &str = "cb:hints";
 
+/// `sidecars:live` — sorted set of the sidecars that share this Redis (issue 15.3): member = a
+/// random id per sidecar process, score = its last heartbeat (ms, Redis' own `TIME`, so the
+/// sidecars' clocks never disagree). Each sidecar without a configured `limits.local_replicas`
+/// beats every [`SIDECAR_BEAT_MS`]: `ZADD`, `ZREMRANGEBYSCORE` of members older than
+/// [`SIDECAR_LIVE_MS`], `PEXPIRE` [`SIDECARS_LIVE_TTL_MS`], `ZCOUNT` of the live ones — the replica
+/// count its `local` limits divide by while Redis cannot answer. A stopping sidecar removes itself.
+pub const SIDECARS_LIVE: &str = "sidecars:live";
+/// How often a sidecar beats in [`SIDECARS_LIVE`].
+pub const SIDECAR_BEAT_MS: u64 = 1_000;
+/// A member beaten within this long is live (three beats).
+pub const SIDECAR_LIVE_MS: u64 = 3_000;
+/// TTL of [`SIDECARS_LIVE`], renewed by each beat: it goes once no sidecar beats.
+pub const SIDECARS_LIVE_TTL_MS: u64 = 10_000;
+
 /// How long past its expiry an index member is still listed (clock skew between sidecars; a
 /// hint key that expired reads as nil and is skipped).
 pub const BREAKER_HINT_INDEX_SLACK_MS: u64 = 60_000;

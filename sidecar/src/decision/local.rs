@@ -1,0 +1,378 @@
+//! `failure_mode = "local"` (issue 15.3): while Redis cannot answer a decision's limits, this
+//! sidecar enforces each such limit itself, in memory, at its *share*: `floor(limit / replicas)`
+//! — one sidecar per Envoy, so the replicas together admit at most the limit per window when the
+//! replica count is right (more when it is undercounted). A share of 0 refuses every request.
+//!
+//! The replica count: `[limits] local_replicas` when set; else the count of live sidecars seen
+//! in Redis while it answered ([`super::replicas`], the count last seen stays in force during the
+//! outage); else 1.
+//!
+//! Counters are keyed like the Redis ones (tenant, limit, subject) and start empty when the
+//! outage starts: what Redis counted before is not known here (decision 103). Per algorithm:
+//! - fixed window: a count per window (same window boundaries as Redis);
+//! - sliding window and sliding log: a sliding-window counter (the current window's count plus
+//!   the previous one's, weighted by how much of it is still inside the window);
+//! - token bucket: a bucket of `share` tokens refilled at `share / window`, full when first used.
+//!
+//! Token budgets and concurrency caps cannot be `local` (refused at config load: their
+//! reservations and slots are settled in Redis by the completion path).
+//!
+//! Bounded: at most `local_max_entries` counters; a new one beyond that drops the oldest created.
+//! One decision checks all its local limits, then takes from all only if all pass (as
+//! `decide.lua` does). Pure apart from the mutex: time is passed in.
+
+use super::checks::{self, Meta};
+use super::limits::{Algorithm, LimitFailureMode};
+use crate::apikey::KeyRecord;
+use crate::metrics as m;
+use crate::scripts::decide::LimitState;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use tollgate_wire::DecideResponse;
+
+/// `[limits]`: how `local` limits are enforced while Redis cannot answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    /// How many sidecars share each limit (one per Envoy). Unset: the count discovered in Redis
+    /// while it answered, else 1. Set: this, always (it wins over the discovered count).
+    pub local_replicas: Option<u32>,
+    /// The most local counters kept (tenant × limit × subject); beyond it the oldest is dropped.
+    pub local_max_entries: usize,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig { local_replicas: None, local_max_entries: 100_000 }
+    }
+}
+
+impl LocalConfig {
+    pub fn validate(&self) -> Result<(), crate::invalid::Invalid> {
+        if self.local_replicas == Some(0) {
+            return Err(crate::invalid::invalid("limits.local_replicas", "must be at least 1 (or unset: discovered)"));
+        }
+        if self.local_max_entries == 0 {
+            return Err(crate::invalid::invalid("limits.local_max_entries", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// One local counter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Counter {
+    /// Fixed and sliding windows: units in window `bucket` and in the one before it.
+    Window { bucket: u64, count: u64, previous: u64 },
+    /// Token bucket: tokens × window_ms (integer refill), as of `at_ms`.
+    Bucket { scaled: u128, at_ms: u64 },
+}
+
+#[derive(Debug, Default)]
+struct State {
+    counters: HashMap<String, Counter>,
+    /// Keys in creation order (the oldest is dropped first when full).
+    order: VecDeque<String>,
+}
+
+/// What a local decision found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// Per local limit: its index in the decision's limits, and its state after the decision.
+    pub states: Vec<(usize, LimitState)>,
+    /// The index of the limit that denied (nothing was taken).
+    pub denied: Option<usize>,
+}
+
+/// The local counters of one sidecar.
+#[derive(Debug)]
+pub struct LocalLimits {
+    configured: Option<u32>,
+    /// Live sidecars last counted in Redis (0: not known).
+    discovered: AtomicU32,
+    max_entries: usize,
+    state: Mutex<State>,
+}
+
+impl Default for LocalLimits {
+    fn default() -> Self {
+        LocalLimits::new(&LocalConfig::default())
+    }
+}
+
+impl LocalLimits {
+    pub fn new(config: &LocalConfig) -> LocalLimits {
+        LocalLimits {
+            configured: config.local_replicas,
+            discovered: AtomicU32::new(0),
+            max_entries: config.local_max_entries.max(1),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Remembers the live sidecars counted in Redis (used while it cannot answer).
+    pub fn set_discovered(&self, n: u32) {
+        self.discovered.store(n, Ordering::Relaxed);
+    }
+
+    /// Whether the replica count is configured (then it is never discovered).
+    pub fn configured(&self) -> bool {
+        self.configured.is_some()
+    }
+
+    /// The replica count in force: configured, else discovered, else 1.
+    pub fn replicas(&self) -> u32 {
+        self.configured.unwrap_or_else(|| match self.discovered.load(Ordering::Relaxed) {
+            0 => 1,
+            n => n,
+        })
+    }
+
+    /// This sidecar's share of `limit`.
+    pub fn share(&self, limit: u64) -> u64 {
+        limit / u64::from(self.replicas().max(1))
+    }
+
+    /// Counters held now.
+    pub fn counters(&self) -> usize {
+        self.lock().counters.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Decides one request against the limits of `meta` at indexes `which` (the `local` ones),
+    /// for `tenant`: checks all, takes from all only if all pass.
+    pub fn decide(&self, tenant: &str, meta: &[Meta], which: &[usize], now_ms: u64) -> Verdict {
+        let mut st = self.lock();
+        let mut next = Vec::with_capacity(which.len());
+        let mut denied = None;
+        for &i in which {
+            let m = &meta[i];
+            let key = format!("{tenant}/{}/{}/{:?}", m.name, m.subject, m.algorithm);
+            let share = self.share(m.limit);
+            let (counter, state) = check(st.counters.get(&key).copied(), m, share, now_ms);
+            if state.would_deny && denied.is_none() {
+                denied = Some(i);
+            }
+            next.push((i, key, counter, state));
+        }
+        if denied.is_none() {
+            for (_, key, counter, _) in &next {
+                self.put(&mut st, key, *counter);
+            }
+        }
+        Verdict { states: next.into_iter().map(|(i, _, _, s)| (i, s)).collect(), denied }
+    }
+
+    fn put(&self, st: &mut State, key: &str, counter: Counter) {
+        if let Some(c) = st.counters.get_mut(key) {
+            *c = counter;
+            return;
+        }
+        while st.counters.len() >= self.max_entries {
+            match st.order.pop_front() {
+                Some(old) => {
+                    st.counters.remove(&old);
+                }
+                None => break,
+            }
+        }
+        st.counters.insert(key.to_string(), counter);
+        st.order.push_back(key.to_string());
+    }
+}
+
+/// One limit against its counter (None: never used): the counter as it would be with the
+/// request taken, and the limit's state (remaining after it, time to reset, whether it denies).
+fn check(counter: Option<Counter>, m: &Meta, share: u64, now_ms: u64) -> (Counter, LimitState) {
+    let w = m.window_ms.max(1);
+    let cost = m.cost;
+    match m.algorithm {
+        Algorithm::TokenBucket => {
+            let full = u128::from(share) * u128::from(w);
+            let scaled = match counter {
+                Some(Counter::Bucket { scaled, at_ms }) => {
+                    (scaled + u128::from(now_ms.saturating_sub(at_ms)) * u128::from(share)).min(full)
+                }
+                _ => full,
+            };
+            let need = u128::from(cost) * u128::from(w);
+            let deny = scaled < need;
+            let after = if deny { scaled } else { scaled - need };
+            let remaining = (after / u128::from(w)) as u64;
+            // denied: until `cost` tokens are back; allowed: until the bucket is full again
+            let missing = if deny { need - scaled } else { full - after };
+            let reset_ms = match share {
+                0 => w,
+                s => missing.div_ceil(u128::from(s)).min(u128::from(u64::MAX)) as u64,
+            };
+            (Counter::Bucket { scaled: after, at_ms: now_ms }, LimitState { remaining, reset_ms, would_deny: deny })
+        }
+        _ => {
+            let bucket = now_ms / w;
+            let (count, previous) = match counter {
+                Some(Counter::Window { bucket: b, count, .. }) if b + 1 == bucket => (0, count),
+                Some(Counter::Window { bucket: b, count, previous }) if b == bucket => (count, previous),
+                _ => (0, 0),
+            };
+            let into = now_ms % w;
+            let used = match m.algorithm {
+                // the previous window's units still inside the sliding window (rounded up)
+                Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                    count + (u128::from(previous) * u128::from(w - into)).div_ceil(u128::from(w)) as u64
+                }
+                _ => count,
+            };
+            let deny = used.saturating_add(cost) > share;
+            let taken = if deny { used } else { used + cost };
+            let c = Counter::Window { bucket, count: if deny { count } else { count + cost }, previous };
+            (c, LimitState { remaining: share.saturating_sub(taken), reset_ms: w - into, would_deny: deny })
+        }
+    }
+}
+
+/// The answer of a decision whose limits Redis could not check and of which some are `local`:
+/// those decide at this sidecar's share (the others, `open` or shadow, let it through). A denial
+/// is the usual 429 with its headers; an allowed request carries the nearest local limit's.
+pub fn answer(local: &LocalLimits, r: &KeyRecord, meta: &[Meta], now_ms: u64) -> DecideResponse {
+    let which: Vec<usize> = (0..meta.len()).filter(|&i| !meta[i].shadow && meta[i].failure_mode == LimitFailureMode::Local).collect();
+    let verdict = local.decide(r.tenant.as_str(), meta, &which, now_ms);
+    let outcome = if verdict.denied.is_some() { "denied" } else { "allowed" };
+    metrics::counter!(m::LOCAL_DECISIONS, "outcome" => outcome).increment(1);
+    if let Some(i) = verdict.denied {
+        if let Some((_, s)) = verdict.states.iter().find(|(j, _)| *j == i) {
+            return super::too_many(&meta[i], s);
+        }
+    }
+    let (local_meta, states): (Vec<Meta>, Vec<LimitState>) = verdict.states.iter().map(|(i, s)| (meta[*i].clone(), *s)).unzip();
+    let headers = checks::nearest(&local_meta, &states)
+        .map(|i| checks::ratelimit_headers(&local_meta[i], &states[i]).to_vec())
+        .unwrap_or_default();
+    super::allow(r, headers, None, None, None, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(algorithm: Algorithm, limit: u64, window_ms: u64) -> Meta {
+        Meta {
+            name: "l".into(),
+            algorithm,
+            limit,
+            window_ms,
+            cost: 1,
+            shadow: false,
+            failure_mode: LimitFailureMode::Local,
+            subject: "k.a".into(),
+            budget: None,
+        }
+    }
+
+    fn local(replicas: u32) -> LocalLimits {
+        LocalLimits::new(&LocalConfig { local_replicas: Some(replicas), local_max_entries: 100 })
+    }
+
+    /// Requests admitted of `n` at `now_ms`.
+    fn admit(l: &LocalLimits, m: &Meta, n: usize, now_ms: u64) -> usize {
+        (0..n).filter(|_| l.decide("acme", std::slice::from_ref(m), &[0], now_ms).denied.is_none()).count()
+    }
+
+    #[test]
+    fn the_share_is_the_limit_divided_by_the_replicas_rounded_down() {
+        assert_eq!(local(2).share(11), 5);
+        assert_eq!(local(3).share(2), 0);
+        let d = LocalLimits::default();
+        assert_eq!(d.replicas(), 1, "nothing configured or discovered: alone");
+        d.set_discovered(4);
+        assert_eq!((d.replicas(), d.share(10)), (4, 2));
+        let c = local(2);
+        c.set_discovered(4);
+        assert_eq!(c.replicas(), 2, "configured wins");
+    }
+
+    #[test]
+    fn a_fixed_window_admits_its_share_per_window() {
+        let l = local(2);
+        let m = meta(Algorithm::FixedWindow, 11, 60_000);
+        assert_eq!(admit(&l, &m, 20, 60_000), 5);
+        let v = l.decide("acme", std::slice::from_ref(&m), &[0], 119_999);
+        assert_eq!(v.denied, Some(0));
+        assert_eq!(v.states[0].1, LimitState { remaining: 0, reset_ms: 1, would_deny: true });
+        assert_eq!(admit(&l, &m, 20, 120_000), 5, "a new window");
+        assert_eq!(admit(&l, &m, 20, 120_000), 0);
+    }
+
+    #[test]
+    fn a_zero_share_refuses_everything() {
+        let l = local(4);
+        for a in [Algorithm::FixedWindow, Algorithm::SlidingWindow, Algorithm::SlidingLog, Algorithm::TokenBucket] {
+            assert_eq!(admit(&l, &meta(a, 3, 1000), 5, 5_000), 0, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_weighs_the_previous_window() {
+        let l = local(1);
+        let m = meta(Algorithm::SlidingWindow, 10, 1000);
+        assert_eq!(admit(&l, &m, 20, 500), 10);
+        // a quarter into the next window: 3/4 of the previous 10 (rounded up: 8) still count
+        assert_eq!(admit(&l, &m, 20, 1250), 2);
+        // two windows on: nothing of it counts
+        assert_eq!(admit(&l, &m, 20, 3000), 10);
+        // no doubling at a window boundary: 10 taken at the end of a window still count at its end
+        let l = local(1);
+        let log = meta(Algorithm::SlidingLog, 10, 1000);
+        assert_eq!(admit(&l, &log, 20, 999), 10);
+        assert_eq!(admit(&l, &log, 20, 1000), 0);
+        assert_eq!(admit(&l, &log, 20, 1500), 5, "half of them: the counter assumes they were spread");
+    }
+
+    #[test]
+    fn a_token_bucket_starts_full_and_refills_at_its_share() {
+        let l = local(2);
+        let m = meta(Algorithm::TokenBucket, 10, 10_000); // share 5, refill 5 per 10 s
+        assert_eq!(admit(&l, &m, 10, 0), 5);
+        let v = l.decide("acme", std::slice::from_ref(&m), &[0], 0);
+        assert_eq!(v.states[0].1, LimitState { remaining: 0, reset_ms: 2000, would_deny: true });
+        assert_eq!(admit(&l, &m, 10, 1999), 0);
+        assert_eq!(admit(&l, &m, 10, 2000), 1);
+        assert_eq!(admit(&l, &m, 10, 60_000), 5, "capped at the share");
+    }
+
+    #[test]
+    fn all_or_nothing_and_keyed_per_tenant_limit_and_subject() {
+        let l = local(1);
+        let a = meta(Algorithm::FixedWindow, 3, 60_000);
+        let mut b = meta(Algorithm::FixedWindow, 1, 60_000);
+        b.name = "b".into();
+        let both = [a.clone(), b.clone()];
+        assert_eq!(l.decide("acme", &both, &[0, 1], 0).denied, None);
+        assert_eq!(l.decide("acme", &both, &[0, 1], 0).denied, Some(1));
+        // the denied request took nothing from `a`: 2 left of 3
+        assert_eq!(admit(&l, &a, 5, 0), 2);
+        assert_eq!(admit(&l, &a, 5, 0) + admit(&l, &b, 1, 0), 0);
+        assert_eq!(l.decide("other", &both, &[0, 1], 0).denied, None, "another tenant counts apart");
+        let mut c = a.clone();
+        c.subject = "k.b".into();
+        assert_eq!(admit(&l, &c, 5, 0), 3, "another subject counts apart");
+        // an `open` limit of the plan is not counted here
+        assert_eq!(l.decide("acme", &both, &[0], 60_000).states.len(), 1);
+    }
+
+    #[test]
+    fn at_most_max_entries_counters_the_oldest_dropped() {
+        let l = LocalLimits::new(&LocalConfig { local_replicas: Some(1), local_max_entries: 3 });
+        let m = meta(Algorithm::FixedWindow, 1, 60_000);
+        for t in ["a", "b", "c", "d"] {
+            assert_eq!(l.decide(t, std::slice::from_ref(&m), &[0], 0).denied, None);
+        }
+        assert_eq!(l.counters(), 3);
+        assert_eq!(l.decide("a", std::slice::from_ref(&m), &[0], 0).denied, None, "a's counter was dropped");
+        assert_eq!(l.decide("d", std::slice::from_ref(&m), &[0], 0).denied, Some(0), "d's is kept");
+    }
+}
