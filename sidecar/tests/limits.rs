@@ -395,7 +395,11 @@ async fn a_route_applies_its_plan_override_and_requires_the_products_subscriptio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecars_count_each_other_in_redis_and_then_each_keeps_its_share_of_a_local_limit() {
-    use tollgate_sidecar::decision::replicas;
+    use std::sync::Arc;
+    use tollgate_sidecar::clock::ManualClock;
+    use tollgate_sidecar::decision::{limits::Plans, replicas, Decider};
+    use tollgate_sidecar::{apikey, keys::Id, store::Store};
+    use tollgate_tests::Redis;
     let toml = "[[plans.loc.limits]]\nname = \"l\"\nalgorithm = \"fixed_window\"\nlimit = 7\nwindow = \"1h\"\nfailure_mode = \"local\"";
     let redis = Redis::start();
     let mut cfg = Config::from_toml(toml).unwrap();

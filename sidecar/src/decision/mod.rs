@@ -34,6 +34,7 @@ pub mod hints;
 pub mod refund;
 pub mod limits;
 pub mod local;
+mod lookup;
 pub mod replicas;
 pub mod responses;
 pub mod routing;
@@ -54,11 +55,11 @@ use crate::store::Store;
 use cache::{CacheConfig, Lookup, TtlCache};
 use checks::{Checks, Meta, RequestCtx};
 use limits::{Limit, LimitFailureMode, Plans};
-use responses::{Lookup as ResponseLookup, Outcome};
+use responses::Lookup as ResponseLookup;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate_wire::responses::{Replay, ReplayKind, StoreTicket};
+use tollgate_wire::responses::{Replay, StoreTicket};
 use tollgate_wire::{codes, DecideRequest, DecideResponse, Header};
 
 #[derive(Debug, thiserror::Error)]
@@ -427,80 +428,6 @@ impl<S: DecisionStore> Decider<S> {
             Box::new(t)
         });
         allow(r, headers, ticket, lease, replay, store)
-    }
-
-    /// What a lookup's outcome means for the answer: a replay, a store ticket, or a 409/422.
-    #[allow(clippy::result_large_err)]
-    fn apply_outcome(&self, l: &ResponseLookup, o: Option<Outcome>) -> Result<(Option<Box<Replay>>, Option<StoreTicket>), DecideResponse> {
-        let count = |name: &'static str, label: &'static str, v: &'static str| metrics::counter!(name, label => v).increment(1);
-        let deny = |status: u16, error: &str, message: &str| DecideResponse::Deny {
-            status,
-            error: error.into(),
-            message: message.into(),
-            limit: None,
-            response_headers: vec![],
-        };
-        match o {
-            Some(Outcome::Hit(json)) => match responses::read_stored(&json) {
-                Some(response) => {
-                    count(responses::CACHE_LOOKUPS, "result", "hit");
-                    Ok((Some(Box::new(Replay { kind: ReplayKind::Cache, response })), None))
-                }
-                // unreadable: a miss, not stored over (entries are written only where none is:
-                // it goes with its TTL)
-                None => Ok((None, None)),
-            },
-            Some(Outcome::Miss) => {
-                count(responses::CACHE_LOOKUPS, "result", "miss");
-                Ok((None, Some(l.ticket())))
-            }
-            Some(Outcome::Claimed) => {
-                count(responses::IDEMPOTENCY, "outcome", "claimed");
-                Ok((None, Some(l.ticket())))
-            }
-            Some(Outcome::Replay(json)) => match responses::read_stored(&json) {
-                Some(response) => {
-                    count(responses::IDEMPOTENCY, "outcome", "replayed");
-                    Ok((Some(Box::new(Replay { kind: ReplayKind::Idempotency, response })), None))
-                }
-                None => {
-                    self.lookup_unavailable(l, "an unreadable idempotency memo");
-                    Ok((None, None))
-                }
-            },
-            Some(Outcome::InFlight) => {
-                count(responses::IDEMPOTENCY, "outcome", "in_flight");
-                Err(deny(409, codes::IDEMPOTENCY_IN_FLIGHT, "a request with this Idempotency-Key is still being processed"))
-            }
-            Some(Outcome::Conflict) => {
-                count(responses::IDEMPOTENCY, "outcome", "conflict");
-                Err(deny(
-                    422,
-                    codes::IDEMPOTENCY_KEY_REUSED,
-                    "this Idempotency-Key was used for a different request (method, path or body)",
-                ))
-            }
-            None => {
-                self.lookup_unavailable(l, "decide.lua returned no lookup outcome");
-                Ok((None, None))
-            }
-        }
-    }
-
-    /// Redis could not answer a lookup: a cache miss, or (seed 002) an idempotency key executed
-    /// without being recorded — logged at most once a minute.
-    fn lookup_unavailable(&self, l: &ResponseLookup, why: &str) {
-        if !l.is_idempotency() {
-            metrics::counter!(responses::CACHE_LOOKUPS, "result" => "unavailable").increment(1);
-            return;
-        }
-        metrics::counter!(responses::IDEMPOTENCY, "outcome" => "unavailable").increment(1);
-        let now = Instant::now();
-        let key = "\0idempotency".to_string();
-        if !matches!(self.shadow_logged.get(&key, now), Lookup::Fresh(..)) {
-            self.shadow_logged.insert(key, (), now);
-            tracing::warn!(error = %why, "idempotency keys are executed without being recorded: Redis cannot answer (logged at most once a minute)");
-        }
     }
 
     /// The record of `hash` and, when it is fresh, how long it stays so.
