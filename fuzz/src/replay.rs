@@ -12,7 +12,13 @@ pub fn replay(fuzz: &Path, target: &str, entry: fn(&[u8])) -> usize {
         let Ok(files) = std::fs::read_dir(fuzz.join(dir).join(target)) else { continue };
         for file in files {
             let path = file.unwrap().path();
-            let data = std::fs::read(&path).unwrap();
+            // A fuzzer running on this corpus meanwhile replaces the inputs it reduces: one listed
+            // a moment ago may be gone (skipped; anything else that cannot be read fails).
+            let data = match std::fs::read(&path) {
+                Ok(d) => d,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => panic!("{}: {e}", path.display()),
+            };
             let outcome = std::panic::catch_unwind(|| entry(&data));
             assert!(outcome.is_ok(), "{target}: {} fails again", path.display());
             ran += 1;
