@@ -9,7 +9,8 @@
 //! leak into the next window). A request spends one unit with a CAS write (retried on a CAS
 //! mismatch, a few times, then it falls back to the call) and pays no callout and no Redis.
 //!
-//! Sizing: the record observes this Envoy's request rate for the key (spends and misses); a lease
+//! Sizing: the record observes this Envoy's request rate for the key (spends and misses; each span
+//! of at least 50 ms is folded into a smoothed rate as it ends, by spends and grants alike); a lease
 //! asks for what the rate spends in `targetLifetime` (× 1.25), at most four times the last grant (a
 //! slow start) and nothing when fewer than one request is expected in a lease's lifetime (a lease that
 //! expires unspent is under-use: at low rates the filter stays exact). The sidecar grants at most
@@ -85,6 +86,9 @@ pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64
             rec.batches.clear();
         }
         rec.obs_spent += 1;
+        // every span of at least MIN_SPAN_MS is folded into the rate as it ends (a span as long as
+        // an idle minute is one sample, not the denominator of the burst that follows it)
+        rec.fold(now_ms);
         // the batch that expires first is spent first
         let batch = rec.batches.iter_mut().min_by_key(|b| b.until_ms);
         let hit = match batch {
@@ -142,9 +146,7 @@ pub fn store_grant(host: &mut impl Host, key: &SharedKey, identity: LeaseIdentit
             rec.gen = gen;
         }
         if gen == rec.gen {
-            rec.rate_per_s = rec.rate(now_ms);
-            rec.obs_since_ms = now_ms;
-            rec.obs_spent = 0;
+            rec.fold(now_ms);
             rec.last_granted = lease.units;
             rec.identity = LeaseIdentity { response_headers: lease.response_headers.clone(), ..identity.clone() };
             if batch.until_ms > now_ms && batch.units > 0 {

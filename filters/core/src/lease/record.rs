@@ -75,6 +75,18 @@ impl LeaseRecord {
         }
     }
 
+    /// Folds the observation into the smoothed rate and restarts it, once it spans at least
+    /// `MIN_SPAN_MS`; a shorter one keeps growing. Grants arriving every few milliseconds (a busy
+    /// key, fast answers) must not restart it each time: the rate would never be measured and stay
+    /// frozen at whatever it was (after a long idle span, a few requests per second).
+    pub(super) fn fold(&mut self, now_ms: u64) {
+        if now_ms.saturating_sub(self.obs_since_ms) >= MIN_SPAN_MS {
+            self.rate_per_s = self.rate(now_ms);
+            self.obs_since_ms = now_ms;
+            self.obs_spent = 0;
+        }
+    }
+
     /// What the next lease should ask for (0: none, the rate does not pay for one).
     pub fn want(&self, c: &LeaseConfig, now_ms: u64) -> u64 {
         want_for(self.rate(now_ms), self.last_granted, c)
@@ -251,6 +263,21 @@ mod tests {
         r.rate_per_s = 0.0;
         r.obs_spent = 0;
         assert_eq!(r.rate(5_000), 0.0);
+    }
+
+    #[test]
+    fn an_observation_is_folded_only_once_it_spans_the_minimum() {
+        let mut r = LeaseRecord::new(0);
+        r.obs_spent = 1;
+        r.fold(40_000);
+        assert_eq!((r.rate_per_s, r.obs_since_ms, r.obs_spent), (0.025, 40_000, 0), "one request in an idle 40 s");
+        r.obs_spent = 90;
+        r.fold(40_030);
+        assert_eq!((r.obs_since_ms, r.obs_spent), (40_000, 90), "30 ms: kept growing, not restarted");
+        assert_eq!(r.rate_per_s, 0.025);
+        r.obs_spent = 150;
+        r.fold(40_050);
+        assert_eq!((r.rate_per_s, r.obs_since_ms, r.obs_spent), ((0.025 + 3_000.0) / 2.0, 40_050, 0));
     }
 
     #[test]
