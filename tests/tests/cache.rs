@@ -135,7 +135,9 @@ fn cache_miss_then_hit_per_tenant_with_canonical_bodies_no_store_and_size_bounds
 #[test]
 fn a_retry_right_after_the_answer_is_a_replay_never_a_409() {
     // Issue 15.4: the outcome is stored before the answer's end reaches the client, so a retry
-    // sent the moment the answer is in finds it. 20 fresh keys, each retried at once.
+    // sent the moment the answer is in finds it. 20 fresh keys, each retried at once. The echo's
+    // answers carry a content-length: the client has the answer at its last byte, before the
+    // stream's end (the filter holds that byte too, filter::hold).
     let (g, k) = start();
     let url = g.envoy().url("/orders");
     let mut conflicts = Vec::new();
@@ -157,6 +159,19 @@ fn a_retry_right_after_the_answer_is_a_replay_never_a_409() {
     }
     assert!(conflicts.is_empty(), "retries answered 409 right after the answer: {conflicts:?}");
     assert!(g.envoy().counter("wasmcustom.tollgate.idempotency.replays") >= 20);
+
+    // A body of many chunks (200 kB): it streams, its last chunk waits for the outcome, and the
+    // replay is the answer byte for byte (a held chunk is presented again with the end: read once).
+    for i in 0..3 {
+        let key = format!("\"big-{i}\"");
+        let h = [("x-api-key", k.acme.as_str()), ("idempotency-key", key.as_str()), ("x-echo-pad", "100000")];
+        let first = post(&url, &h, "{}");
+        assert_eq!(first.status, 200, "{i}");
+        assert!(first.body.len() > 200_000, "{i}: {}", first.body.len());
+        let retry = post(&url, &h, "{}");
+        assert_eq!((retry.status, retry.header("idempotent-replayed")), (200, Some("true")), "{i}");
+        assert!(retry.body == first.body, "{i}: the stored response, byte for byte ({} vs {} bytes)", retry.body.len(), first.body.len());
+    }
 }
 
 #[test]

@@ -309,7 +309,8 @@ fn six_mib_of_idempotency_outcomes_in_one_tick_are_all_stored_and_replayed() {
         .build();
     let key = g.sidecar().create_key("acme", "p", &[]).raw;
     // 16 outcomes of ~200 KB each (100 000 quotes, escaped once in the upstream's JSON): ~400 KB
-    // each once escaped again in a batch, ~6.4 MiB together — above the 4 MiB batch bound
+    // each once escaped again, ~6.4 MiB together, all at once (each is stored by its own call
+    // before its answer ends; a failed call's outcome goes in a bounded batch)
     const N: usize = 16;
     let url = g.envoy().url("/orders");
     let headers = |i: usize| -> Vec<(String, String)> {
@@ -351,8 +352,41 @@ fn six_mib_of_idempotency_outcomes_in_one_tick_are_all_stored_and_replayed() {
         assert_eq!(again.body, r.body, "retry {i} replays the first outcome");
     }
     assert_eq!(g.upstream().calls(), upstream_calls, "no retry reached the upstream");
-    // ~6.4 MiB of batch bodies do not fit one batch of at most 4 MiB
-    assert!(g.envoy().counter("wasmcustom.tollgate.responses.batches_sent") >= 2);
+}
+
+#[test]
+fn six_mib_of_cache_fills_in_one_tick_go_in_several_batches_and_are_all_stored() {
+    // Cache fills go with the worker's response batch (idempotency outcomes are stored one by
+    // one before their answer ends): 16 bodies of ~200 KB, ~400 KB each once escaped again in a
+    // batch, ~6.4 MiB together, above the 4 MiB batch bound. One worker: one queue takes them all.
+    use tollgate_tests::fixtures::{cache_plugin, cache_sidecar_toml};
+    let mut plugin = cache_plugin();
+    plugin["responseCache"]["maxBodyBytes"] = json!(1_048_576);
+    let g = Gateway::builder().sidecar_toml(&cache_sidecar_toml(1000)).plugin(plugin).concurrency(1).build();
+    let key = g.sidecar().create_key("acme", "p", &[]).raw;
+    poll_until("the routing table in the filter", Duration::from_secs(20), || {
+        get(&g.envoy().url("/warmup"), &[("x-api-key", &key)]).status == 200
+    });
+    const N: usize = 16;
+    let h = [("x-api-key", key.as_str()), ("x-echo-pad", "100000")];
+    let first: Vec<tollgate_tests::Resp> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..N).map(|i| s.spawn({ let g = &g; move || get(&g.envoy().url(&format!("/cached/big-{i}")), &h) })).collect();
+        calls.into_iter().map(|c| c.join().expect("a call")).collect()
+    });
+    for r in &first {
+        assert_eq!((r.status, r.header("x-tollgate-cache")), (200, Some("miss")));
+        assert!(r.body.len() > 200_000, "{}", r.body.len());
+    }
+    poll_until("every fill stored", Duration::from_secs(30), || g.redis().keys("cache:exact:{acme}:*").len() == N);
+    assert_eq!(g.envoy().counter("wasmcustom.tollgate.responses.dropped"), 0, "no fill dropped");
+    assert!(g.envoy().counter("wasmcustom.tollgate.responses.batches_sent") >= 2, "split below the 4 MiB bound");
+    let upstream_calls = g.upstream().calls();
+    for (i, r) in first.iter().enumerate() {
+        let hit = get(&g.envoy().url(&format!("/cached/big-{i}")), &h);
+        assert_eq!(hit.header("x-tollgate-cache"), Some("hit"), "{i}");
+        assert!(hit.body == r.body, "{i}: the stored response, byte for byte");
+    }
+    assert_eq!(g.upstream().calls(), upstream_calls, "every repeat a hit");
 }
 
 /// Redis' content (sorted keys and their values) but the rate-limit counters: their windows end

@@ -253,6 +253,50 @@ fn an_idempotency_key_carries_the_seed_digest_and_its_outcome_is_stored_or_relea
 }
 
 #[test]
+fn the_last_byte_of_a_sized_response_waits_for_its_outcome() {
+    // A client reading a content-length body is done at its last byte: that chunk is held with
+    // the end (Envoy's HTTP/1 codec ends the stream in a later, empty frame); earlier chunks
+    // stream through. With no body, the headers are held. Like Envoy, the mock presents a held
+    // chunk again at the start of the next call's buffer: it is read once.
+    for (length, chunks) in [("7", vec!["abc", "defg"]), ("0", vec![])] {
+        let rig = Rig::new();
+        let mut h = host("POST", "/orders").with_header("idempotency-key", "order-1");
+        let mut f = rig.request(&mut h);
+        f.on_sidecar_response(&mut h, 1, Some(200), CLAIMED);
+        upstream(&mut h, "201", &[("content-length", length)]);
+        let headers = f.on_response_headers(&mut h, false);
+        assert_eq!(headers, if chunks.is_empty() { Action::Pause } else { Action::Continue }, "{length}");
+        let mut held = Vec::new();
+        for chunk in &chunks {
+            h.response_chunk = chunk.as_bytes().to_vec();
+            held.push(f.on_response_body(&mut h, chunk.len(), false));
+        }
+        if !chunks.is_empty() {
+            assert_eq!(held, [Action::Continue, Action::Pause], "only the chunk with the last byte");
+        }
+        // the end: an empty frame, presented with what Envoy buffered ("defg")
+        let buffered = h.response_chunk.len();
+        assert_eq!(f.on_response_body(&mut h, buffered, true), Action::Pause, "{length}: the end waits too");
+        assert_eq!(h.calls.len(), 2, "{length}: the outcome call");
+        let batch: StoreBatch = serde_json::from_slice(&h.calls[1].body).unwrap();
+        let stored = batch.responses[0].response.as_ref().unwrap();
+        assert_eq!(stored.body, chunks.concat(), "{length}: each byte once");
+        assert!(!f.take_resume_response());
+        f.on_sidecar_response(&mut h, 2, Some(200), br#"{"stored":1}"#);
+        assert!(f.take_resume_response(), "{length}: released once stored");
+    }
+    // not a claim: a sized response streams through
+    let rig = Rig::new();
+    let mut h = host("GET", "/plain");
+    let mut f = rig.request(&mut h);
+    f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
+    upstream(&mut h, "200", &[("content-length", "3")]);
+    assert_eq!(f.on_response_headers(&mut h, false), Action::Continue);
+    h.response_chunk = b"abc".to_vec();
+    assert_eq!(f.on_response_body(&mut h, 3, false), Action::Continue);
+}
+
+#[test]
 fn an_outcome_the_sidecar_did_not_take_now_goes_with_the_batch() {
     for failure in ["status", "dispatch", "gone"] {
         let rig = Rig::new();

@@ -12,6 +12,7 @@
 //! The breaker guard runs after an allow; [`crate::http::HttpFilter`] wires the two.
 
 pub mod decision;
+pub mod hold;
 pub mod response;
 pub mod stages;
 mod wiring;
@@ -35,6 +36,7 @@ use crate::sidecar::interpret;
 use crate::stats::{DenyReason, Metric};
 use crate::usage::{Identity, Meter, RequestInfo};
 use decision::{Decision, Denial, Grant, Source};
+use hold::EndHold;
 use response::ResponseSide;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -113,6 +115,10 @@ pub struct AuthFilter {
     outcome_call: Option<(u32, StoreItem)>,
     /// The outcome call is answered: the adapter resumes the response.
     resume_response: bool,
+    /// How much of a response to an idempotency claim goes out before its outcome is stored.
+    hold: EndHold,
+    /// Body bytes Envoy buffers for this filter (a held chunk), presented again with the next.
+    held_bytes: usize,
 }
 
 impl AuthFilter {
@@ -140,6 +146,8 @@ impl AuthFilter {
             response: ResponseSide::default(),
             outcome_call: None,
             resume_response: false,
+            hold: EndHold::AtEnd,
+            held_bytes: 0,
         }
     }
 
@@ -468,18 +476,35 @@ impl AuthFilter {
         if end_of_stream {
             return self.store_outcome(host);
         }
+        if self.response.pending_store.as_ref().is_some_and(|p| p.is_idempotency()) {
+            self.hold = EndHold::from_length(host.response_header("content-length").as_deref());
+            if self.hold.holds_headers() {
+                return Action::Pause;
+            }
+        }
         Action::Continue
     }
 
     /// Keeps the response body (bounded) when token usage must be read from it or the response
     /// may be stored. Streaming responses flow through untouched; only the end of a response to
-    /// an idempotency claim waits for its outcome to be stored ([`Self::store_outcome`]).
-    pub fn on_response_body(&mut self, host: &mut impl Host, chunk_size: usize, end_of_stream: bool) -> Action {
-        self.response.on_body(host, chunk_size, end_of_stream);
+    /// an idempotency claim (with its last byte, [`hold`]) waits for its outcome to be stored
+    /// ([`Self::store_outcome`]).
+    ///
+    /// `buffered`: the size of the body Envoy presents, which after a held chunk still holds the
+    /// bytes seen before (`held_bytes` of them).
+    pub fn on_response_body(&mut self, host: &mut impl Host, buffered: usize, end_of_stream: bool) -> Action {
+        let seen = std::mem::take(&mut self.held_bytes).min(buffered);
+        let chunk_size = buffered - seen;
+        self.response.on_body(host, seen, chunk_size, end_of_stream);
         if end_of_stream {
             return self.store_outcome(host);
         }
-        Action::Continue
+        if self.hold.hold_chunk(chunk_size) {
+            self.held_bytes = buffered;
+            Action::Pause
+        } else {
+            Action::Continue
+        }
     }
 
     /// The response to an idempotency claim is complete: its outcome (the 2xx to replay, or the

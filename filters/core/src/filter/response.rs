@@ -116,16 +116,19 @@ impl ResponseSide {
     }
 
     /// Keeps a chunk of the response body (bounded) when token usage must be read from it or the
-    /// response may be stored.
-    pub fn on_body(&mut self, host: &impl Host, chunk_size: usize, end_of_stream: bool) {
+    /// response may be stored: the `chunk_size` bytes at `offset` of the body buffer Envoy
+    /// presents (after a held chunk, that buffer still starts with the held bytes, seen already).
+    pub fn on_body(&mut self, host: &impl Host, offset: usize, chunk_size: usize, end_of_stream: bool) {
         if self.replayed {
             return;
         }
         if let Some(body) = &mut self.body {
             if body.len() + chunk_size > self.body_limit {
                 self.body = None;
-            } else if let Some(chunk) = host.response_body(0, chunk_size) {
-                body.extend_from_slice(&chunk);
+            } else if chunk_size > 0 {
+                if let Some(chunk) = host.response_body(offset, chunk_size) {
+                    body.extend_from_slice(&chunk);
+                }
             }
         }
         if let (Some(p), true) = (&mut self.pending_store, end_of_stream) {
