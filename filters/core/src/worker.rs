@@ -4,8 +4,9 @@
 //!
 //! ```text
 //!  HTTP contexts ── push ──► completions · refunds · usage events · responses to store · renewals
+//!                             · breaker successes
 //!  root tick ──► the generation (every tick; the elected context polls the change count) ─
-//!               renewals (every tick) ─ completions and refunds (completionFlushInterval) ─ responses (every
+//!               breaker successes (every tick) ─ renewals (every tick) ─ completions and refunds (completionFlushInterval) ─ responses (every
 //!               tick) ─ usage (usage.flushInterval) ─ routing table ─ breaker hints (pollInterval)
 //!  call responses ──► the job that owns the token
 //! ```
@@ -15,7 +16,7 @@
 //! `create_http_context` to it.
 
 use crate::auth_cache::LocalAllows;
-use crate::breaker::{self, guard::BreakerGuard, hints::HintPoller};
+use crate::breaker::{self, guard::BreakerGuard, guard::SuccessTally, hints::HintPoller};
 use crate::changes::{ChangesJob, Generation};
 use crate::completions::CompletionQueue;
 use crate::refunds::{RefundQueue, MAX_QUEUED_REFUNDS, MAX_REFUND_BATCH};
@@ -92,6 +93,8 @@ pub struct Worker {
     usage_flusher: Option<Every<BatchFlusher<Meter>>>,
     route_poller: Option<RoutesJob>,
     hint_poller: Option<Every<HintPoller>>,
+    /// Successes on clean closed breakers, written on the tick (breaker::guard).
+    breaker_tally: Rc<RefCell<SuccessTally>>,
 }
 
 impl Worker {
@@ -148,6 +151,7 @@ impl Worker {
             usage_flusher,
             route_poller,
             hint_poller,
+            breaker_tally: Rc::default(),
             completions,
             refunds,
             meter,
@@ -220,12 +224,13 @@ impl Worker {
             .with_generation(self.gen.clone())
             .with_decision_ids(self.decision_ids.clone())
             .with_refunds(self.refunds.clone());
-        HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()))
+        HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()).with_tally(self.breaker_tally.clone()))
     }
 
     /// One tick: every job, in order.
     pub fn on_tick(&mut self, host: &mut impl Host) {
         self.changes.on_tick(host);
+        self.breaker_tally.borrow_mut().flush(host, &self.config.breakers);
         self.renewer.on_tick(host);
         self.completion_flusher.on_tick(host);
         self.refund_flusher.on_tick(host);

@@ -408,3 +408,84 @@ fn sidecar_trouble_is_logged_once_per_transition() {
     p.on_call_response(&mut h, t, Some(200), br#"{"hints":[]}"#);
     assert_eq!(h.logs.iter().filter(|(_, l)| l.contains("answers again")).count(), 1);
 }
+
+#[test]
+fn clean_successes_are_tallied_per_worker_and_written_on_the_tick_or_with_a_failure() {
+    use std::cell::RefCell;
+    use tollgate_filter_core::breaker::guard::SuccessTally;
+    let config = Rc::new(
+        FilterConfig::parse(
+            br#"{"breakers":{"consecutiveFailures":2,"failureRatio":0.5,"minRequests":4,"window":"10s","openFor":"1s",
+                 "targets":[{"name":"solo","cluster":"cluster_s"}]}}"#,
+        )
+        .unwrap(),
+    );
+    let key = shared_keys::breaker("solo");
+    let tally: Rc<RefCell<SuccessTally>> = Rc::default();
+    let mut shared = MockHost::new();
+    shared.now_ms = 10_000;
+    breaker::init(&mut shared, &key);
+    let other_worker: Rc<RefCell<SuccessTally>> = Rc::default();
+    let run_on = |shared: &mut MockHost, tally: &Rc<RefCell<SuccessTally>>, status: u16| {
+        let mut h = MockHost::next_request(shared).with_property("xds.cluster_name", "cluster_s");
+        let mut g = BreakerGuard::new(config.breakers.clone()).with_tally(tally.clone());
+        assert_eq!(g.on_request(&mut h), Action::Continue);
+        h.upstream_response.push((":status".into(), status.to_string().into_bytes()));
+        h.properties.insert("response.code_details".into(), b"via_upstream".to_vec());
+        g.on_response(&mut h);
+        assert!(h.response_headers.contains(&(TARGET_HEADER.to_string(), "solo".to_string())));
+        g.on_done(&mut h);
+        shared.shared = h.shared.clone();
+        let writes = h.cas.get(key.as_str()).copied().unwrap_or(0) - shared.cas.get(key.as_str()).copied().unwrap_or(0);
+        shared.cas = h.cas.clone();
+        writes
+    };
+    let run = |shared: &mut MockHost, status: u16| run_on(shared, &tally, status);
+    let window = |shared: &MockHost| breaker::read(shared, &key).window(&config.breakers.policy, 10_000);
+
+    // three healthy requests: no shared write, tallied by the worker
+    for _ in 0..3 {
+        assert_eq!(run(&mut shared, 200), 0, "a clean success writes nothing");
+    }
+    assert_eq!((tally.borrow().pending(), window(&shared)), (3, (0, 0)));
+    // the tick writes them (one write)
+    tally.borrow_mut().flush(&mut shared, &config.breakers);
+    assert_eq!((tally.borrow().pending(), window(&shared)), (0, (3, 0)));
+
+    // two more successes, then a failure: written with the failure, so the ratio sees them
+    // (1 of 6 failed, under 50%: still closed)
+    run(&mut shared, 200);
+    run(&mut shared, 200);
+    assert_eq!(run(&mut shared, 503), 1, "a failure is written at once");
+    assert_eq!((tally.borrow().pending(), window(&shared)), (0, (5, 1)));
+    assert_eq!(breaker::read(&shared, &key).consecutive, 1);
+    // during a failure streak a success is written at once: it ends the streak
+    assert_eq!(run(&mut shared, 200), 1);
+    assert_eq!(breaker::read(&shared, &key).consecutive, 0);
+    assert_eq!(window(&shared), (6, 1));
+    // this worker tallies a success; another worker's two failures in a row open the breaker
+    assert_eq!(run(&mut shared, 200), 0);
+    run_on(&mut shared, &other_worker, 503);
+    run_on(&mut shared, &other_worker, 503);
+    assert!(matches!(breaker::read(&shared, &key).phase, Phase::Open { .. }));
+    // successes tallied before it opened are not evidence about the open period: dropped
+    let before = breaker::read(&shared, &key);
+    tally.borrow_mut().flush(&mut shared, &config.breakers);
+    assert_eq!(tally.borrow().pending(), 0);
+    assert_eq!(breaker::read(&shared, &key), before);
+}
+
+#[test]
+fn tallied_successes_land_in_the_bucket_of_the_tick() {
+    let p = Policy { failure_ratio_permille: 500, min_requests: 4, ..policy() };
+    let mut s = State::default();
+    assert!(s.add_successes(&p, 5_000, 7));
+    assert!(!s.add_successes(&p, 5_000, 0), "nothing to add");
+    assert_eq!(s.window(&p, 5_000), (7, 0));
+    assert_eq!(s.window(&p, 5_000 + p.window_ms), (0, 0), "out of the window later");
+    s.record(&p, 5_100, false, Outcome::Failure);
+    assert!(s.add_successes(&p, 5_200, 1));
+    assert_eq!(s.consecutive, 1, "tallied successes leave the streak alone");
+    s.phase = Phase::Open { until_ms: 9_000 };
+    assert!(!s.add_successes(&p, 5_300, 3), "not while open");
+}

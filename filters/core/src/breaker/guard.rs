@@ -13,11 +13,18 @@
 //! Outcomes are observed in the response headers: an upstream status in the failure set, or an
 //! Envoy local reply (connect failure, reset, timeout: `response.code_details` other than
 //! `via_upstream`) with a 5xx status, is a failure.
+//!
+//! A success of a request admitted on a closed breaker with no failure streak changes nothing
+//! but the window's success count: with a worker's [`SuccessTally`], it is counted there and
+//! added to the shared state on the worker's tick (or with this worker's next failure on that
+//! target), so a healthy request costs no shared-data write and workers do not contend on the
+//! target's CAS. Every other result is written at once.
 
 use super::config::{BreakerConfig, Target};
-use super::{update, Admission, Outcome, Transition};
+use super::{update, Admission, Outcome, Phase, Transition};
 use crate::host::{Action, Host, LogLevel};
 use crate::shared_keys;
+use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_wire::routes::RouteSpec;
 
@@ -35,7 +42,8 @@ pub const BREAKER_OPEN: &str = "upstream_unavailable";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GuardState {
     Idle,
-    Admitted { target: usize, trial: bool },
+    /// `clean`: admitted on a closed breaker with no failure streak.
+    Admitted { target: usize, trial: bool, clean: bool },
     Done,
 }
 
@@ -43,6 +51,58 @@ enum GuardState {
 pub struct BreakerGuard {
     config: Rc<BreakerConfig>,
     state: GuardState,
+    tally: Option<Rc<RefCell<SuccessTally>>>,
+}
+
+/// One worker's successes on clean closed breakers, per target, not yet in shared data.
+#[derive(Debug, Default)]
+pub struct SuccessTally {
+    pending: Vec<u32>,
+}
+
+impl SuccessTally {
+    fn add(&mut self, target: usize) {
+        if self.pending.len() <= target {
+            self.pending.resize(target + 1, 0);
+        }
+        if let Some(n) = self.pending.get_mut(target) {
+            *n = n.saturating_add(1);
+        }
+    }
+
+    fn give_back(&mut self, target: usize, n: u32) {
+        if let Some(p) = self.pending.get_mut(target) {
+            *p = p.saturating_add(n);
+        }
+    }
+
+    fn take(&mut self, target: usize) -> u32 {
+        self.pending.get_mut(target).map(std::mem::take).unwrap_or(0)
+    }
+
+    /// Successes not yet written, all targets.
+    pub fn pending(&self) -> u64 {
+        self.pending.iter().map(|&n| u64::from(n)).sum()
+    }
+
+    /// The worker's tick: adds each target's tally to its shared state (one CAS per target with
+    /// successes). A tally that cannot be written (contention) waits for the next tick.
+    pub fn flush(&mut self, host: &mut impl Host, config: &BreakerConfig) {
+        if self.pending() == 0 {
+            return;
+        }
+        let now = host.now_ms();
+        for (idx, target) in config.targets.iter().enumerate() {
+            let n = self.take(idx);
+            if n == 0 {
+                continue;
+            }
+            if let Err(e) = update(host, &shared_keys::breaker(&target.name), |s| ((), s.add_successes(&config.policy, now, n))) {
+                host.log(LogLevel::Debug, &format!("tollgate: breaker {}: {n} successes not recorded yet: {e:?}", target.name));
+                self.give_back(idx, n);
+            }
+        }
+    }
 }
 
 /// Classifies a response: `status` from `:status`, `details` from `response.code_details`.
@@ -67,8 +127,15 @@ pub fn report(host: &mut impl Host, target: &Target, transition: Transition, why
 }
 
 impl BreakerGuard {
+    /// A guard that writes every result to shared data at once.
     pub fn new(config: Rc<BreakerConfig>) -> BreakerGuard {
-        BreakerGuard { config, state: GuardState::Idle }
+        BreakerGuard { config, state: GuardState::Idle, tally: None }
+    }
+
+    /// Clean successes go to the worker's `tally` (flushed on its tick).
+    pub fn with_tally(mut self, tally: Rc<RefCell<SuccessTally>>) -> BreakerGuard {
+        self.tally = Some(tally);
+        self
     }
 
     /// Call when the request may go upstream as far as authentication is concerned. Returns
@@ -110,21 +177,22 @@ impl BreakerGuard {
         for idx in candidates {
             let Some(target) = b.targets.get(idx) else { continue };
             let result = update(host, &shared_keys::breaker(&target.name), |s| {
+                let clean = s.phase == Phase::Closed && s.consecutive == 0;
                 let (admission, changed, transition) = s.admit(&b.policy, now);
-                ((admission, transition), changed)
+                ((admission, transition, clean), changed)
             });
-            let admission = match result {
-                Ok((admission, transition)) => {
+            let (admission, clean) = match result {
+                Ok((admission, transition, clean)) => {
                     if let Some(t) = transition {
                         report(host, target, t, "open time over: letting trials through");
                     }
-                    admission
+                    (admission, clean)
                 }
                 Err(e) => {
                     // Only a breaker that is not closed writes on admission; under that much
                     // contention, keep the trial bound rather than the request.
                     host.log(LogLevel::Debug, &format!("tollgate: breaker {}: admission not recorded: {e:?}", target.name));
-                    Admission::Reject { retry_after_ms: 1_000 }
+                    (Admission::Reject { retry_after_ms: 1_000 }, false)
                 }
             };
             match admission {
@@ -136,7 +204,7 @@ impl BreakerGuard {
                             host.count_named(&p.stat("fallback"));
                         }
                     }
-                    self.state = GuardState::Admitted { target: idx, trial: admission == Admission::Trial };
+                    self.state = GuardState::Admitted { target: idx, trial: admission == Admission::Trial, clean };
                     return Action::Continue;
                 }
                 Admission::Reject { retry_after_ms: r } => {
@@ -155,7 +223,7 @@ impl BreakerGuard {
 
     /// Records the outcome of an admitted request and names the target that served it.
     pub fn on_response(&mut self, host: &mut impl Host) -> Action {
-        let GuardState::Admitted { target: idx, trial } = self.state else { return Action::Continue };
+        let GuardState::Admitted { target: idx, trial, clean } = self.state else { return Action::Continue };
         self.state = GuardState::Done;
         let b = &self.config;
         let Some(target) = b.targets.get(idx) else { return Action::Continue };
@@ -167,10 +235,18 @@ impl BreakerGuard {
             _ => host.property(&["response", "code_details"]).and_then(|v| String::from_utf8(v).ok()),
         };
         let outcome = classify(b, status, details.as_deref());
+        host.add_response_header(TARGET_HEADER, &target.name);
+        if let (Some(tally), Outcome::Success, true) = (&self.tally, outcome, clean && !trial) {
+            tally.borrow_mut().add(idx);
+            return Action::Continue;
+        }
+        // this worker's tallied successes go with its failure: the ratio sees them
+        let tallied = self.tally.as_ref().map_or(0, |t| t.borrow_mut().take(idx));
         let now = host.now_ms();
         match update(host, &shared_keys::breaker(&target.name), |s| {
+            let added = s.add_successes(&b.policy, now, tallied);
             let (changed, transition) = s.record(&b.policy, now, trial, outcome);
-            (transition, changed)
+            (transition, changed || added)
         }) {
             Ok(Some(t)) => {
                 let why = format!(
@@ -181,15 +257,19 @@ impl BreakerGuard {
                 report(host, target, t, &why);
             }
             Ok(None) => {}
-            Err(e) => host.log(LogLevel::Debug, &format!("tollgate: breaker {}: result not recorded: {e:?}", target.name)),
+            Err(e) => {
+                host.log(LogLevel::Debug, &format!("tollgate: breaker {}: result not recorded: {e:?}", target.name));
+                if let Some(t) = &self.tally {
+                    t.borrow_mut().give_back(idx, tallied);
+                }
+            }
         }
-        host.add_response_header(TARGET_HEADER, &target.name);
         Action::Continue
     }
 
     /// The request ended. A trial that never saw response headers gives its slot back.
     pub fn on_done(&mut self, host: &mut impl Host) {
-        let GuardState::Admitted { target: idx, trial } = self.state else { return };
+        let GuardState::Admitted { target: idx, trial, .. } = self.state else { return };
         self.state = GuardState::Done;
         if !trial {
             return;

@@ -263,13 +263,33 @@ impl State {
         (p.window_ms / BUCKETS as u64).max(1)
     }
 
-    fn count(&mut self, p: &Policy, now_ms: u64, outcome: Outcome) {
+    /// The window's bucket of `now_ms`, emptied first when it held an older epoch.
+    fn bucket(&mut self, p: &Policy, now_ms: u64) -> Option<&mut Bucket> {
         let epoch = now_ms / Self::bucket_ms(p);
         let slot = (epoch % BUCKETS as u64) as usize;
-        if let Some(b) = self.buckets.get_mut(slot) {
-            if b.epoch != epoch {
-                *b = Bucket { epoch, ok: 0, fail: 0 };
-            }
+        let b = self.buckets.get_mut(slot)?;
+        if b.epoch != epoch {
+            *b = Bucket { epoch, ok: 0, fail: 0 };
+        }
+        Some(b)
+    }
+
+    /// Adds `n` successes one worker tallied since its last tick ([`guard::SuccessTally`]) to a
+    /// closed breaker's window; they leave the failure streak alone (a streak that started after
+    /// them is not ended by them). In another phase they are not evidence about it: dropped.
+    /// Returns whether the state changed.
+    pub fn add_successes(&mut self, p: &Policy, now_ms: u64, n: u32) -> bool {
+        if self.phase != Phase::Closed || n == 0 {
+            return false;
+        }
+        if let Some(b) = self.bucket(p, now_ms) {
+            b.ok = b.ok.saturating_add(n);
+        }
+        true
+    }
+
+    fn count(&mut self, p: &Policy, now_ms: u64, outcome: Outcome) {
+        if let Some(b) = self.bucket(p, now_ms) {
             match outcome {
                 Outcome::Success => b.ok = b.ok.saturating_add(1),
                 Outcome::Failure => b.fail = b.fail.saturating_add(1),

@@ -1,0 +1,196 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! How many host calls one request makes on the bench's full policy path (auth cache, a leased
+//! limit, routing, a closed breaker, usage metering) once warm: each host call crosses the
+//! Wasm boundary, and on Envoy that crossing — not the filter's own code — is most of the
+//! filter's cost (docs/benchmarks.md). A count, never a timing: it pins the budget so a change
+//! that adds calls to the hot path shows up here, and `--nocapture` prints the split.
+#![cfg(not(target_arch = "wasm32"))]
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::host::{Action, CallSpec, Host, LogLevel, SharedSetError};
+use tollgate_filter_core::mock::MockHost;
+use tollgate_filter_core::stats::Metric;
+use tollgate_filter_core::worker::{Seeds, Worker};
+
+const KEY: &str = "tg_bench_key";
+const T: u64 = 1_000_000;
+const SEEDS: Seeds = Seeds { decision_ids: [3; 32], usage_ids: 0xfeed, hints_owner: 11, routes_owner: 12, changes_owner: 13 };
+
+type Tally = RefCell<BTreeMap<&'static str, u32>>;
+
+/// A host for one callback that counts every call by name into `tally`, then does it on a mock.
+/// Like the adapter's host, it reads the clock and the response's `:status` from Envoy at most
+/// once per callback (the clock is not counted: it is one call per callback at most).
+struct Counting<'a> {
+    inner: &'a mut MockHost,
+    tally: &'a Tally,
+    status_read: std::cell::Cell<bool>,
+}
+
+impl<'a> Counting<'a> {
+    fn new(inner: &'a mut MockHost, tally: &'a Tally) -> Counting<'a> {
+        Counting { inner, tally, status_read: Default::default() }
+    }
+    fn n(&self, name: &'static str) {
+        *self.tally.borrow_mut().entry(name).or_insert(0) += 1;
+    }
+}
+
+impl Host for Counting<'_> {
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.n("request_headers");
+        self.inner.request_headers()
+    }
+    fn set_request_header(&mut self, name: &str, value: &str) {
+        self.n("set_request_header");
+        self.inner.set_request_header(name, value)
+    }
+    fn remove_request_header(&mut self, name: &str) {
+        self.n("remove_request_header");
+        self.inner.remove_request_header(name)
+    }
+    fn add_response_header(&mut self, name: &str, value: &str) {
+        self.n("add_response_header");
+        self.inner.add_response_header(name, value)
+    }
+    fn client_ip(&self) -> Option<String> {
+        self.n("client_ip");
+        self.inner.client_ip()
+    }
+    fn dispatch(&mut self, call: CallSpec) -> Result<u32, String> {
+        self.n("dispatch");
+        self.inner.dispatch(call)
+    }
+    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.n("send_reply");
+        self.inner.send_reply(status, headers, body)
+    }
+    fn count_by(&mut self, metric: Metric, n: u64) {
+        self.n("count");
+        self.inner.count_by(metric, n)
+    }
+    fn log(&mut self, level: LogLevel, message: &str) {
+        self.n("log");
+        self.inner.log(level, message)
+    }
+    fn now_ms(&self) -> u64 {
+        // the adapter reads the clock once per callback and keeps it
+        self.inner.now_ms()
+    }
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
+        self.n("shared_get");
+        self.inner.shared_get(key)
+    }
+    fn shared_set(&mut self, key: &str, value: &[u8]) {
+        self.n("shared_set");
+        self.inner.shared_set(key, value)
+    }
+    fn shared_get_cas(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.n("shared_get");
+        self.inner.shared_get_cas(key)
+    }
+    fn shared_set_cas(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedSetError> {
+        self.n("shared_set");
+        self.inner.shared_set_cas(key, value, cas)
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        if name != ":status" || !self.status_read.replace(true) {
+            self.n("response_header");
+        }
+        self.inner.response_header(name)
+    }
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.n("response_headers");
+        self.inner.response_headers()
+    }
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        self.n("response_body");
+        self.inner.response_body(start, size)
+    }
+    fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        self.n("request_body");
+        self.inner.request_body(start, size)
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.n("property");
+        self.inner.property(path)
+    }
+    fn clear_route_cache(&mut self) {
+        self.n("clear_route_cache");
+        self.inner.clear_route_cache()
+    }
+    fn count_named(&mut self, name: &str) {
+        self.n("count");
+        self.inner.count_named(name)
+    }
+}
+
+const GRANT: &[u8] = br#"{"verdict":"allow","tenant":"bench","keyId":"key_1","plan":"leased",
+    "responseHeaders":[{"name":"ratelimit","value":"\"l\";r=5;t=1"}],
+    "lease":{"units":1000,"ttlMs":60000,"responseHeaders":[{"name":"ratelimit-policy","value":"\"l\";q=100;w=60"}]}}"#;
+const ALLOW: &[u8] = br#"{"verdict":"allow","tenant":"bench","keyId":"key_1","plan":"leased"}"#;
+
+/// One request through the whole filter: `answer` when it calls the sidecar. Returns whether it
+/// called, and the host calls of the request by name (its shared data kept in `root`).
+fn request(w: &Worker, root: &mut MockHost, answer: &[u8]) -> (bool, BTreeMap<&'static str, u32>) {
+    let mut mock = MockHost::next_request(root).with_header("x-api-key", KEY).with_header(":path", "/v1/chat");
+    mock.client_ip = Some("192.0.2.7".into());
+    mock.properties.insert("request.id".into(), b"0f1e2d".to_vec());
+    mock.upstream_response = vec![(":status".into(), b"200".to_vec()), ("content-type".into(), b"text/plain".to_vec())];
+    let tally = Tally::default();
+    let mut f = w.request();
+    let called = match f.on_request_headers(&mut Counting::new(&mut mock, &tally), true) {
+        Action::Pause => {
+            assert_eq!(f.on_call_response(&mut Counting::new(&mut mock, &tally), 1, Some(200), answer), Action::Continue);
+            true
+        }
+        Action::Continue => false,
+    };
+    assert_eq!(f.on_response_headers(&mut Counting::new(&mut mock, &tally), false), Action::Continue);
+    mock.response_chunk = b"ok".to_vec();
+    assert_eq!(f.on_response_body(&mut Counting::new(&mut mock, &tally), 2, true), Action::Continue);
+    f.on_log(&mut Counting::new(&mut mock, &tally));
+    let calls = tally.take();
+    root.shared = mock.shared;
+    root.cas = mock.cas;
+    (called, calls)
+}
+
+#[test]
+fn a_warm_request_on_the_full_leased_path_makes_few_host_calls() {
+    let config = serde_json::json!({
+        "sidecar": {"timeout": "25ms"}, "failureMode": "closed",
+        "breakers": {"targets": [{"name": "bench", "cluster": "upstream", "provider": "bench", "model": "m"}]},
+        "usage": {"enabled": true}, "routing": {"enabled": true}, "changes": {"enabled": false},
+    });
+    let mut root = MockHost::new();
+    root.now_ms = T;
+    let mut w = Worker::new(&mut root, Rc::new(FilterConfig::parse(config.to_string().as_bytes()).unwrap()), SEEDS);
+    // the routing table: one route for everything, to `upstream` (the breaker's cluster)
+    w.on_tick(&mut root);
+    let routes = root.calls.iter().position(|c| c.headers.iter().any(|(n, v)| n == ":path" && v == "/v1/routes")).unwrap();
+    let table = br#"{"version":1,"etag":"e1","routes":[{"id":"all","pathPrefix":"/","cluster":"upstream"}]}"#;
+    w.on_call_response(&mut root, routes as u32 + 1, Some(200), || table.to_vec());
+    assert!(w.routes().borrow().table().is_some());
+
+    // a new key: a callout (no rate known yet), then one that asks for and gets a lease
+    assert!(request(&w, &mut root, ALLOW).0);
+    root.now_ms += 10;
+    assert!(request(&w, &mut root, GRANT).0);
+    // warm: from the lease, the auth cache and the routing table, no callout
+    root.now_ms += 10;
+    let (called, calls) = request(&w, &mut root, b"");
+    assert!(!called, "a lease hit");
+    let total: u32 = calls.values().sum();
+    println!("host calls of one warm request on the full leased path: {total} {calls:?}");
+    // The budget as of this writing (2026-12-01): 19 — the request's headers (1 read, 4 set, the
+    // key removed, the route cache cleared), the auth cache and the lease (2 reads, 1 CAS write),
+    // the breaker (1 read at admission; a clean success is tallied by the worker, written on its
+    // tick), the response's status and content type, 2 response headers, 2 counters, 2 size
+    // attributes for usage. Lower it when a change removes calls; never raise it without saying
+    // why.
+    assert!(total <= 19, "{total}: {calls:?}");
+}
