@@ -3,6 +3,9 @@
 //! every worker of the Envoy reuses them, and copied into each worker's [`LocalAllows`] so a
 //! repeat request on a worker costs no host call and no decode.
 //!
+//! A key this worker just admitted from a lease skips the shared read (its plan's answers carry
+//! headers, so they are never cached: the read would always miss).
+//!
 //! Invariant: an entry is never used past its `until_ms` (in shared data or a worker's copy), nor
 //! once the worker's generation passed the one its call was sent under (crate::changes), so a
 //! revocation takes effect within one change poll and tick, and at worst within the TTL the
@@ -36,6 +39,10 @@ pub struct CachedAllow {
 #[derive(Debug, Default)]
 pub struct LocalAllows {
     entries: HashMap<SharedKey, CachedAllow>,
+    /// Keys this worker admitted from a lease, until when it skips their shared entry: a leased
+    /// plan's answers carry headers (its RateLimit fields), so they are never reusable and the
+    /// shared read would be a host call that always misses, on every lease hit.
+    leased: HashMap<SharedKey, u64>,
 }
 
 impl LocalAllows {
@@ -46,12 +53,32 @@ impl LocalAllows {
         self.entries.get(key).filter(|e| live(e, now_ms, gen))
     }
 
+    /// How long a lease hit lets the worker skip the key's shared entry.
+    pub const LEASED_MARK_MS: u64 = 1_000;
+
     /// Forgets every entry (the generation moved: they all predate a change).
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.leased.clear();
+    }
+
+    /// The key (its auth-cache key) was just admitted from a lease.
+    pub fn mark_leased(&mut self, key: SharedKey, now_ms: u64) {
+        if self.leased.len() >= Self::MAX_ENTRIES && !self.leased.contains_key(&key) {
+            self.leased.retain(|_, until| *until > now_ms);
+            if self.leased.len() >= Self::MAX_ENTRIES {
+                self.leased.clear();
+            }
+        }
+        self.leased.insert(key, now_ms.saturating_add(Self::LEASED_MARK_MS));
+    }
+
+    fn leased(&self, key: &SharedKey, now_ms: u64) -> bool {
+        self.leased.get(key).is_some_and(|until| *until > now_ms)
     }
 
     fn put(&mut self, key: SharedKey, entry: CachedAllow, now_ms: u64) {
+        self.leased.remove(&key);
         if self.entries.len() >= Self::MAX_ENTRIES && !self.entries.contains_key(&key) {
             self.entries.retain(|_, e| e.until_ms > now_ms);
             if self.entries.len() >= Self::MAX_ENTRIES {
@@ -81,6 +108,9 @@ pub fn read(host: &impl Host, local: Option<&RefCell<LocalAllows>>, key: SharedK
     if let Some(hit) = local.and_then(|l| l.borrow().get(&key, now_ms, gen).cloned()) {
         return Some(hit);
     }
+    if local.is_some_and(|l| l.borrow().leased(&key, now_ms)) {
+        return None;
+    }
     let bytes = host.shared_get(key.as_str())?;
     let entry: CachedAllow = serde_json::from_slice(&bytes).ok()?;
     if !live(&entry, now_ms, gen) {
@@ -98,5 +128,37 @@ pub fn write(host: &mut impl Host, local: Option<&RefCell<LocalAllows>>, key: Sh
     host.shared_set(key.as_str(), &bytes);
     if let Some(local) = local {
         local.borrow_mut().put(key, entry, host.now_ms());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::MockHost;
+
+    fn entry(until_ms: u64) -> CachedAllow {
+        CachedAllow { until_ms, tenant: "t".into(), key_id: "k".into(), plan: "p".into(), request_headers: vec![], gen: 0 }
+    }
+
+    #[test]
+    fn a_lease_hit_skips_the_shared_read_for_a_while_and_a_new_entry_ends_the_skip() {
+        let key = crate::shared_keys::auth_cache("ab", None);
+        let mut host = MockHost::new();
+        // another worker's entry in shared data
+        host.shared_set(key.as_str(), &serde_json::to_vec(&entry(10_000)).unwrap());
+        let local = RefCell::new(LocalAllows::default());
+        local.borrow_mut().mark_leased(key.clone(), 1_000);
+        assert_eq!(read(&host, Some(&local), key.clone(), 1_500, 0), None, "skipped: a leased key has no entry");
+        assert!(read(&host, Some(&local), key.clone(), 1_000 + LocalAllows::LEASED_MARK_MS, 0).is_some(), "read again later");
+        // an entry this worker writes ends the skip at once
+        let local = RefCell::new(LocalAllows::default());
+        local.borrow_mut().mark_leased(key.clone(), 1_000);
+        write(&mut host, Some(&local), key.clone(), entry(10_000));
+        assert!(read(&host, Some(&local), key.clone(), 1_100, 0).is_some());
+        // a change of keys or plans forgets the marks with the entries
+        let local = RefCell::new(LocalAllows::default());
+        local.borrow_mut().mark_leased(key.clone(), 1_000);
+        local.borrow_mut().clear();
+        assert!(read(&host, Some(&local), key, 1_100, 0).is_some());
     }
 }

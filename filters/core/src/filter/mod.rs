@@ -211,6 +211,9 @@ impl AuthFilter {
         let mut request = stages::decide_request(&self.config, &headers, key_hash, keyed.path, self.route());
         if let (None, Some(renewals)) = (&lookup, &self.worker.leases) {
             if let Some(hit) = stages::lease(host, &self.config.leases, renewals, &mut request, self.worker.gen.get()) {
+                if let Some(local) = &self.worker.local_allows {
+                    local.borrow_mut().mark_leased(shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms());
+                }
                 return hit;
             }
         }
