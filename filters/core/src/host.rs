@@ -44,6 +44,10 @@ pub trait Host {
     /// Every request header as the client sent it: names lowercase, values raw bytes (a client
     /// may send any byte; see [`crate::headers::RequestHeaders`]).
     fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
+    /// Sets a request header. Envoy clears the stream's route cache on every change of a request
+    /// header (set, add, remove), so a header a route matches on (`x-tollgate-cluster`) takes
+    /// effect without another host call (a `clear_route_cache` call was redundant: one host call
+    /// per routed request; routing and fallback are checked through Envoy in `tests/`).
     fn set_request_header(&mut self, name: &str, value: &str);
     fn remove_request_header(&mut self, name: &str);
     fn add_response_header(&mut self, name: &str, value: &str);
@@ -79,8 +83,6 @@ pub trait Host {
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
     /// An Envoy attribute, e.g. `["xds", "cluster_name"]` or `["response", "code_details"]`.
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
-    /// Makes Envoy pick the route again (after the filter changed a header routes match on).
-    fn clear_route_cache(&mut self);
     /// Increments a counter known by name only at configuration time (per-target stats).
     fn count_named(&mut self, name: &str);
 }

@@ -37,7 +37,6 @@ pub struct MockHost {
     pub upstream_response: Vec<(String, Vec<u8>)>,
     /// Envoy attributes by dotted path, e.g. `xds.cluster_name`.
     pub properties: HashMap<String, Vec<u8>>,
-    pub route_cache_clears: u32,
     pub named_metrics: HashMap<String, u64>,
 }
 
@@ -193,9 +192,6 @@ impl Host for MockHost {
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.properties.get(&path.join(".")).cloned()
-    }
-    fn clear_route_cache(&mut self) {
-        self.route_cache_clears += 1;
     }
     fn count_named(&mut self, name: &str) {
         *self.named_metrics.entry(name.to_string()).or_insert(0) += 1;

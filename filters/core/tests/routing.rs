@@ -61,7 +61,6 @@ fn a_matched_route_travels_in_the_decision_and_steers_the_request() {
     assert_eq!(req.route.as_deref(), Some("chat"));
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), ALLOW), Action::Continue);
     assert_eq!(host.header("x-tollgate-cluster"), Some("llm_a"));
-    assert_eq!(host.route_cache_clears, 1);
     assert_eq!(f.route().map(|r| r.product.clone()), Some(Some("chat".into())));
 
     // the cached answer is per route: the same key on another route asks again

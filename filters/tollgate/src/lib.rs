@@ -265,10 +265,6 @@ impl Host for EnvoyHost<'_> {
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         raw::property(path)
     }
-    fn clear_route_cache(&mut self) {
-        // Envoy's foreign function; harmless if header mutation already cleared it.
-        let _ = hostcalls::call_foreign_function("clear_route_cache", None);
-    }
     fn count_named(&mut self, name: &str) {
         if let Some(id) = self.named.get(name) {
             let _ = hostcalls::increment_metric(*id, 1);

@@ -7,7 +7,7 @@
 //! closed (half-open trial slots), so a request on a closed breaker costs one shared-data read
 //! and no callout. While the target is open, the fallback targets are tried in order: the first
 //! one that admits the request gets it, by the request header [`CLUSTER_HEADER`] that the Envoy
-//! route `cluster_header` action follows (the route cache is cleared after setting it). When none
+//! route `cluster_header` action follows (setting it clears the route cache). When none
 //! admits it, the filter replies 503 with `Retry-After`.
 //!
 //! Outcomes are observed in the response headers: an upstream status in the failure set, or an
@@ -199,7 +199,6 @@ impl BreakerGuard {
                 Admission::Pass | Admission::Trial => {
                     if idx != primary {
                         host.set_request_header(CLUSTER_HEADER, &target.cluster);
-                        host.clear_route_cache();
                         if let Some(p) = b.targets.get(primary) {
                             host.count_named(&p.stat("fallback"));
                         }

@@ -425,11 +425,10 @@ impl AuthFilter {
     }
 
     /// Sends a routed request to its route's cluster: Envoy's `cluster_header` route follows the
-    /// header once the route cache is cleared.
+    /// header (setting it clears the route cache, [`Host::set_request_header`]).
     fn steer(&self, host: &mut impl Host) {
         if let Some(r) = self.route() {
             host.set_request_header(CLUSTER_HEADER, &r.cluster);
-            host.clear_route_cache();
         }
     }
 
