@@ -6,7 +6,7 @@
 //!  HTTP contexts ── push ──► completions · refunds · usage events · responses to store · renewals
 //!                             · breaker successes
 //!  root tick ──► the generation (every tick; the elected context polls the change count) ─
-//!               breaker successes (every tick) ─ renewals (every tick) ─ completions and refunds (completionFlushInterval) ─ responses (every
+//!               breakers: successes, views (every tick) ─ renewals (every tick) ─ completions and refunds (completionFlushInterval) ─ responses (every
 //!               tick) ─ usage (usage.flushInterval) ─ routing table ─ breaker hints (pollInterval)
 //!  call responses ──► the job that owns the token
 //! ```
@@ -16,7 +16,7 @@
 //! `create_http_context` to it.
 
 use crate::auth_cache::LocalAllows;
-use crate::breaker::{self, guard::BreakerGuard, guard::SuccessTally, hints::HintPoller};
+use crate::breaker::{self, guard::BreakerGuard, hints::HintPoller, local::WorkerBreakers};
 use crate::changes::{ChangesJob, Generation};
 use crate::completions::CompletionQueue;
 use crate::refunds::{RefundQueue, MAX_QUEUED_REFUNDS, MAX_REFUND_BATCH};
@@ -93,8 +93,8 @@ pub struct Worker {
     usage_flusher: Option<Every<BatchFlusher<Meter>>>,
     route_poller: Option<RoutesJob>,
     hint_poller: Option<Every<HintPoller>>,
-    /// Successes on clean closed breakers, written on the tick (breaker::guard).
-    breaker_tally: Rc<RefCell<SuccessTally>>,
+    /// Its view of the breakers and its tallied successes (breaker::local).
+    breakers: Rc<RefCell<WorkerBreakers>>,
 }
 
 impl Worker {
@@ -135,8 +135,9 @@ impl Worker {
             poller: RouteTablePoller::new(config.routing.clone(), sidecar.clone(), seeds.routes_owner),
             routes: routes.clone(),
         });
+        let breakers: Rc<RefCell<WorkerBreakers>> = Rc::default();
         let hint_poller = config.breakers.shares_hints().then(|| {
-            let poller = HintPoller::new(config.breakers.clone(), sidecar.clone(), seeds.hints_owner);
+            let poller = HintPoller::new(config.breakers.clone(), sidecar.clone(), seeds.hints_owner).with_worker(breakers.clone());
             Every::new(config.breakers.hints.poll_interval, poller)
         });
         Worker {
@@ -151,7 +152,7 @@ impl Worker {
             usage_flusher,
             route_poller,
             hint_poller,
-            breaker_tally: Rc::default(),
+            breakers,
             completions,
             refunds,
             meter,
@@ -224,13 +225,13 @@ impl Worker {
             .with_generation(self.gen.clone())
             .with_decision_ids(self.decision_ids.clone())
             .with_refunds(self.refunds.clone());
-        HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()).with_tally(self.breaker_tally.clone()))
+        HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()).with_worker(self.breakers.clone()))
     }
 
     /// One tick: every job, in order.
     pub fn on_tick(&mut self, host: &mut impl Host) {
         self.changes.on_tick(host);
-        self.breaker_tally.borrow_mut().flush(host, &self.config.breakers);
+        self.breakers.borrow_mut().on_tick(host, &self.config.breakers);
         self.renewer.on_tick(host);
         self.completion_flusher.on_tick(host);
         self.refund_flusher.on_tick(host);

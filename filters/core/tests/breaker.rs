@@ -411,7 +411,7 @@ fn sidecar_trouble_is_logged_once_per_transition() {
 #[test]
 fn clean_successes_are_tallied_per_worker_and_written_on_the_tick_or_with_a_failure() {
     use std::cell::RefCell;
-    use tollgate_filter_core::breaker::guard::SuccessTally;
+    use tollgate_filter_core::breaker::local::WorkerBreakers;
     let config = Rc::new(
         FilterConfig::parse(
             br#"{"breakers":{"consecutiveFailures":2,"failureRatio":0.5,"minRequests":4,"window":"10s","openFor":"1s",
@@ -420,14 +420,14 @@ fn clean_successes_are_tallied_per_worker_and_written_on_the_tick_or_with_a_fail
         .unwrap(),
     );
     let key = shared_keys::breaker("solo");
-    let tally: Rc<RefCell<SuccessTally>> = Rc::default();
+    let tally: Rc<RefCell<WorkerBreakers>> = Rc::default();
     let mut shared = MockHost::new();
     shared.now_ms = 10_000;
     breaker::init(&mut shared, &key);
-    let other_worker: Rc<RefCell<SuccessTally>> = Rc::default();
-    let run_on = |shared: &mut MockHost, tally: &Rc<RefCell<SuccessTally>>, status: u16| {
+    let other_worker: Rc<RefCell<WorkerBreakers>> = Rc::default();
+    let run_on = |shared: &mut MockHost, tally: &Rc<RefCell<WorkerBreakers>>, status: u16| {
         let mut h = MockHost::next_request(shared).with_property("xds.cluster_name", "cluster_s");
-        let mut g = BreakerGuard::new(config.breakers.clone()).with_tally(tally.clone());
+        let mut g = BreakerGuard::new(config.breakers.clone()).with_worker(tally.clone());
         assert_eq!(g.on_request(&mut h), Action::Continue);
         h.upstream_response.push((":status".into(), status.to_string().into_bytes()));
         h.properties.insert("response.code_details".into(), b"via_upstream".to_vec());
@@ -448,7 +448,7 @@ fn clean_successes_are_tallied_per_worker_and_written_on_the_tick_or_with_a_fail
     }
     assert_eq!((tally.borrow().pending(), window(&shared)), (3, (0, 0)));
     // the tick writes them (one write)
-    tally.borrow_mut().flush(&mut shared, &config.breakers);
+    tally.borrow_mut().on_tick(&mut shared, &config.breakers);
     assert_eq!((tally.borrow().pending(), window(&shared)), (0, (3, 0)));
 
     // two more successes, then a failure: written with the failure, so the ratio sees them
@@ -469,7 +469,7 @@ fn clean_successes_are_tallied_per_worker_and_written_on_the_tick_or_with_a_fail
     assert!(matches!(breaker::read(&shared, &key).phase, Phase::Open { .. }));
     // successes tallied before it opened are not evidence about the open period: dropped
     let before = breaker::read(&shared, &key);
-    tally.borrow_mut().flush(&mut shared, &config.breakers);
+    tally.borrow_mut().on_tick(&mut shared, &config.breakers);
     assert_eq!(tally.borrow().pending(), 0);
     assert_eq!(breaker::read(&shared, &key), before);
 }
@@ -487,4 +487,75 @@ fn tallied_successes_land_in_the_bucket_of_the_tick() {
     assert_eq!(s.consecutive, 1, "tallied successes leave the streak alone");
     s.phase = Phase::Open { until_ms: 9_000 };
     assert!(!s.add_successes(&p, 5_300, 3), "not while open");
+}
+
+#[test]
+fn a_worker_admits_on_a_clean_breaker_without_reading_and_sees_another_workers_open_at_its_tick() {
+    use std::cell::RefCell;
+    use tollgate_filter_core::breaker::local::WorkerBreakers;
+    let config = config();
+    let key = shared_keys::breaker("solo");
+    let mut shared = MockHost::new();
+    shared.now_ms = 10_000;
+    breaker::init(&mut shared, &key);
+    let (ours, theirs): (Rc<RefCell<WorkerBreakers>>, Rc<RefCell<WorkerBreakers>>) = (Rc::default(), Rc::default());
+    let run = |shared: &mut MockHost, worker: &Rc<RefCell<WorkerBreakers>>, status: u16| -> Action {
+        let mut h = MockHost::next_request(shared).with_property("xds.cluster_name", "cluster_s");
+        let mut g = BreakerGuard::new(config.breakers.clone()).with_worker(worker.clone());
+        let a = g.on_request(&mut h);
+        if a == Action::Continue {
+            h.upstream_response.push((":status".into(), status.to_string().into_bytes()));
+            h.properties.insert("response.code_details".into(), b"via_upstream".to_vec());
+            g.on_response(&mut h);
+        }
+        g.on_done(&mut h);
+        shared.shared = h.shared.clone();
+        shared.cas = h.cas.clone();
+        a
+    };
+    // our worker reads once (unknown), then knows the target clean
+    assert_eq!(run(&mut shared, &ours, 200), Action::Continue);
+    // another worker's failures open it (2 in a row)
+    run(&mut shared, &theirs, 503);
+    run(&mut shared, &theirs, 503);
+    assert!(matches!(breaker::read(&shared, &key).phase, Phase::Open { .. }));
+    assert_eq!(run(&mut shared, &theirs, 200), Action::Pause, "the worker that opened it rejects at once");
+    // ours admits without reading until its tick (at most one tick late) ...
+    assert_eq!(run(&mut shared, &ours, 200), Action::Continue);
+    // ... then its tick looks again, and it rejects too; its tallied successes are dropped
+    ours.borrow_mut().on_tick(&mut shared, &config.breakers);
+    assert_eq!(ours.borrow().pending(), 0);
+    assert_eq!(run(&mut shared, &ours, 200), Action::Pause);
+    // a clean target left unused for a tick is forgotten: the next admission reads
+    shared.now_ms += 2_000; // open time over: the next admission is a trial, which closes it
+    assert_eq!(run(&mut shared, &ours, 200), Action::Continue);
+    assert_eq!(breaker::read(&shared, &key).phase, Phase::Closed);
+    ours.borrow_mut().on_tick(&mut shared, &config.breakers); // used since: looked at, clean
+    ours.borrow_mut().on_tick(&mut shared, &config.breakers); // unused since: forgotten
+    run(&mut shared, &theirs, 503);
+    run(&mut shared, &theirs, 503);
+    assert_eq!(run(&mut shared, &ours, 200), Action::Pause, "forgotten, so read: open");
+}
+
+#[test]
+fn a_hint_that_opens_a_target_ends_this_workers_clean_view_at_once() {
+    use std::cell::RefCell;
+    use tollgate_filter_core::breaker::local::WorkerBreakers;
+    let worker: Rc<RefCell<WorkerBreakers>> = Rc::default();
+    let mut shared = MockHost::new();
+    shared.now_ms = 10_000;
+    let admit = |shared: &MockHost| -> MockHost {
+        let mut h = MockHost::next_request(shared).with_property("xds.cluster_name", "cluster_a");
+        let mut g = BreakerGuard::new(config().breakers.clone()).with_worker(worker.clone());
+        assert_eq!(g.on_request(&mut h), Action::Continue);
+        h
+    };
+    // read once: llm-a is clean, known so by this worker
+    assert_eq!(admit(&shared).header(CLUSTER_HEADER), None, "its own target");
+    let p = HintPoller::new(config().breakers.clone(), config().sidecar.clone(), 7).with_worker(worker.clone());
+    let list = HintList { hints: vec![Hint { provider: "prov".into(), model: "m1".into(), replica: "other".into(), opened_at_ms: 9_000 }] };
+    p.apply(&mut shared, &list);
+    assert!(matches!(breaker::read(&shared, &shared_keys::breaker("llm-a")).phase, Phase::Open { .. }));
+    // the very next request reads it (open) and goes to the fallback, no tick needed
+    assert_eq!(admit(&shared).header(CLUSTER_HEADER), Some("cluster_b"));
 }

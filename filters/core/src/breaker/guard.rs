@@ -4,8 +4,8 @@
 //! The guard runs after authentication allowed the request. It reads the routed cluster
 //! (`xds.cluster_name`) to find the request's target; a cluster that is no target is not
 //! guarded. Admission reads the target's shared state and writes only when the breaker is not
-//! closed (half-open trial slots), so a request on a closed breaker costs one shared-data read
-//! and no callout. While the target is open, the fallback targets are tried in order: the first
+//! closed (half-open trial slots); with the worker's view ([`super::local`]) a target the worker
+//! knows clean is not even read. No callout either way. While the target is open, the fallback targets are tried in order: the first
 //! one that admits the request gets it, by the request header [`CLUSTER_HEADER`] that the Envoy
 //! route `cluster_header` action follows (setting it clears the route cache). When none
 //! admits it, the filter replies 503 with `Retry-After`.
@@ -15,13 +15,14 @@
 //! `via_upstream`) with a 5xx status, is a failure.
 //!
 //! A success of a request admitted on a closed breaker with no failure streak changes nothing
-//! but the window's success count: with a worker's [`SuccessTally`], it is counted there and
-//! added to the shared state on the worker's tick (or with this worker's next failure on that
-//! target), so a healthy request costs no shared-data write and workers do not contend on the
-//! target's CAS. Every other result is written at once.
+//! but the window's success count: the worker tallies it ([`WorkerBreakers`]) and adds it to the
+//! shared state on its tick (or with its next failure on that target), so a healthy request costs
+//! no shared-data write and workers do not contend on the target's CAS. Every other result is
+//! written at once.
 
 use super::config::{BreakerConfig, Target};
-use super::{update, Admission, Outcome, Phase, Transition};
+use super::local::{is_clean, WorkerBreakers};
+use super::{update, Admission, Outcome, Transition};
 use crate::host::{Action, Host, LogLevel};
 use crate::shared_keys;
 use std::cell::RefCell;
@@ -51,58 +52,7 @@ enum GuardState {
 pub struct BreakerGuard {
     config: Rc<BreakerConfig>,
     state: GuardState,
-    tally: Option<Rc<RefCell<SuccessTally>>>,
-}
-
-/// One worker's successes on clean closed breakers, per target, not yet in shared data.
-#[derive(Debug, Default)]
-pub struct SuccessTally {
-    pending: Vec<u32>,
-}
-
-impl SuccessTally {
-    fn add(&mut self, target: usize) {
-        if self.pending.len() <= target {
-            self.pending.resize(target + 1, 0);
-        }
-        if let Some(n) = self.pending.get_mut(target) {
-            *n = n.saturating_add(1);
-        }
-    }
-
-    fn give_back(&mut self, target: usize, n: u32) {
-        if let Some(p) = self.pending.get_mut(target) {
-            *p = p.saturating_add(n);
-        }
-    }
-
-    fn take(&mut self, target: usize) -> u32 {
-        self.pending.get_mut(target).map(std::mem::take).unwrap_or(0)
-    }
-
-    /// Successes not yet written, all targets.
-    pub fn pending(&self) -> u64 {
-        self.pending.iter().map(|&n| u64::from(n)).sum()
-    }
-
-    /// The worker's tick: adds each target's tally to its shared state (one CAS per target with
-    /// successes). A tally that cannot be written (contention) waits for the next tick.
-    pub fn flush(&mut self, host: &mut impl Host, config: &BreakerConfig) {
-        if self.pending() == 0 {
-            return;
-        }
-        let now = host.now_ms();
-        for (idx, target) in config.targets.iter().enumerate() {
-            let n = self.take(idx);
-            if n == 0 {
-                continue;
-            }
-            if let Err(e) = update(host, &shared_keys::breaker(&target.name), |s| ((), s.add_successes(&config.policy, now, n))) {
-                host.log(LogLevel::Debug, &format!("tollgate: breaker {}: {n} successes not recorded yet: {e:?}", target.name));
-                self.give_back(idx, n);
-            }
-        }
-    }
+    worker: Option<Rc<RefCell<WorkerBreakers>>>,
 }
 
 /// Classifies a response: `status` from `:status`, `details` from `response.code_details`.
@@ -129,12 +79,13 @@ pub fn report(host: &mut impl Host, target: &Target, transition: Transition, why
 impl BreakerGuard {
     /// A guard that writes every result to shared data at once.
     pub fn new(config: Rc<BreakerConfig>) -> BreakerGuard {
-        BreakerGuard { config, state: GuardState::Idle, tally: None }
+        BreakerGuard { config, state: GuardState::Idle, worker: None }
     }
 
-    /// Clean successes go to the worker's `tally` (flushed on its tick).
-    pub fn with_tally(mut self, tally: Rc<RefCell<SuccessTally>>) -> BreakerGuard {
-        self.tally = Some(tally);
+    /// Admission on a target the worker knows clean reads nothing, and clean successes are
+    /// tallied by the worker ([`super::local`]).
+    pub fn with_worker(mut self, worker: Rc<RefCell<WorkerBreakers>>) -> BreakerGuard {
+        self.worker = Some(worker);
         self
     }
 
@@ -176,11 +127,18 @@ impl BreakerGuard {
         let candidates = std::iter::once(primary).chain(b.targets.get(primary).map(|t| t.fallback.clone()).unwrap_or_default());
         for idx in candidates {
             let Some(target) = b.targets.get(idx) else { continue };
+            if self.worker.as_ref().is_some_and(|w| w.borrow_mut().admit_locally(idx)) {
+                self.admitted(host, idx, primary, Admission::Pass, true);
+                return Action::Continue;
+            }
             let result = update(host, &shared_keys::breaker(&target.name), |s| {
-                let clean = s.phase == Phase::Closed && s.consecutive == 0;
+                let clean = is_clean(s);
                 let (admission, changed, transition) = s.admit(&b.policy, now);
                 ((admission, transition, clean), changed)
             });
+            if let (Some(w), Ok((_, _, clean))) = (&self.worker, &result) {
+                w.borrow_mut().saw(idx, *clean);
+            }
             let (admission, clean) = match result {
                 Ok((admission, transition, clean)) => {
                     if let Some(t) = transition {
@@ -197,13 +155,7 @@ impl BreakerGuard {
             };
             match admission {
                 Admission::Pass | Admission::Trial => {
-                    if idx != primary {
-                        host.set_request_header(CLUSTER_HEADER, &target.cluster);
-                        if let Some(p) = b.targets.get(primary) {
-                            host.count_named(&p.stat("fallback"));
-                        }
-                    }
-                    self.state = GuardState::Admitted { target: idx, trial: admission == Admission::Trial, clean };
+                    self.admitted(host, idx, primary, admission, clean);
                     return Action::Continue;
                 }
                 Admission::Reject { retry_after_ms: r } => {
@@ -218,6 +170,20 @@ impl BreakerGuard {
         let extra = [("retry-after", retry_after.as_str()), (BREAKER_HEADER, "open")];
         crate::reply::json_error(host, 503, BREAKER_OPEN, &message, None, &extra);
         Action::Pause
+    }
+
+    /// The request goes to target `idx` (a fallback of `primary` if they differ).
+    fn admitted(&mut self, host: &mut impl Host, idx: usize, primary: usize, admission: Admission, clean: bool) {
+        let b = &self.config;
+        if idx != primary {
+            if let Some(target) = b.targets.get(idx) {
+                host.set_request_header(CLUSTER_HEADER, &target.cluster);
+            }
+            if let Some(p) = b.targets.get(primary) {
+                host.count_named(&p.stat("fallback"));
+            }
+        }
+        self.state = GuardState::Admitted { target: idx, trial: admission == Admission::Trial, clean };
     }
 
     /// Records the outcome of an admitted request and names the target that served it.
@@ -235,18 +201,22 @@ impl BreakerGuard {
         };
         let outcome = classify(b, status, details.as_deref());
         host.add_response_header(TARGET_HEADER, &target.name);
-        if let (Some(tally), Outcome::Success, true) = (&self.tally, outcome, clean && !trial) {
-            tally.borrow_mut().add(idx);
+        if let (Some(w), Outcome::Success, true) = (&self.worker, outcome, clean && !trial) {
+            w.borrow_mut().add_success(idx);
             return Action::Continue;
         }
         // this worker's tallied successes go with its failure: the ratio sees them
-        let tallied = self.tally.as_ref().map_or(0, |t| t.borrow_mut().take(idx));
+        let tallied = self.worker.as_ref().map_or(0, |w| w.borrow_mut().take(idx));
         let now = host.now_ms();
-        match update(host, &shared_keys::breaker(&target.name), |s| {
+        let result = update(host, &shared_keys::breaker(&target.name), |s| {
             let added = s.add_successes(&b.policy, now, tallied);
             let (changed, transition) = s.record(&b.policy, now, trial, outcome);
-            (transition, changed || added)
-        }) {
+            ((transition, is_clean(s)), changed || added)
+        });
+        if let Some(w) = &self.worker {
+            w.borrow_mut().saw(idx, result.as_ref().is_ok_and(|(_, clean)| *clean));
+        }
+        match result.map(|(t, _)| t) {
             Ok(Some(t)) => {
                 let why = format!(
                     "status {}{}",
@@ -258,8 +228,8 @@ impl BreakerGuard {
             Ok(None) => {}
             Err(e) => {
                 host.log(LogLevel::Debug, &format!("tollgate: breaker {}: result not recorded: {e:?}", target.name));
-                if let Some(t) = &self.tally {
-                    t.borrow_mut().give_back(idx, tallied);
+                if let Some(w) = &self.worker {
+                    w.borrow_mut().give_back(idx, tallied);
                 }
             }
         }

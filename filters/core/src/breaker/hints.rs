@@ -14,11 +14,13 @@
 
 use super::config::BreakerConfig;
 use super::guard::report;
+use super::local::WorkerBreakers;
 use super::{read, update, HintEffect, Transition};
 use crate::host::{CallSpec, Host, LogLevel};
 use crate::jobs::{Job, Outage};
 use crate::sidecar::Sidecar;
 use crate::{election, shared_keys};
+use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_wire::breaker::{HintList, HintReport, HINTS_PATH};
 
@@ -29,13 +31,22 @@ pub struct HintPoller {
     /// This VM's identity in the lease (random per VM, non-zero).
     owner: u64,
     list_call: Option<(u32, u64)>,
+    /// This worker's view of its breakers: a target a hint opens is no longer known clean.
+    worker: Option<Rc<RefCell<WorkerBreakers>>>,
     posts: Vec<u32>,
     outage: Outage,
 }
 
 impl HintPoller {
     pub fn new(config: Rc<BreakerConfig>, sidecar: Sidecar, owner: u64) -> HintPoller {
-        HintPoller { config, sidecar, owner: owner.max(1), list_call: None, posts: Vec::new(), outage: Outage::default() }
+        HintPoller { config, sidecar, owner: owner.max(1), list_call: None, worker: None, posts: Vec::new(), outage: Outage::default() }
+    }
+
+    /// A target a hint opens is forgotten by this worker's view at once (other workers of the
+    /// Envoy see it at their next tick).
+    pub fn with_worker(mut self, worker: Rc<RefCell<WorkerBreakers>>) -> HintPoller {
+        self.worker = Some(worker);
+        self
     }
 
     /// How long a lease lasts without renewal: a few poll intervals, so a stalled holder is
@@ -64,13 +75,16 @@ impl HintPoller {
         let now = host.now_ms();
         for hint in &list.hints {
             let fp = super::hint_fingerprint(&hint.replica, hint.opened_at_ms);
-            for target in b.targets.iter() {
+            for (idx, target) in b.targets.iter().enumerate() {
                 if target.hint.as_ref() != Some(&(hint.provider.clone(), hint.model.clone())) {
                     continue;
                 }
                 let key = shared_keys::breaker(&target.name);
                 match update(host, &key, |s| s.apply_hint(&b.policy, now, fp)) {
                     Ok(HintEffect::Opened) => {
+                        if let Some(w) = &self.worker {
+                            w.borrow_mut().saw(idx, false);
+                        }
                         report(host, target, Transition::OpenedByHint, &format!("hint from replica {}", hint.replica))
                     }
                     Ok(HintEffect::Ignored) => host.count_named(&target.stat("hint_ignored")),

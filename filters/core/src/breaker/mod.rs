@@ -22,6 +22,7 @@
 pub mod config;
 pub mod guard;
 pub mod hints;
+pub mod local;
 
 use crate::host::{Host, SharedSetError};
 use crate::shared_keys::SharedKey;
@@ -274,7 +275,7 @@ impl State {
         Some(b)
     }
 
-    /// Adds `n` successes one worker tallied since its last tick ([`guard::SuccessTally`]) to a
+    /// Adds `n` successes one worker tallied since its last tick ([`local::WorkerBreakers`]) to a
     /// closed breaker's window; they leave the failure streak alone (a streak that started after
     /// them is not ended by them). In another phase they are not evidence about it: dropped.
     /// Returns whether the state changed.
