@@ -163,6 +163,10 @@ key_out="$("$TOLLGATE_SIDECAR_BIN" keys create --tenant demo --plan demo)"
 DEMO_KEY="$(tail -n 1 <<<"$key_out")"
 DEMO_KEY_ID="$(sed -n 's/^key id: *//p' <<<"$key_out")"
 
+# The CLI reads the admin token from an owner-only file: a shell that sources demo.env passes no
+# secret on to what it starts.
+rm -f "$RUN/admin.token"
+( umask 077; printf '%s\n' "$ADMIN_TOKEN" > "$RUN/admin.token" )
 cat > "$ROOT/.tollgate/demo.env" <<ENV
 # Written by ./build.sh up — source it: . .tollgate/demo.env
 export TOLLGATE_URL="http://127.0.0.1:$ENVOY_PORT"
@@ -174,7 +178,7 @@ export TOLLGATE_ENVOY_ADMIN_URL="http://127.0.0.1:$ENVOY_ADMIN_PORT"
 export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
 export TOLLGATE_SIDECAR_BIN="$TOLLGATE_SIDECAR_BIN"
 export TOLLGATE_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT"
-export TOLLGATE_ADMIN_TOKEN="$ADMIN_TOKEN"
+export TOLLGATE_ADMIN_TOKEN_FILE="$RUN/admin.token"
 export TOLLGATE_CLI="$ROOT/target/release/tollgate"
 export PATH="$ROOT/target/release:\$PATH"
 export TOLLGATE_PROMETHEUS_URL="http://127.0.0.1:$PROMETHEUS_PORT"
