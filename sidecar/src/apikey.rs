@@ -124,6 +124,7 @@ pub fn verdict(record: Option<&KeyRecord>, now: u64) -> DecideResponse {
             replay: None,
             store: None,
             lease: None,
+            no_lease: false,
         },
     }
 }

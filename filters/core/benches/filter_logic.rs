@@ -224,6 +224,7 @@ fn typical_allow() -> tollgate_wire::DecideResponse {
         replay: None,
         store: None,
         lease: None,
+        no_lease: false,
     }
 }
 

@@ -3,8 +3,9 @@
 //! every worker of the Envoy reuses them, and copied into each worker's [`LocalAllows`] so a
 //! repeat request on a worker costs no host call and no decode.
 //!
-//! A key this worker just admitted from a lease skips the shared read (its plan's answers carry
-//! headers, so they are never cached: the read would always miss).
+//! A key this worker just admitted from a lease, or whose last answer here carried RateLimit
+//! fields, skips the shared read for a moment: its plan has limits, so its answers are never
+//! cached and the read would always miss.
 //!
 //! Invariant: an entry is never used past its `until_ms` (in shared data or a worker's copy), nor
 //! once the worker's generation passed the one its call was sent under (crate::changes), so a
@@ -39,10 +40,13 @@ pub struct CachedAllow {
 #[derive(Debug, Default)]
 pub struct LocalAllows {
     entries: HashMap<SharedKey, CachedAllow>,
-    /// Keys this worker admitted from a lease, until when it skips their shared entry: a leased
-    /// plan's answers carry headers (its RateLimit fields), so they are never reusable and the
-    /// shared read would be a host call that always misses, on every lease hit.
-    leased: HashMap<SharedKey, u64>,
+    /// Keys whose plan has limits (admitted from a lease, or answered with RateLimit fields), until
+    /// when this worker skips their shared entry: such answers are never reusable, so the shared
+    /// read would be a host call that always misses, on every request.
+    uncached: HashMap<SharedKey, u64>,
+    /// Keys whose plan is never leased (the sidecar's `noLease`), until when this worker neither
+    /// spends nor observes a lease for them (the lease record's read and CAS write, per request).
+    unleased: HashMap<SharedKey, u64>,
 }
 
 impl LocalAllows {
@@ -53,32 +57,43 @@ impl LocalAllows {
         self.entries.get(key).filter(|e| live(e, now_ms, gen))
     }
 
-    /// How long a lease hit lets the worker skip the key's shared entry.
-    pub const LEASED_MARK_MS: u64 = 1_000;
+    /// How long a mark lets the worker skip the key's shared entry.
+    pub const UNCACHED_MARK_MS: u64 = 1_000;
 
     /// Forgets every entry (the generation moved: they all predate a change).
     pub fn clear(&mut self) {
         self.entries.clear();
-        self.leased.clear();
+        self.uncached.clear();
+        self.unleased.clear();
     }
 
-    /// The key (its auth-cache key) was just admitted from a lease.
-    pub fn mark_leased(&mut self, key: SharedKey, now_ms: u64) {
-        if self.leased.len() >= Self::MAX_ENTRIES && !self.leased.contains_key(&key) {
-            self.leased.retain(|_, until| *until > now_ms);
-            if self.leased.len() >= Self::MAX_ENTRIES {
-                self.leased.clear();
-            }
-        }
-        self.leased.insert(key, now_ms.saturating_add(Self::LEASED_MARK_MS));
+    /// The key (its auth-cache key) has limits: admitted from a lease, or answered with
+    /// RateLimit fields.
+    pub fn mark_uncached(&mut self, key: SharedKey, now_ms: u64) {
+        bounded_insert(&mut self.uncached, key, now_ms.saturating_add(Self::UNCACHED_MARK_MS), now_ms);
     }
 
-    fn leased(&self, key: &SharedKey, now_ms: u64) -> bool {
-        self.leased.get(key).is_some_and(|until| *until > now_ms)
+    /// The key's plan is never leased (the sidecar said `noLease`).
+    pub fn mark_unleased(&mut self, key: SharedKey, now_ms: u64) {
+        bounded_insert(&mut self.unleased, key, now_ms.saturating_add(Self::UNCACHED_MARK_MS), now_ms);
+    }
+
+    /// Whether any key is marked (a leased-only worker skips building the key to look one up).
+    pub fn any_unleased(&self) -> bool {
+        !self.unleased.is_empty()
+    }
+
+    /// Whether the worker skips the lease of `key` (its auth-cache key) now.
+    pub fn unleased(&self, key: &SharedKey, now_ms: u64) -> bool {
+        self.unleased.get(key).is_some_and(|until| *until > now_ms)
+    }
+
+    fn uncached(&self, key: &SharedKey, now_ms: u64) -> bool {
+        self.uncached.get(key).is_some_and(|until| *until > now_ms)
     }
 
     fn put(&mut self, key: SharedKey, entry: CachedAllow, now_ms: u64) {
-        self.leased.remove(&key);
+        self.uncached.remove(&key);
         if self.entries.len() >= Self::MAX_ENTRIES && !self.entries.contains_key(&key) {
             self.entries.retain(|_, e| e.until_ms > now_ms);
             if self.entries.len() >= Self::MAX_ENTRIES {
@@ -97,6 +112,17 @@ impl LocalAllows {
     }
 }
 
+/// Inserts a mark valid until `until`; a full map drops its expired marks first, then all.
+fn bounded_insert(marks: &mut HashMap<SharedKey, u64>, key: SharedKey, until: u64, now_ms: u64) {
+    if marks.len() >= LocalAllows::MAX_ENTRIES && !marks.contains_key(&key) {
+        marks.retain(|_, u| *u > now_ms);
+        if marks.len() >= LocalAllows::MAX_ENTRIES {
+            marks.clear();
+        }
+    }
+    marks.insert(key, until);
+}
+
 /// Whether `e` may answer at `now_ms` for a worker at generation `gen`.
 fn live(e: &CachedAllow, now_ms: u64, gen: u64) -> bool {
     e.until_ms > now_ms && e.gen >= gen
@@ -108,7 +134,7 @@ pub fn read(host: &impl Host, local: Option<&RefCell<LocalAllows>>, key: SharedK
     if let Some(hit) = local.and_then(|l| l.borrow().get(&key, now_ms, gen).cloned()) {
         return Some(hit);
     }
-    if local.is_some_and(|l| l.borrow().leased(&key, now_ms)) {
+    if local.is_some_and(|l| l.borrow().uncached(&key, now_ms)) {
         return None;
     }
     let bytes = host.shared_get(key.as_str())?;
@@ -141,24 +167,37 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_hit_skips_the_shared_read_for_a_while_and_a_new_entry_ends_the_skip() {
+    fn a_key_with_limits_skips_the_shared_read_for_a_while_and_a_new_entry_ends_the_skip() {
         let key = crate::shared_keys::auth_cache("ab", None);
         let mut host = MockHost::new();
         // another worker's entry in shared data
         host.shared_set(key.as_str(), &serde_json::to_vec(&entry(10_000)).unwrap());
         let local = RefCell::new(LocalAllows::default());
-        local.borrow_mut().mark_leased(key.clone(), 1_000);
-        assert_eq!(read(&host, Some(&local), key.clone(), 1_500, 0), None, "skipped: a leased key has no entry");
-        assert!(read(&host, Some(&local), key.clone(), 1_000 + LocalAllows::LEASED_MARK_MS, 0).is_some(), "read again later");
+        local.borrow_mut().mark_uncached(key.clone(), 1_000);
+        assert_eq!(read(&host, Some(&local), key.clone(), 1_500, 0), None, "skipped: a key with limits has no entry");
+        assert!(read(&host, Some(&local), key.clone(), 1_000 + LocalAllows::UNCACHED_MARK_MS, 0).is_some(), "read again later");
         // an entry this worker writes ends the skip at once
         let local = RefCell::new(LocalAllows::default());
-        local.borrow_mut().mark_leased(key.clone(), 1_000);
+        local.borrow_mut().mark_uncached(key.clone(), 1_000);
         write(&mut host, Some(&local), key.clone(), entry(10_000));
         assert!(read(&host, Some(&local), key.clone(), 1_100, 0).is_some());
         // a change of keys or plans forgets the marks with the entries
         let local = RefCell::new(LocalAllows::default());
-        local.borrow_mut().mark_leased(key.clone(), 1_000);
+        local.borrow_mut().mark_uncached(key.clone(), 1_000);
         local.borrow_mut().clear();
-        assert!(read(&host, Some(&local), key, 1_100, 0).is_some());
+        assert!(read(&host, Some(&local), key.clone(), 1_100, 0).is_some());
+    }
+
+    #[test]
+    fn a_never_leased_key_is_marked_for_a_while_and_a_change_forgets_it() {
+        let key = crate::shared_keys::auth_cache("ab", Some("r"));
+        let mut local = LocalAllows::default();
+        assert!(!local.any_unleased());
+        local.mark_unleased(key.clone(), 1_000);
+        assert!(local.any_unleased() && local.unleased(&key, 1_999));
+        assert!(!local.unleased(&key, 2_000), "renewed by each answer that says so, else over");
+        assert!(!local.unleased(&crate::shared_keys::auth_cache("ab", None), 1_500), "per key and route");
+        local.clear();
+        assert!(!local.unleased(&key, 1_500), "a change of keys or plans forgets it");
     }
 }

@@ -193,3 +193,49 @@ fn a_warm_request_on_the_full_leased_path_makes_few_host_calls() {
     // saying why.
     assert!(total <= 16, "{total}: {calls:?}");
 }
+
+/// A worker of the bench's auth-only configuration (no routing, breaker or usage).
+fn auth_only() -> (Worker, MockHost) {
+    let config = serde_json::json!({"sidecar": {"timeout": "25ms"}, "failureMode": "closed", "changes": {"enabled": false}});
+    let mut root = MockHost::new();
+    root.now_ms = T;
+    let w = Worker::new(&mut root, Rc::new(FilterConfig::parse(config.to_string().as_bytes()).unwrap()), SEEDS);
+    (w, root)
+}
+
+#[test]
+fn a_warm_request_on_the_auth_path_makes_few_host_calls() {
+    // a key whose plan has no limits: the sidecar lets its allow be reused (the auth cache)
+    let (w, mut root) = auth_only();
+    let cached = br#"{"verdict":"allow","tenant":"bench","keyId":"key_1","plan":"free","cacheForMs":500}"#;
+    assert!(request(&w, &mut root, cached).0, "the first one asks");
+    root.now_ms += 10;
+    let (called, calls) = request(&w, &mut root, b"");
+    assert!(!called, "from the worker's copy of the auth cache");
+    let total: u32 = calls.values().sum();
+    println!("host calls of one warm request on the auth path: {total} {calls:?}");
+    // 2026-12-01: 7 — the request's headers (1 read, 3 set: tenant, key id, plan; the key
+    // removed), 2 counters (allowed, auth-cache hit); nothing on the response.
+    assert!(total <= 7, "{total}: {calls:?}");
+}
+
+#[test]
+fn a_request_on_the_exact_path_makes_few_host_calls() {
+    // a key whose plan has an exact limit: every request is one decision call, and the sidecar
+    // says the plan is never leased (`noLease`)
+    let (w, mut root) = auth_only();
+    let limited = br#"{"verdict":"allow","tenant":"bench","keyId":"key_1","plan":"exact","noLease":true,
+        "responseHeaders":[{"name":"ratelimit","value":"\"l\";r=5;t=1"}]}"#;
+    assert!(request(&w, &mut root, limited).0);
+    root.now_ms += 10;
+    let (called, calls) = request(&w, &mut root, limited);
+    assert!(called, "a call every time");
+    let total: u32 = calls.values().sum();
+    println!("host calls of one request on the exact path: {total} {calls:?}");
+    // 2026-12-01: 9 (14 before `noLease` and the auth cache's mark, decisions 118 and 121: no
+    // auth-cache read that always misses, no lease record read and written twice) — the request's
+    // headers (1 read, 3 set, the key removed), the client's address, the call (the adapter
+    // also reads its answer's status and body: 2 more, not counted here), the RateLimit header,
+    // 1 counter.
+    assert!(total <= 9, "{total}: {calls:?}");
+}

@@ -163,6 +163,10 @@ pub enum DecideResponse {
         /// Leased limits: units the filter may spend locally for later requests of this key.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lease: Option<Lease>,
+        /// The key's plan has limits that are never leased (an exact one among them): the filter
+        /// need not observe this key's rate nor ask for a lease (and saves that bookkeeping).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_lease: bool,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
@@ -194,6 +198,7 @@ impl DecideResponse {
             replay: None,
             store: None,
             lease: None,
+            no_lease: false,
         }
     }
 }

@@ -322,7 +322,14 @@ impl<S: DecisionStore> Decider<S> {
         crate::telemetry::observe_limits(r.tenant.as_str(), &asked.meta, &reply.states, reply.denied);
         match reply.denied {
             Some(i) => too_many(&asked.meta[i], &reply.states[i]),
-            None => self.allowed(cx, r, asked, reply),
+            None => {
+                let mut answer = self.allowed(cx, r, asked, reply);
+                // the filter need not observe or ask for what is never granted
+                if let (DecideResponse::Allow { no_lease, .. }, false) = (&mut answer, limits::leasable(limits)) {
+                    *no_lease = true;
+                }
+                answer
+            }
         }
     }
 
@@ -559,6 +566,7 @@ fn allow(
         replay,
         store,
         lease,
+        no_lease: false,
     }
 }
 

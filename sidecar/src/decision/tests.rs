@@ -319,7 +319,8 @@ async fn leases_are_taken_with_the_request_and_renewals_admit_none() {
     let lab = Lab::new(Duration::from_secs(60));
     let k = lab.key("k", "leased", KeyStatus::Active);
     let ask = |want, renewal| DecideRequest { lease: Some(LeaseAsk { want, renewal }), ..req(&k) };
-    let DecideResponse::Allow { lease: Some(lease), .. } = lab.decide(&ask(10, false)).await else { panic!() };
+    let DecideResponse::Allow { lease: Some(lease), no_lease, .. } = lab.decide(&ask(10, false)).await else { panic!() };
+    assert!(!no_lease, "a leasable plan");
     assert_eq!((lease.units, lease.ttl_ms), (10, 500));
     assert_eq!(lease.response_headers.len(), 1, "the policy only");
     let call = lab.store.last_call().unwrap();
@@ -335,7 +336,9 @@ async fn leases_are_taken_with_the_request_and_renewals_admit_none() {
 
     let exact = lab.key("exact", "two", KeyStatus::Active);
     let r = lab.decide(&DecideRequest { lease: Some(LeaseAsk { want: 10, renewal: false }), ..req(&exact) }).await;
-    assert!(matches!(r, DecideResponse::Allow { lease: None, .. }), "an exact plan is never leased");
+    assert!(matches!(r, DecideResponse::Allow { lease: None, no_lease: true, .. }), "an exact plan is never leased, and says so");
+    let r = lab.decide(&req(&exact)).await;
+    assert!(matches!(r, DecideResponse::Allow { no_lease: true, .. }), "also when no lease was asked for: {r:?}");
     assert_eq!(lab.store.last_call().unwrap().lease, None);
 
     lab.store.mem().records.get_mut(k.as_str()).unwrap().status = KeyStatus::Revoked;

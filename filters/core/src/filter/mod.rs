@@ -209,10 +209,14 @@ impl AuthFilter {
         }
         self.traceparent = crate::sidecar::traceparent(headers.get(tollgate_wire::TRACEPARENT_HEADER)).map(str::to_string);
         let mut request = stages::decide_request(&self.config, &headers, key_hash, keyed.path, self.route());
-        if let (None, Some(renewals)) = (&lookup, &self.worker.leases) {
+        let unleased = self.worker.local_allows.as_ref().is_some_and(|l| {
+            let l = l.borrow();
+            l.any_unleased() && l.unleased(&shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms())
+        });
+        if let (None, Some(renewals), false) = (&lookup, &self.worker.leases, unleased) {
             if let Some(hit) = stages::lease(host, &self.config.leases, renewals, &mut request, self.worker.gen.get()) {
                 if let Some(local) = &self.worker.local_allows {
-                    local.borrow_mut().mark_leased(shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms());
+                    local.borrow_mut().mark_uncached(shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms());
                 }
                 return hit;
             }
@@ -280,7 +284,12 @@ impl AuthFilter {
             // the sidecar may have decided and taken, but its answer is lost (timeout, error)
             self.abandoned = decision_id.map(|decision_id| Abandoned { decision_id, key_hash: key_hash.clone() });
         }
-        if self.worker.leases.is_some() {
+        let no_lease = matches!(answer, Ok(DecideResponse::Allow { no_lease: true, .. }));
+        if let (true, Some(local)) = (no_lease, &self.worker.local_allows) {
+            // a plan never leased: no lease bookkeeping for this key (crate::auth_cache)
+            local.borrow_mut().mark_unleased(shared_keys::auth_cache(&key_hash, self.route_id()), host.now_ms());
+        }
+        if self.worker.leases.is_some() && !no_lease {
             // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
             let now = host.now_ms();
             let key = shared_keys::lease(&key_hash, self.route_id());
@@ -305,6 +314,7 @@ impl AuthFilter {
                 replay,
                 store,
                 lease: _,
+                no_lease: _,
             }) => {
                 let who = Identity { tenant, key_id, plan };
                 if let Some(t) = ticket {
@@ -341,6 +351,12 @@ impl AuthFilter {
                     };
                     let key = shared_keys::auth_cache(key_hash, self.route_id());
                     auth_cache::write(host, self.worker.local_allows.as_deref(), key, entry);
+                } else if !response_headers.is_empty() {
+                    // a plan with limits: its answers carry RateLimit fields and are never
+                    // cached, so the next request of this key need not read the shared entry
+                    if let Some(local) = &self.worker.local_allows {
+                        local.borrow_mut().mark_uncached(shared_keys::auth_cache(key_hash, self.route_id()), host.now_ms());
+                    }
                 }
                 Decision::Allow(Grant { who, request_headers, response_headers, source: Source::Sidecar })
             }
