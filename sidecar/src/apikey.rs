@@ -113,19 +113,7 @@ pub fn verdict(record: Option<&KeyRecord>, now: u64) -> DecideResponse {
         None => deny(codes::UNKNOWN_KEY, "the API key is not valid"),
         Some(r) if r.status == KeyStatus::Revoked => deny(codes::REVOKED_KEY, "the API key was revoked"),
         Some(r) if r.expires_at.is_some_and(|e| e <= now) => deny(codes::EXPIRED_KEY, "the API key has expired"),
-        Some(r) => DecideResponse::Allow {
-            tenant: r.tenant.to_string(),
-            key_id: r.key_id.to_string(),
-            plan: r.plan.to_string(),
-            request_headers: vec![],
-            response_headers: vec![],
-            cache_for_ms: None,
-            ticket: None,
-            replay: None,
-            store: None,
-            lease: None,
-            no_lease: false,
-        },
+        Some(r) => DecideResponse::allow(r.tenant.to_string(), r.key_id.to_string(), r.plan.to_string()),
     }
 }
 

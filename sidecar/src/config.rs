@@ -3,7 +3,8 @@
 //! Unknown fields are refused (a typo must not silently fall back to a default). Nested fields
 //! are reached from the environment with `__`: `TOLLGATE_SIDECAR_REDIS__URL=redis://…`.
 
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
+use tollgate_shared::settings;
 use crate::invalid::{invalid, Invalid};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
@@ -121,19 +122,7 @@ pub enum ConfigError {
 impl Config {
     /// Defaults, then the file (if given), then `TOLLGATE_SIDECAR_*` from the environment.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
-        if let Some(path) = file {
-            if !path.exists() {
-                return Err(ConfigError::NoFile(path.to_path_buf()));
-            }
-            fig = fig.merge(Toml::file(path));
-        }
-        fig = fig.merge(
-            Env::prefixed(ENV_PREFIX)
-                .filter(|k| !NOT_SETTINGS.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)))
-                .split("__"),
-        );
-        Self::from_figment(fig)
+        Self::from_figment(settings::layers(Config::default(), file, ENV_PREFIX, NOT_SETTINGS).map_err(ConfigError::NoFile)?)
     }
 
     /// Parses TOML text alone (no environment), for tests and `--check-config` diagnostics.

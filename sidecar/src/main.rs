@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use tollgate_shared::settings;
 use tollgate_sidecar::apikey::{self, KeyRecord};
 use tollgate_sidecar::config::{Config, LogFormat};
 use tollgate_sidecar::control::keys::{expiry, issued_text, KeyCommand};
@@ -37,13 +38,7 @@ enum Command {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
-        }
-    };
+    let config = settings::or_exit(Config::load(cli.config.as_deref()));
     if cli.check_config {
         println!("configuration OK");
         // Secrets and credentials redacted: this output ends up in terminals and CI logs.

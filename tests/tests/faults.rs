@@ -6,23 +6,29 @@
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tollgate_tests::redis::command_calls;
-use tollgate_tests::{get, poll_until, Gateway};
+use tollgate_tests::{get, poll_until, Gateway, GatewayBuilder};
 
 /// Two plans, one limit each: `open` fails open (the default), `closed` fails closed.
 const PLANS: &str = "[[plans.open.limits]]\nname = \"o\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nwindow = \"60s\"\n\
                      [[plans.closed.limits]]\nname = \"c\"\nalgorithm = \"token_bucket\"\nlimit = 1000000\nfailure_mode = \"closed\"\n";
+
+/// A gateway on `plans` whose sidecar gives each Redis command 200 ms and each decision 200 ms,
+/// behind a filter that waits 350 ms for the sidecar and fails closed: one deadline per command
+/// would overrun the filter's wait, the decision's budget does not.
+fn redis_deadlines(plans: &str) -> GatewayBuilder {
+    Gateway::builder()
+        .sidecar_toml(plans)
+        .sidecar_env("TOLLGATE_SIDECAR_REDIS__TIMEOUT", "200ms")
+        .sidecar_env("TOLLGATE_SIDECAR_REDIS__DECISION_TIMEOUT", "200ms")
+        .plugin(json!({"sidecar": {"timeout": "350ms"}, "failureMode": "closed"}))
+}
 
 #[test]
 fn a_hung_redis_yields_each_limits_failure_mode_never_a_callout_timeout() {
     // Per-command deadlines long enough that one deadline per command (the key lookup, then the
     // limits script: 2 × 200 ms) overruns the filter's 350 ms; the decision's budget (200 ms in
     // all) does not. Long timeouts keep the test honest on a loaded 2-core machine.
-    let g = Gateway::builder()
-        .sidecar_toml(PLANS)
-        .sidecar_env("TOLLGATE_SIDECAR_REDIS__TIMEOUT", "200ms")
-        .sidecar_env("TOLLGATE_SIDECAR_REDIS__DECISION_TIMEOUT", "200ms")
-        .plugin(json!({"sidecar": {"timeout": "350ms"}, "failureMode": "closed"}))
-        .build();
+    let g = redis_deadlines(PLANS).build();
     let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
     // ready means connected, with the request path's scripts loaded (decide, complete, idem)
     let loads = command_calls(&redis.commandstats(), "script|load");
@@ -83,13 +89,7 @@ const LOCAL_PLAN: &str = "[[plans.local.limits]]\nname = \"l\"\nalgorithm = \"to
 fn a_hung_redis_lets_each_replica_enforce_its_share_of_a_local_limit() {
     // Two Envoys, each with its sidecar, on one Redis; the replica count is not configured: the
     // sidecars discover each other in Redis (`sidecars:live`) before it stops.
-    let g = Gateway::builder()
-        .sidecar_toml(LOCAL_PLAN)
-        .sidecar_env("TOLLGATE_SIDECAR_REDIS__TIMEOUT", "200ms")
-        .sidecar_env("TOLLGATE_SIDECAR_REDIS__DECISION_TIMEOUT", "200ms")
-        .plugin(json!({"sidecar": {"timeout": "350ms"}, "failureMode": "closed"}))
-        .replicas(2)
-        .build();
+    let g = redis_deadlines(LOCAL_PLAN).replicas(2).build();
     let redis = g.redis();
     let replicas = [g.replica(0), g.replica(1)];
     for r in &replicas {

@@ -210,22 +210,14 @@ fn typical_request() -> tollgate_wire::DecideRequest {
 
 /// The sidecar's answer to it: allowed, with the RateLimit headers of one limit.
 fn typical_allow() -> tollgate_wire::DecideResponse {
-    tollgate_wire::DecideResponse::Allow {
-        tenant: "acme".into(),
-        key_id: "key_afsdh93hxdksn2qa".into(),
-        plan: "limited".into(),
-        request_headers: Vec::new(),
-        response_headers: vec![
+    let mut allow = tollgate_wire::DecideResponse::allow("acme", "key_afsdh93hxdksn2qa", "limited");
+    if let tollgate_wire::DecideResponse::Allow { response_headers, .. } = &mut allow {
+        *response_headers = vec![
             tollgate_wire::Header::new("ratelimit-policy", "\"per-minute\";q=1000000000;w=60"),
             tollgate_wire::Header::new("ratelimit", "\"per-minute\";r=999978851;t=12"),
-        ],
-        cache_for_ms: None,
-        ticket: None,
-        replay: None,
-        store: None,
-        lease: None,
-        no_lease: false,
+        ];
     }
+    allow
 }
 
 /// The binary comparison: every string as a u16 length and its bytes, in field order.

@@ -57,50 +57,31 @@ impl DenyReason {
     }
 }
 
-/// What a worker sends to the sidecar in batches, off the request path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Stream {
-    /// Completion reports (`POST /v1/completions`).
-    Completions,
-    /// Usage events (`POST /v1/usage`).
-    Usage,
-    /// Responses to store (`POST /v1/responses`).
-    Responses,
-    /// Abandoned decisions to refund (`POST /v1/refunds`).
-    Refunds,
-}
-
-impl Stream {
-    pub const ALL: [Stream; 4] = [Stream::Completions, Stream::Usage, Stream::Responses, Stream::Refunds];
-    fn name(self) -> &'static str {
-        match self {
-            Stream::Completions => "completions",
-            Stream::Usage => "usage",
-            Stream::Responses => "responses",
-            Stream::Refunds => "refunds",
-        }
+tollgate_wire::named_enum! {
+    /// What a worker sends to the sidecar in batches, off the request path.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Stream {
+        /// Completion reports (`POST /v1/completions`).
+        Completions => "completions",
+        /// Usage events (`POST /v1/usage`).
+        Usage => "usage",
+        /// Responses to store (`POST /v1/responses`).
+        Responses => "responses",
+        /// Abandoned decisions to refund (`POST /v1/refunds`).
+        Refunds => "refunds",
     }
 }
 
-/// A batch flusher's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FlushEvent {
-    /// Batches the sidecar took (200).
-    BatchesSent,
-    /// Items lost: the queue was full, or the sidecar refused their batch for good.
-    Dropped,
-    /// Batches that could not be sent or were not taken.
-    Errors,
-}
-
-impl FlushEvent {
-    pub const ALL: [FlushEvent; 3] = [FlushEvent::BatchesSent, FlushEvent::Dropped, FlushEvent::Errors];
-    fn name(self) -> &'static str {
-        match self {
-            FlushEvent::BatchesSent => "batches_sent",
-            FlushEvent::Dropped => "dropped",
-            FlushEvent::Errors => "flush_errors",
-        }
+tollgate_wire::named_enum! {
+    /// A batch flusher's counters.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum FlushEvent {
+        /// Batches the sidecar took (200).
+        BatchesSent => "batches_sent",
+        /// Items lost: the queue was full, or the sidecar refused their batch for good.
+        Dropped => "dropped",
+        /// Batches that could not be sent or were not taken.
+        Errors => "flush_errors",
     }
 }
 

@@ -155,6 +155,13 @@ fn request(w: &Worker, root: &mut MockHost, answer: &[u8]) -> (bool, BTreeMap<&'
     (called, calls)
 }
 
+/// Prints the split of `calls` (seen with `--nocapture`) and checks their sum against `budget`.
+fn within_budget(what: &str, calls: &BTreeMap<&'static str, u32>, budget: u32) {
+    let total: u32 = calls.values().sum();
+    println!("host calls of {what}: {total} {calls:?}");
+    assert!(total <= budget, "{what}: {total} host calls, budget {budget}: {calls:?}");
+}
+
 #[test]
 fn a_warm_request_on_the_full_leased_path_makes_few_host_calls() {
     let config = serde_json::json!({
@@ -182,8 +189,6 @@ fn a_warm_request_on_the_full_leased_path_makes_few_host_calls() {
     root.now_ms += 10;
     let (called, calls) = request(&w, &mut root, b"");
     assert!(!called, "a lease hit");
-    let total: u32 = calls.values().sum();
-    println!("host calls of one warm request on the full leased path: {total} {calls:?}");
     // The budget as of this writing (2026-12-01): 16 — the request's headers (1 read, 4 set, the
     // key removed; setting them clears Envoy's route cache), the lease (1 read, 1 CAS write; the
     // auth cache is not read for a key this worker just admitted from a lease: it never has an
@@ -191,7 +196,7 @@ fn a_warm_request_on_the_full_leased_path_makes_few_host_calls() {
     // breaker::local), the response's status and content type, 2 response headers, 2 counters,
     // 2 size attributes for usage. Lower it when a change removes calls; never raise it without
     // saying why.
-    assert!(total <= 16, "{total}: {calls:?}");
+    within_budget("one warm request on the full leased path", &calls, 16);
 }
 
 /// A worker of the bench's auth-only configuration (no routing, breaker or usage).
@@ -212,11 +217,9 @@ fn a_warm_request_on_the_auth_path_makes_few_host_calls() {
     root.now_ms += 10;
     let (called, calls) = request(&w, &mut root, b"");
     assert!(!called, "from the worker's copy of the auth cache");
-    let total: u32 = calls.values().sum();
-    println!("host calls of one warm request on the auth path: {total} {calls:?}");
     // 2026-12-01: 7 — the request's headers (1 read, 3 set: tenant, key id, plan; the key
     // removed), 2 counters (allowed, auth-cache hit); nothing on the response.
-    assert!(total <= 7, "{total}: {calls:?}");
+    within_budget("one warm request on the auth path", &calls, 7);
 }
 
 #[test]
@@ -230,12 +233,10 @@ fn a_request_on_the_exact_path_makes_few_host_calls() {
     root.now_ms += 10;
     let (called, calls) = request(&w, &mut root, limited);
     assert!(called, "a call every time");
-    let total: u32 = calls.values().sum();
-    println!("host calls of one request on the exact path: {total} {calls:?}");
     // 2026-12-01: 9 (14 before `noLease` and the auth cache's mark, decisions 118 and 121: no
     // auth-cache read that always misses, no lease record read and written twice) — the request's
     // headers (1 read, 3 set, the key removed), the client's address, the call (the adapter
     // also reads its answer's status and body: 2 more, not counted here), the RateLimit header,
     // 1 counter.
-    assert!(total <= 9, "{total}: {calls:?}");
+    within_budget("one request on the exact path", &calls, 9);
 }

@@ -11,6 +11,39 @@
 
 use serde::{Deserialize, Serialize};
 
+/// An enum of fieldless variants, each with one fixed name (a stat's or counter's last
+/// segment, a path segment): `ALL` in declaration order and `name()`, from one list, so a
+/// variant cannot be added without its name or left out of `ALL`.
+///
+/// ```
+/// tollgate_wire::named_enum! {
+///     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///     pub enum Side { Left => "left", Right => "right" }
+/// }
+/// assert_eq!(Side::ALL.map(Side::name), ["left", "right"]);
+/// ```
+#[macro_export]
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $vis:vis enum $enum:ident { $($(#[$vmeta:meta])* $variant:ident => $name:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        $vis enum $enum {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $enum {
+            /// Every variant, in declaration order.
+            pub const ALL: [$enum; [$($name),+].len()] = [$($enum::$variant),+];
+
+            /// The variant's fixed name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $name),+
+                }
+            }
+        }
+    };
+}
+
 /// Path of the decision endpoint on the sidecar.
 pub const DECIDE_PATH: &str = "/v1/decide";
 /// Path of the batched completion reports (see [`CompletionBatch`]).

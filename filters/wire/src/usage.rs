@@ -99,34 +99,21 @@ pub struct UsageAck {
     pub invalid: u64,
 }
 
-/// How an event counts in the rollups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum UsageClass {
-    /// Answered by the upstream below 400.
-    Ok,
-    /// Answered by the upstream (or Envoy) with 4xx.
-    ClientError,
-    /// 5xx.
-    ServerError,
-    /// Refused by the gateway itself (limits, revoked key …): not sent upstream.
-    Denied,
-    /// The client went away before any response.
-    Aborted,
-}
-
-impl UsageClass {
-    pub const ALL: [UsageClass; 5] =
-        [UsageClass::Ok, UsageClass::ClientError, UsageClass::ServerError, UsageClass::Denied, UsageClass::Aborted];
-
-    /// The counter's name in the Redis meter and (prefixed `requests_`) in `usage_daily`.
-    pub fn name(self) -> &'static str {
-        match self {
-            UsageClass::Ok => "ok",
-            UsageClass::ClientError => "4xx",
-            UsageClass::ServerError => "5xx",
-            UsageClass::Denied => "denied",
-            UsageClass::Aborted => "aborted",
-        }
+crate::named_enum! {
+    /// How an event counts in the rollups. Its name is the counter's in the Redis meter and
+    /// (prefixed `requests_`) in `usage_daily`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum UsageClass {
+        /// Answered by the upstream below 400.
+        Ok => "ok",
+        /// Answered by the upstream (or Envoy) with 4xx.
+        ClientError => "4xx",
+        /// 5xx.
+        ServerError => "5xx",
+        /// Refused by the gateway itself (limits, revoked key …): not sent upstream.
+        Denied => "denied",
+        /// The client went away before any response.
+        Aborted => "aborted",
     }
 }
 

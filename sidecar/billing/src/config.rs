@@ -1,8 +1,7 @@
 //! Billing consumer configuration: a TOML file plus `TOLLGATE_BILLING_*` environment overrides
 //! (`__` for nesting), unknown fields refused.
 
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
+use tollgate_shared::settings;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -121,18 +120,7 @@ fn invalid(field: impl Into<String>, reason: &'static str) -> ConfigError {
 impl Config {
     /// Defaults, then the file (if any), then `TOLLGATE_BILLING_*`.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
-        if let Some(p) = file {
-            if !p.exists() {
-                return Err(ConfigError::NoFile(p.to_path_buf()));
-            }
-            fig = fig.merge(Toml::file(p));
-        }
-        fig = fig.merge(
-            Env::prefixed(ENV_PREFIX)
-                .filter(|k| !NOT_SETTINGS.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)))
-                .split("__"),
-        );
+        let fig = settings::layers(Config::default(), file, ENV_PREFIX, NOT_SETTINGS).map_err(ConfigError::NoFile)?;
         let c: Config = fig.extract().map_err(Box::new)?;
         c.validate()?;
         Ok(c)

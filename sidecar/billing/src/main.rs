@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use tollgate_billing::config::Config;
+use tollgate_shared::settings;
 
 #[derive(Parser)]
 #[command(name = "tollgate-billing", version, about = "Tollgate billing consumer: usage events from Kafka into PostgreSQL")]
@@ -36,13 +37,7 @@ enum Command {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: configuration: {e}");
-            std::process::exit(2);
-        }
-    };
+    let config = settings::or_exit(Config::load(cli.config.as_deref()).map_err(|e| format!("configuration: {e}")));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         None => {

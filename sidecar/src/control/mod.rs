@@ -43,9 +43,9 @@ impl ConfigSource for Source {
 /// Why API-key records could not be copied into Redis.
 #[derive(Debug, thiserror::Error)]
 pub enum RewarmError {
-    #[error(transparent)]
+    #[error("reading the store of record: {0}")]
     Source(#[from] SourceError),
-    #[error(transparent)]
+    #[error("writing Redis: {0}")]
     Store(#[from] StoreError),
 }
 

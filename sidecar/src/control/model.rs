@@ -126,29 +126,21 @@ pub struct Snapshot {
     pub routes: BTreeMap<String, Route>,
 }
 
-/// The kinds of object the admin API manages (and the PostgreSQL table of each).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Tenants,
-    Products,
-    Plans,
-    Routes,
+tollgate_wire::named_enum! {
+    /// The kinds of object the admin API manages (and the PostgreSQL table of each). Its name
+    /// is the admin API's path segment and the table's name.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Kind {
+        Tenants => "tenants",
+        Products => "products",
+        Plans => "plans",
+        Routes => "routes",
+    }
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Tenants, Kind::Products, Kind::Plans, Kind::Routes];
-
     pub fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-    /// Path segment and table name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Tenants => "tenants",
-            Kind::Products => "products",
-            Kind::Plans => "plans",
-            Kind::Routes => "routes",
-        }
+        Kind::ALL.into_iter().find(|k| k.name() == s)
     }
 }
 
@@ -259,7 +251,7 @@ impl Snapshot {
                     Kind::Routes => next.routes.remove(id).is_some(),
                 };
                 if !found {
-                    return Err(invalid("id", format!("no {} '{id}'", kind.as_str())));
+                    return Err(invalid("id", format!("no {} '{id}'", kind.name())));
                 }
             }
         }

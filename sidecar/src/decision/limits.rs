@@ -315,6 +315,12 @@ mod tests {
     use super::*;
     use tollgate_tests::fixtures::limit_toml;
 
+    /// `toml_text` is refused with an error that mentions `needle`.
+    fn refused(toml_text: &str, needle: &str) {
+        let err = plans(toml_text).unwrap_err();
+        assert!(err.contains(needle), "{err} should mention {needle}");
+    }
+
     fn plans(toml_text: &str) -> Result<Plans, String> {
         #[derive(Deserialize)]
         struct W {
@@ -352,8 +358,7 @@ mod tests {
             ("name = \"a\"\nalgorithm = \"leaky\"\nlimit = 1", "unknown variant"),
             ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nlimt = 2", "unknown field"),
         ] {
-            let err = plans(&format!("[[plans.p.limits]]\n{bad}")).unwrap_err();
-            assert!(err.contains(needle), "{err} should mention {needle}");
+            refused(&format!("[[plans.p.limits]]\n{bad}"), needle);
         }
         let err = plans("[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"fixed_window\"\nlimit=1\n[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"token_bucket\"\nlimit=1").unwrap_err();
         assert!(err.contains("twice"), "{err}");
@@ -393,8 +398,7 @@ mod tests {
             ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"leased\"\nshadow = true", "shadow"),
             ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"sometimes\"", "unknown variant"),
         ] {
-            let err = plans(&format!("[[plans.p.limits]]\nname = \"a\"\n{bad}")).unwrap_err();
-            assert!(err.contains(needle), "{err} should mention {needle}");
+            refused(&format!("[[plans.p.limits]]\nname = \"a\"\n{bad}"), needle);
         }
         // exact is the default and is not written back (admin JSON stays as it was)
         let cfg = LimitConfig {

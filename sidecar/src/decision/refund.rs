@@ -8,7 +8,8 @@
 use super::{well_formed_decision_id, DecisionStore, Decider};
 use crate::keys::{Id, KeyHash};
 use crate::metrics as m;
-use crate::scripts::refund::{RefundError, Refunded};
+use crate::scripts::refund::Refunded;
+use crate::scripts::ScriptError;
 use crate::store::StoreError;
 use std::time::{Duration, Instant};
 use tollgate_wire::refunds::Abandoned;
@@ -49,8 +50,8 @@ impl<S: DecisionStore> Decider<S> {
                 count(done.as_str());
                 Ok(done)
             }
-            Err(RefundError::Store(e)) => Err(RefundFailed::Store(e)),
-            Err(RefundError::Record(e)) => {
+            Err(ScriptError::Store(e)) => Err(RefundFailed::Store(e)),
+            Err(ScriptError::Reply(e)) => {
                 count("invalid");
                 tracing::warn!(error = %e, "a decision record cannot be refunded");
                 Ok(Refunded::Nothing)

@@ -6,8 +6,9 @@
 use crate::apikey::KeyRecord;
 use crate::keys::{Id, KeyHash};
 use crate::scripts::complete::{self, CompleteCall, Settled};
-use crate::scripts::decide::{self, DecideCall, DecideReply, ScriptError};
-use crate::scripts::refund::{self, RefundError, Refunded};
+use crate::scripts::decide::{self, DecideCall, DecideReply};
+use crate::scripts::refund::{self, Refunded};
+use crate::scripts::ScriptError;
 use crate::store::{Store, StoreError};
 use std::future::Future;
 use std::time::Duration;
@@ -28,7 +29,7 @@ pub trait DecisionStore: Clone + Send + Sync + 'static {
     fn complete(&self, call: &CompleteCall) -> impl Future<Output = Result<(i64, Settled), StoreError>> + Send;
 
     /// Gives back what an abandoned decision took: its record, then one `refund.lua` call.
-    fn refund(&self, tenant: &Id, decision_id: &Id, now_ms: u64) -> impl Future<Output = Result<Refunded, RefundError>> + Send;
+    fn refund(&self, tenant: &Id, decision_id: &Id, now_ms: u64) -> impl Future<Output = Result<Refunded, ScriptError>> + Send;
 
     /// Whether this caller writes the key's audit line (the first failure of the hour).
     fn claim_audit(&self, key_id: &Id) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -51,7 +52,7 @@ impl DecisionStore for Store {
         complete::run(self, call).await
     }
 
-    async fn refund(&self, tenant: &Id, decision_id: &Id, now_ms: u64) -> Result<Refunded, RefundError> {
+    async fn refund(&self, tenant: &Id, decision_id: &Id, now_ms: u64) -> Result<Refunded, ScriptError> {
         refund::run(self, tenant, decision_id, now_ms).await
     }
 

@@ -72,8 +72,22 @@ impl Lab {
         hash
     }
 
+    /// Active keys `(raw, plan)`; their hashes in order.
+    fn active_keys<const N: usize>(&self, keys: [(&str, &str); N]) -> [KeyHash; N] {
+        keys.map(|(raw, plan)| self.key(raw, plan, KeyStatus::Active))
+    }
+
     async fn decide(&self, req: &DecideRequest) -> DecideResponse {
         self.decider.decide(req).await.unwrap()
+    }
+
+    /// One allowed request per key, so the decider has each key's record cached, then the
+    /// store goes down.
+    async fn cache_then_lose_the_store(&self, keys: &[&KeyHash]) {
+        for k in keys {
+            assert!(matches!(self.decide(&req(k)).await, DecideResponse::Allow { .. }), "the record is now cached");
+        }
+        self.store.set_down(true);
     }
 }
 
@@ -152,13 +166,8 @@ async fn limits_allow_then_deny_and_a_denial_takes_nothing() {
 #[tokio::test]
 async fn when_the_limits_cannot_be_checked_each_limits_failure_mode_applies() {
     let lab = Lab::new(Duration::from_secs(60));
-    let open = lab.key("open", "two", KeyStatus::Active);
-    let closed = lab.key("closed", "closed", KeyStatus::Active);
-    let shadow = lab.key("shadow", "shadow-closed", KeyStatus::Active);
-    for k in [&open, &closed, &shadow] {
-        assert!(matches!(lab.decide(&req(k)).await, DecideResponse::Allow { .. }), "the record is now cached");
-    }
-    lab.store.set_down(true);
+    let [open, closed, shadow] = lab.active_keys([("open", "two"), ("closed", "closed"), ("shadow", "shadow-closed")]);
+    lab.cache_then_lose_the_store(&[&open, &closed, &shadow]).await;
     let r = lab.decide(&req(&open)).await;
     assert!(matches!(&r, DecideResponse::Allow { response_headers, ticket: None, .. } if response_headers.is_empty()), "{r:?}");
     let r = lab.decide(&req(&closed)).await;
@@ -170,13 +179,8 @@ async fn when_the_limits_cannot_be_checked_each_limits_failure_mode_applies() {
 #[tokio::test]
 async fn a_local_limit_is_enforced_at_this_sidecars_share_while_the_store_is_down() {
     let lab = Lab::new(Duration::from_secs(60));
-    let k = lab.key("loc", "local", KeyStatus::Active);
-    let mixed = lab.key("mixed", "local-closed", KeyStatus::Active);
-    let leased = lab.key("leased", "leased-local", KeyStatus::Active);
-    for h in [&k, &mixed, &leased] {
-        assert!(matches!(lab.decide(&req(h)).await, DecideResponse::Allow { .. }), "the record is now cached");
-    }
-    lab.store.set_down(true);
+    let [k, mixed, leased] = lab.active_keys([("loc", "local"), ("mixed", "local-closed"), ("leased", "leased-local")]);
+    lab.cache_then_lose_the_store(&[&k, &mixed, &leased]).await;
     // alone (no replica count configured or discovered): the whole limit, 3 — what Redis
     // counted before the outage is not known here
     for left in [2, 1, 0] {

@@ -6,12 +6,12 @@
 //! `decide.lua` says, and [`parse`] reads the reply back into a [`DecideReply`]. Callers never
 //! see an offset.
 
-use super::Invocation;
+use super::{BadReply, Invocation, ScriptError};
 use crate::keys::{
     ConcurrencyKey, DecisionRecordKey, FixedWindowKey, Id, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ReservationKey,
     ResponseCacheKey, SlidingLogKey, SlidingWindowKey, TokenBucketKey, TokenBudgetKey,
 };
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use std::sync::LazyLock;
 
 pub(super) static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/decide.lua")));
@@ -221,20 +221,6 @@ pub struct DecideReply {
     pub outcome: Option<Outcome>,
 }
 
-/// A reply that does not follow the contract.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("decide.lua {0}")]
-pub struct BadReply(String);
-
-/// Why a decide call has no reply to use.
-#[derive(Debug, thiserror::Error)]
-pub enum ScriptError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Reply(#[from] BadReply),
-}
-
 /// Runs the call: one round trip, within `deadline`.
 pub async fn run(store: &Store, call: &DecideCall, deadline: std::time::Duration) -> Result<DecideReply, ScriptError> {
     let (keys, args) = call.encode();
@@ -245,7 +231,7 @@ pub async fn run(store: &Store, call: &DecideCall, deadline: std::time::Duration
 /// Reads the reply to a call with `n` limits: `{allowed, denied_index, (remaining, reset_ms,
 /// would_deny) × n, granted}`, then, with a lookup's outcome, `outcome, value`.
 pub fn parse(values: &[redis::Value], n: usize) -> Result<DecideReply, BadReply> {
-    let bad = |m: String| BadReply(m);
+    let bad = |m: String| BadReply::new("decide.lua", m);
     let text = |v: &redis::Value| -> Option<String> {
         match v {
             redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),

@@ -18,6 +18,32 @@ pub fn all() -> [&'static redis::Script; 4] {
     [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT, &refund::SCRIPT]
 }
 
+/// A script's reply, or a record a script wrote and another reads back, that does not follow
+/// the script's contract: retrying the same call cannot fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {why}")]
+pub struct BadReply {
+    /// What was read: `decide.lua`, `decision record`.
+    what: &'static str,
+    why: String,
+}
+
+impl BadReply {
+    fn new(what: &'static str, why: String) -> BadReply {
+        BadReply { what, why }
+    }
+}
+
+/// Why a script call has no reply to use: Redis did not answer in time (retry later), or
+/// answered against the contract.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Reply(#[from] BadReply),
+}
+
 /// One script call, keys and arguments already encoded.
 struct Invocation<'a> {
     script: &'a redis::Script,

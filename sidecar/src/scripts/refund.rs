@@ -6,9 +6,9 @@
 //! The script checks the record is unchanged, gives back each line and deletes the record, so a
 //! refund delivered twice is done once. [`record_keys`] reads the keys out of a record (pure).
 
-use super::Invocation;
+use super::{BadReply, Invocation, ScriptError};
 use crate::keys::{DecisionRecordKey, Id};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -39,23 +39,11 @@ impl Refunded {
     }
 }
 
-/// A record that does not follow `decide.lua`'s contract.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("decision record {0}")]
-pub struct BadRecord(String);
-
-/// Why a refund could not be done now.
-#[derive(Debug, thiserror::Error)]
-pub enum RefundError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Record(#[from] BadRecord),
-}
-
 /// The keys a record's lines name, in order (the script's KEYS after the record's own). Each key
 /// must carry the record's hash tag `tag` (`{tenant}`): a record can only touch its tenant's slot.
-pub fn record_keys(text: &str, tag: &str) -> Result<Vec<String>, BadRecord> {
+pub fn record_keys(text: &str, tag: &str) -> Result<Vec<String>, BadReply> {
+    // a record `decide.lua` wrote that does not follow its contract
+    let bad = |why: String| BadReply::new("decision record", why);
     let mut keys = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -63,20 +51,20 @@ pub fn record_keys(text: &str, tag: &str) -> Result<Vec<String>, BadRecord> {
             Some("v1") if i == 0 => 0,
             Some("fixed" | "sliding" | "bucket" | "log" | "conc") => 1,
             Some("budget" | "idem") => 2,
-            other => return Err(BadRecord(format!("has an unknown line {other:?}"))),
+            other => return Err(bad(format!("has an unknown line {other:?}"))),
         };
         if f.len() < 1 + named {
-            return Err(BadRecord(format!("line {i} names fewer keys than its kind has")));
+            return Err(bad(format!("line {i} names fewer keys than its kind has")));
         }
         for k in &f[1..1 + named] {
             if !k.contains(tag) {
-                return Err(BadRecord(format!("names a key outside its tenant: {k}")));
+                return Err(bad(format!("names a key outside its tenant: {k}")));
             }
             keys.push((*k).to_string());
         }
     }
     if !text.starts_with("v1 ") {
-        return Err(BadRecord("does not start with its version line".into()));
+        return Err(bad("does not start with its version line".into()));
     }
     Ok(keys)
 }
@@ -91,7 +79,7 @@ pub fn parse((outcome, lines): (i64, i64)) -> Refunded {
 }
 
 /// Refunds the decision `decision_id` of `tenant` at `now_ms`.
-pub async fn run(store: &Store, tenant: &Id, decision_id: &Id, now_ms: u64) -> Result<Refunded, RefundError> {
+pub async fn run(store: &Store, tenant: &Id, decision_id: &Id, now_ms: u64) -> Result<Refunded, ScriptError> {
     let record = DecisionRecordKey::new(tenant, decision_id);
     let key = record.as_str().to_string();
     let text: Option<String> = store

@@ -119,32 +119,19 @@ pub enum Outcome {
     Failure,
 }
 
-/// A state change worth a stat and a log line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
-    /// Closed → open on local failures.
-    Opened,
-    /// Closed → open on another replica's hint.
-    OpenedByHint,
-    HalfOpened,
-    /// Half-open → closed on a successful trial.
-    Closed,
-    /// Half-open → open on a failed trial.
-    Reopened,
-}
-
-impl Transition {
-    pub const ALL: [Transition; 5] =
-        [Transition::Opened, Transition::OpenedByHint, Transition::HalfOpened, Transition::Closed, Transition::Reopened];
-    /// The last segment of the transition's stat name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Transition::Opened => "opened",
-            Transition::OpenedByHint => "opened_by_hint",
-            Transition::HalfOpened => "half_opened",
-            Transition::Closed => "closed",
-            Transition::Reopened => "reopened",
-        }
+tollgate_wire::named_enum! {
+    /// A state change worth a stat and a log line; its name is the stat name's last segment.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Transition {
+        /// Closed → open on local failures.
+        Opened => "opened",
+        /// Closed → open on another replica's hint.
+        OpenedByHint => "opened_by_hint",
+        HalfOpened => "half_opened",
+        /// Half-open → closed on a successful trial.
+        Closed => "closed",
+        /// Half-open → open on a failed trial.
+        Reopened => "reopened",
     }
 }
 

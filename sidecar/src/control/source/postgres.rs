@@ -94,7 +94,7 @@ impl PgSource {
     /// Writes one object (already validated against the whole snapshot).
     pub async fn put(&self, kind: Kind, id: &str, doc: &serde_json::Value) -> Result<(), SourceError> {
         let text = doc.to_string();
-        let table = kind.as_str();
+        let table = kind.name();
         self.with(async |c| {
             let tx = c.transaction().await?;
             let sql = format!(
@@ -115,7 +115,7 @@ impl PgSource {
     }
 
     pub async fn delete(&self, kind: Kind, id: &str) -> Result<(), SourceError> {
-        let sql = format!("DELETE FROM {} WHERE id = $1", kind.as_str());
+        let sql = format!("DELETE FROM {} WHERE id = $1", kind.name());
         self.with(async |c| c.execute(&sql, &[&id]).await.map(|_| ())).await
     }
 
@@ -197,7 +197,7 @@ impl ConfigSource for PgSource {
     async fn load(&self) -> Result<Snapshot, SourceError> {
         let mut docs = Vec::new();
         for kind in Kind::ALL {
-            let sql = format!("SELECT id, doc::text FROM {} ORDER BY id", kind.as_str());
+            let sql = format!("SELECT id, doc::text FROM {} ORDER BY id", kind.name());
             let rows = self.with(async |c| c.query(&sql, &[]).await).await?;
             for r in rows {
                 docs.push((kind, r.get::<_, String>(0), r.get::<_, String>(1)));
@@ -205,7 +205,7 @@ impl ConfigSource for PgSource {
         }
         let mut s = Snapshot::default();
         for (kind, id, doc) in docs {
-            let name = format!("{}.{id}", kind.as_str());
+            let name = format!("{}.{id}", kind.name());
             let corrupt = |e: serde_json::Error| SourceError::Corrupt(format!("{name}: {e}"));
             match kind {
                 Kind::Tenants => {

@@ -10,8 +10,9 @@ use crate::apikey::KeyRecord;
 use crate::decision::DecisionStore;
 use crate::keys::{Id, KeyHash};
 use crate::scripts::complete::{CompleteCall, Settled};
-use crate::scripts::refund::{RefundError, Refunded};
-use crate::scripts::decide::{Check, DecideCall, DecideReply, LimitState, Lookup, Outcome, ScriptError};
+use crate::scripts::refund::Refunded;
+use crate::scripts::ScriptError;
+use crate::scripts::decide::{Check, DecideCall, DecideReply, LimitState, Lookup, Outcome};
 use crate::store::StoreError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -177,10 +178,10 @@ impl DecisionStore for MemoryStore {
         Ok((call.actual as i64 - call.estimate as i64, Settled::Reconciled))
     }
 
-    async fn refund(&self, tenant: &Id, decision_id: &Id, _now_ms: u64) -> Result<Refunded, RefundError> {
+    async fn refund(&self, tenant: &Id, decision_id: &Id, _now_ms: u64) -> Result<Refunded, ScriptError> {
         let mut m = self.mem();
         if m.down {
-            return Err(RefundError::Store(unreachable()));
+            return Err(ScriptError::Store(unreachable()));
         }
         m.refunds.push((tenant.clone(), decision_id.clone()));
         Ok(Refunded::Nothing)

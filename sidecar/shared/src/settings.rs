@@ -1,0 +1,31 @@
+//! How the sidecar and the billing consumer read their configuration, the same way: the
+//! defaults, then the TOML file when one is given (a file that does not exist is an error, never
+//! the defaults in silence), then the environment, `<PREFIX>SECTION__FIELD=value`. Each binary
+//! names the variables under its prefix that are not settings (the config file's path, the
+//! binary's path that the scripts export beside them), so they are not refused as unknown fields.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::Serialize;
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+
+/// The layers to extract a configuration from; `Err` is the given file that does not exist.
+pub fn layers<T: Serialize>(defaults: T, file: Option<&Path>, prefix: &str, not_settings: &'static [&'static str]) -> Result<Figment, PathBuf> {
+    let mut fig = Figment::from(Serialized::defaults(defaults));
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(path.to_path_buf());
+        }
+        fig = fig.merge(Toml::file(path));
+    }
+    Ok(fig.merge(Env::prefixed(prefix).filter(|k| !not_settings.iter().any(|n| k.as_str().eq_ignore_ascii_case(n))).split("__")))
+}
+
+/// A configuration a binary cannot start with: the reason on stderr, exit status 2.
+pub fn or_exit<T, E: Display>(loaded: Result<T, E>) -> T {
+    loaded.unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2)
+    })
+}
