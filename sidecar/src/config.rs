@@ -102,6 +102,16 @@ impl Default for Config {
     }
 }
 
+impl LogConfig {
+    /// The `tracing` filter that `level` writes. A field value in a directive
+    /// (`target[span{field=value}]=debug`) is matched literally, never compiled as a regular
+    /// expression: a pattern there could take minutes to compile into a DFA at start (found by
+    /// the `sidecar_toml` fuzz target), and filtering logs by field needs no patterns.
+    pub fn filter(&self) -> Result<tracing_subscriber::EnvFilter, tracing_subscriber::filter::ParseError> {
+        tracing_subscriber::EnvFilter::builder().with_regex(false).parse(&self.level)
+    }
+}
+
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig { format: LogFormat::Json, level: "info".into() }
@@ -173,7 +183,7 @@ impl Config {
         self.limits.validate()?;
         self.usage.validate()?;
         self.telemetry.validate()?;
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+        if self.log.filter().is_err() {
             return bad("log.level", "not a tracing filter directive");
         }
         self.validate_config_model()
@@ -289,6 +299,17 @@ mod tests {
         assert!(err.contains("usage.kafka.properties.acks"), "{err}");
         let err = Config::from_toml("[usage]\nenabled = true\nsegment_age = \"1ms\"\n").unwrap_err().to_string();
         assert!(err.contains("usage.segment_age"), "{err}");
+    }
+
+    #[test]
+    fn log_level_field_values_are_literal_never_regular_expressions() {
+        // `(` is no regular expression: with patterns on, this directive is refused
+        let directive = "tollgate_sidecar[decide{tenant=(}]=debug";
+        assert!(tracing_subscriber::EnvFilter::try_new(directive).is_err(), "patterns are on by default");
+        let c = Config::from_toml(&format!("[log]\nlevel = \"{directive}\"")).unwrap();
+        assert!(c.log.filter().is_ok(), "read as the literal value `(`");
+        let err = Config::from_toml("[log]\nlevel = \"a=b=c\"").unwrap_err().to_string();
+        assert!(err.contains("log.level"), "{err}");
     }
 
     #[test]

@@ -62,7 +62,8 @@ fn main() -> Result<()> {
 }
 
 fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::new(&config.log.level);
+    // validated with the configuration
+    let filter = config.log.filter().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match config.log.format {
         LogFormat::Json => builder.json().init(),

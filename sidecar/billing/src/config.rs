@@ -93,6 +93,14 @@ impl Default for PostgresConfig {
     }
 }
 
+impl LogConfig {
+    /// The `tracing` filter that `level` writes, field values matched literally (never compiled
+    /// as regular expressions: see the sidecar's `LogConfig::filter`).
+    pub fn filter(&self) -> Result<tracing_subscriber::EnvFilter, tracing_subscriber::filter::ParseError> {
+        tracing_subscriber::EnvFilter::builder().with_regex(false).parse(&self.level)
+    }
+}
+
 impl Default for LogConfig {
     fn default() -> Self {
         Config::default().log

@@ -41,7 +41,7 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         None => {
-            let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level).unwrap_or_else(|_| "info".into());
+            let filter = config.log.filter().unwrap_or_else(|_| "info".into());
             let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
             if config.log.format == "text" {
                 b.init()
