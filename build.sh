@@ -148,6 +148,11 @@ run_tests() {
   test_env
   log "lint: clippy (filter crates deny unwrap/expect/panic outside tests)"
   cargo clippy -q --release --workspace --all-targets -- -D warnings
+  log "structure: no import circle in the sidecar and billing (scripts/module-graph.py; filters/core: layers.rs in tier 1)"
+  python3 "$ROOT/scripts/module-graph.py" "$ROOT/sidecar/src" | grep -E "circle|modules,"
+  python3 "$ROOT/scripts/module-graph.py" "$ROOT/sidecar/billing/src" | grep -E "circle|modules,"
+  long=$(find "$ROOT/filters" "$ROOT/sidecar" "$ROOT/tests" "$ROOT/bench" "$ROOT/fuzz/src" -name '*.rs' -not -path '*/target/*' -exec wc -l {} + | awk '$2 != "total" && $1 > 600 {print $2 " (" $1 " lines)"}')
+  [ -z "$long" ] || { echo "source files over 600 lines, split them: $long" >&2; exit 1; }
   log "rules: promtool check + unit tests of the alert and recording rules (observability/)"
   promtool check rules observability/rules.yml
   (cd observability && promtool test rules rules_test.yml)

@@ -60,6 +60,21 @@ pub const USAGE_KAFKA_ERRORS: &str = "tollgate_sidecar_usage_kafka_errors_total"
 /// Batches the Redis usage meter missed (Redis unavailable).
 pub const USAGE_METER_ERRORS: &str = "tollgate_sidecar_usage_meter_errors_total";
 
+/// From a request's arrival at the filter to the end of its response, labelled `tenant`
+/// (recorded by `telemetry`).
+pub const DURATION: &str = "tollgate_request_duration_seconds";
+/// How long the sidecar took to answer a decision call, labelled `outcome` (allow | deny).
+pub const DECISION_SECONDS: &str = "tollgate_sidecar_decision_seconds";
+
+/// `n` within `0..=2^53`, counting a clamp under `source` in [`TOKENS_CLAMPED`].
+pub fn clamp_tokens(n: u64, source: &'static str) -> u64 {
+    let (n, clamped) = tollgate_wire::usage::clamp_tokens(n);
+    if clamped {
+        metrics::counter!(TOKENS_CLAMPED, "source" => source).increment(1);
+    }
+    n
+}
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide recorder once and returns its handle (later calls reuse it, so
@@ -70,10 +85,10 @@ pub fn handle() -> PrometheusHandle {
             let buckets = [0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0];
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(REDIS_SECONDS.to_string()), &buckets)
-                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(crate::telemetry::DECISION_SECONDS.to_string()), &buckets))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DECISION_SECONDS.to_string()), &buckets))
                 .and_then(|b| {
                     let request = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-                    b.set_buckets_for_metric(Matcher::Full(crate::telemetry::DURATION.to_string()), &request)
+                    b.set_buckets_for_metric(Matcher::Full(DURATION.to_string()), &request)
                 })
                 .map(|b| b.build_recorder())
                 .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());

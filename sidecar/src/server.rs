@@ -207,7 +207,7 @@ async fn decide(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         Ok(DecideResponse::Deny { .. }) => "deny",
         Err(_) => "unavailable",
     };
-    metrics::histogram!(crate::telemetry::DECISION_SECONDS, "outcome" => outcome).record(started.elapsed().as_secs_f64());
+    metrics::histogram!(crate::metrics::DECISION_SECONDS, "outcome" => outcome).record(started.elapsed().as_secs_f64());
     if let Some(t) = traced {
         let tenant = match &decided {
             Ok(DecideResponse::Allow { tenant, .. }) => Some(tenant.clone()),

@@ -28,8 +28,6 @@ use tollgate_wire::usage::UsageEvent;
 pub const REQUESTS: &str = "tollgate_requests_total";
 /// Tokens used (`usage.total_tokens` of the upstream's answers), labelled `tenant`.
 pub const TOKENS: &str = "tollgate_request_tokens_total";
-/// From a request's arrival at the filter to the end of its response, labelled `tenant`.
-pub const DURATION: &str = "tollgate_request_duration_seconds";
 /// Limit checks the sidecar made (one per decision that ran the limit), labelled `tenant`, `limit`, `kind` (the algorithm).
 pub const LIMIT_HITS: &str = "tollgate_limit_hits_total";
 /// Decisions a limit denied, labelled `tenant`, `limit`, `kind` (the algorithm).
@@ -42,8 +40,9 @@ pub const LIMIT_SHADOW: &str = "tollgate_limit_shadow_denials_total";
 /// The share of a limit used after the tenant's last decision that ran it (0–1), labelled
 /// `tenant`, `limit`.
 pub const LIMIT_USED: &str = "tollgate_limit_used_ratio";
-/// How long the sidecar took to answer a decision call, labelled `outcome` (allow | deny).
-pub const DECISION_SECONDS: &str = "tollgate_sidecar_decision_seconds";
+
+// The two histograms with buckets of their own are named in `metrics` (the recorder sets them).
+pub use crate::metrics::{DECISION_SECONDS, DURATION};
 
 /// The label value of tenants past `max_tenants`.
 pub const OTHER: &str = "other";

@@ -8,15 +8,6 @@ use crate::scripts::complete::CompleteCall;
 use crate::store::StoreError;
 use tollgate_wire::Completion;
 
-/// `n` within `0..=2^53`, counting a clamp under `source`.
-pub fn clamped(n: u64, source: &'static str) -> u64 {
-    let (n, clamped) = tollgate_wire::usage::clamp_tokens(n);
-    if clamped {
-        metrics::counter!(m::TOKENS_CLAMPED, "source" => source).increment(1);
-    }
-    n
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum CompleteError {
     #[error("invalid ticket field {0}")]
@@ -39,7 +30,7 @@ impl<S: DecisionStore> Decider<S> {
         let marker_ttl_ms = t.expires_at_ms.saturating_sub(now_ms);
         // An upstream's count beyond 2^53 (the filter clamps it too): exact in Lua's doubles, and
         // an INCRBY of it cannot fail, so a bad number never makes the batch fail and be resent.
-        let c = &Completion { tokens: c.tokens.map(|n| clamped(n, "completion")), ..c.clone() };
+        let c = &Completion { tokens: c.tokens.map(|n| m::clamp_tokens(n, "completion")), ..c.clone() };
         let bad = |what: &str| CompleteError::BadTicket(what.to_string());
         let tenant = Id::parse(&t.tenant).ok_or_else(|| bad("tenant"))?;
         let request_id = Id::parse(&t.request_id).ok_or_else(|| bad("requestId"))?;

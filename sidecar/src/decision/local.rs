@@ -21,6 +21,7 @@
 //! One decision checks all its local limits, then takes from all only if all pass (as
 //! `decide.lua` does). Pure apart from the mutex: time is passed in.
 
+use super::answers;
 use super::checks::{self, Meta};
 use super::limits::{Algorithm, LimitFailureMode};
 use crate::apikey::KeyRecord;
@@ -245,14 +246,14 @@ pub fn answer(local: &LocalLimits, r: &KeyRecord, meta: &[Meta], now_ms: u64) ->
     metrics::counter!(m::LOCAL_DECISIONS, "outcome" => outcome).increment(1);
     if let Some(i) = verdict.denied {
         if let Some((_, s)) = verdict.states.iter().find(|(j, _)| *j == i) {
-            return super::too_many(&meta[i], s);
+            return answers::too_many(&meta[i], s);
         }
     }
     let (local_meta, states): (Vec<Meta>, Vec<LimitState>) = verdict.states.iter().map(|(i, s)| (meta[*i].clone(), *s)).unzip();
     let headers = checks::nearest(&local_meta, &states)
         .map(|i| checks::ratelimit_headers(&local_meta[i], &states[i]).to_vec())
         .unwrap_or_default();
-    super::allow(r, headers, None, None, None, None)
+    answers::allow(r, headers, None, None, None, None)
 }
 
 #[cfg(test)]

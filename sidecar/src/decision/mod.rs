@@ -27,6 +27,7 @@
 //! cache), [`complete`] (the completion path) and [`hints`] (circuit-breaker hints between
 //! replicas, off the request path).
 
+mod answers;
 pub mod cache;
 pub mod checks;
 pub mod complete;
@@ -52,6 +53,7 @@ use crate::keys::{DecisionRecordKey, Id, KeyHash, DECISION_RECORD_TTL_MS};
 use crate::metrics as m;
 use crate::scripts::decide::{DecideCall, DecideReply, Lease, LimitState, Record};
 use crate::store::Store;
+use answers::{allow, too_many};
 use cache::{CacheConfig, Lookup, TtlCache};
 use checks::{Checks, Meta, RequestCtx};
 use limits::{Limit, LimitFailureMode, Plans};
@@ -59,7 +61,7 @@ use responses::Lookup as ResponseLookup;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate_wire::responses::{Replay, StoreTicket};
+use tollgate_wire::responses::StoreTicket;
 use tollgate_wire::{codes, DecideRequest, DecideResponse, Header};
 
 #[derive(Debug, thiserror::Error)]
@@ -295,7 +297,7 @@ impl<S: DecisionStore> Decider<S> {
             headers: &req.headers,
             request_id: &request_id,
             now_ms: cx.now_ms,
-            token_estimate: req.token_estimate.filter(|n| *n > 0).map(|n| complete::clamped(n, "estimate")),
+            token_estimate: req.token_estimate.filter(|n| *n > 0).map(|n| m::clamp_tokens(n, "estimate")),
         };
         let Checks { checks, meta } = checks::checks(limits, &ctx);
         let (lease, lease_ttl_ms) = Self::lease(cx, r, limits);
@@ -543,42 +545,5 @@ impl<S> Decider<S> {
     /// The change count the filters poll (`GET /v1/changes`).
     pub fn changes(&self) -> tollgate_wire::changes::Changes {
         tollgate_wire::changes::Changes { epoch: self.epoch, version: self.changes.load(Ordering::Acquire) }
-    }
-}
-
-/// An allow answer for `r`'s key.
-fn allow(
-    r: &KeyRecord,
-    response_headers: Vec<Header>,
-    ticket: Option<tollgate_wire::Ticket>,
-    lease: Option<tollgate_wire::Lease>,
-    replay: Option<Box<Replay>>,
-    store: Option<Box<StoreTicket>>,
-) -> DecideResponse {
-    DecideResponse::Allow {
-        tenant: r.tenant.to_string(),
-        key_id: r.key_id.to_string(),
-        plan: r.plan.to_string(),
-        request_headers: vec![],
-        response_headers,
-        cache_for_ms: None,
-        ticket,
-        replay,
-        store,
-        lease,
-        no_lease: false,
-    }
-}
-
-/// A 429 for the limit that denied: `Retry-After` and its RateLimit headers.
-fn too_many(meta: &Meta, state: &LimitState) -> DecideResponse {
-    let mut headers = vec![Header::new("retry-after", state.reset_ms.div_ceil(1000).max(1).to_string())];
-    headers.extend(checks::ratelimit_headers(meta, state));
-    DecideResponse::Deny {
-        status: 429,
-        error: checks::deny_code(meta.algorithm).into(),
-        message: format!("limit '{}' exceeded", meta.name),
-        limit: Some(meta.name.clone()),
-        response_headers: headers,
     }
 }

@@ -1,7 +1,7 @@
 //! `sidecar/lua/complete.lua`: settle one completed request's token reservation (actual vs
 //! reserved) and free its concurrency slot. Idempotent: a retried report changes nothing twice.
 
-use super::Invocation;
+use super::call::Invocation;
 use crate::keys::{ConcurrencyKey, DecisionRecordKey, ReservationKey, TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS};
 use crate::store::{Store, StoreError};
 use std::sync::LazyLock;

@@ -6,7 +6,7 @@
 //! `decide.lua` says, and [`parse`] reads the reply back into a [`DecideReply`]. Callers never
 //! see an offset.
 
-use super::{BadReply, Invocation, ScriptError};
+use super::call::{BadReply, Invocation, ScriptError};
 use crate::keys::{
     ConcurrencyKey, DecisionRecordKey, FixedWindowKey, Id, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ReservationKey,
     ResponseCacheKey, SlidingLogKey, SlidingWindowKey, TokenBucketKey, TokenBudgetKey,

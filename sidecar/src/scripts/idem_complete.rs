@@ -1,7 +1,7 @@
 //! `sidecar/lua/idem_complete.lua`: settle an idempotency claim once its request is over — store
 //! the 2xx response (24 h) or release the claim — only if the claim is still this request's.
 
-use super::Invocation;
+use super::call::Invocation;
 use crate::keys::{IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, IDEMPOTENCY_TTL_MS};
 use crate::store::{Store, StoreError};
 use std::sync::LazyLock;

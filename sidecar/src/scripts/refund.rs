@@ -6,7 +6,7 @@
 //! The script checks the record is unchanged, gives back each line and deletes the record, so a
 //! refund delivered twice is done once. [`record_keys`] reads the keys out of a record (pure).
 
-use super::{BadReply, Invocation, ScriptError};
+use super::call::{BadReply, Invocation, ScriptError};
 use crate::keys::{DecisionRecordKey, Id};
 use crate::store::Store;
 use std::sync::LazyLock;

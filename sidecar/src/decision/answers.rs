@@ -1,0 +1,45 @@
+//! The answers the decision path builds from its parts: an allow for a key record, a 429 for the
+//! limit that denied. Pure; used by the Redis path (`decision`) and the local fallback (`local`).
+
+use super::checks::{self, Meta};
+use crate::apikey::KeyRecord;
+use crate::scripts::decide::LimitState;
+use tollgate_wire::responses::{Replay, StoreTicket};
+use tollgate_wire::{DecideResponse, Header};
+
+/// An allow answer for `r`'s key.
+pub fn allow(
+    r: &KeyRecord,
+    response_headers: Vec<Header>,
+    ticket: Option<tollgate_wire::Ticket>,
+    lease: Option<tollgate_wire::Lease>,
+    replay: Option<Box<Replay>>,
+    store: Option<Box<StoreTicket>>,
+) -> DecideResponse {
+    DecideResponse::Allow {
+        tenant: r.tenant.to_string(),
+        key_id: r.key_id.to_string(),
+        plan: r.plan.to_string(),
+        request_headers: vec![],
+        response_headers,
+        cache_for_ms: None,
+        ticket,
+        replay,
+        store,
+        lease,
+        no_lease: false,
+    }
+}
+
+/// A 429 for the limit that denied: `Retry-After` and its RateLimit headers.
+pub fn too_many(meta: &Meta, state: &LimitState) -> DecideResponse {
+    let mut headers = vec![Header::new("retry-after", state.reset_ms.div_ceil(1000).max(1).to_string())];
+    headers.extend(checks::ratelimit_headers(meta, state));
+    DecideResponse::Deny {
+        status: 429,
+        error: checks::deny_code(meta.algorithm).into(),
+        message: format!("limit '{}' exceeded", meta.name),
+        limit: Some(meta.name.clone()),
+        response_headers: headers,
+    }
+}
