@@ -21,7 +21,8 @@
 //! `--connections N` (16, both phases), `--rate-fraction F` (0.5), `--rate RPS` (overrides the
 //! fraction), `--only NAME,NAME` (a subset; `envoy-alone` is always kept: it is the reference),
 //! `--compare-wasm PATH` (every Tollgate configuration also runs on a second Envoy loading that
-//! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run),
+//! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run, each
+//! twin measured right before or after its configuration, in turn first),
 //! `--saturation-only` (skip phase 2), `--zipf-keys N` (100,000; 0: none) and `--zipf-s S` (1.1):
 //! the key population of `tollgate-full-policy-leased-zipf` (saturation only: oha sends one key).
 
@@ -328,13 +329,28 @@ pub fn run() {
             })
             .collect();
 
+    // An A/B's twins run back to back, and in turn first (round 1: A, A@compare; round 2:
+    // A@compare, A): this machine's slow spells last minutes, and hit both builds alike this way.
+    let order = |round: u64| -> Vec<usize> {
+        let mut v = Vec::new();
+        for (i, c) in configs.iter().enumerate().filter(|(_, c)| !c.name.ends_with("@compare")) {
+            match configs.iter().position(|t| t.name == format!("{}@compare", c.name)) {
+                Some(j) if round % 2 == 1 => v.extend([j, i]),
+                Some(j) => v.extend([i, j]),
+                None => v.push(i),
+            }
+        }
+        v
+    };
+
     // ---- phase 1: saturation (closed loop) ----
     let mut sat: Vec<Vec<Saturation>> = vec![Vec::new(); configs.len()];
     eprintln!(
         "phase 1, saturation: {rounds} interleaved rounds x {secs}s, wrk -t1 -c{conns} on CPU 1, Envoy --concurrency 1 on CPU 0"
     );
     for round in 0..rounds {
-        for (i, c) in configs.iter().enumerate() {
+        for i in order(round) {
+            let c = configs[i];
             let url = c.envoy.url("/bench");
             // settle, then warm up right before measuring: connections, caches and leases are warm
             // when the measurement starts (a lease expires within 500 ms of the last request, so a
@@ -375,7 +391,8 @@ pub fn run() {
     );
     let open_rounds = if args().iter().any(|a| a == "--saturation-only") { 0 } else { rounds };
     for round in 0..open_rounds {
-        for (i, c) in configs.iter().enumerate() {
+        for i in order(round) {
+            let c = configs[i];
             if c.zipf {
                 continue; // oha sends one set of headers: the Zipf client is wrk's script only
             }
