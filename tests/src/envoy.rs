@@ -265,6 +265,23 @@ impl Envoy {
             .unwrap_or(0)
     }
 
+    /// A counter the filter counts per worker and flushes on its tick (`requests.allowed`,
+    /// `auth_cache.hits`, `leases.hits`; decision 125), once it reaches `at_least` — or its value
+    /// after 10 s, for the caller's assertion to report. `requests.allowed` is flushed last in a
+    /// tick: once it is reached, the other batched counters of the same requests are in too.
+    pub fn counter_reaching(&self, name: &str, at_least: u64) -> u64 {
+        let mut value = 0;
+        let reached = |value: &mut u64| {
+            *value = self.counter(name);
+            *value >= at_least
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !reached(&mut value) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5)); // the poll interval of a deadline-bounded wait
+        }
+        value
+    }
+
     pub fn log_text(&self) -> String {
         self.proc.log_text()
     }

@@ -37,7 +37,7 @@ fn valid_key_reaches_upstream_with_identity_and_without_the_raw_key() {
         assert!(!everything.contains(&key.raw), "raw key reached the upstream: {everything}");
         assert!(!everything.contains("evil") && !everything.contains("platinum"), "spoofed header: {everything}");
     }
-    assert_eq!(s.envoy().counter("wasmcustom.tollgate.requests.allowed"), 3);
+    assert_eq!(s.envoy().counter_reaching("wasmcustom.tollgate.requests.allowed", 3), 3);
     // Requests 2 and 3 came within the cache time of the first: answered without a callout.
     assert_eq!(s.envoy().counter("wasmcustom.tollgate.auth_cache.hits"), 2);
 
@@ -59,6 +59,7 @@ fn repeated_requests_of_a_key_skip_the_callout_but_revocation_still_applies() {
     for _ in 0..20 {
         assert_eq!(get(&s.envoy().url("/"), &h).status, 200);
     }
+    assert_eq!(s.envoy().counter_reaching("wasmcustom.tollgate.requests.allowed", 20), 20);
     let hits = s.envoy().counter("wasmcustom.tollgate.auth_cache.hits");
     let calls = 20 - hits;
     assert!(hits > 0, "no request was answered from the filter's cache");

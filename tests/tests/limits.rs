@@ -51,8 +51,11 @@ fn two_replicas_admit_exactly_the_limit_under_concurrency() {
     let limited = statuses.iter().filter(|s| **s == 429).count();
     assert_eq!((ok, limited), (LIMIT, REQUESTS - LIMIT), "statuses: {statuses:?}");
     assert_eq!(g.upstream().calls() as usize, LIMIT);
-    let admitted_a = envoy_a.counter("wasmcustom.tollgate.requests.allowed");
-    let admitted_b = envoy_b.counter("wasmcustom.tollgate.requests.allowed");
+    let allowed = |e: &tollgate_tests::Envoy| e.counter("wasmcustom.tollgate.requests.allowed");
+    poll_until("both Envoys to count what they admitted", Duration::from_secs(10), || {
+        allowed(envoy_a) + allowed(envoy_b) >= LIMIT as u64
+    });
+    let (admitted_a, admitted_b) = (allowed(envoy_a), allowed(envoy_b));
     assert_eq!((admitted_a + admitted_b) as usize, LIMIT);
     assert!(admitted_a > 0 && admitted_b > 0, "both replicas admitted some: {admitted_a} + {admitted_b}");
     g.redis().assert_ttl_invariant();

@@ -38,6 +38,19 @@ pub enum Metric {
     Flush(Stream, FlushEvent),
 }
 
+impl Metric {
+    /// The counters of every warm request, which the Wasm adapter tallies in the worker's memory
+    /// and gives Envoy on the root context's tick instead of one host call per request (decision
+    /// 125): an operator sees them at most one tick late. `Allowed` comes last, the order of the
+    /// flush: once it is in, so are the others of the same requests.
+    pub const BATCHED: [Metric; 3] = [Metric::AuthCacheHit, Metric::LeaseHit, Metric::Allowed];
+
+    /// This counter's place in [`Metric::BATCHED`], if it is batched.
+    pub fn batch_slot(self) -> Option<usize> {
+        Metric::BATCHED.iter().position(|m| *m == self)
+    }
+}
+
 /// A deny reason known to this version, or `Other`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DenyReason {

@@ -305,6 +305,61 @@ fn workers_racing_on_the_lease_never_spend_a_unit_twice() {
     assert_eq!(e.at(11).units(), 2, "5 - 2 by the other worker - 1 by this one");
 }
 
+/// Two workers of one Envoy (their own lease state, the same shared data) spend a busy key's
+/// lease of `units`, alternating, two requests per millisecond; nothing refills it. Returns the
+/// Envoy (serving with the first worker again), both workers, the lease key, the requests
+/// admitted, and those admitted without a shared-data write.
+fn two_busy_workers(units: u64, requests: u64) -> (Envoy, [Rc<RefCell<RenewalQueue>>; 2], String, u64, u64) {
+    let mut e = Envoy::new("{}");
+    e.call(ALLOW);
+    e.at(10).call(&grant(units, 10_000));
+    let workers = [e.renewals.clone(), Rc::new(RefCell::new(RenewalQueue::default()))];
+    let key = shared_keys::lease(&hash_key(KEY), None).into_string();
+    let (mut admitted, mut no_write) = (0, 0);
+    for i in 0..requests {
+        e.renewals = workers[i as usize % 2].clone();
+        let version = e.base.cas.get(&key).copied();
+        e.at(20 + i / 2).hit();
+        admitted += 1;
+        no_write += u64::from(e.base.cas.get(&key).copied() == version);
+    }
+    e.renewals = workers[0].clone();
+    (e, workers, key, admitted, no_write)
+}
+
+#[test]
+fn a_busy_key_is_spent_from_each_workers_share_and_no_unit_is_spent_twice() {
+    let (e, workers, key, admitted, no_write) = two_busy_workers(1000, 400);
+    let now = e.base.now_ms;
+    let held: Vec<u64> = workers.iter().map(|w| w.borrow().shares.units(&key, now)).collect();
+    println!("admitted {admitted}, {no_write} without a shared-data write; record {}, shares {held:?}", e.units());
+    // every granted unit is in exactly one place: spent, in the record, or in a worker's share
+    assert_eq!(admitted + e.units() + held.iter().sum::<u64>(), 1000);
+    // at ~2000/s a share is ~40 units (20 ms): most requests never touch shared data
+    assert!(no_write >= 300, "{no_write} of {admitted} admitted from a share");
+    assert!(held.iter().all(|h| *h <= 500), "a share is at most half of the batch: {held:?}");
+    // the record still saw the Envoy's whole rate (the shares' requests are folded in)
+    assert!(e.record().unwrap().rate(now) > 1000.0, "{:?}", e.record());
+}
+
+#[test]
+fn a_denied_renewal_drops_the_workers_share_too() {
+    // 300 units at ~2000/s are low (under 250 ms worth): a worker queued a renewal
+    let (mut e, workers, key, _, _) = two_busy_workers(300, 100);
+    let now = e.base.now_ms;
+    let w = workers.iter().find(|w| w.borrow().len() == 1).expect("a renewal is queued").clone();
+    assert!(w.borrow().shares.units(&key, now) > 0, "that worker holds a share");
+    e.renewals = w.clone();
+    // the renewal is refused: the key was revoked
+    let (mut renewer, mut root) = e.tick();
+    let revoked = r#"{"verdict":"deny","status":401,"error":"revoked_key","message":"revoked"}"#;
+    assert!(renewer.apply_answer(&mut root, 1, Some(200), revoked.as_bytes()));
+    e.sync(&root);
+    assert_eq!((e.units(), w.borrow().shares.units(&key, now)), (0, 0));
+    let (_, _, a) = e.request();
+    assert_eq!(a, Action::Pause, "the next request of that worker is decided by the sidecar");
+}
+
 #[test]
 fn without_leases_the_filter_asks_for_none_and_keeps_no_record() {
     let mut e = Envoy::new(r#"{"leases":{"enabled":false}}"#);

@@ -28,8 +28,41 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-/// Metric ids, defined once per VM.
-type Metrics = Rc<HashMap<Metric, u32>>;
+/// The VM's counters (a VM per worker): the ids defined once, and the counts of
+/// [`Metric::BATCHED`] not yet given to Envoy — tallied here, flushed on the root context's tick
+/// (decision 125), so a warm request makes no host call for them.
+#[derive(Default)]
+struct Counters {
+    ids: HashMap<Metric, u32>,
+    pending: [Cell<u64>; Metric::BATCHED.len()],
+}
+
+impl Counters {
+    fn add(&self, metric: Metric, n: u64) {
+        match metric.batch_slot().and_then(|i| self.pending.get(i)) {
+            Some(pending) => pending.set(pending.get().saturating_add(n)),
+            None => self.increment(metric, n),
+        }
+    }
+
+    fn increment(&self, metric: Metric, n: u64) {
+        if let Some(id) = self.ids.get(&metric) {
+            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Gives Envoy the tallied counts, in the order of [`Metric::BATCHED`].
+    fn flush(&self) {
+        for (metric, pending) in Metric::BATCHED.into_iter().zip(&self.pending) {
+            let n = pending.take();
+            if n > 0 {
+                self.increment(metric, n);
+            }
+        }
+    }
+}
+
+type Metrics = Rc<Counters>;
 
 /// Per-target breaker counter ids by name, defined once per VM.
 type Named = Rc<HashMap<String, u32>>;
@@ -82,7 +115,7 @@ impl RootContext for Root {
             changes_owner: vm_identity(),
         };
         let worker = Worker::new(&mut EnvoyHost::new(&self.metrics, &self.named), config, seeds);
-        self.metrics = Rc::new(define(worker.metrics().into_iter().map(|m| (m, m.name()))));
+        self.metrics = Rc::new(Counters { ids: define(worker.metrics().into_iter().map(|m| (m, m.name()))), ..Counters::default() });
         self.named = Rc::new(define(worker.named_metrics().into_iter().map(|n| (n.clone(), n))));
         self.set_tick_period(worker.tick_period());
         self.worker = Some(worker);
@@ -93,6 +126,7 @@ impl RootContext for Root {
         if let Some(worker) = self.worker.as_mut() {
             worker.on_tick(&mut EnvoyHost::new(&self.metrics, &self.named));
         }
+        self.metrics.flush();
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -162,14 +196,14 @@ impl HttpContext for Http {
 /// the time and the response's `:status` are read from Envoy once (each read is a host call; the
 /// filter and the breaker guard both ask).
 struct EnvoyHost<'a> {
-    metrics: &'a HashMap<Metric, u32>,
+    metrics: &'a Counters,
     named: &'a HashMap<String, u32>,
     now_ms: Cell<Option<u64>>,
     status: RefCell<Option<Option<String>>>,
 }
 
 impl<'a> EnvoyHost<'a> {
-    fn new(metrics: &'a HashMap<Metric, u32>, named: &'a HashMap<String, u32>) -> EnvoyHost<'a> {
+    fn new(metrics: &'a Counters, named: &'a HashMap<String, u32>) -> EnvoyHost<'a> {
         EnvoyHost { metrics, named, now_ms: Cell::new(None), status: RefCell::new(None) }
     }
 }
@@ -206,9 +240,7 @@ impl Host for EnvoyHost<'_> {
         let _ = hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body));
     }
     fn count_by(&mut self, metric: Metric, n: u64) {
-        if let Some(id) = self.metrics.get(&metric) {
-            let _ = hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
-        }
+        self.metrics.add(metric, n);
     }
     fn now_ms(&self) -> u64 {
         if let Some(t) = self.now_ms.get() {
@@ -309,6 +341,6 @@ fn random_seed() -> [u8; 32] {
 fn vm_identity() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(EnvoyHost::new(&HashMap::new(), &HashMap::new()).now_ms());
+    h.write_u64(EnvoyHost::new(&Counters::default(), &HashMap::new()).now_ms());
     h.finish()
 }

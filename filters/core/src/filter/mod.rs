@@ -289,12 +289,11 @@ impl AuthFilter {
             // a plan never leased: no lease bookkeeping for this key (crate::auth_cache)
             local.borrow_mut().mark_unleased(shared_keys::auth_cache(&key_hash, self.route_id()), host.now_ms());
         }
-        if self.worker.leases.is_some() && !no_lease {
+        if let (Some(leases), false) = (&self.worker.leases, no_lease) {
             // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
-            let now = host.now_ms();
-            let key = shared_keys::lease(&key_hash, self.route_id());
+            let (now, key) = (host.now_ms(), shared_keys::lease(&key_hash, self.route_id()));
             let gens = lease::Gens { sent: self.sent_gen, now: self.worker.gen.get() };
-            lease::on_answer(host, &key, &answer, self.lease_sent_ms.take(), now, false, gens);
+            lease::on_answer(host, &mut leases.borrow_mut().shares, &key, &answer, self.lease_sent_ms.take(), now, false, gens);
         }
         let decision = self.decide(host, &key_hash, answer);
         self.apply(host, decision)

@@ -224,7 +224,8 @@ pub fn decide_request(config: &FilterConfig, headers: &RequestHeaders, key_hash:
 /// the worker's generation (crate::changes).
 pub fn lease(host: &mut impl Host, config: &LeaseConfig, renewals: &RefCell<RenewalQueue>, request: &mut DecideRequest, gen: u64) -> Option<Decision> {
     let now = host.now_ms();
-    match lease::spend(host, &lease::key_of(request), config, now, gen) {
+    let spent = lease::spend_from(host, &mut renewals.borrow_mut().shares, &lease::key_of(request), config, now, gen);
+    match spent {
         Spend::Hit { identity, renew } => {
             if let Some(want) = renew {
                 let mut renewal = request.clone();

@@ -7,7 +7,9 @@
 //! it), as a [`LeaseRecord`] of *batches* (units, expiry): each grant is a batch of its own, so a
 //! unit is never spent after the expiry of the grant it came from (a fixed window's units never
 //! leak into the next window). A request spends one unit with a CAS write (retried on a CAS
-//! mismatch, a few times, then it falls back to the call) and pays no callout and no Redis.
+//! mismatch, a few times, then it falls back to the call) and pays no callout and no Redis. That
+//! write takes a [`share`] of the units for the worker when the key is busy: its next requests
+//! spend from the worker's memory, with no shared data at all.
 //!
 //! Sizing: the record observes this Envoy's request rate for the key (spends and misses; each span
 //! of at least 50 ms is folded into a smoothed rate as it ends, by spends and grants alike); a lease
@@ -31,9 +33,11 @@
 pub mod config;
 pub mod record;
 pub mod renewer;
+pub mod share;
 
 pub use config::{LeaseConfig, RawLeases};
 pub use record::{want_for, Batch, LeaseIdentity, LeaseRecord, RECORD_FORMAT};
+pub use share::{Share, Shares};
 
 use crate::host::{Host, LogLevel, SharedSetError};
 use crate::shared_keys::{self, SharedKey};
@@ -73,7 +77,19 @@ pub enum Spend {
 
 /// Spends one unit of the lease at `key`, if there is one (see the module docs). `gen`: the
 /// worker's generation (crate::changes); grants asked under an older one are dropped unspent.
+/// Takes no [`share`]: every spend reads and writes the record.
 pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64, gen: u64) -> Spend {
+    spend_from(host, &mut Shares::with_capacity(0), key, c, now_ms, gen)
+}
+
+/// Spends one unit of this worker's share of `key`, else of the record, taking a share of it for
+/// the worker's next requests ([`share`]).
+pub fn spend_from(host: &mut impl Host, shares: &mut Shares, key: &SharedKey, c: &LeaseConfig, now_ms: u64, gen: u64) -> Spend {
+    if let Some(identity) = shares.spend(key.as_str(), now_ms, gen) {
+        return Spend::Hit { identity, renew: None };
+    }
+    // the requests the worker's share admitted since the record last saw them
+    let admitted = shares.take_admitted(key.as_str());
     for _ in 0..MAX_CAS_TRIES {
         let (bytes, cas) = host.shared_get_cas(key.as_str());
         // No record: this key was never allowed here (or its lease was dropped). Nothing is
@@ -85,18 +101,21 @@ pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64
             // a key or plan changed since these units were granted: ask the sidecar again
             rec.batches.clear();
         }
-        rec.obs_spent += 1;
+        rec.obs_spent += 1 + admitted;
         // every span of at least MIN_SPAN_MS is folded into the rate as it ends (a span as long as
         // an idle minute is one sample, not the denominator of the burst that follows it)
         rec.fold(now_ms);
         // the batch that expires first is spent first
+        let rate = rec.rate(now_ms);
         let batch = rec.batches.iter_mut().min_by_key(|b| b.until_ms);
-        let hit = match batch {
+        let (hit, share) = match batch {
             Some(b) if !rec.identity.tenant.is_empty() => {
-                b.units -= 1;
-                true
+                // this request's unit, and the worker's share beside it
+                let taken = shares.size(key.as_str(), rate, b.units, now_ms);
+                b.units -= taken;
+                (true, (taken > 1).then_some((taken - 1, b.until_ms)))
             }
-            _ => false,
+            _ => (false, None),
         };
         let mut renew = None;
         if hit && rec.needs_renewal(c, now_ms) {
@@ -117,7 +136,12 @@ pub fn spend(host: &mut impl Host, key: &SharedKey, c: &LeaseConfig, now_ms: u64
         }
         let bytes = rec.encode();
         match host.shared_set_cas(key.as_str(), &bytes, cas) {
-            Ok(()) if hit => return Spend::Hit { identity: rec.identity, renew },
+            Ok(()) if hit => {
+                if let Some((units, until_ms)) = share {
+                    shares.hold(key.as_str(), Share { units, until_ms, gen: rec.gen, identity: rec.identity.clone() });
+                }
+                return Spend::Hit { identity: rec.identity, renew };
+            }
             Ok(()) => return Spend::Miss { want },
             Err(SharedSetError::CasMismatch) => continue,
             Err(SharedSetError::Other(_)) => return Spend::Miss { want },
@@ -189,9 +213,11 @@ pub struct Gens {
 /// Applies a decision call's answer to the lease at `key`: `asked_at` is when the call was sent
 /// if it asked for a lease (its claim is released, or the grant stored — unless a change came
 /// while the call was out: then the grant is not kept). A 401 (the key is no longer allowed)
-/// drops the lease whether the call asked or not.
+/// drops the lease whether the call asked or not, and this worker's share of it (`shares`).
+#[allow(clippy::too_many_arguments)]
 pub fn on_answer(
     host: &mut impl Host,
+    shares: &mut Shares,
     key: &SharedKey,
     answer: &Result<DecideResponse, String>,
     asked_at: Option<u64>,
@@ -200,7 +226,10 @@ pub fn on_answer(
     gens: Gens,
 ) {
     match (answer, asked_at) {
-        (Ok(DecideResponse::Deny { status: 401, .. }), _) => forget(host, key),
+        (Ok(DecideResponse::Deny { status: 401, .. }), _) => {
+            shares.drop_key(key.as_str());
+            forget(host, key)
+        }
         (Ok(DecideResponse::Allow { lease: Some(_), .. }), Some(_)) if gens.sent < gens.now => {
             release_claim(host, key, now_ms, renewal)
         }

@@ -3,7 +3,7 @@
 //! context sends it as a decision call with `lease.renewal = true` ([`LeaseRenewer`], a
 //! background job) and applies the answer.
 
-use super::{forget, on_answer, release_claim, Gens, MAX_QUEUED_RENEWALS, RENEWAL_TIMEOUT};
+use super::{forget, on_answer, release_claim, Gens, Shares, MAX_QUEUED_RENEWALS, RENEWAL_TIMEOUT};
 use crate::changes::Generation;
 use crate::host::{Host, LogLevel};
 use crate::jobs::Job;
@@ -24,12 +24,15 @@ pub struct Renewal {
     pub request: DecideRequest,
 }
 
-/// The worker's queue of renewals: HTTP contexts push, the root context sends.
+/// The worker's lease state: its queue of renewals (HTTP contexts push, the root context sends)
+/// and its [`Shares`] of the Envoy's leases.
 #[derive(Debug, Default)]
 pub struct RenewalQueue {
     pending: VecDeque<Renewal>,
     /// Renewals dropped because the queue was full.
     pub dropped: u64,
+    /// The units this worker took from its Envoy's leases (crate::lease::share).
+    pub shares: Shares,
 }
 
 impl RenewalQueue {
@@ -89,10 +92,12 @@ impl LeaseRenewer {
         }
         // A denied renewal (the key was revoked or expired; limits unavailable and closed) drops
         // the lease: on_answer forgets it on a 401, and a 503 brings no units.
+        let shares = &mut self.queue.borrow_mut().shares;
         if let Ok(DecideResponse::Deny { .. }) = &answer {
+            shares.drop_key(key.as_str());
             forget(host, &key);
         }
-        on_answer(host, &key, &answer, Some(sent_ms), now, true, Gens { sent: sent_gen, now: self.gen.get() });
+        on_answer(host, shares, &key, &answer, Some(sent_ms), now, true, Gens { sent: sent_gen, now: self.gen.get() });
         true
     }
 
