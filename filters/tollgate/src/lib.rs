@@ -90,6 +90,13 @@ fn define<K: std::hash::Hash + Eq>(keys: impl IntoIterator<Item = (K, String)>) 
 }
 
 impl Context for Root {
+    /// The root context is going (a new configuration, Envoy shutting down): its tallied counts go
+    /// to Envoy now, not with a tick that will not come.
+    fn on_done(&mut self) -> bool {
+        self.metrics.flush();
+        true
+    }
+
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(worker) = self.worker.as_mut() else { return };
         let mut host = EnvoyHost::new(&self.metrics, &self.named);

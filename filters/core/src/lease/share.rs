@@ -98,7 +98,10 @@ impl Shares {
             return false;
         }
         self.pruned_ms = now_ms;
-        self.held.retain(|_, (s, admitted)| (s.units > 0 && s.until_ms > now_ms) || *admitted > 0);
+        // an expired or empty share goes, with the requests it admitted that the record has not
+        // heard of (a key gone quiet must not hold its slot for the VM's life; the record's rate
+        // merely misses them)
+        self.held.retain(|_, (s, _)| s.units > 0 && s.until_ms > now_ms);
         self.held.len() < self.capacity
     }
 
@@ -179,5 +182,11 @@ mod tests {
         assert_eq!(s.size("c", 1000.0, 100, 2), 1, "full: no share for a third key");
         assert_eq!(s.size("c", 1000.0, 100, 60), 20, "b expired and was dropped");
         assert_eq!((s.len(), s.units("a", 60), s.units("b", 60)), (1, 3, 0));
+        // a key that spent its share and went quiet keeps its tally, but not its slot
+        s.hold("c", share(1, 500, 0));
+        s.spend("c", 61, 0);
+        assert_eq!(s.size("d", 1000.0, 100, 62), 1, "full, and nothing expired yet");
+        assert_eq!(s.size("d", 1000.0, 100, 250), 20, "a's and c's shares are gone: room");
+        assert!(s.is_empty());
     }
 }
