@@ -270,16 +270,14 @@ impl Envoy {
     /// after 10 s, for the caller's assertion to report. `requests.allowed` is flushed last in a
     /// tick: once it is reached, the other batched counters of the same requests are in too.
     pub fn counter_reaching(&self, name: &str, at_least: u64) -> u64 {
-        let mut value = 0;
-        let reached = |value: &mut u64| {
-            *value = self.counter(name);
-            *value >= at_least
-        };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !reached(&mut value) && Instant::now() < deadline {
+        loop {
+            let value = self.counter(name);
+            if value >= at_least || Instant::now() >= deadline {
+                return value;
+            }
             std::thread::sleep(Duration::from_millis(5)); // the poll interval of a deadline-bounded wait
         }
-        value
     }
 
     pub fn log_text(&self) -> String {
