@@ -1,4 +1,5 @@
-//! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter (and its batches:
+//! The sidecar's loopback HTTP server: `POST /v1/decide` for the filter (`/v1/decide/batch`
+//! for several requests' decisions at once, decision 127; and its batches:
 //! `/v1/completions`, `/v1/refunds`, `/v1/usage`, `/v1/responses`), `GET /v1/routes` (the
 //! routing table the filters match locally), `GET /v1/changes` (the change count the filters
 //! poll to drop cached answers and leases), `GET /metrics` (Prometheus text) and `GET /healthz`.
@@ -30,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate_wire::batch::{BatchAnswer, DecideBatch, DecideBatchAnswer, DECIDE_BATCH_PATH, MAX_DECIDE_BATCH};
 use tollgate_wire::breaker::HintReport;
 use tollgate_wire::usage::{UsageAck, UsageBatch, USAGE_PATH};
 use tollgate_wire::{DecideResponse, CompletionBatch, DecideRequest, ErrorBody, COMPLETIONS_PATH, DECIDE_PATH};
@@ -137,6 +139,7 @@ pub struct AppState {
 pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route(DECIDE_PATH, post(decide))
+        .route(DECIDE_BATCH_PATH, post(decide_batch))
         .route(COMPLETIONS_PATH, post(completions))
         .route(tollgate_wire::refunds::REFUNDS_PATH, post(refunds))
         .route(USAGE_PATH, post(usage))
@@ -169,6 +172,7 @@ async fn require_secret(State(state): State<Arc<AppState>>, req: Request, next: 
     }
     let known = [
         DECIDE_PATH,
+        DECIDE_BATCH_PATH,
         COMPLETIONS_PATH,
         tollgate_wire::refunds::REFUNDS_PATH,
         USAGE_PATH,
@@ -196,11 +200,26 @@ async fn decide(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid decision request: {e}")),
     };
+    let decided = decide_one(&state, &req, headers.get(tollgate_wire::TRACEPARENT_HEADER).map(|v| v.as_bytes())).await;
+    crate::testing::decide_answer_delay().await;
+    match decided {
+        Ok(resp) => match serde_json::to_vec(&resp) {
+            Ok(b) => json(StatusCode::OK, b),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+        },
+        Err(DecideError::BadRequest(m)) => error(StatusCode::BAD_REQUEST, "bad_request", m),
+        Err(DecideError::Unavailable(m)) => error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", m),
+    }
+}
+
+/// One request's decision, timed and traced: what `/v1/decide` and each item of
+/// `/v1/decide/batch` answer.
+async fn decide_one(state: &AppState, req: &DecideRequest, traceparent: Option<&[u8]>) -> Result<DecideResponse, DecideError> {
     let started = std::time::Instant::now();
-    let traced = state.tracer.begin(headers.get(tollgate_wire::TRACEPARENT_HEADER).map(|v| v.as_bytes()));
+    let traced = state.tracer.begin(traceparent);
     let (decided, redis) = match traced {
-        Some(_) => crate::trace::with_redis_clock(state.decider.decide(&req)).await,
-        None => (state.decider.decide(&req).await, std::time::Duration::ZERO),
+        Some(_) => crate::trace::with_redis_clock(state.decider.decide(req)).await,
+        None => (state.decider.decide(req).await, std::time::Duration::ZERO),
     };
     let outcome = match &decided {
         Ok(DecideResponse::Allow { .. }) => "allow",
@@ -215,14 +234,38 @@ async fn decide(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         };
         state.tracer.finish(t, tenant, outcome, redis);
     }
+    decided
+}
+
+/// Decides a worker's batch (decision 127): every item as `/v1/decide` would, concurrently (the
+/// items are different requests, as independent as separate calls; the multiplexed Redis
+/// connection pipelines their scripts), answered in the items' order. 400 for a body that is not
+/// a batch or holds more than [`MAX_DECIDE_BATCH`] items: the filter fails each item then.
+async fn decide_batch(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let batch: DecideBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid decision batch: {e}")),
+    };
+    if batch.requests.len() > MAX_DECIDE_BATCH {
+        let message = format!("a decision batch holds at most {MAX_DECIDE_BATCH} requests");
+        return error(StatusCode::BAD_REQUEST, "bad_request", message);
+    }
+    let decided = futures::future::join_all(
+        batch.requests.iter().map(|i| decide_one(&state, &i.request, i.traceparent.as_deref().map(str::as_bytes))),
+    )
+    .await;
     crate::testing::decide_answer_delay().await;
-    match decided {
-        Ok(resp) => match serde_json::to_vec(&resp) {
-            Ok(b) => json(StatusCode::OK, b),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
-        },
-        Err(DecideError::BadRequest(m)) => error(StatusCode::BAD_REQUEST, "bad_request", m),
-        Err(DecideError::Unavailable(m)) => error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", m),
+    let answers = decided
+        .into_iter()
+        .map(|d| match d {
+            Ok(decision) => BatchAnswer { status: 200, decision: Some(decision), error: None },
+            Err(DecideError::BadRequest(_)) => BatchAnswer { status: 400, decision: None, error: Some("bad_request".into()) },
+            Err(DecideError::Unavailable(_)) => BatchAnswer { status: 503, decision: None, error: Some("store_unavailable".into()) },
+        })
+        .collect();
+    match serde_json::to_vec(&DecideBatchAnswer { answers }) {
+        Ok(b) => json(StatusCode::OK, b),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
     }
 }
 

@@ -4,7 +4,8 @@
 //! - `TOLLGATE_TEST_DECIDE_DELAY_FILE`: the path of a file holding a number of milliseconds (at
 //!   most 10 s; absent, empty or unreadable: 0). Each `/v1/decide` answer is held back that long
 //!   *after* the decision ran, so a test can make the filter give up on answers whose decisions
-//!   took from their limits (issue 15.2: abandoned decisions are refunded). The file is read on
+//!   took from their limits (issue 15.2: abandoned decisions are refunded); a `/v1/decide/batch`
+//!   answer (decision 127) is held back the same, once per batch. The file is read on
 //!   every decision while the variable is set, so a test turns the delay on and off by writing it.
 
 use std::path::PathBuf;

@@ -76,3 +76,37 @@ pub fn cache_plugin() -> Value {
         "completionFlushInterval": "20ms",
     })
 }
+
+/// Waits (bounded) until the current UTC hour has a minute left at least: a test whose limit
+/// window is the hour must not see it roll over mid-test (that resets the counter by itself).
+pub fn well_inside_the_hour() {
+    crate::poll_until("well inside the hour's window", std::time::Duration::from_secs(90), || {
+        let s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        s % 3600 < 3600 - 60
+    });
+}
+
+/// The sidecar's test-only hold on decision answers (`TOLLGATE_TEST_DECIDE_DELAY_FILE`,
+/// sidecar/src/testing.rs): a file of milliseconds the test writes to turn it on and off.
+pub struct DecideDelay {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl DecideDelay {
+    pub fn new(ms: u64) -> DecideDelay {
+        let dir = tempfile::tempdir().unwrap();
+        let delay = DecideDelay { path: dir.path().join("decide-delay-ms"), _dir: dir };
+        delay.set(ms);
+        delay
+    }
+
+    pub fn set(&self, ms: u64) {
+        std::fs::write(&self.path, ms.to_string()).unwrap();
+    }
+
+    /// The sidecar environment variable that points at it.
+    pub fn env(&self) -> (&'static str, String) {
+        ("TOLLGATE_TEST_DECIDE_DELAY_FILE", self.path.display().to_string())
+    }
+}

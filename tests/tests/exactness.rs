@@ -105,5 +105,11 @@ fn six_hundred_requests_at_concurrency_100_admit_exactly_the_limit_for_every_alg
         let under: Vec<usize> = admitted.iter().map(|a| LIMIT.saturating_sub(*a)).collect();
         eprintln!("{algorithm} leased: admitted per run {admitted:?}, under-use {under:?}");
     }
+    // Under this concurrency a worker's decisions share calls (decision 127): the exactness
+    // above held with them batched.
+    let counter = |name: &str| -> u64 { (0..2).map(|r| g.replica(r).envoy().counter(name)).sum() };
+    let (batches, batched) = (counter("wasmcustom.tollgate.decisions.batches"), counter("wasmcustom.tollgate.decisions.batched"));
+    eprintln!("decision batches {batches}, decisions batched {batched}");
+    assert!(batches > 0 && batched >= batches, "decisions were batched under concurrency: {batches} batches, {batched} decisions");
     redis.assert_ttl_invariant();
 }

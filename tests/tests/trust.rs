@@ -26,6 +26,7 @@ fn forged_calls_without_or_with_a_wrong_secret_are_refused_and_change_nothing() 
     let hint = r#"{"provider":"acme","model":"m1","openedAtMs":1234}"#.to_string();
     let forged: Vec<(&str, &str, Option<String>)> = vec![
         ("POST", "/v1/decide", Some(decide.clone())),
+        ("POST", "/v1/decide/batch", Some(format!(r#"{{"requests":[{{"request":{decide}}}]}}"#))),
         ("POST", "/v1/completions", Some(r#"{"completions":[]}"#.into())),
         ("POST", "/v1/usage", Some(r#"{"events":[]}"#.into())),
         ("POST", "/v1/responses", Some(r#"{"entries":[]}"#.into())),
@@ -53,6 +54,19 @@ fn forged_calls_without_or_with_a_wrong_secret_are_refused_and_change_nothing() 
     let auth = [(SECRET_HEADER, secret.as_str()), ("content-type", "application/json")];
     let r = send("POST", &sidecar.url("/v1/decide"), &auth, Some(&decide));
     assert_eq!((r.status, r.json()["verdict"].as_str()), (200, Some("allow")), "{}", r.body);
+    // A batch (decision 127): each item decided on its own, in order; a hostile traceparent is
+    // only not traced; more items than a batch holds is refused whole.
+    let unknown = json!({"keyHash": "0".repeat(64), "method": "GET", "authority": "a", "path": "/"});
+    let batch = format!(r#"{{"requests":[{{"request":{decide}}},{{"traceparent":"\u0000\"x","request":{unknown}}}]}}"#);
+    let r = send("POST", &sidecar.url("/v1/decide/batch"), &auth, Some(&batch));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let answers = r.json()["answers"].clone();
+    assert_eq!((answers[0]["status"].as_u64(), answers[0]["decision"]["verdict"].as_str()), (Some(200), Some("allow")), "{}", r.body);
+    assert_eq!((answers[1]["decision"]["verdict"].as_str(), answers[1]["decision"]["status"].as_u64()), (Some("deny"), Some(401)), "{}", r.body);
+    let too_many = format!(r#"{{"requests":[{}]}}"#, vec![format!(r#"{{"request":{decide}}}"#); 129].join(","));
+    let r = send("POST", &sidecar.url("/v1/decide/batch"), &auth, Some(&too_many));
+    assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("bad_request")), "{}", r.body);
+    assert_eq!(send("POST", &sidecar.url("/v1/decide/batch"), &auth, Some("{\"requests\":[{}]}")).status, 400);
     assert_eq!(send("POST", &sidecar.url("/v1/breaker/hints"), &auth, Some(&hint)).status, 204);
     assert!(g.redis().keys("cb:hint:*").contains(&"cb:hint:acme:m1".to_string()));
 

@@ -85,4 +85,10 @@ pub trait Host {
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// Increments a counter known by name only at configuration time (per-target stats).
     fn count_named(&mut self, name: &str);
+    /// Asks for the worker's root context to run soon (its decision batch waits:
+    /// crate::batch). `false` when it cannot be woken; the root's next tick sends then. Only
+    /// called once the adapter enabled batching.
+    fn wake_root(&mut self) -> bool {
+        false
+    }
 }

@@ -45,6 +45,13 @@ impl HttpFilter {
         self.guarded(host, auth)
     }
 
+    /// This request's outcome from its worker's decision batch (crate::batch): `Continue` when
+    /// the adapter must resume the request.
+    pub fn on_batched_answer(&mut self, host: &mut impl Host, answer: Result<tollgate_wire::DecideResponse, String>) -> Action {
+        let auth = self.filter.on_batched_answer(host, answer);
+        self.guarded(host, auth)
+    }
+
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Action {
         let auth = self.filter.on_response_headers(host, end_of_stream);
         let guard = self.guard.on_response(host);

@@ -10,7 +10,7 @@
 //! - the port and leaves: [`host`], [`stats`], [`shared_keys`], [`headers`], [`settings`],
 //!   [`hostmap`], [`ids`];
 //! - calls and shared-data helpers: [`sidecar`], [`reply`], [`election`];
-//! - domains, each with its configuration section beside it: [`key`], [`auth_cache`],
+//! - domains, each with its configuration section beside it: [`key`], [`auth_cache`], [`batch`],
 //!   [`changes`], [`routing`], [`lease`], [`breaker`], [`responses`], [`completions`], [`refunds`], [`usage`];
 //! - background jobs: [`jobs`] (tick, owned call tokens, call responses) and the one batch
 //!   flusher [`flush`] (completions, refunds, usage, responses);
@@ -23,6 +23,8 @@
 //! that worker); the crate denies `unwrap`, `expect` and `panic`.
 
 pub mod auth_cache;
+/// A worker's decision calls in batches under concurrency (decision 127).
+pub mod batch;
 /// Revocations and plan changes reaching cached answers and leases: the change poller, generations.
 pub mod changes;
 /// Circuit breakers: the state machine, its configuration, the per-request guard, the hint poller.

@@ -38,6 +38,8 @@ pub struct MockHost {
     /// Envoy attributes by dotted path, e.g. `xds.cluster_name`.
     pub properties: HashMap<String, Vec<u8>>,
     pub named_metrics: HashMap<String, u64>,
+    /// Times the filter asked for the root context to be woken (crate::batch).
+    pub wakes: u32,
 }
 
 impl MockHost {
@@ -195,6 +197,10 @@ impl Host for MockHost {
     }
     fn count_named(&mut self, name: &str) {
         *self.named_metrics.entry(name.to_string()).or_insert(0) += 1;
+    }
+    fn wake_root(&mut self) -> bool {
+        self.wakes += 1;
+        true
     }
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         self.response_chunk.get(start..start + size).map(<[u8]>::to_vec)

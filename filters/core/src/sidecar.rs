@@ -19,6 +19,9 @@ pub struct Sidecar {
     /// The deployment's filter secret (the sidecar's `[server] secret`), sent in
     /// [`SECRET_HEADER`] on every call; the sidecar refuses calls without it (401).
     pub secret: Option<String>,
+    /// Under concurrency, a worker's decision calls share one call (`batchDecisions`, on by
+    /// default; crate::batch, decision 127).
+    pub batch_decisions: bool,
 }
 
 impl std::fmt::Debug for Sidecar {
@@ -28,13 +31,20 @@ impl std::fmt::Debug for Sidecar {
             .field("authority", &self.authority)
             .field("timeout", &self.timeout)
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("batch_decisions", &self.batch_decisions)
             .finish()
     }
 }
 
 impl Default for Sidecar {
     fn default() -> Self {
-        Sidecar { cluster: default_cluster(), authority: default_authority(), timeout: Duration::from_millis(25), secret: None }
+        Sidecar {
+            cluster: default_cluster(),
+            authority: default_authority(),
+            timeout: Duration::from_millis(25),
+            secret: None,
+            batch_decisions: true,
+        }
     }
 }
 
@@ -50,12 +60,24 @@ pub struct RawSidecar {
     timeout: String,
     #[serde(default)]
     secret: Option<String>,
+    #[serde(default = "default_batch_decisions")]
+    batch_decisions: bool,
 }
 
 impl Default for RawSidecar {
     fn default() -> Self {
-        RawSidecar { cluster: default_cluster(), authority: default_authority(), timeout: default_timeout(), secret: None }
+        RawSidecar {
+            cluster: default_cluster(),
+            authority: default_authority(),
+            timeout: default_timeout(),
+            secret: None,
+            batch_decisions: default_batch_decisions(),
+        }
     }
+}
+
+fn default_batch_decisions() -> bool {
+    true
 }
 
 fn default_cluster() -> String {
@@ -83,7 +105,7 @@ impl Sidecar {
                 return Err(ConfigError("sidecar.secret: must be 16 to 256 visible ASCII characters".into()));
             }
         }
-        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout, secret: raw.secret })
+        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout, secret: raw.secret, batch_decisions: raw.batch_decisions })
     }
 
     /// A call to `path`: `:method`, `:path`, `:authority`, the secret, then `extra` headers.

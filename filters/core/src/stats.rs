@@ -34,6 +34,10 @@ pub enum Metric {
     /// Decisions whose answer the filter gave up on while the request was refused or gone,
     /// queued for the sidecar to refund (crate::refunds).
     RefundQueued,
+    /// Decision batches a root context sent (crate::batch, decision 127).
+    DecisionBatches,
+    /// Requests whose decision rode a batch instead of a call of its own.
+    DecisionsBatched,
     /// A batch flusher's counters (crate::flush): batches sent, items dropped, failed sends.
     Flush(Stream, FlushEvent),
 }
@@ -114,6 +118,8 @@ impl Metric {
             Metric::LeaseRenewal,
             Metric::TokensClamped,
             Metric::RefundQueued,
+            Metric::DecisionBatches,
+            Metric::DecisionsBatched,
         ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
@@ -150,6 +156,8 @@ impl Metric {
             Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
             Metric::TokensClamped => "tollgate.tokens.clamped".into(),
             Metric::RefundQueued => "tollgate.refunds.queued".into(),
+            Metric::DecisionBatches => "tollgate.decisions.batches".into(),
+            Metric::DecisionsBatched => "tollgate.decisions.batched".into(),
             Metric::Flush(s, e) => format!("tollgate.{}.{}", s.name(), e.name()),
         }
     }

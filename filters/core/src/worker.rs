@@ -16,6 +16,7 @@
 //! `create_http_context` to it.
 
 use crate::auth_cache::LocalAllows;
+use crate::batch::{DecisionBatcher, Delivery};
 use crate::breaker::{self, guard::BreakerGuard, hints::HintPoller, local::WorkerBreakers};
 use crate::changes::{ChangesJob, Generation};
 use crate::completions::CompletionQueue;
@@ -95,6 +96,8 @@ pub struct Worker {
     hint_poller: Option<Every<HintPoller>>,
     /// Its view of the breakers and its tallied successes (breaker::local).
     breakers: Rc<RefCell<WorkerBreakers>>,
+    /// Its decision calls: alone, waiting, the batch out (crate::batch).
+    decisions: Rc<RefCell<DecisionBatcher>>,
 }
 
 impl Worker {
@@ -153,6 +156,7 @@ impl Worker {
             route_poller,
             hint_poller,
             breakers,
+            decisions: Rc::default(),
             completions,
             refunds,
             meter,
@@ -214,9 +218,19 @@ impl Worker {
         tick
     }
 
-    /// A new HTTP request's filter, sharing this worker's parts.
+    /// A new HTTP request's filter, sharing this worker's parts; its decision calls go alone.
     pub fn request(&self) -> HttpFilter {
-        let filter = AuthFilter::new(self.config.clone(), self.completions.clone())
+        self.http(self.auth())
+    }
+
+    /// The filter of the HTTP request in context `ctx`: as [`Self::request`], but its decision
+    /// may ride the worker's batches once [`Self::enable_batching`] turned them on.
+    pub fn request_in(&self, ctx: u32) -> HttpFilter {
+        self.http(self.auth().with_batcher(self.decisions.clone(), ctx))
+    }
+
+    fn auth(&self) -> AuthFilter {
+        AuthFilter::new(self.config.clone(), self.completions.clone())
             .with_meter(self.meter.clone())
             .with_routes(self.routes.clone())
             .with_responses(self.responses.clone())
@@ -224,12 +238,32 @@ impl Worker {
             .with_local_allows(self.local_allows.clone())
             .with_generation(self.gen.clone())
             .with_decision_ids(self.decision_ids.clone())
-            .with_refunds(self.refunds.clone());
+            .with_refunds(self.refunds.clone())
+    }
+
+    fn http(&self, filter: AuthFilter) -> HttpFilter {
         HttpFilter::new(filter, BreakerGuard::new(self.config.breakers.clone()).with_worker(self.breakers.clone()))
     }
 
+    /// The adapter can wake the root context (crate::batch): decisions are batched under
+    /// concurrency from now on, unless the configuration says `batchDecisions: false`.
+    pub fn enable_batching(&mut self) {
+        if self.config.sidecar.batch_decisions {
+            self.decisions.borrow_mut().enable();
+        }
+    }
+
+    /// The root context was woken: sends the decisions waiting, if no batch is out. Returns the
+    /// answers for the adapter to deliver (items that failed without a call).
+    pub fn send_decisions(&mut self, host: &mut impl Host) -> Vec<Delivery> {
+        self.decisions.borrow_mut().send(host, &self.config.sidecar)
+    }
+
     /// One tick: every job, in order.
-    pub fn on_tick(&mut self, host: &mut impl Host) {
+    /// Returns decision answers for the adapter to deliver: the tick also sends a batch a lost
+    /// wake left waiting (crate::batch).
+    pub fn on_tick(&mut self, host: &mut impl Host) -> Vec<Delivery> {
+        let deliveries = self.send_decisions(host);
         self.changes.on_tick(host);
         self.breakers.borrow_mut().on_tick(host, &self.config.breakers);
         self.renewer.on_tick(host);
@@ -239,11 +273,26 @@ impl Worker {
         self.usage_flusher.on_tick(host);
         self.route_poller.on_tick(host);
         self.hint_poller.on_tick(host);
+        deliveries
     }
 
     /// A call response at the root context, for the job that owns `token`. `body` reads the
     /// response body (a host call), only for a job that wants it.
-    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: impl FnOnce() -> Vec<u8>) {
+    ///
+    /// A decision batch's answer returns each item's answer for the adapter to deliver to its
+    /// request's context, and sends the decisions that waited meanwhile (crate::batch).
+    pub fn on_call_response(
+        &mut self,
+        host: &mut impl Host,
+        token: u32,
+        status: Option<u16>,
+        body: impl FnOnce() -> Vec<u8>,
+    ) -> Vec<Delivery> {
+        if self.decisions.borrow().owns(token) {
+            let mut deliveries = self.decisions.borrow_mut().on_answer(token, status, &body());
+            deliveries.extend(self.send_decisions(host));
+            return deliveries;
+        }
         let mut body = Some(body);
         let mut read = || body.take().map_or_else(Vec::new, |f| f());
         let delivered = deliver(&mut self.usage_flusher, host, token, status, &mut read)
@@ -257,6 +306,7 @@ impl Worker {
         if !delivered {
             host.log(LogLevel::Debug, "tollgate: ignoring a call response with an unexpected token");
         }
+        Vec::new()
     }
 
     /// This worker's queues, for tests and tools: completions, usage, responses, renewals.

@@ -3,7 +3,10 @@
 //! [`Root`] parses the plugin configuration once in `on_configure` (returning `false`, so Envoy
 //! refuses the config, when it is invalid), makes the worker's `tollgate_filter_core::worker::Worker`,
 //! defines the counters it lists and sets the tick it asks for; then it forwards `on_tick`,
-//! `on_http_call_response` and `create_http_context` to it. Each request's [`Http`] context
+//! `on_http_call_response` and `create_http_context` to it. It also registers a shared queue of
+//! its own VM: a request whose decision waits for the worker's batch enqueues to it, which wakes
+//! the root (`on_queue_ready`) to send the batch; the root hands each of a batch's answers to its
+//! request's context (`proxy_set_effective_context`, then `proxy_continue_stream`: decision 127). Each request's [`Http`] context
 //! forwards every callback to its `HttpFilter` and returns the action it decides. `EnvoyHost`
 //! implements the core's `Host` port over proxy-wasm host calls; `raw` reads what the host hands
 //! over without ever panicking. Every decision — and every background job (completions, usage,
@@ -16,7 +19,8 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as WasmAction, BufferType, ContextType, LogLevel as WasmLogLevel, MapType, MetricType, Status};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
+use tollgate_filter_core::batch::Delivery;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::host::{Action, CallSpec, Host, LogLevel, SharedSetError};
 use tollgate_filter_core::http::HttpFilter;
@@ -25,7 +29,7 @@ use tollgate_filter_core::worker::{Seeds, Worker};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(WasmLogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> { Box::new(Root { id, ..Root::default() }) });
 }}
 
 /// The VM's counters (a VM per worker): the ids defined once, and the counts of
@@ -67,12 +71,47 @@ type Metrics = Rc<Counters>;
 /// Per-target breaker counter ids by name, defined once per VM.
 type Named = Rc<HashMap<String, u32>>;
 
+/// The worker's live HTTP contexts by id, for the answers of decision batches (crate::batch in
+/// the core): the root context delivers each in its request's context.
+type Streams = Rc<RefCell<HashMap<u32, Weak<RefCell<HttpFilter>>>>>;
+
 #[derive(Default)]
 struct Root {
+    id: u32,
     /// Set by a valid configuration.
     worker: Option<Worker>,
     metrics: Metrics,
     named: Named,
+    /// The shared queue a request enqueues to, to wake this root context when its decision waits
+    /// for a batch (decision 127); `None`: batching is off.
+    wake_queue: Option<u32>,
+    streams: Streams,
+}
+
+impl Root {
+    fn host(&self) -> EnvoyHost<'_> {
+        EnvoyHost::new(&self.metrics, &self.named)
+    }
+
+    /// Gives each answer of a decision batch to its request, in the request's context, and
+    /// resumes the request when the filter lets it on. A request that ended meanwhile is gone
+    /// from `streams` (its filter already queued the refund).
+    fn deliver(&self, deliveries: Vec<Delivery>) {
+        if deliveries.is_empty() {
+            return;
+        }
+        for (ctx, answer) in deliveries {
+            let Some(filter) = self.streams.borrow().get(&ctx).and_then(Weak::upgrade) else { continue };
+            if hostcalls::set_effective_context(ctx).is_err() {
+                continue;
+            }
+            let action = filter.borrow_mut().on_batched_answer(&mut self.host(), answer);
+            if action == Action::Continue {
+                let _ = hostcalls::resume_http_request();
+            }
+        }
+        let _ = hostcalls::set_effective_context(self.id);
+    }
 }
 
 /// A counter per name, defined with the host (a failure is logged; that counter stays silent).
@@ -100,7 +139,8 @@ impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(worker) = self.worker.as_mut() else { return };
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        worker.on_call_response(&mut host, token_id, call_status(num_headers), || call_body(num_headers, body_size));
+        let deliveries = worker.on_call_response(&mut host, token_id, call_status(num_headers), || call_body(num_headers, body_size));
+        self.deliver(deliveries);
     }
 }
 
@@ -125,20 +165,43 @@ impl RootContext for Root {
         self.metrics = Rc::new(Counters { ids: define(worker.metrics().into_iter().map(|m| (m, m.name()))), ..Counters::default() });
         self.named = Rc::new(define(worker.named_metrics().into_iter().map(|n| (n.clone(), n))));
         self.set_tick_period(worker.tick_period());
+        // A queue of this VM's own (its name unique per VM): enqueueing to it wakes this root
+        // context on its worker's thread, so a waiting decision batch leaves at once.
+        let mut worker = worker;
+        self.wake_queue = hostcalls::register_shared_queue(&format!("tollgate.decisions.{:016x}", vm_identity())).ok();
+        if self.wake_queue.is_some() {
+            worker.enable_batching();
+        }
         self.worker = Some(worker);
         true
     }
 
     fn on_tick(&mut self) {
         if let Some(worker) = self.worker.as_mut() {
-            worker.on_tick(&mut EnvoyHost::new(&self.metrics, &self.named));
+            let deliveries = worker.on_tick(&mut EnvoyHost::new(&self.metrics, &self.named));
+            self.deliver(deliveries);
         }
         self.metrics.flush();
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        if let Some(worker) = self.worker.as_mut() {
+            let deliveries = worker.send_decisions(&mut EnvoyHost::new(&self.metrics, &self.named));
+            self.deliver(deliveries);
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let worker = self.worker.as_ref()?;
-        Some(Box::new(Http { filter: worker.request(), metrics: self.metrics.clone(), named: self.named.clone() }))
+        let (metrics, named, wake_queue) = (self.metrics.clone(), self.named.clone(), self.wake_queue);
+        let Some(_) = wake_queue else {
+            let filter = Rc::new(RefCell::new(worker.request()));
+            return Some(Box::new(Http { filter, metrics, named, wake_queue, ctx: context_id, streams: None }));
+        };
+        let filter = Rc::new(RefCell::new(worker.request_in(context_id)));
+        self.streams.borrow_mut().insert(context_id, Rc::downgrade(&filter));
+        Some(Box::new(Http { filter, metrics, named, wake_queue, ctx: context_id, streams: Some(self.streams.clone()) }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -147,16 +210,34 @@ impl RootContext for Root {
 }
 
 struct Http {
-    filter: HttpFilter,
+    /// Shared with the root's `streams` (weakly), which delivers batched decisions to it.
+    filter: Rc<RefCell<HttpFilter>>,
     metrics: Metrics,
     named: Named,
+    wake_queue: Option<u32>,
+    ctx: u32,
+    streams: Option<Streams>,
+}
+
+impl Drop for Http {
+    fn drop(&mut self) {
+        if let Some(streams) = &self.streams {
+            streams.borrow_mut().remove(&self.ctx);
+        }
+    }
 }
 
 impl Http {
+    fn host(&self) -> EnvoyHost<'_> {
+        let mut host = EnvoyHost::new(&self.metrics, &self.named);
+        host.wake_queue = self.wake_queue;
+        host
+    }
+
     /// Runs one callback of the filter with a host for it, and gives Envoy its answer.
     fn step(&mut self, callback: impl FnOnce(&mut HttpFilter, &mut EnvoyHost) -> Action) -> WasmAction {
-        let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        match callback(&mut self.filter, &mut host) {
+        let mut host = self.host();
+        match callback(&mut self.filter.borrow_mut(), &mut host) {
             Action::Continue => WasmAction::Continue,
             Action::Pause => WasmAction::Pause,
         }
@@ -166,11 +247,12 @@ impl Http {
 impl Context for Http {
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let (status, body) = (call_status(num_headers), call_body(num_headers, body_size));
-        let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        if self.filter.on_call_response(&mut host, token_id, status, &body) == Action::Continue {
+        let mut host = self.host();
+        let mut filter = self.filter.borrow_mut();
+        if filter.on_call_response(&mut host, token_id, status, &body) == Action::Continue {
             self.resume_http_request();
         }
-        if self.filter.take_resume_response() {
+        if filter.take_resume_response() {
             self.resume_http_response();
         }
     }
@@ -194,8 +276,8 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
-        let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        self.filter.on_log(&mut host);
+        let mut host = self.host();
+        self.filter.borrow_mut().on_log(&mut host);
     }
 }
 
@@ -207,11 +289,13 @@ struct EnvoyHost<'a> {
     named: &'a HashMap<String, u32>,
     now_ms: Cell<Option<u64>>,
     status: RefCell<Option<Option<String>>>,
+    /// The root context's wake queue (an HTTP context's host only).
+    wake_queue: Option<u32>,
 }
 
 impl<'a> EnvoyHost<'a> {
     fn new(metrics: &'a Counters, named: &'a HashMap<String, u32>) -> EnvoyHost<'a> {
-        EnvoyHost { metrics, named, now_ms: Cell::new(None), status: RefCell::new(None) }
+        EnvoyHost { metrics, named, now_ms: Cell::new(None), status: RefCell::new(None), wake_queue: None }
     }
 }
 
@@ -308,6 +392,9 @@ impl Host for EnvoyHost<'_> {
         if let Some(id) = self.named.get(name) {
             let _ = hostcalls::increment_metric(*id, 1);
         }
+    }
+    fn wake_root(&mut self) -> bool {
+        self.wake_queue.is_some_and(|q| hostcalls::enqueue_shared_queue(q, Some(b"w")).is_ok())
     }
 }
 

@@ -434,3 +434,5 @@ pub mod responses;
 pub mod changes;
 /// Abandoned decisions, refunded by the sidecar (issue 15.2).
 pub mod refunds;
+/// Decisions of several requests in one call (decision 127).
+pub mod batch;

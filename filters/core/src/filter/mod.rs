@@ -11,6 +11,7 @@
 //!
 //! The breaker guard runs after an allow; [`crate::http::HttpFilter`] wires the two.
 
+mod call;
 pub mod decision;
 pub mod hold;
 pub mod response;
@@ -18,21 +19,20 @@ pub mod stages;
 mod wiring;
 
 use crate::auth_cache::{self, CachedAllow, LocalAllows};
+use crate::batch::DecisionBatcher;
 use crate::changes::Generation;
 use crate::breaker::guard::CLUSTER_HEADER;
 use crate::completions::CompletionQueue;
-use crate::config::{FailureMode, FilterConfig};
+use crate::config::FilterConfig;
 use crate::headers::{RequestHeaders, INTERNAL_HEADER_PREFIX};
 use crate::host::{Action, Host, LogLevel};
 use crate::ids::DecisionIds;
 use crate::lease::renewer::RenewalQueue;
-use crate::lease::{self};
 use crate::refunds::RefundQueue;
 use crate::responses::queue::{PendingStore, ResponseQueue};
 use crate::responses::LookupPlan;
 use crate::routing::{Routed, WorkerRoutes};
 use crate::shared_keys;
-use crate::sidecar::interpret;
 use crate::stats::{DenyReason, Metric};
 use crate::usage::{Identity, Meter, RequestInfo};
 use decision::{Decision, Denial, Grant, Source};
@@ -42,7 +42,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::responses::{StoreBatch, StoreItem, StoreTicket, RESPONSES_PATH};
-use tollgate_wire::routes::{RouteFailureMode, RouteSpec};
+use tollgate_wire::routes::RouteSpec;
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse};
 
 /// Largest body the filter reads: a request body for a decision, a response body for token
@@ -65,6 +65,8 @@ enum State {
     AwaitingBody { request: Box<DecideRequest>, lookup: Option<LookupPlan> },
     /// The decision call is in flight; `decision_id` names it (a refund needs it if it is abandoned).
     Waiting { token: u32, key_hash: String, decision_id: Option<String> },
+    /// The decision waits in its worker's batch, or rides the batch out (crate::batch).
+    Queued { key_hash: String, decision_id: Option<String> },
     Done,
 }
 
@@ -83,6 +85,8 @@ struct WorkerParts {
     gen: Generation,
     /// Abandoned decisions to refund (crate::refunds); only with `decision_ids`.
     refunds: Option<Rc<RefCell<RefundQueue>>>,
+    /// The worker's decision batches, and this request's context id (crate::batch).
+    batcher: Option<(Rc<RefCell<DecisionBatcher>>, u32)>,
 }
 
 /// How long the end of an idempotent response waits for its outcome to be stored.
@@ -135,6 +139,7 @@ impl AuthFilter {
                 decision_ids: None,
                 gen: Generation::default(),
                 refunds: None,
+                batcher: None,
             },
             state: State::Start,
             route: None,
@@ -240,7 +245,7 @@ impl AuthFilter {
     pub fn on_request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
         match self.state {
             State::AwaitingBody { .. } => {}
-            State::Waiting { .. } => return Action::Pause,
+            State::Waiting { .. } | State::Queued { .. } => return Action::Pause,
             State::Start | State::Done => return Action::Continue,
         }
         if !end_of_stream && body_size <= MAX_USAGE_BODY {
@@ -261,42 +266,6 @@ impl AuthFilter {
             }
         }
         self.apply(host, Decision::Call(request))
-    }
-
-    /// The sidecar's answer: `status` is the call response's `:status` (Envoy synthesizes 503
-    /// when the sidecar is unreachable and 504 on timeout). Returns `Continue` when the adapter
-    /// must resume the request.
-    pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
-        if self.outcome_call.as_ref().is_some_and(|(t, _)| *t == token) {
-            self.outcome_stored(status);
-            return Action::Pause;
-        }
-        let (key_hash, decision_id) = match &mut self.state {
-            State::Waiting { token: t, key_hash, decision_id } if *t == token => (key_hash.clone(), decision_id.take()),
-            _ => {
-                host.log(LogLevel::Debug, "ignoring a call response with an unexpected token");
-                return Action::Pause;
-            }
-        };
-        self.state = State::Done;
-        let answer = interpret(status, body);
-        if answer.is_err() {
-            // the sidecar may have decided and taken, but its answer is lost (timeout, error)
-            self.abandoned = decision_id.map(|decision_id| Abandoned { decision_id, key_hash: key_hash.clone() });
-        }
-        let no_lease = matches!(answer, Ok(DecideResponse::Allow { no_lease: true, .. }));
-        if let (true, Some(local)) = (no_lease, &self.worker.local_allows) {
-            // a plan never leased: no lease bookkeeping for this key (crate::auth_cache)
-            local.borrow_mut().mark_unleased(shared_keys::auth_cache(&key_hash, self.route_id()), host.now_ms());
-        }
-        if let (Some(leases), false) = (&self.worker.leases, no_lease) {
-            // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
-            let (now, key) = (host.now_ms(), shared_keys::lease(&key_hash, self.route_id()));
-            let gens = lease::Gens { sent: self.sent_gen, now: self.worker.gen.get() };
-            lease::on_answer(host, &mut leases.borrow_mut().shares, &key, &answer, self.lease_sent_ms.take(), now, false, gens);
-        }
-        let decision = self.decide(host, &key_hash, answer);
-        self.apply(host, decision)
     }
 
     /// The decision the sidecar's answer makes.
@@ -396,27 +365,6 @@ impl AuthFilter {
         }
     }
 
-    fn call_sidecar(&mut self, host: &mut impl Host, mut request: DecideRequest) -> Action {
-        // The gateway names the decision: what it takes in Redis keys on this id, never on
-        // anything the client sent.
-        request.decision_id = self.worker.decision_ids.as_ref().map(|ids| ids.borrow_mut().next_id());
-        let body = match serde_json::to_vec(&request) {
-            Ok(b) => b,
-            Err(e) => return self.sidecar_failed(host, &format!("cannot encode decision request: {e}")),
-        };
-        if request.lease.is_some() {
-            self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
-        }
-        self.sent_gen = self.worker.gen.get();
-        match host.dispatch(self.config.sidecar.decide(body, self.traceparent.as_deref())) {
-            Ok(token) => {
-                self.state = State::Waiting { token, key_hash: request.key_hash, decision_id: request.decision_id };
-                Action::Pause
-            }
-            Err(e) => self.sidecar_failed(host, &format!("cannot call the sidecar: {e}")),
-        }
-    }
-
     fn allow(&mut self, host: &mut impl Host, grant: Grant) -> Action {
         match grant.source {
             Source::AuthCache => host.count(Metric::AuthCacheHit),
@@ -444,44 +392,6 @@ impl AuthFilter {
     fn steer(&self, host: &mut impl Host) {
         if let Some(r) = self.route() {
             host.set_request_header(CLUSTER_HEADER, &r.cluster);
-        }
-    }
-
-    fn sidecar_failed(&mut self, host: &mut impl Host, why: &str) -> Action {
-        host.count(Metric::SidecarError);
-        let mode = match self.route().and_then(|r| r.failure_mode) {
-            Some(RouteFailureMode::Open) => FailureMode::Open,
-            Some(RouteFailureMode::Closed) => FailureMode::Closed,
-            None => self.config.failure_mode,
-        };
-        match mode {
-            FailureMode::Closed => {
-                host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing closed"));
-                host.count(Metric::FailedClosed);
-                // refused: whatever the lost answer's decision took is given back
-                if let Some(a) = self.abandoned.take() {
-                    self.queue_refund(host, a);
-                }
-                self.response.cache_status = None;
-                let message = "the gateway cannot decide this request now";
-                crate::reply::json_error(host, 503, codes::SIDECAR_UNAVAILABLE, message, None, &[]);
-                Action::Pause
-            }
-            FailureMode::Open => {
-                host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing open"));
-                host.count(Metric::FailedOpen);
-                host.set_request_header(DEGRADED_HEADER, "sidecar_unavailable");
-                self.steer(host);
-                Action::Continue
-            }
-        }
-    }
-
-    /// Queues an abandoned decision for the sidecar to refund (crate::refunds).
-    fn queue_refund(&self, host: &mut impl Host, a: Abandoned) {
-        if let Some(q) = &self.worker.refunds {
-            q.borrow_mut().push(a);
-            host.count(Metric::RefundQueued);
         }
     }
 
@@ -580,9 +490,7 @@ impl AuthFilter {
         }
         // The client went away while the decision call was in flight: the request was never
         // admitted, and the call's answer is lost with its context.
-        if let State::Waiting { key_hash, decision_id: Some(decision_id), .. } = std::mem::replace(&mut self.state, State::Done) {
-            self.queue_refund(host, Abandoned { decision_id, key_hash });
-        }
+        self.abandon_call(host);
         let (tokens, store) = self.response.finish(host);
         if let (Some(item), Some(queue)) = (store, &self.worker.responses) {
             queue.borrow_mut().push(item);

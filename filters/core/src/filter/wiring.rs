@@ -3,6 +3,7 @@
 
 use super::AuthFilter;
 use crate::auth_cache::LocalAllows;
+use crate::batch::DecisionBatcher;
 use crate::changes::Generation;
 use crate::ids::DecisionIds;
 use crate::lease::renewer::RenewalQueue;
@@ -14,6 +15,13 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 impl AuthFilter {
+    /// Lets this request's decision ride `batcher`'s batches under concurrency (crate::batch);
+    /// `ctx` is the adapter's id of the request's context, to which its answer is delivered.
+    pub fn with_batcher(mut self, batcher: Rc<RefCell<DecisionBatcher>>, ctx: u32) -> AuthFilter {
+        self.worker.batcher = Some((batcher, ctx));
+        self
+    }
+
     /// Names every decision call with an id from `ids` (crate::ids).
     pub fn with_decision_ids(mut self, ids: Rc<RefCell<DecisionIds>>) -> AuthFilter {
         self.worker.decision_ids = Some(ids);

@@ -1,0 +1,198 @@
+//! A worker's decision calls in batches (decision 127).
+//!
+//! Each decision call costs Envoy far more than the filter's own work (its HTTP client, a stream,
+//! the codec: ~25–30 µs of a quiet core), so under concurrency a worker's decisions share calls:
+//! - a request whose worker has no decision call out, and none waiting, calls alone, at once
+//!   (`/v1/decide`, answered in its own context) — a lone request pays nothing for batching;
+//! - otherwise its decision waits here, and leaves with every other one waiting in one
+//!   `POST /v1/decide/batch` sent by the root context as soon as no batch of this worker is out
+//!   (the adapter wakes the root when the first one waits; each batch's answer sends the next).
+//!
+//! Every item is decided as if it had come alone (its own decision id, lease ask, traceparent),
+//! so exactness, refunds and leases are unchanged. A waiting decision keeps its deadline: the
+//! sidecar timeout counts from when it started to wait, so a batch's call gets what its oldest
+//! item has left, and an item past its deadline fails without a call (the failure mode applies,
+//! nothing was taken). The answers go back to each request's context by the adapter
+//! ([`Delivery`]); a request that ends while it waits is dropped from the queue (nothing taken)
+//! or, once sent, refunded like any abandoned decision.
+
+use crate::host::{Host, LogLevel};
+use crate::sidecar::Sidecar;
+use crate::stats::Metric;
+use serde::Serialize;
+use std::time::Duration;
+use tollgate_wire::batch::{DecideBatchAnswer, DECIDE_BATCH_PATH, MAX_DECIDE_BATCH};
+use tollgate_wire::{DecideRequest, DecideResponse};
+
+/// Most bytes of items in one batch (far below the sidecar's body limit).
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// One request's answer for its context (`ctx`, the adapter's id of the request's context).
+pub type Delivery = (u32, Result<DecideResponse, String>);
+
+/// A decision waiting for the next batch.
+struct Waiting {
+    ctx: u32,
+    /// The serialized batch item.
+    item: Vec<u8>,
+    /// When it stops waiting (the sidecar timeout, from when it started to wait).
+    deadline_ms: u64,
+}
+
+/// The batch out: its call's token and its items' contexts, in order (`None`: the request ended).
+struct Flight {
+    token: u32,
+    members: Vec<Option<u32>>,
+}
+
+/// What became of a request that ended while its decision was here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// It was still waiting: it is dropped, nothing was asked or taken.
+    Unsent,
+    /// It rode the batch that is out: the sidecar decides it; its answer will be ignored.
+    Sent,
+    /// Not here.
+    Unknown,
+}
+
+/// One worker's decisions: those that went alone and are out, those waiting, the batch out.
+#[derive(Default)]
+pub struct DecisionBatcher {
+    /// Batching is on (the adapter can wake its root context, and the configuration allows it).
+    enabled: bool,
+    alone_out: usize,
+    waiting: Vec<Waiting>,
+    flight: Option<Flight>,
+    /// The adapter was asked to wake the root, which has not sent yet.
+    wake_pending: bool,
+}
+
+/// A batch item as sent, borrowing the request.
+#[derive(Serialize)]
+struct ItemRef<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
+    request: &'a DecideRequest,
+}
+
+impl DecisionBatcher {
+    pub fn enable(&mut self) {
+        self.enabled = true;
+    }
+
+    /// Whether a request's decision call goes alone now: batching off, or nothing of this worker
+    /// out or waiting.
+    pub fn goes_alone(&self) -> bool {
+        !self.enabled || (self.alone_out == 0 && self.flight.is_none() && self.waiting.is_empty())
+    }
+
+    /// A decision call went alone.
+    pub fn went_alone(&mut self) {
+        self.alone_out += 1;
+    }
+
+    /// A decision call that went alone is over (answered, or its request ended).
+    pub fn alone_back(&mut self) {
+        self.alone_out = self.alone_out.saturating_sub(1);
+    }
+
+    /// Queues a request's decision; `true` when the adapter must wake the root context to send it.
+    pub fn push(&mut self, ctx: u32, request: &DecideRequest, traceparent: Option<&str>, deadline_ms: u64) -> Result<bool, String> {
+        let item = serde_json::to_vec(&ItemRef { traceparent, request }).map_err(|e| format!("cannot encode decision request: {e}"))?;
+        self.waiting.push(Waiting { ctx, item, deadline_ms });
+        let wake = self.flight.is_none() && !self.wake_pending;
+        self.wake_pending |= wake;
+        Ok(wake)
+    }
+
+    /// The wake could not be asked for: the root sends at its next tick instead.
+    pub fn wake_failed(&mut self) {
+        self.wake_pending = false;
+    }
+
+    /// A request ended while its decision was here.
+    pub fn cancel(&mut self, ctx: u32) -> Cancelled {
+        if let Some(i) = self.waiting.iter().position(|w| w.ctx == ctx) {
+            self.waiting.remove(i);
+            return Cancelled::Unsent;
+        }
+        match self.flight.as_mut().and_then(|f| f.members.iter_mut().find(|m| **m == Some(ctx))) {
+            Some(m) => {
+                *m = None;
+                Cancelled::Sent
+            }
+            None => Cancelled::Unknown,
+        }
+    }
+
+    /// Whether `token` is the batch out.
+    pub fn owns(&self, token: u32) -> bool {
+        self.flight.as_ref().is_some_and(|f| f.token == token)
+    }
+
+    /// At the root context (woken, ticking, or a batch answered): sends what waits, unless a
+    /// batch is out. Returns the items that failed without a call: past their deadline, or the
+    /// call could not be made.
+    pub fn send(&mut self, host: &mut impl Host, sidecar: &Sidecar) -> Vec<Delivery> {
+        self.wake_pending = false;
+        let mut failed = Vec::new();
+        if self.flight.is_some() || self.waiting.is_empty() {
+            return failed;
+        }
+        let now = host.now_ms();
+        let (mut body, mut members, mut first_deadline) = (b"{\"requests\":[".to_vec(), Vec::new(), u64::MAX);
+        let mut taken = 0;
+        for w in &self.waiting {
+            if members.len() == MAX_DECIDE_BATCH || (!members.is_empty() && body.len() + w.item.len() > MAX_BATCH_BYTES) {
+                break;
+            }
+            taken += 1;
+            if w.deadline_ms <= now {
+                failed.push((w.ctx, Err("waited past the sidecar timeout for its worker's batch".to_string())));
+                continue;
+            }
+            if !members.is_empty() {
+                body.push(b',');
+            }
+            body.extend_from_slice(&w.item);
+            members.push(Some(w.ctx));
+            first_deadline = first_deadline.min(w.deadline_ms);
+        }
+        self.waiting.drain(..taken);
+        if members.is_empty() {
+            return failed;
+        }
+        body.extend_from_slice(b"]}");
+        let timeout = Duration::from_millis(first_deadline.saturating_sub(now).max(1));
+        let n = members.len() as u64;
+        match host.dispatch(sidecar.post_json(DECIDE_BATCH_PATH, body, timeout)) {
+            Ok(token) => {
+                host.count(Metric::DecisionBatches);
+                host.count_by(Metric::DecisionsBatched, n);
+                self.flight = Some(Flight { token, members });
+            }
+            Err(e) => {
+                host.log(LogLevel::Warn, &format!("tollgate: cannot send a decision batch: {e}"));
+                failed.extend(members.into_iter().flatten().map(|ctx| (ctx, Err(format!("cannot call the sidecar: {e}")))));
+            }
+        }
+        failed
+    }
+
+    /// The batch's answer: each item's outcome for its request (an item without one fails).
+    pub fn on_answer(&mut self, token: u32, status: Option<u16>, body: &[u8]) -> Vec<Delivery> {
+        let Some(flight) = self.flight.take_if(|f| f.token == token) else { return Vec::new() };
+        let answers = match status {
+            Some(200) => serde_json::from_slice::<DecideBatchAnswer>(body).map_err(|e| format!("undecodable decision batch: {e}")),
+            Some(s) => Err(format!("sidecar answered {s}")),
+            None => Err("sidecar response has no :status".into()),
+        };
+        let mut answers = match answers {
+            Ok(a) => a.answers.into_iter().map(|a| a.into_result()).collect(),
+            Err(why) => vec![Err(why); flight.members.len()],
+        };
+        answers.resize_with(flight.members.len(), || Err("the batch answer lacks this request".into()));
+        flight.members.into_iter().zip(answers).filter_map(|(ctx, a)| Some((ctx?, a))).collect()
+    }
+}
