@@ -46,7 +46,14 @@ struct Saturation {
     redis_scripts_per_req: f64,
     requests: u64,
     non_2xx: u64,
+    /// Decisions that rode a batch, per request (decision 127), and their mean batch size.
+    batched_per_req: f64,
+    mean_batch: f64,
 }
+
+/// The filter's counters of decision batches (decision 127), as Envoy names them.
+const DECISION_BATCHES: &str = "wasmcustom.tollgate.decisions.batches";
+const DECISIONS_BATCHED: &str = "wasmcustom.tollgate.decisions.batched";
 
 /// A configuration under test: which Envoy, which key, which sidecar serves it.
 struct Config<'a> {
@@ -359,10 +366,11 @@ pub fn run() {
             let z = zipf.as_ref().filter(|_| c.zipf);
             let _ = wrk(&url, c.key, z, 2, conns);
             let spid = c.sidecar.and_then(|s| s.pid());
-            let (e0, s0, r0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
+            let batching = || (c.envoy.counter(DECISION_BATCHES), c.envoy.counter(DECISIONS_BATCHED));
+            let (e0, s0, r0, b0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis), batching());
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, z, secs, conns);
             settle(&redis);
-            let (e1, s1, r1) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis));
+            let (e1, s1, r1, b1) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis), batching());
             let n = reqs.max(1) as f64;
             let s = Saturation {
                 rps,
@@ -375,8 +383,19 @@ pub fn run() {
                 redis_scripts_per_req: if c.key.is_some() || c.sidecar.is_some() { (r1.1 - r0.1) / n } else { 0.0 },
                 requests: reqs,
                 non_2xx: non2xx,
+                batched_per_req: (b1.1 - b0.1) as f64 / n,
+                mean_batch: (b1.1 - b0.1) as f64 / (b1.0 - b0.0).max(1) as f64,
             };
-            eprintln!("round {} {:<38} {:>9.0} rps  Envoy {:>4.0} µs/req  non-2xx {}", round + 1, c.name, s.rps, s.envoy_cpu_us_per_req, s.non_2xx);
+            eprintln!(
+                "round {} {:<38} {:>9.0} rps  Envoy {:>4.0} µs/req  batched {:.2}/req (batches of {:.1})  non-2xx {}",
+                round + 1,
+                c.name,
+                s.rps,
+                s.envoy_cpu_us_per_req,
+                s.batched_per_req,
+                s.mean_batch,
+                s.non_2xx
+            );
             sat[i].push(s);
         }
     }
@@ -427,8 +446,8 @@ pub fn run() {
     let base_cpu = mean(&sat[0], |s| s.envoy_cpu_us_per_req);
     let mut summary = Vec::new();
     let mut sat_table = vec![
-        "| configuration | throughput (rps) | vs Envoy alone | Envoy CPU µs/req | vs Envoy alone | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req | non-2xx |".to_string(),
-        "|---|---|---|---|---|---|---|---|---|".to_string(),
+        "| configuration | throughput (rps) | vs Envoy alone | Envoy CPU µs/req | vs Envoy alone | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req | batched decisions/req (mean batch) | non-2xx |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|---|".to_string(),
     ];
     let mut lat_table = vec![
         format!("| configuration (open loop, {rate:.0} rps) | p50 ms | p99 ms | p99.9 ms | added p50 ms | added p99 ms | added p99.9 ms | achieved rps |"),
@@ -472,12 +491,14 @@ pub fn run() {
             "sidecar_cpu_us_per_req": mean(s, |x| x.sidecar_cpu_us_per_req),
             "redis_cmds_per_req": mean(s, |x| x.redis_cmds_per_req),
             "redis_scripts_per_req": mean(s, |x| x.redis_scripts_per_req),
+            "batched_decisions_per_req": mean(s, |x| x.batched_per_req),
+            "mean_decision_batch": mean(s, |x| x.mean_batch),
             "non_2xx": s.iter().map(|x| x.non_2xx).sum::<u64>() + o.iter().map(|x| x.non_2xx).sum::<u64>(),
             "errors": o.iter().map(|x| x.errors).sum::<u64>(),
             "rounds": {"saturation": s, "open_loop": o},
         });
         sat_table.push(format!(
-            "| {} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.0} | {:.3} | {:.3} | {} |",
+            "| {} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.0} | {:.3} | {:.3} | {:.2} ({:.1}) | {} |",
             c.name,
             rps,
             rps / base_rps,
@@ -486,6 +507,8 @@ pub fn run() {
             mean(s, |x| x.sidecar_cpu_us_per_req),
             mean(s, |x| x.redis_cmds_per_req),
             mean(s, |x| x.redis_scripts_per_req),
+            mean(s, |x| x.batched_per_req),
+            mean(s, |x| x.mean_batch),
             row["non_2xx"]
         ));
         if c.zipf {

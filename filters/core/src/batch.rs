@@ -9,33 +9,47 @@
 //!   (the adapter wakes the root when the first one waits; each batch's answer sends the next).
 //!
 //! Every item is decided as if it had come alone (its own decision id, lease ask, traceparent),
-//! so exactness, refunds and leases are unchanged. A waiting decision keeps its deadline: the
-//! sidecar timeout counts from when it started to wait, so a batch's call gets what its oldest
-//! item has left, and an item past its deadline fails without a call (the failure mode applies,
-//! nothing was taken). The answers go back to each request's context by the adapter
-//! ([`Delivery`]); a request that ends while it waits is dropped from the queue (nothing taken)
-//! or, once sent, refunded like any abandoned decision.
+//! so exactness, refunds and leases are unchanged. Time is bounded twice by the sidecar timeout:
+//! a decision waits at most that long for its batch to leave (past it, it fails without a call:
+//! the failure mode applies, nothing was taken, nothing is refunded), and the batch's call has
+//! the whole timeout, like a lone call (a batch timed from its oldest item would leave with
+//! little time whenever that item had waited out the previous batch, and fail). The answers go
+//! back to each request's context by the adapter ([`Delivery`]); a request that ends while it
+//! waits is dropped from the queue (nothing taken) or, once sent, refunded like any abandoned
+//! decision.
 
 use crate::host::{Host, LogLevel};
 use crate::sidecar::Sidecar;
 use crate::stats::Metric;
 use serde::Serialize;
-use std::time::Duration;
 use tollgate_wire::batch::{DecideBatchAnswer, DECIDE_BATCH_PATH, MAX_DECIDE_BATCH};
 use tollgate_wire::{DecideRequest, DecideResponse};
 
 /// Most bytes of items in one batch (far below the sidecar's body limit).
 const MAX_BATCH_BYTES: usize = 1 << 20;
 
-/// One request's answer for its context (`ctx`, the adapter's id of the request's context).
-pub type Delivery = (u32, Result<DecideResponse, String>);
+/// One request's answer, for its context (`ctx`, the adapter's id of the request's context).
+#[derive(Debug)]
+pub struct Delivery {
+    pub ctx: u32,
+    pub answer: Result<DecideResponse, String>,
+    /// The decision left in a batch (the sidecar may have taken for it: a lost answer is
+    /// refunded); `false`: it failed before it was sent, nothing was taken.
+    pub sent: bool,
+}
+
+impl Delivery {
+    fn unsent(ctx: u32, why: String) -> Delivery {
+        Delivery { ctx, answer: Err(why), sent: false }
+    }
+}
 
 /// A decision waiting for the next batch.
 struct Waiting {
     ctx: u32,
     /// The serialized batch item.
     item: Vec<u8>,
-    /// When it stops waiting (the sidecar timeout, from when it started to wait).
+    /// When it stops waiting for its batch to leave (the sidecar timeout after it started).
     deadline_ms: u64,
 }
 
@@ -131,42 +145,36 @@ impl DecisionBatcher {
         self.flight.as_ref().is_some_and(|f| f.token == token)
     }
 
-    /// At the root context (woken, ticking, or a batch answered): sends what waits, unless a
-    /// batch is out. Returns the items that failed without a call: past their deadline, or the
-    /// call could not be made.
+    /// At the root context (woken, ticking, or a batch answered): fails the decisions that
+    /// waited past their deadline, and sends the others unless a batch is out. Returns the
+    /// failures, for the adapter to deliver.
     pub fn send(&mut self, host: &mut impl Host, sidecar: &Sidecar) -> Vec<Delivery> {
         self.wake_pending = false;
-        let mut failed = Vec::new();
+        let now = host.now_ms();
+        let expired = |w: &Waiting| w.deadline_ms <= now;
+        let mut failed: Vec<Delivery> = self
+            .waiting
+            .extract_if(.., |w| expired(w))
+            .map(|w| Delivery::unsent(w.ctx, "waited past the sidecar timeout for its worker's batch".into()))
+            .collect();
         if self.flight.is_some() || self.waiting.is_empty() {
             return failed;
         }
-        let now = host.now_ms();
-        let (mut body, mut members, mut first_deadline) = (b"{\"requests\":[".to_vec(), Vec::new(), u64::MAX);
-        let mut taken = 0;
+        let (mut body, mut members) = (b"{\"requests\":[".to_vec(), Vec::new());
         for w in &self.waiting {
             if members.len() == MAX_DECIDE_BATCH || (!members.is_empty() && body.len() + w.item.len() > MAX_BATCH_BYTES) {
                 break;
-            }
-            taken += 1;
-            if w.deadline_ms <= now {
-                failed.push((w.ctx, Err("waited past the sidecar timeout for its worker's batch".to_string())));
-                continue;
             }
             if !members.is_empty() {
                 body.push(b',');
             }
             body.extend_from_slice(&w.item);
             members.push(Some(w.ctx));
-            first_deadline = first_deadline.min(w.deadline_ms);
         }
-        self.waiting.drain(..taken);
-        if members.is_empty() {
-            return failed;
-        }
+        self.waiting.drain(..members.len());
         body.extend_from_slice(b"]}");
-        let timeout = Duration::from_millis(first_deadline.saturating_sub(now).max(1));
         let n = members.len() as u64;
-        match host.dispatch(sidecar.post_json(DECIDE_BATCH_PATH, body, timeout)) {
+        match host.dispatch(sidecar.post_json(DECIDE_BATCH_PATH, body, sidecar.timeout)) {
             Ok(token) => {
                 host.count(Metric::DecisionBatches);
                 host.count_by(Metric::DecisionsBatched, n);
@@ -174,7 +182,7 @@ impl DecisionBatcher {
             }
             Err(e) => {
                 host.log(LogLevel::Warn, &format!("tollgate: cannot send a decision batch: {e}"));
-                failed.extend(members.into_iter().flatten().map(|ctx| (ctx, Err(format!("cannot call the sidecar: {e}")))));
+                failed.extend(members.into_iter().flatten().map(|ctx| Delivery::unsent(ctx, format!("cannot call the sidecar: {e}"))));
             }
         }
         failed
@@ -193,6 +201,7 @@ impl DecisionBatcher {
             Err(why) => vec![Err(why); flight.members.len()],
         };
         answers.resize_with(flight.members.len(), || Err("the batch answer lacks this request".into()));
-        flight.members.into_iter().zip(answers).filter_map(|(ctx, a)| Some((ctx?, a))).collect()
+        let sent = |(ctx, answer): (Option<u32>, _)| Some(Delivery { ctx: ctx?, answer, sent: true });
+        flight.members.into_iter().zip(answers).filter_map(sent).collect()
     }
 }

@@ -47,8 +47,8 @@ impl HttpFilter {
 
     /// This request's outcome from its worker's decision batch (crate::batch): `Continue` when
     /// the adapter must resume the request.
-    pub fn on_batched_answer(&mut self, host: &mut impl Host, answer: Result<tollgate_wire::DecideResponse, String>) -> Action {
-        let auth = self.filter.on_batched_answer(host, answer);
+    pub fn on_batched_answer(&mut self, host: &mut impl Host, delivery: crate::batch::Delivery) -> Action {
+        let auth = self.filter.on_batched_answer(host, delivery.answer, delivery.sent);
         self.guarded(host, auth)
     }
 

@@ -1,8 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Decision batches (decision 127), through a worker and mock hosts: a lone request calls alone;
 //! while one is out, later decisions wait, wake the root once and leave together in one
-//! `POST /v1/decide/batch` whose answers reach each request; a waiting decision keeps its
-//! deadline; a request that ends while waiting costs nothing, one that ends after its batch left
+//! `POST /v1/decide/batch` whose answers reach each request; a decision waits at most the
+//! timeout for its batch, which has the whole timeout; a request that ends while waiting costs nothing, one that ends after its batch left
 //! is refunded; a failed batch fails every item by the failure mode.
 
 #[cfg(target_arch = "wasm32")]
@@ -81,17 +81,17 @@ fn a_lone_request_calls_alone_and_later_ones_ride_one_batch_answered_each_in_its
     let answer = serde_json::to_vec(&DecideBatchAnswer { answers: vec![allow("second"), allow("third")] }).unwrap();
     let deliveries = w.on_call_response(&mut root, 1, Some(200), || answer);
     assert_eq!(batch_calls(&root).len(), 2, "the batch's answer sent the decision that waited meanwhile");
-    let ctxs: Vec<u32> = deliveries.iter().map(|d| d.0).collect();
-    assert_eq!(ctxs, [2, 3]);
-    for ((_, answer), (f, h, tenant)) in deliveries.into_iter().zip([(&mut second, &mut h2, "second"), (&mut third, &mut h3, "third")]) {
-        assert_eq!(f.on_batched_answer(h, answer), Action::Continue);
+    let ctxs: Vec<(u32, bool)> = deliveries.iter().map(|d| (d.ctx, d.sent)).collect();
+    assert_eq!(ctxs, [(2, true), (3, true)]);
+    for (delivery, (f, h, tenant)) in deliveries.into_iter().zip([(&mut second, &mut h2, "second"), (&mut third, &mut h3, "third")]) {
+        assert_eq!(f.on_batched_answer(h, delivery), Action::Continue);
         assert_eq!(h.header("x-tollgate-tenant"), Some(tenant));
     }
     assert_eq!(first.on_call_response(&mut h1, 1, Some(200), ALLOW), Action::Continue, "the lone call is answered in its own context");
 }
 
 #[test]
-fn a_waiting_decision_keeps_its_deadline_and_fails_by_the_failure_mode_without_a_call() {
+fn a_decision_waits_at_most_the_timeout_for_its_batch_which_has_the_whole_timeout() {
     let (mut w, mut root) = worker(r#"{"leases":{"enabled":false},"sidecar":{"timeout":"40ms"}}"#);
     let (_first, _h1) = start(&w, &root, 1, "tg_a");
     let (mut late, mut h2) = start(&w, &root, 2, "tg_b");
@@ -99,15 +99,22 @@ fn a_waiting_decision_keeps_its_deadline_and_fails_by_the_failure_mode_without_a
     let (_third, _h3) = start(&w, &MockHost { now_ms: T + 10, ..MockHost::new() }, 3, "tg_c");
     root.now_ms = T + 40;
     let deliveries = w.send_decisions(&mut root);
-    assert_eq!(deliveries.len(), 1, "the item past its deadline fails without a call");
-    assert_eq!(deliveries[0].0, 2);
+    assert_eq!(deliveries.iter().map(|d| (d.ctx, d.sent)).collect::<Vec<_>>(), [(2, false)], "past its deadline: failed unsent");
     let sent = batch_calls(&root);
     assert_eq!(sent.len(), 1, "the other one leaves");
-    assert_eq!(sent[0].timeout, Duration::from_millis(10), "with what its deadline leaves");
-    let answer = deliveries.into_iter().next().unwrap().1;
-    assert_eq!(late.on_batched_answer(&mut h2, answer), Action::Pause);
+    assert_eq!(sent[0].timeout, Duration::from_millis(40), "with the whole timeout, like a lone call");
+    let delivery = deliveries.into_iter().next().unwrap();
+    assert_eq!(late.on_batched_answer(&mut h2, delivery), Action::Pause);
     assert_eq!(h2.reply.as_ref().map(|r| r.status), Some(503), "failed closed");
     assert_eq!(h2.count_of(Metric::FailedClosed), 1);
+    assert_eq!(h2.count_of(Metric::RefundQueued), 0, "never sent: nothing to refund");
+    // while that batch is out, a decision that waits past its deadline fails at the next send
+    // (a tick), not when the batch comes back
+    let (_fourth, _h4) = start(&w, &root, 4, "tg_d");
+    root.now_ms = T + 80;
+    let deliveries = w.send_decisions(&mut root);
+    assert_eq!(deliveries.iter().map(|d| (d.ctx, d.sent)).collect::<Vec<_>>(), [(4, false)]);
+    assert_eq!(batch_calls(&root).len(), 1);
 }
 
 #[test]
@@ -128,7 +135,7 @@ fn a_request_that_ends_while_waiting_costs_nothing_and_one_that_ends_after_its_b
     assert_eq!(h3.count_of(Metric::RefundQueued), 1, "its decision left: what it took is refunded");
     let answer = serde_json::to_vec(&DecideBatchAnswer { answers: vec![allow("c"), allow("d")] }).unwrap();
     let deliveries = w.on_call_response(&mut root, 1, Some(200), || answer);
-    assert_eq!(deliveries.iter().map(|d| d.0).collect::<Vec<_>>(), [4], "the ended request's answer is not delivered");
+    assert_eq!(deliveries.iter().map(|d| d.ctx).collect::<Vec<_>>(), [4], "the ended request's answer is not delivered");
     root.now_ms = T + 60_000;
     w.on_tick(&mut root);
     let refunds: Vec<RefundBatch> =
@@ -146,9 +153,9 @@ fn a_failed_or_short_batch_answer_fails_its_items_by_the_failure_mode() {
     w.send_decisions(&mut root);
     let deliveries = w.on_call_response(&mut root, 1, Some(504), Vec::new);
     assert_eq!(deliveries.len(), 2);
-    for ((_, answer), (f, h)) in deliveries.into_iter().zip([(&mut a, &mut ha), (&mut b, &mut hb)]) {
-        assert!(answer.is_err());
-        assert_eq!(f.on_batched_answer(h, answer), Action::Continue, "failed open");
+    for (delivery, (f, h)) in deliveries.into_iter().zip([(&mut a, &mut ha), (&mut b, &mut hb)]) {
+        assert!(delivery.answer.is_err() && delivery.sent);
+        assert_eq!(f.on_batched_answer(h, delivery), Action::Continue, "failed open");
         assert_eq!(h.header("x-tollgate-degraded"), Some("sidecar_unavailable"));
     }
     // a 200 that answers fewer items than it was sent: the rest fail
@@ -157,8 +164,8 @@ fn a_failed_or_short_batch_answer_fails_its_items_by_the_failure_mode() {
     w.send_decisions(&mut root);
     let answer = serde_json::to_vec(&DecideBatchAnswer { answers: vec![allow("d")] }).unwrap();
     let deliveries = w.on_call_response(&mut root, 2, Some(200), || answer);
-    assert!(deliveries[0].1.is_ok());
-    assert!(deliveries[1].1.is_err());
+    assert!(deliveries[0].answer.is_ok());
+    assert!(deliveries[1].answer.is_err());
 }
 
 #[test]

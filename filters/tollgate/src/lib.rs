@@ -100,17 +100,19 @@ impl Root {
         if deliveries.is_empty() {
             return;
         }
-        for (ctx, answer) in deliveries {
+        for delivery in deliveries {
+            let ctx = delivery.ctx;
             let Some(filter) = self.streams.borrow().get(&ctx).and_then(Weak::upgrade) else { continue };
-            if hostcalls::set_effective_context(ctx).is_err() {
+            if !raw::set_effective_context(ctx) {
                 continue;
             }
-            let action = filter.borrow_mut().on_batched_answer(&mut self.host(), answer);
+            // Nothing here may make a call: the SDK would register it on the root context.
+            let action = filter.borrow_mut().on_batched_answer(&mut self.host(), delivery);
             if action == Action::Continue {
-                let _ = hostcalls::resume_http_request();
+                raw::resume_request();
             }
         }
-        let _ = hostcalls::set_effective_context(self.id);
+        raw::set_effective_context(self.id);
     }
 }
 
@@ -168,7 +170,7 @@ impl RootContext for Root {
         // A queue of this VM's own (its name unique per VM): enqueueing to it wakes this root
         // context on its worker's thread, so a waiting decision batch leaves at once.
         let mut worker = worker;
-        self.wake_queue = hostcalls::register_shared_queue(&format!("tollgate.decisions.{:016x}", vm_identity())).ok();
+        self.wake_queue = raw::register_queue(&format!("tollgate.decisions.{:016x}", vm_identity()));
         if self.wake_queue.is_some() {
             worker.enable_batching();
         }
@@ -185,7 +187,7 @@ impl RootContext for Root {
     }
 
     fn on_queue_ready(&mut self, queue_id: u32) {
-        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        raw::drain(queue_id);
         if let Some(worker) = self.worker.as_mut() {
             let deliveries = worker.send_decisions(&mut EnvoyHost::new(&self.metrics, &self.named));
             self.deliver(deliveries);
@@ -394,7 +396,7 @@ impl Host for EnvoyHost<'_> {
         }
     }
     fn wake_root(&mut self) -> bool {
-        self.wake_queue.is_some_and(|q| hostcalls::enqueue_shared_queue(q, Some(b"w")).is_ok())
+        self.wake_queue.is_some_and(raw::enqueue)
     }
 }
 

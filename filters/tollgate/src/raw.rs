@@ -39,7 +39,15 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
+    fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
+    fn proxy_enqueue_shared_queue(queue_id: u32, value_data: *const u8, value_size: usize) -> u32;
+    fn proxy_dequeue_shared_queue(queue_id: u32, return_value_data: *mut *mut u8, return_value_size: *mut usize) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
 }
+
+/// The ABI's `StreamType::HttpRequest`.
+const HTTP_REQUEST: u32 = 0;
 
 /// Takes ownership of a buffer the host allocated through the module's allocator
 /// (`proxy_on_memory_allocate`, a `Vec<u8>` of exactly `size`).
@@ -106,4 +114,47 @@ pub fn property(path: &[&str]) -> Option<Vec<u8>> {
             _ => None,
         }
     }
+}
+
+/// Registers a shared queue of this VM's (`None`: the host would not).
+pub fn register_queue(name: &str) -> Option<u32> {
+    let mut id = 0u32;
+    // SAFETY: `name` outlives the call; `id` is a valid out-pointer.
+    (unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) } == OK).then_some(id)
+}
+
+/// Enqueues one byte to `queue`: whether the host took it.
+pub fn enqueue(queue: u32) -> bool {
+    let byte = [b'w'];
+    // SAFETY: `byte` outlives the call.
+    unsafe { proxy_enqueue_shared_queue(queue, byte.as_ptr(), byte.len()) == OK }
+}
+
+/// Empties `queue` (its items are wake-ups: only their arrival matters).
+pub fn drain(queue: u32) {
+    for _ in 0..1024 {
+        let (mut data, mut size) = (null_mut(), 0usize);
+        // SAFETY: the out-pointers are valid for the call; the result is taken over by `take`.
+        let item = unsafe {
+            match proxy_dequeue_shared_queue(queue, &mut data, &mut size) {
+                OK => take(data, size),
+                _ => None,
+            }
+        };
+        if item.is_none() {
+            return;
+        }
+    }
+}
+
+/// Makes host calls apply to context `id` from now on in this callback: whether the host did.
+pub fn set_effective_context(id: u32) -> bool {
+    // SAFETY: a plain value call.
+    unsafe { proxy_set_effective_context(id) == OK }
+}
+
+/// Resumes the effective context's request (any status but `Ok` is ignored: the stream is gone).
+pub fn resume_request() {
+    // SAFETY: a plain value call.
+    let _ = unsafe { proxy_continue_stream(HTTP_REQUEST) };
 }

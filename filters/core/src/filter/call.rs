@@ -24,6 +24,7 @@ impl AuthFilter {
         }
         self.sent_gen = self.worker.gen.get();
         if let Some((batcher, ctx)) = self.worker.batcher.as_ref().filter(|(b, _)| !b.borrow().goes_alone()) {
+            // it waits at most the sidecar timeout for its batch to leave (crate::batch)
             let deadline = host.now_ms().saturating_add(self.config.sidecar.timeout.as_millis() as u64);
             let pushed = batcher.borrow_mut().push(*ctx, &request, self.traceparent.as_deref(), deadline);
             match pushed {
@@ -75,10 +76,12 @@ impl AuthFilter {
     }
 
     /// This request's outcome from its worker's decision batch (the adapter delivers it in the
-    /// request's context). Returns `Continue` when the adapter must resume the request.
-    pub fn on_batched_answer(&mut self, host: &mut impl Host, answer: Result<DecideResponse, String>) -> Action {
+    /// request's context; `sent`: its decision left, see [`crate::batch::Delivery`]). Returns
+    /// `Continue` when the adapter must resume the request.
+    pub fn on_batched_answer(&mut self, host: &mut impl Host, answer: Result<DecideResponse, String>, sent: bool) -> Action {
         match std::mem::replace(&mut self.state, State::Done) {
-            State::Queued { key_hash, decision_id } => self.answered(host, key_hash, decision_id, answer),
+            // a decision never sent took nothing: no refund for it
+            State::Queued { key_hash, decision_id } => self.answered(host, key_hash, decision_id.filter(|_| sent), answer),
             other => {
                 self.state = other;
                 host.log(LogLevel::Debug, "ignoring a batched decision this request did not wait for");
