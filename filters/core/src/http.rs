@@ -45,6 +45,11 @@ impl HttpFilter {
         self.guarded(host, auth)
     }
 
+    /// Whether the request's decision waits for its worker's batch (crate::batch).
+    pub fn waits_for_batch(&self) -> bool {
+        self.filter.waits_for_batch()
+    }
+
     /// This request's outcome from its worker's decision batch (crate::batch): `Continue` when
     /// the adapter must resume the request.
     pub fn on_batched_answer(&mut self, host: &mut impl Host, delivery: crate::batch::Delivery) -> Action {

@@ -196,14 +196,19 @@ impl RootContext for Root {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let worker = self.worker.as_ref()?;
-        let (metrics, named, wake_queue) = (self.metrics.clone(), self.named.clone(), self.wake_queue);
-        let Some(_) = wake_queue else {
-            let filter = Rc::new(RefCell::new(worker.request()));
-            return Some(Box::new(Http { filter, metrics, named, wake_queue, ctx: context_id, streams: None }));
+        let filter = match self.wake_queue {
+            Some(_) => worker.request_in(context_id),
+            None => worker.request(),
         };
-        let filter = Rc::new(RefCell::new(worker.request_in(context_id)));
-        self.streams.borrow_mut().insert(context_id, Rc::downgrade(&filter));
-        Some(Box::new(Http { filter, metrics, named, wake_queue, ctx: context_id, streams: Some(self.streams.clone()) }))
+        Some(Box::new(Http {
+            filter: Rc::new(RefCell::new(filter)),
+            metrics: self.metrics.clone(),
+            named: self.named.clone(),
+            wake_queue: self.wake_queue,
+            ctx: context_id,
+            streams: self.streams.clone(),
+            registered: false,
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -218,13 +223,15 @@ struct Http {
     named: Named,
     wake_queue: Option<u32>,
     ctx: u32,
-    streams: Option<Streams>,
+    streams: Streams,
+    /// In `streams`: only a request whose decision waits for a batch is (most never do).
+    registered: bool,
 }
 
 impl Drop for Http {
     fn drop(&mut self) {
-        if let Some(streams) = &self.streams {
-            streams.borrow_mut().remove(&self.ctx);
+        if self.registered {
+            self.streams.borrow_mut().remove(&self.ctx);
         }
     }
 }
@@ -239,7 +246,12 @@ impl Http {
     /// Runs one callback of the filter with a host for it, and gives Envoy its answer.
     fn step(&mut self, callback: impl FnOnce(&mut HttpFilter, &mut EnvoyHost) -> Action) -> WasmAction {
         let mut host = self.host();
-        match callback(&mut self.filter.borrow_mut(), &mut host) {
+        let action = callback(&mut self.filter.borrow_mut(), &mut host);
+        if !self.registered && self.filter.borrow().waits_for_batch() {
+            self.streams.borrow_mut().insert(self.ctx, Rc::downgrade(&self.filter));
+            self.registered = true;
+        }
+        match action {
             Action::Continue => WasmAction::Continue,
             Action::Pause => WasmAction::Pause,
         }

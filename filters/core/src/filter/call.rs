@@ -75,6 +75,12 @@ impl AuthFilter {
         self.answered(host, key_hash, decision_id, interpret(status, body))
     }
 
+    /// Whether the request's decision waits in (or rides) its worker's batch: the adapter then
+    /// keeps the request where the batch's answer can find it.
+    pub fn waits_for_batch(&self) -> bool {
+        matches!(self.state, State::Queued { .. })
+    }
+
     /// This request's outcome from its worker's decision batch (the adapter delivers it in the
     /// request's context; `sent`: its decision left, see [`crate::batch::Delivery`]). Returns
     /// `Continue` when the adapter must resume the request.
