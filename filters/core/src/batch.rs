@@ -151,12 +151,14 @@ impl DecisionBatcher {
     pub fn send(&mut self, host: &mut impl Host, sidecar: &Sidecar) -> Vec<Delivery> {
         self.wake_pending = false;
         let now = host.now_ms();
-        let expired = |w: &Waiting| w.deadline_ms <= now;
-        let mut failed: Vec<Delivery> = self
-            .waiting
-            .extract_if(.., |w| expired(w))
-            .map(|w| Delivery::unsent(w.ctx, "waited past the sidecar timeout for its worker's batch".into()))
-            .collect();
+        let mut failed = Vec::new();
+        self.waiting.retain(|w| {
+            let expired = w.deadline_ms <= now;
+            if expired {
+                failed.push(Delivery::unsent(w.ctx, "waited past the sidecar timeout for its worker's batch".into()));
+            }
+            !expired
+        });
         if self.flight.is_some() || self.waiting.is_empty() {
             return failed;
         }
