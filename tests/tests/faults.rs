@@ -80,6 +80,56 @@ fn a_hung_redis_yields_each_limits_failure_mode_never_a_callout_timeout() {
     assert!(sidecar.log_text().contains("redis answers again"));
 }
 
+/// Concurrent traffic while Redis hangs: the decisions that wait for their worker's batch
+/// (decision 127) get each limit's failure mode like lone ones — no batch holds them past the
+/// filter's timeout into `sidecar_unavailable` — and the same burst is decided normally once
+/// Redis answers again. The filter waits 1 s here: what is checked is that batched decisions are
+/// answered by the sidecar's Redis budget (200 ms), not the timeout's arithmetic on a loaded box.
+#[test]
+fn a_hung_redis_under_concurrent_traffic_gives_batched_decisions_their_limits_failure_mode() {
+    let g = redis_deadlines(PLANS).plugin(json!({"sidecar": {"timeout": "1s"}, "failureMode": "closed"})).build();
+    let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
+    let open = sidecar.create_key("acme", "open", &[]);
+    let closed = sidecar.create_key("acme", "closed", &[]);
+    let call = |raw: &str| get(&envoy.url("/"), &[("x-api-key", raw)]);
+    assert_eq!((call(&open.raw).status, call(&closed.raw).status), (200, 200));
+    // 16 clients, 4 requests each, half on each plan: (plan, status, error) of every answer
+    let burst = || -> Vec<(&str, u16, String)> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..16)
+                .map(|i| {
+                    let (plan, raw) = if i % 2 == 0 { ("open", &open.raw) } else { ("closed", &closed.raw) };
+                    s.spawn(move || {
+                        (0..4)
+                            .map(|_| {
+                                let r = call(raw);
+                                (plan, r.status, r.json()["error"].as_str().unwrap_or("").to_string())
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|t| t.join().unwrap()).collect()
+        })
+    };
+    let batched_before = envoy.counter("wasmcustom.tollgate.decisions.batched");
+    redis.pause();
+    for (plan, status, error) in burst() {
+        match plan {
+            "open" => assert_eq!(status, 200, "fail-open plan while Redis hangs: {error}"),
+            _ => assert_eq!((status, error.as_str()), (503, "limits_unavailable"), "fail-closed plan while Redis hangs"),
+        }
+    }
+    let batched = envoy.counter("wasmcustom.tollgate.decisions.batched") - batched_before;
+    assert!(batched >= 1, "the burst's decisions rode batches ({batched})");
+    assert_eq!(envoy.counter("wasmcustom.tollgate.sidecar.errors"), 0, "no batch timed out or failed");
+    redis.resume();
+    poll_until("decisions with Redis again", Duration::from_secs(5), || call(&closed.raw).status == 200);
+    let after = burst();
+    assert!(after.iter().all(|(_, status, _)| *status == 200), "the same burst once Redis answers: {after:?}");
+    eprintln!("{batched} decisions rode batches while Redis hung");
+}
+
 /// `local` limits: 10 per hour as a token bucket (no window boundary to straddle; it refills 10
 /// an hour, nothing within the test), and a leased fixed window of 40 a day.
 const LOCAL_PLAN: &str = "[[plans.local.limits]]\nname = \"l\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1h\"\nfailure_mode = \"local\"\n\
