@@ -220,6 +220,10 @@ case "${1:-build}" in
     deps; install_oha; build; test_env
     # The bench is its own crate (bench/) on the functional-test harness; only `bench` builds it.
     cargo build -q --release -p tollgate-bench
+    # The two floors (configurations wasm-floor-sdk, wasm-floor-minimal): filters that do nothing.
+    cargo build -q --release --target wasm32-wasip1 -p tollgate-bench-floor-sdk -p tollgate-bench-floor-minimal
+    export TOLLGATE_FLOOR_SDK_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_sdk.wasm"
+    export TOLLGATE_FLOOR_MINIMAL_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_minimal.wasm"
     export TOLLGATE_OHA_BIN="$OHA_BIN"
     exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;

@@ -25,6 +25,7 @@
 //! twin measured right before or after its configuration, in turn first),
 //! `--saturation-only` (skip phase 2), `--zipf-keys N` (100,000; 0: none) and `--zipf-s S` (1.1):
 //! the key population of `tollgate-full-policy-leased-zipf` (saturation only: oha sends one key).
+//! `wasm-floor-minimal` and `wasm-floor-sdk` are filters that do nothing (crate::floors).
 
 use crate::load::{oha, wrk, OpenLoop, ZipfClient};
 use crate::{arg, arg_str, args, cpu_us};
@@ -274,6 +275,9 @@ pub fn run() {
         by_transport.push((limit_name, callout_name, limit_envoy, callout_envoy));
     }
 
+    // What a filter that does nothing costs, on the SDK and on the bare ABI (crate::floors).
+    let floors = crate::floors::start(tollgate.options(), selected);
+
     let mut all = vec![
         Config { name: "envoy-alone".to_string(), what: "router only", envoy: &baseline, key: None, sidecar: None, zipf: false },
         Config { name: "envoy+native-local-ratelimit".to_string(), what: "Envoy's C++ local_ratelimit (never denies)", envoy: &native, key: None, sidecar: None, zipf: false },
@@ -287,6 +291,10 @@ pub fn run() {
         Config { name: "tollgate-full-policy".to_string(), what: "auth + one exact limit + routing + breaker + usage", envoy: &full, key: Some(limited_key.raw.as_str()), sidecar: Some(&usage_sidecar), zipf: false },
         Config { name: "tollgate-full-policy-leased".to_string(), what: "auth + one leased limit + routing + breaker + usage", envoy: &full, key: Some(leased_key.raw.as_str()), sidecar: Some(&usage_sidecar), zipf: false },
     ];
+    // Right after Envoy alone and the native limiter: the references side by side.
+    for (i, f) in floors.iter().enumerate() {
+        all.insert(2 + i, Config { name: f.name.to_string(), what: f.what, envoy: &f.envoy, key: None, sidecar: None, zipf: false });
+    }
     all.push(Config { name: "tollgate-full-policy-leased-no-tenant-metrics".to_string(), what: "the full leased path, the sidecar's per-tenant series off", envoy: &full_bare, key: Some(leased_key.raw.as_str()), sidecar: Some(&bare_sidecar), zipf: false });
     if zipf.is_some() {
         all.push(Config { name: "envoy-alone-zipf-client".to_string(), what: "router only, driven by the Zipf client script: the load generator's own limit", envoy: &baseline, key: None, sidecar: None, zipf: true });

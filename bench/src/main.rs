@@ -10,6 +10,7 @@
 
 mod cache;
 mod compare;
+mod floors;
 mod load;
 mod usage;
 mod zipf;
