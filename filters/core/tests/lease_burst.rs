@@ -59,10 +59,10 @@ fn simulate(first_ms: u64, burst_ms: u64, per_ms: u64, burst_len_ms: u64, answer
     let allow = |h: &mut MockHost, now: u64| {
         // a call that asked for no lease: the sidecar's allow starts the observation
         let answer = Ok(tollgate_wire::DecideResponse::allow("acme", "k", "pro"));
-        lease::on_answer(h, &mut lease::Shares::default(), &key, &answer, None, now, false, lease::Gens::default());
+        lease::on_answer(h, &mut lease::Shares::default(), &key, &answer, None, false, now, false, lease::Gens::default());
     };
     h.now_ms = first_ms;
-    assert_eq!(lease::spend(&mut h, &key, &c, first_ms, 0), Spend::Miss { want: 0 });
+    assert_eq!(lease::spend(&mut h, &key, &c, first_ms, 0), Spend::Miss { want: 0, recorded: false });
     allow(&mut h, first_ms + answer_ms);
     for now in burst_ms..burst_ms + burst_len_ms {
         h.now_ms = now;
@@ -93,7 +93,7 @@ fn simulate(first_ms: u64, burst_ms: u64, per_ms: u64, burst_len_ms: u64, answer
                         queued.get_or_insert(want);
                     }
                 }
-                Spend::Miss { want } => {
+                Spend::Miss { want, .. } => {
                     out.misses += 1;
                     out.late_misses += late as u64;
                     out.asks += (want > 0) as u64;

@@ -111,7 +111,7 @@ impl AuthFilter {
             // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----
             let (now, key) = (host.now_ms(), shared_keys::lease(&key_hash, self.route_id()));
             let gens = lease::Gens { sent: self.sent_gen, now: self.worker.gen.get() };
-            lease::on_answer(host, &mut leases.borrow_mut().shares, &key, &answer, self.lease_sent_ms.take(), now, false, gens);
+            lease::on_answer(host, &mut leases.borrow_mut().shares, &key, &answer, self.lease_sent_ms.take(), self.lease_recorded, now, false, gens);
         }
         let decision = self.decide(host, &key_hash, answer);
         self.apply(host, decision)

@@ -106,6 +106,8 @@ pub struct AuthFilter {
     request: Option<RequestInfo>,
     /// When the decision call that asks for a lease was sent.
     lease_sent_ms: Option<u64>,
+    /// The lease stage found the key's record (`stages::Leased::Miss`).
+    lease_recorded: bool,
     /// The request's well-formed W3C `traceparent`, forwarded on the decision call.
     traceparent: Option<String>,
     /// The worker's generation when the decision call was sent.
@@ -145,6 +147,7 @@ impl AuthFilter {
             route: None,
             request: None,
             lease_sent_ms: None,
+            lease_recorded: false,
             traceparent: None,
             sent_gen: 0,
             abandoned: None,
@@ -219,11 +222,14 @@ impl AuthFilter {
             l.any_unleased() && l.unleased(&shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms())
         });
         if let (None, Some(renewals), false) = (&lookup, &self.worker.leases, unleased) {
-            if let Some(hit) = stages::lease(host, &self.config.leases, renewals, &mut request, self.worker.gen.get()) {
-                if let Some(local) = &self.worker.local_allows {
-                    local.borrow_mut().mark_uncached(shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms());
+            match stages::lease(host, &self.config.leases, renewals, &mut request, self.worker.gen.get()) {
+                stages::Leased::Hit(hit) => {
+                    if let Some(local) = &self.worker.local_allows {
+                        local.borrow_mut().mark_uncached(shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms());
+                    }
+                    return hit;
                 }
-                return hit;
+                stages::Leased::Miss { recorded } => self.lease_recorded = recorded,
             }
         }
         request.client_ip = host.client_ip();

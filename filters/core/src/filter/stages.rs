@@ -219,10 +219,19 @@ pub fn decide_request(config: &FilterConfig, headers: &RequestHeaders, key_hash:
     }
 }
 
+/// What the lease stage decided: an allow from the lease, or a call (`recorded`: the key has a
+/// lease record here, `lease::Spend::Miss`). Matched at once by its caller, never stored: as
+/// large as the `Option<Decision>` it replaced.
+#[allow(clippy::large_enum_variant)]
+pub enum Leased {
+    Hit(Decision),
+    Miss { recorded: bool },
+}
+
 /// Stage 6, the lease: admits the request from this Envoy's lease of its key (queueing a
 /// renewal when this spend claimed one), or sets the lease ask on the decision `request`. `gen`:
 /// the worker's generation (crate::changes).
-pub fn lease(host: &mut impl Host, config: &LeaseConfig, renewals: &RefCell<RenewalQueue>, request: &mut DecideRequest, gen: u64) -> Option<Decision> {
+pub fn lease(host: &mut impl Host, config: &LeaseConfig, renewals: &RefCell<RenewalQueue>, request: &mut DecideRequest, gen: u64) -> Leased {
     let now = host.now_ms();
     let spent = lease::spend_from(host, &mut renewals.borrow_mut().shares, &lease::key_of(request), config, now, gen);
     match spent {
@@ -233,11 +242,11 @@ pub fn lease(host: &mut impl Host, config: &LeaseConfig, renewals: &RefCell<Rene
                 renewals.borrow_mut().push(renewal, want);
             }
             let LeaseIdentity { tenant, key_id, plan, request_headers, response_headers } = identity;
-            Some(Decision::Allow(Grant { who: Identity { tenant, key_id, plan }, request_headers, response_headers, source: Source::Lease }))
+            Leased::Hit(Decision::Allow(Grant { who: Identity { tenant, key_id, plan }, request_headers, response_headers, source: Source::Lease }))
         }
-        Spend::Miss { want } => {
+        Spend::Miss { want, recorded } => {
             request.lease = (want > 0).then_some(LeaseAsk { want, renewal: false });
-            None
+            Leased::Miss { recorded }
         }
     }
 }

@@ -71,8 +71,9 @@ fn decode(bytes: Option<Vec<u8>>) -> Option<LeaseRecord> {
 pub enum Spend {
     /// Admitted locally; `renew` is set when this request claimed the renewal (its want).
     Hit { identity: LeaseIdentity, renew: Option<u64> },
-    /// No unit: decide by a call, asking for `want` units (0: ask none).
-    Miss { want: u64 },
+    /// No unit: decide by a call, asking for `want` units (0: ask none). `recorded`: the key has
+    /// a record here (its rate is observed already: an allow need not start one).
+    Miss { want: u64, recorded: bool },
 }
 
 /// Spends one unit of the lease at `key`, if there is one (see the module docs). `gen`: the
@@ -95,7 +96,7 @@ pub fn spend_from(host: &mut impl Host, shares: &mut Shares, key: &SharedKey, c:
         // No record: this key was never allowed here (or its lease was dropped). Nothing is
         // written for it until the sidecar says it is valid ([`on_answer`] starts the record),
         // so a flood of random keys leaves no shared data behind.
-        let Some(mut rec) = decode(bytes) else { return Spend::Miss { want: 0 } };
+        let Some(mut rec) = decode(bytes) else { return Spend::Miss { want: 0, recorded: false } };
         rec.prune(now_ms);
         if rec.gen < gen {
             // a key or plan changed since these units were granted: ask the sidecar again
@@ -142,13 +143,13 @@ pub fn spend_from(host: &mut impl Host, shares: &mut Shares, key: &SharedKey, c:
                 }
                 return Spend::Hit { identity: rec.identity, renew };
             }
-            Ok(()) => return Spend::Miss { want },
+            Ok(()) => return Spend::Miss { want, recorded: true },
             Err(SharedSetError::CasMismatch) => continue,
-            Err(SharedSetError::Other(_)) => return Spend::Miss { want },
+            Err(SharedSetError::Other(_)) => return Spend::Miss { want, recorded: true },
         }
     }
     // Heavy contention: decide this one by a call (it may bring more units).
-    Spend::Miss { want: 0 }
+    Spend::Miss { want: 0, recorded: true }
 }
 
 /// Stores a grant: a new batch valid until `sent_ms + ttl` (the call was sent at `sent_ms`, no
@@ -214,6 +215,8 @@ pub struct Gens {
 /// if it asked for a lease (its claim is released, or the grant stored — unless a change came
 /// while the call was out: then the grant is not kept). A 401 (the key is no longer allowed)
 /// drops the lease whether the call asked or not, and this worker's share of it (`shares`).
+/// `recorded`: the request's spend found the key's record, so an allow that asked for nothing
+/// has nothing to start (no read: a cold key's call makes one shared-data read fewer).
 #[allow(clippy::too_many_arguments)]
 pub fn on_answer(
     host: &mut impl Host,
@@ -221,6 +224,7 @@ pub fn on_answer(
     key: &SharedKey,
     answer: &Result<DecideResponse, String>,
     asked_at: Option<u64>,
+    recorded: bool,
     now_ms: u64,
     renewal: bool,
     gens: Gens,
@@ -244,7 +248,7 @@ pub fn on_answer(
             store_grant(host, key, identity, lease, sent_ms, now_ms, renewal, gens.sent);
         }
         (_, Some(_)) => release_claim(host, key, now_ms, renewal),
-        (Ok(DecideResponse::Allow { .. }), None) => start_observing(host, key, now_ms),
+        (Ok(DecideResponse::Allow { .. }), None) if !recorded => start_observing(host, key, now_ms),
         (_, None) => {}
     }
 }

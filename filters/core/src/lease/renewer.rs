@@ -97,7 +97,7 @@ impl LeaseRenewer {
             shares.drop_key(key.as_str());
             forget(host, &key);
         }
-        on_answer(host, shares, &key, &answer, Some(sent_ms), now, true, Gens { sent: sent_gen, now: self.gen.get() });
+        on_answer(host, shares, &key, &answer, Some(sent_ms), true, now, true, Gens { sent: sent_gen, now: self.gen.get() });
         true
     }
 
