@@ -50,6 +50,9 @@ struct Saturation {
     /// Decisions that rode a batch, per request (decision 127), and their mean batch size.
     batched_per_req: f64,
     mean_batch: f64,
+    /// Envoy's heap and resident set after the round (`crate::envoy_memory_mb`), in MB.
+    envoy_heap_mb: f64,
+    envoy_rss_mb: f64,
 }
 
 /// The filter's counters of decision batches (decision 127), as Envoy names them.
@@ -393,7 +396,10 @@ pub fn run() {
                 non_2xx: non2xx,
                 batched_per_req: (b1.1 - b0.1) as f64 / n,
                 mean_batch: (b1.1 - b0.1) as f64 / (b1.0 - b0.0).max(1) as f64,
+                ..Default::default()
             };
+            let (s_heap, s_rss) = crate::envoy_memory_mb(c.envoy);
+            let s = Saturation { envoy_heap_mb: s_heap, envoy_rss_mb: s_rss, ..s };
             eprintln!(
                 "round {} {:<38} {:>9.0} rps  Envoy {:>4.0} µs/req  batched {:.2}/req (batches of {:.1})  non-2xx {}",
                 round + 1,
@@ -454,8 +460,8 @@ pub fn run() {
     let base_cpu = mean(&sat[0], |s| s.envoy_cpu_us_per_req);
     let mut summary = Vec::new();
     let mut sat_table = vec![
-        "| configuration | throughput (rps) | vs Envoy alone | Envoy CPU µs/req | vs Envoy alone | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req | batched decisions/req (mean batch) | non-2xx |".to_string(),
-        "|---|---|---|---|---|---|---|---|---|---|".to_string(),
+        "| configuration | throughput (rps) | vs Envoy alone | Envoy CPU µs/req | vs Envoy alone | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req | batched decisions/req (mean batch) | Envoy heap / RSS MB (end) | non-2xx |".to_string(),
+        "|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
     ];
     let mut lat_table = vec![
         format!("| configuration (open loop, {rate:.0} rps) | p50 ms | p99 ms | p99.9 ms | added p50 ms | added p99 ms | added p99.9 ms | achieved rps |"),
@@ -501,12 +507,13 @@ pub fn run() {
             "redis_scripts_per_req": mean(s, |x| x.redis_scripts_per_req),
             "batched_decisions_per_req": mean(s, |x| x.batched_per_req),
             "mean_decision_batch": mean(s, |x| x.mean_batch),
+            "envoy_memory_mb_at_end": s.last().map(|x| json!({"heap": x.envoy_heap_mb, "rss": x.envoy_rss_mb})),
             "non_2xx": s.iter().map(|x| x.non_2xx).sum::<u64>() + o.iter().map(|x| x.non_2xx).sum::<u64>(),
             "errors": o.iter().map(|x| x.errors).sum::<u64>(),
             "rounds": {"saturation": s, "open_loop": o},
         });
         sat_table.push(format!(
-            "| {} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.0} | {:.3} | {:.3} | {:.2} ({:.1}) | {} |",
+            "| {} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.0} | {:.3} | {:.3} | {:.2} ({:.1}) | {:.1} / {:.1} | {} |",
             c.name,
             rps,
             rps / base_rps,
@@ -517,6 +524,8 @@ pub fn run() {
             mean(s, |x| x.redis_scripts_per_req),
             mean(s, |x| x.batched_per_req),
             mean(s, |x| x.mean_batch),
+            s.last().map_or(0.0, |x| x.envoy_heap_mb),
+            s.last().map_or(0.0, |x| x.envoy_rss_mb),
             row["non_2xx"]
         ));
         if c.zipf {

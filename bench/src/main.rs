@@ -41,6 +41,23 @@ fn cpu_us(pid: Option<u32>) -> f64 {
     ticks * 1_000_000.0 / 100.0 // USER_HZ = 100 on Linux
 }
 
+/// Envoy's memory in MB, after a measurement: its heap as its allocator counts it (admin
+/// `/memory` `allocated`: shared data such as the auth cache and lease records lives there) and
+/// its resident set (`VmRSS`, which also holds the Wasm VMs' linear memories). 0 when unreadable.
+fn envoy_memory_mb(envoy: &tollgate_tests::Envoy) -> (f64, f64) {
+    let heap = tollgate_tests::get(&format!("http://127.0.0.1:{}/memory", envoy.admin_port), &[]).json()["allocated"]
+        .as_str()
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let status = envoy.pid().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok()).unwrap_or_default();
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (heap / 1_048_576.0, rss_kb / 1024.0)
+}
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("cache") => cache::run(),
