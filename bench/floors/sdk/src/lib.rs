@@ -4,25 +4,12 @@
 //! created, request headers, response headers, response body, log, done, deleted), with no host
 //! call: the least any filter built on the SDK costs.
 
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::ContextType;
+use proxy_wasm::traits::{Context, HttpContext};
 
 proxy_wasm::main! {{
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root) });
+    // the SDK's default root context, making one of these per request
+    proxy_wasm::set_http_context(|_context_id, _root_context_id| -> Box<dyn HttpContext> { Box::new(Http) });
 }}
-
-struct Root;
-
-impl Context for Root {}
-
-impl RootContext for Root {
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Http))
-    }
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
-    }
-}
 
 struct Http;
 
