@@ -1,0 +1,26 @@
+//! The functional tests (real Envoy, filter, sidecar, Redis, broker, PostgreSQL), one file per
+//! area, built as **one** test binary: each test binary of the release profile is linked with
+//! fat LTO, about 30 s apiece on the 2-core machine, so eighteen binaries cost CI minutes that one
+//! does not (`autotests = false` in tests/Cargo.toml). `./build.sh test` runs it area by area
+//! (`-- <area>::`), as the eighteen binaries ran, so an area's tests share the machine only with
+//! each other: the load-sensitive ones (leases, exactness) never run beside another area's
+//! heavy one. Run one area with `cargo test --release -p tollgate-tests --test functional -- <area>::`.
+
+mod auth;
+mod batching;
+mod breaker;
+mod cache;
+mod config;
+mod exactness;
+mod faults;
+mod hostile;
+mod leases;
+mod limits;
+mod observability;
+mod postgres_harness;
+mod refunds;
+mod revocation;
+mod topologies;
+mod transport;
+mod trust;
+mod usage;
