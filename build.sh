@@ -153,6 +153,16 @@ run_tests() {
   python3 "$ROOT/scripts/module-graph.py" "$ROOT/sidecar/billing/src" | grep -E "circle|modules,"
   long=$(find "$ROOT/filters" "$ROOT/sidecar" "$ROOT/tests" "$ROOT/bench" "$ROOT/fuzz/src" -name '*.rs' -not -path '*/target/*' -exec wc -l {} + | awk '$2 != "total" && $1 > 600 {print $2 " (" $1 " lines)"}')
   [ -z "$long" ] || { echo "source files over 600 lines, split them: $long" >&2; exit 1; }
+  # One test binary per crate root (autotests = false): a test file not declared in it would
+  # never be compiled nor run.
+  local root file undeclared=""
+  for root in tests/tests/functional.rs filters/core/tests/logic.rs; do
+    for file in "$(dirname "$ROOT/$root")"/*.rs; do
+      case "$(basename "$file" .rs)" in functional|logic|fuzz_regressions) continue ;; esac
+      grep -qx "mod $(basename "$file" .rs);" "$ROOT/$root" || undeclared="$undeclared $file"
+    done
+  done
+  [ -z "$undeclared" ] || die "test files not declared in their crate's test root (tests/tests/functional.rs, filters/core/tests/logic.rs):$undeclared"
   log "rules: promtool check + unit tests of the alert and recording rules (observability/)"
   promtool check rules observability/rules.yml
   (cd observability && promtool test rules rules_test.yml)
