@@ -405,6 +405,7 @@ async fn sidecars_count_each_other_in_redis_and_then_each_keeps_its_share_of_a_l
     let mut cfg = Config::from_toml(toml).unwrap();
     cfg.redis.url = redis.url();
     cfg.redis.timeout = Duration::from_millis(500);
+    cfg.redis.decision_timeout = Duration::from_secs(2); // not 20 ms: see common::Lab::start
     cfg.cache.ttl = Duration::from_secs(600);
     let clock = Arc::new(ManualClock::new(T0));
     let stop = tokio_util::sync::CancellationToken::new();

@@ -20,7 +20,6 @@ use tollgate_wire::{Completion, DecideRequest, DecideResponse, LeaseAsk};
 impl Lab {
     async fn new(limits: &str) -> Lab {
         let lab = Lab::start(limits, T0, |cfg| {
-            cfg.redis.decision_timeout = Duration::from_millis(500);
             cfg.cache.ttl = Duration::from_secs(600);
         });
         lab.key("p").await

@@ -35,6 +35,9 @@ impl Lab {
         let mut cfg = Config::from_toml(toml).unwrap();
         cfg.redis.url = redis.url();
         cfg.redis.timeout = Duration::from_millis(500);
+        // not the default 20 ms: a first call connects and loads its script, which can take
+        // longer on a loaded machine, and the failure mode would answer instead of the script
+        cfg.redis.decision_timeout = Duration::from_secs(2);
         cfg.cache.ttl = Duration::from_secs(600);
         let store = Store::new(&cfg.redis).unwrap();
         let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), Arc::new(ManualClock::new(T0)));

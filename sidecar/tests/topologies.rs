@@ -26,7 +26,11 @@ const ALL_LIMITS: &str = "\
 
 fn decider(redis: RedisConfig) -> (Decider, Store) {
     let mut cfg = Config::from_toml(ALL_LIMITS).unwrap();
-    cfg.redis = RedisConfig { timeout: Duration::from_secs(2), connect_timeout: Duration::from_secs(2), ..redis };
+    // a decision's Redis time too (the default is 20 ms): the first decision on a fresh Cluster
+    // connects to every master and loads its script, which can take longer on a loaded machine,
+    // and the limits' failure mode (open) would then answer instead of the scripts under test
+    let (timeout, decision_timeout) = (Duration::from_secs(2), Duration::from_secs(2));
+    cfg.redis = RedisConfig { timeout, connect_timeout: timeout, decision_timeout, ..redis };
     let store = Store::new(&cfg.redis).unwrap();
     let clock = Arc::new(ManualClock::new(1_795_953_600_000));
     (Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock), store)

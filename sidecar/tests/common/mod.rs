@@ -30,13 +30,17 @@ pub struct Lab {
 }
 
 impl Lab {
-    /// A lab deciding by the plans of `toml` (Redis calls bounded at 500 ms), its clock at `now`;
-    /// `tune` adjusts the configuration before the decider is made.
+    /// A lab deciding by the plans of `toml` (each Redis call bounded at 500 ms, a decision's
+    /// Redis time at 2 s), its clock at `now`; `tune` adjusts the configuration before the
+    /// decider is made. The 2 s replaces the production default of 20 ms: a first call connects
+    /// and loads its script, which on a loaded 2-core machine can take longer than 20 ms, and
+    /// the limit's failure mode (open) would then answer instead of the script under test.
     pub fn start(toml: &str, now: u64, tune: impl FnOnce(&mut Config)) -> Lab {
         let redis = Redis::start();
         let mut cfg = Config::from_toml(toml).unwrap();
         cfg.redis.url = redis.url();
         cfg.redis.timeout = Duration::from_millis(500);
+        cfg.redis.decision_timeout = Duration::from_secs(2);
         tune(&mut cfg);
         let store = Store::new(&cfg.redis).unwrap();
         let clock = Arc::new(ManualClock::new(now));
