@@ -156,13 +156,13 @@ run_tests() {
   # One test binary per crate root (autotests = false): a test file not declared in it would
   # never be compiled nor run.
   local root file undeclared=""
-  for root in tests/tests/functional.rs filters/core/tests/logic.rs; do
+  for root in tests/tests/functional.rs filters/core/tests/logic.rs sidecar/tests/integration.rs; do
     for file in "$(dirname "$ROOT/$root")"/*.rs; do
-      case "$(basename "$file" .rs)" in functional|logic|fuzz_regressions) continue ;; esac
+      case "$(basename "$file" .rs)" in functional|logic|integration|fuzz_regressions) continue ;; esac
       grep -qx "mod $(basename "$file" .rs);" "$ROOT/$root" || undeclared="$undeclared $file"
     done
   done
-  [ -z "$undeclared" ] || die "test files not declared in their crate's test root (tests/tests/functional.rs, filters/core/tests/logic.rs):$undeclared"
+  [ -z "$undeclared" ] || die "test files not declared in their crate's test root (tests/tests/functional.rs, filters/core/tests/logic.rs, sidecar/tests/integration.rs):$undeclared"
   log "rules: promtool check + unit tests of the alert and recording rules (observability/)"
   promtool check rules observability/rules.yml
   (cd observability && promtool test rules rules_test.yml)
@@ -174,19 +174,27 @@ run_tests() {
   log "tier 2: filter logic under wasm-bindgen-test (wasm32-unknown-unknown, node)"
   cargo test --release --target wasm32-unknown-unknown -p tollgate-filter-core
   log "tier 3: integration tests against real servers (redis-server, tansu, PostgreSQL)"
-  cargo test -q --release -p tollgate-sidecar --tests
+  cargo test -q --release -p tollgate-sidecar --test fuzz_regressions
   cargo test -q --release -p tollgate-billing --tests
+  # One binary (sidecar/tests/integration.rs), run area by area as the eight binaries it replaced.
+  run_by_area tollgate-sidecar integration "$ROOT/sidecar/tests/integration.rs"
   log "tier 4: functional tests: real Envoy + filter + sidecar + Redis + upstream"
   cargo test -q --release -p tollgate-tests --lib --bins -- --test-threads 2
   cargo test -q --release -p tollgate-tests --doc
   # One binary (one LTO link instead of eighteen: tests/tests/functional.rs), run area by area as
   # the eighteen ran: an area's tests only ever share the machine with each other.
-  cargo test -q --release -p tollgate-tests --test functional --no-run
-  local area failed=()
-  for area in $(sed -n 's/^mod \([a-z_]*\);$/\1/p' "$ROOT/tests/tests/functional.rs"); do
-    cargo test -q --release -p tollgate-tests --test functional -- --test-threads 2 "$area::" || failed+=("$area")
+  run_by_area tollgate-tests functional "$ROOT/tests/tests/functional.rs"
+}
+
+# Runs test binary $2 of package $1 area by area: one run per `mod <area>;` of its root file $3
+# (`common` is the shared harness, not an area), 2 test threads; fails naming every failed area.
+run_by_area() {
+  local package="$1" binary="$2" root="$3" area failed=()
+  cargo test -q --release -p "$package" --test "$binary" --no-run
+  for area in $(sed -n 's/^mod \([a-z_]*\);$/\1/p' "$root" | grep -vx common); do
+    cargo test -q --release -p "$package" --test "$binary" -- --test-threads 2 "$area::" || failed+=("$area")
   done
-  [ ${#failed[@]} -eq 0 ] || die "functional tests failed in: ${failed[*]}"
+  [ ${#failed[@]} -eq 0 ] || die "$binary tests failed in: ${failed[*]}"
 }
 
 # Coverage-guided fuzzing (docs/fuzzing.md): nightly + cargo-fuzz are installed if missing (the

@@ -3,33 +3,28 @@
 //! never past the window's end; renewals take only the lease; the tail of a window is exact;
 //! a revoked key's renewal is denied; a plan with an exact limit gets no lease.
 
-mod common;
-
-use common::{Lab, T0};
+use crate::common::{Lab, T0};
 use tollgate_sidecar::decision::limits::LEASE_MAX_TTL_MS;
 use tollgate_tests::redis::command_calls;
 use tollgate_wire::{DecideRequest, DecideResponse, Lease, LeaseAsk};
 
-impl Lab {
-    async fn new(plan_toml: &str) -> Lab {
-        Lab::start(plan_toml, T0 + 1_000, |_| {}).key("p").await
-    }
+/// A lab deciding by `plan_toml`, its key issued.
+async fn lab(plan_toml: &str) -> Lab {
+    Lab::start(plan_toml, T0 + 1_000, |_| {}).key("p").await
+}
 
-    async fn call(&self, lease: Option<LeaseAsk>) -> DecideResponse {
+impl Lab {
+    async fn call_with(&self, lease: Option<LeaseAsk>) -> DecideResponse {
         let req = DecideRequest { lease, ..DecideRequest::new(self.key_hash.clone(), "GET", "api", "/") };
         self.decider.decide(&req).await.unwrap()
     }
 
     async fn ask(&self, want: u64) -> DecideResponse {
-        self.call(Some(LeaseAsk { want, renewal: false })).await
+        self.call_with(Some(LeaseAsk { want, renewal: false })).await
     }
 
     async fn renew(&self, want: u64) -> DecideResponse {
-        self.call(Some(LeaseAsk { want, renewal: true })).await
-    }
-
-    fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        self.redis.cmd(args)
+        self.call_with(Some(LeaseAsk { want, renewal: true })).await
     }
 
     /// The fixed-window counter of limit `l` (0 when absent).
@@ -58,8 +53,8 @@ const FIXED: &str = "[[plans.p.limits]]\nname = \"per-min\"\nalgorithm = \"fixed
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_is_taken_in_the_same_call_and_at_most_half_of_what_is_left() {
-    let lab = Lab::new(FIXED).await;
-    assert!(allowed(&lab.call(None).await), "no ask, no lease");
+    let lab = lab(FIXED).await;
+    assert!(allowed(&lab.call_with(None).await), "no ask, no lease");
     assert_eq!(lab.used("per-min"), 1);
     let before = lab.evalsha_calls();
     let r = lab.ask(30).await;
@@ -92,7 +87,7 @@ async fn a_lease_is_taken_in_the_same_call_and_at_most_half_of_what_is_left() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_never_outlives_its_window() {
-    let lab = Lab::new(FIXED).await;
+    let lab = lab(FIXED).await;
     lab.clock.set(T0 + 59_800);
     assert_eq!(lease(&lab.ask(10).await).map(|l| l.ttl_ms), Some(200), "the window ends in 200 ms");
     lab.clock.set(T0 + 59_970);
@@ -107,7 +102,7 @@ async fn a_lease_never_outlives_its_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_takes_only_its_lease_and_nothing_when_nothing_can_be_spared() {
-    let lab = Lab::new("[[plans.p.limits]]\nname = \"per-min\"\nalgorithm = \"fixed_window\"\nlimit = 10\nmode = \"leased\"\n").await;
+    let lab = lab("[[plans.p.limits]]\nname = \"per-min\"\nalgorithm = \"fixed_window\"\nlimit = 10\nmode = \"leased\"\n").await;
     let l = lease(&lab.renew(4).await).unwrap();
     assert_eq!(l.units, 4);
     assert_eq!(lab.used("per-min"), 4, "no request was admitted by a renewal");
@@ -126,7 +121,7 @@ async fn a_renewal_takes_only_its_lease_and_nothing_when_nothing_can_be_spared()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_buckets_lease_what_they_hold_and_refill_after() {
-    let lab = Lab::new("[[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 20\nwindow = \"10s\"\nmode = \"leased\"\n").await;
+    let lab = lab("[[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 20\nwindow = \"10s\"\nmode = \"leased\"\n").await;
     let l = lease(&lab.ask(100).await).unwrap();
     assert_eq!((l.units, l.ttl_ms), (9, LEASE_MAX_TTL_MS)); // (20 - 1) / 2
     let bucket = format!("q:rps:{{acme}}:b:k.{}", lab.key_id());
@@ -138,7 +133,7 @@ async fn token_buckets_lease_what_they_hold_and_refill_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_with_an_exact_limit_gets_no_lease() {
-    let lab = Lab::new(&format!("{FIXED}[[plans.p.limits]]\nname = \"exact\"\nalgorithm = \"fixed_window\"\nlimit = 100\n")).await;
+    let lab = lab(&format!("{FIXED}[[plans.p.limits]]\nname = \"exact\"\nalgorithm = \"fixed_window\"\nlimit = 100\n")).await;
     let r = lab.ask(10).await;
     assert!(allowed(&r) && lease(&r).is_none());
     assert_eq!((lab.used("per-min"), lab.used("exact")), (1, 1));
@@ -148,7 +143,7 @@ async fn a_plan_with_an_exact_limit_gets_no_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_keys_renewal_is_denied() {
-    let lab = Lab::new(FIXED).await;
+    let lab = lab(FIXED).await;
     assert!(lease(&lab.renew(5).await).is_some());
     lab.store.revoke_key(lab.key_id(), 5).await.unwrap();
     lab.decider.evict(None);

@@ -2,21 +2,19 @@
 //! through windows): each algorithm at its boundaries, denied-consumes-nothing, reservations and
 //! reconciliation, crash-safe concurrency slots, shadow mode, failure modes, one round trip.
 
-mod common;
-
-use common::{Lab, T0};
+use crate::common::{Lab, T0};
 use std::time::Duration;
 use tollgate_sidecar::config::Config;
 use tollgate_tests::poll_until;
 use tollgate_tests::redis::command_calls;
 use tollgate_wire::{Completion, DecideRequest, DecideResponse, Ticket};
 
-impl Lab {
-    fn new(plan_toml: &str) -> Lab {
-        // the key record stays cached: one round trip per decision
-        Lab::start(plan_toml, T0, |cfg| cfg.cache.ttl = Duration::from_secs(600))
-    }
+/// A lab deciding by `plan_toml`; the key record stays cached: one round trip per decision.
+fn lab(plan_toml: &str) -> Lab {
+    Lab::start(plan_toml, T0, |cfg| cfg.cache.ttl = Duration::from_secs(600))
+}
 
+impl Lab {
     async fn call(&mut self) -> DecideResponse {
         self.call_on(None).await
     }
@@ -31,10 +29,6 @@ impl Lab {
             ..DecideRequest::new(self.key_hash.clone(), "GET", "api", "/")
         };
         self.decider.decide(&req).await.unwrap()
-    }
-
-    fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        self.redis.cmd(args)
     }
 
     fn keys(&self, pattern: &str) -> Vec<String> {
@@ -73,7 +67,7 @@ fn plan(limits: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_window_admits_the_limit_then_resets_at_the_boundary() {
-    let mut lab = Lab::new(&plan("name = \"per-min\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"")).key("p").await;
+    let mut lab = lab(&plan("name = \"per-min\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"")).key("p").await;
     lab.clock.set(T0 + 45_000); // 15 s before the window ends
     for i in 0..3 {
         let r = lab.call().await;
@@ -98,7 +92,7 @@ async fn fixed_window_admits_the_limit_then_resets_at_the_boundary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sliding_window_weights_the_previous_bucket() {
-    let mut lab = Lab::new(&plan("name = \"sw\"\nalgorithm = \"sliding_window\"\nlimit = 10\nwindow = \"60s\"")).key("p").await;
+    let mut lab = lab(&plan("name = \"sw\"\nalgorithm = \"sliding_window\"\nlimit = 10\nwindow = \"60s\"")).key("p").await;
     lab.clock.set(T0 + 50_000);
     for _ in 0..10 {
         assert!(allowed(&lab.call().await));
@@ -124,7 +118,7 @@ async fn sliding_window_weights_the_previous_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_bucket_refills_continuously() {
     // capacity 5, refilled from empty in 5 s: one token a second
-    let mut lab = Lab::new(&plan("name = \"rps\"\nalgorithm = \"token_bucket\"\nlimit = 5\nwindow = \"5s\"")).key("p").await;
+    let mut lab = lab(&plan("name = \"rps\"\nalgorithm = \"token_bucket\"\nlimit = 5\nwindow = \"5s\"")).key("p").await;
     for _ in 0..5 {
         assert!(allowed(&lab.call().await));
     }
@@ -149,7 +143,7 @@ async fn token_bucket_refills_continuously() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sliding_log_counts_each_request_for_exactly_one_window() {
-    let mut lab = Lab::new(&plan("name = \"log\"\nalgorithm = \"sliding_log\"\nlimit = 3\nwindow = \"10s\"")).key("p").await;
+    let mut lab = lab(&plan("name = \"log\"\nalgorithm = \"sliding_log\"\nlimit = 3\nwindow = \"10s\"")).key("p").await;
     for step in [0, 2_000, 4_000] {
         lab.clock.set(T0 + step);
         assert!(allowed(&lab.call().await));
@@ -167,7 +161,7 @@ async fn sliding_log_counts_each_request_for_exactly_one_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_request_consumes_nothing_from_any_limit() {
-    let mut lab = Lab::new(
+    let mut lab = lab(
         "[[plans.p.limits]]\nname = \"big\"\nalgorithm = \"fixed_window\"\nlimit = 100\n\
          [[plans.p.limits]]\nname = \"small\"\nalgorithm = \"fixed_window\"\nlimit = 2\n\
          [[plans.p.limits]]\nname = \"bucket\"\nalgorithm = \"token_bucket\"\nlimit = 100\nwindow = \"100s\"",
@@ -187,7 +181,7 @@ async fn a_denied_request_consumes_nothing_from_any_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_decision_is_one_redis_round_trip() {
-    let mut lab = Lab::new(
+    let mut lab = lab(
         "[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 100\n\
          [[plans.p.limits]]\nname = \"b\"\nalgorithm = \"sliding_window\"\nlimit = 100\n\
          [[plans.p.limits]]\nname = \"c\"\nalgorithm = \"sliding_log\"\nlimit = 100\n\
@@ -217,7 +211,7 @@ fn ticket_of(r: &DecideResponse) -> Ticket {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_budget_reserves_then_reconciles_refunds_and_overruns() {
-    let mut lab = Lab::new(&plan("name = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000\nestimate = 400")).key("p").await;
+    let mut lab = lab(&plan("name = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000\nestimate = 400")).key("p").await;
     let t1 = ticket_of(&lab.call().await);
     let t2 = ticket_of(&lab.call().await);
     let d = lab.call().await;
@@ -251,7 +245,7 @@ async fn each_token_budget_of_a_request_reserves_and_settles_on_its_own() {
     // A key's monthly budget and its tenant's: one request reserves from both.
     let toml = "[[plans.p.limits]]\nname = \"per-key\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400\n\
                 [[plans.p.limits]]\nname = \"per-tenant\"\nalgorithm = \"token_budget\"\nlimit = 500000\nestimate = 400\nsubject = \"tenant\"\n";
-    let mut lab = Lab::new(toml).key("p").await;
+    let mut lab = lab(toml).key("p").await;
     let counter = |lab: &Lab, name: &str| -> i64 {
         let keys = lab.keys(&format!("q:tokens:{{acme}}:{name}:*"));
         assert_eq!(keys.len(), 1, "{name}: {keys:?}");
@@ -280,7 +274,7 @@ async fn each_token_budget_of_a_request_reserves_and_settles_on_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreconciled_reservation_stays_charged() {
-    let mut lab = Lab::new(&plan("name = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400")).key("p").await;
+    let mut lab = lab(&plan("name = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 100000\nestimate = 400")).key("p").await;
     let a = ticket_of(&lab.call().await);
     let b = ticket_of(&lab.call().await);
     let c = ticket_of(&lab.call().await);
@@ -312,7 +306,7 @@ async fn an_unreconciled_reservation_stays_charged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_slots_free_on_completion_or_by_themselves() {
-    let mut lab = Lab::new(&plan("name = \"conc\"\nalgorithm = \"concurrency\"\nlimit = 2\nwindow = \"30s\"")).key("p").await;
+    let mut lab = lab(&plan("name = \"conc\"\nalgorithm = \"concurrency\"\nlimit = 2\nwindow = \"30s\"")).key("p").await;
     let a = ticket_of(&lab.call().await);
     let _b = ticket_of(&lab.call().await);
     assert_eq!(denial(&lab.call().await), (429, "concurrency_limited".into(), Some("conc".into()), Some(1)));
@@ -330,7 +324,7 @@ async fn concurrency_slots_free_on_completion_or_by_themselves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_limit_counts_but_never_blocks() {
-    let mut lab = Lab::new(&plan("name = \"trial\"\nalgorithm = \"fixed_window\"\nlimit = 2\nshadow = true")).key("p").await;
+    let mut lab = lab(&plan("name = \"trial\"\nalgorithm = \"fixed_window\"\nlimit = 2\nshadow = true")).key("p").await;
     for _ in 0..5 {
         assert!(allowed(&lab.call().await));
     }
@@ -343,8 +337,8 @@ async fn redis_down_applies_each_limits_failure_mode_within_the_timeout() {
     let cfg = "[[plans.open.limits]]\nname = \"o\"\nalgorithm = \"fixed_window\"\nlimit = 5\n\
                [[plans.closed.limits]]\nname = \"o\"\nalgorithm = \"fixed_window\"\nlimit = 5\n\
                [[plans.closed.limits]]\nname = \"c\"\nalgorithm = \"token_bucket\"\nlimit = 5\nfailure_mode = \"closed\"";
-    let mut open = Lab::new(cfg).key("open").await;
-    let mut closed = Lab::new(cfg).key("closed").await;
+    let mut open = lab(cfg).key("open").await;
+    let mut closed = lab(cfg).key("closed").await;
     assert!(allowed(&open.call().await));
     assert!(allowed(&closed.call().await));
     open.redis.kill();
@@ -366,7 +360,7 @@ async fn a_route_applies_its_plan_override_and_requires_the_products_subscriptio
     use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
     let toml = "[[plans.p.limits]]\nname = \"roomy\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"60s\"\n\
                 [[plans.strict.limits]]\nname = \"tight\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"60s\"\n";
-    let mut lab = Lab::new(toml).key("p").await;
+    let mut lab = lab(toml).key("p").await;
     let cfg = Config::from_toml(toml).unwrap();
     let mut s = Snapshot { plans: cfg.plans.clone(), ..Snapshot::default() };
     for change in [

@@ -1,4 +1,3 @@
-#![recursion_limit = "256"]
 //! Refunds of abandoned decisions (issue 15.2) against a real redis-server, with the clock driven
 //! by the test: for every algorithm (fixed, sliding, bucket, log, budget, concurrency), a leased
 //! grant and an idempotency claim, an allowed decision refunded leaves Redis exactly as it was
@@ -6,9 +5,7 @@
 //! changes nothing; a refund after a completion gives nothing back; a late bucket refund never
 //! gives back what a refill to capacity absorbed.
 
-mod common;
-
-use common::{Lab, T0};
+use crate::common::{Lab, T0};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tollgate_sidecar::scripts::refund::Refunded;
@@ -17,14 +14,15 @@ use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::responses::IdempotencyRequest;
 use tollgate_wire::{Completion, DecideRequest, DecideResponse, LeaseAsk};
 
-impl Lab {
-    async fn new(limits: &str) -> Lab {
-        let lab = Lab::start(limits, T0, |cfg| {
-            cfg.cache.ttl = Duration::from_secs(600);
-        });
-        lab.key("p").await
-    }
+/// A lab deciding by `limits` (plan `p`), its key issued.
+async fn lab(limits: &str) -> Lab {
+    let lab = Lab::start(limits, T0, |cfg| {
+        cfg.cache.ttl = Duration::from_secs(600);
+    });
+    lab.key("p").await
+}
 
+impl Lab {
     /// A decision the filter named; returns its id and the answer.
     async fn decide_with(&mut self, f: impl FnOnce(DecideRequest) -> DecideRequest) -> (String, DecideResponse) {
         self.n += 1;
@@ -73,7 +71,7 @@ fn limit(name: &str, algorithm: &str, limit: u64, extra: &str) -> String {
 /// Decide (allowed) → refund → Redis as before the decision; refunding again, or a denied or
 /// unknown decision, changes nothing.
 async fn refunded_as_if_it_never_came(limits: &str, lines: u64) {
-    let mut lab = Lab::new(limits).await;
+    let mut lab = lab(limits).await;
     let (_, warm) = lab.decide().await; // a decision that stays: the state has something in it
     assert!(allowed(&warm), "{warm:?}");
     let before = lab.state();
@@ -114,7 +112,7 @@ async fn every_algorithm_is_given_back_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leased_grant_is_given_back_with_the_request() {
-    let mut lab = Lab::new(&limit("fw", "fixed_window", 100, "mode = \"leased\"")).await;
+    let mut lab = lab(&limit("fw", "fixed_window", 100, "mode = \"leased\"")).await;
     let before = lab.state();
     let (id, r) = lab.decide_with(|req| DecideRequest { lease: Some(LeaseAsk { want: 20, renewal: false }), ..req }).await;
     let DecideResponse::Allow { lease: Some(l), .. } = &r else { panic!("no lease: {r:?}") };
@@ -129,7 +127,7 @@ async fn a_leased_grant_is_given_back_with_the_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_claim_is_released_only_while_it_is_the_decisions() {
-    let mut lab = Lab::new(&limit("fw", "fixed_window", 5, "")).await;
+    let mut lab = lab(&limit("fw", "fixed_window", 5, "")).await;
     lab.decide().await;
     let before = lab.state();
     let idem = |key: &str| IdempotencyRequest { key: key.into(), digest: "0a".repeat(16) };
@@ -152,7 +150,7 @@ async fn an_idempotency_claim_is_released_only_while_it_is_the_decisions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_decision_and_a_completed_one_are_not_refunded() {
-    let mut lab = Lab::new(&[limit("fw", "fixed_window", 1, ""), limit("bud", "token_budget", 100_000, "estimate = 500")].concat()).await;
+    let mut lab = lab(&[limit("fw", "fixed_window", 1, ""), limit("bud", "token_budget", 100_000, "estimate = 500")].concat()).await;
     let (done, r) = lab.decide().await;
     let DecideResponse::Allow { ticket: Some(ticket), .. } = r else { panic!("{r:?}") };
     let (denied, r) = lab.decide().await;
@@ -171,7 +169,7 @@ async fn a_denied_decision_and_a_completed_one_are_not_refunded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_racing_a_settled_reservation_gives_nothing_back() {
-    let mut lab = Lab::new(&limit("bud", "token_budget", 100_000, "estimate = 500")).await;
+    let mut lab = lab(&limit("bud", "token_budget", 100_000, "estimate = 500")).await;
     let (id, r) = lab.decide().await;
     assert!(allowed(&r));
     // as if a completion settled it but its record was not yet deleted (a report and a refund
@@ -187,7 +185,7 @@ async fn a_refund_racing_a_settled_reservation_gives_nothing_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_bucket_refund_never_gives_back_what_a_full_refill_absorbed() {
-    let mut lab = Lab::new(&limit("tb", "token_bucket", 10, "window = \"10s\"")).await;
+    let mut lab = lab(&limit("tb", "token_bucket", 10, "window = \"10s\"")).await;
     let (id, _) = lab.decide().await; // 9 left
     let bucket = lab.redis.keys("q:rps:*").pop().unwrap();
     let tokens = |lab: &Lab| lab.redis.cmd::<String>(&["HGET", &bucket, "tokens"]).parse::<f64>().unwrap();

@@ -57,6 +57,11 @@ impl Lab {
         self
     }
 
+    /// A command to the lab's Redis, its reply as `T`.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        self.redis.cmd(args)
+    }
+
     /// The id of the key issued by [`Lab::key`].
     pub fn key_id(&self) -> &Id {
         self.key_id.as_ref().expect("no key issued")

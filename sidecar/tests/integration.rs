@@ -1,0 +1,20 @@
+//! The sidecar's integration tests against real servers (redis-server, Redis Cluster and
+//! Sentinel, tansu), one file per area, built as **one** test binary: every test binary of the
+//! release profile is compiled and linked with fat LTO, about 85 s apiece on the 2-core machine,
+//! so eight binaries cost CI minutes that one does not (`autotests = false` in
+//! sidecar/Cargo.toml). `./build.sh test` runs it area by area (`-- <area>::`), as the eight
+//! binaries ran. Run one area with
+//! `cargo test --release -p tollgate-sidecar --test integration -- <area>::`.
+//! `fuzz_regressions` stays its own binary: it compiles the fuzz entry points in by path.
+#![recursion_limit = "256"]
+
+mod common;
+
+mod leases;
+mod limits;
+mod redis_server;
+mod refunds;
+mod responses;
+mod topologies;
+mod unix_socket;
+mod usage;
