@@ -460,7 +460,7 @@ pub fn run() {
     let base_cpu = mean(&sat[0], |s| s.envoy_cpu_us_per_req);
     let mut summary = Vec::new();
     let mut sat_table = vec![
-        "| configuration | throughput (rps) | vs Envoy alone | Envoy CPU µs/req | vs Envoy alone | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req | batched decisions/req (mean batch) | Envoy heap / RSS MB (end) | non-2xx |".to_string(),
+        "| configuration | throughput (rps) | vs Envoy alone | Envoy CPU µs/req (its core busy) | vs Envoy alone | sidecar CPU µs/req | Redis cmds/req | Redis scripts/req | batched decisions/req (mean batch) | Envoy heap / RSS MB (end) | non-2xx |".to_string(),
         "|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
     ];
     let mut lat_table = vec![
@@ -502,6 +502,8 @@ pub fn run() {
             },
             "envoy_cpu_us_per_req": cpu,
             "envoy_cpu_ratio_to_envoy_alone": cpu / base_cpu,
+            // the share of its core Envoy used while wrk ran (CPU µs per request × requests per s)
+            "envoy_core_busy": cpu * rps / 1e6,
             "sidecar_cpu_us_per_req": mean(s, |x| x.sidecar_cpu_us_per_req),
             "redis_cmds_per_req": mean(s, |x| x.redis_cmds_per_req),
             "redis_scripts_per_req": mean(s, |x| x.redis_scripts_per_req),
@@ -513,11 +515,12 @@ pub fn run() {
             "rounds": {"saturation": s, "open_loop": o},
         });
         sat_table.push(format!(
-            "| {} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.0} | {:.3} | {:.3} | {:.2} ({:.1}) | {:.1} / {:.1} | {} |",
+            "| {} | {:.0} | {:.2}× | {:.0} ({:.0}%) | {:.2}× | {:.0} | {:.3} | {:.3} | {:.2} ({:.1}) | {:.1} / {:.1} | {} |",
             c.name,
             rps,
             rps / base_rps,
             cpu,
+            cpu * rps / 1e4,
             cpu / base_cpu,
             mean(s, |x| x.sidecar_cpu_us_per_req),
             mean(s, |x| x.redis_cmds_per_req),
@@ -549,6 +552,11 @@ pub fn run() {
     let native_limited = native.counter(NATIVE_LIMITED);
     println!("\nSaturation (wrk, closed loop; CPU and Redis per request measured here)\n");
     println!("{}", sat_table.join("\n"));
+    let idle = summary.iter().filter(|r| r["envoy_core_busy"].as_f64().is_some_and(|b| b < 0.9)).count();
+    if idle > 0 {
+        println!("\n{idle} configuration(s) where Envoy used less than 90% of its core (softirqs, unpinned processes or waits took the rest):");
+        println!("their throughput ratios mix those in; compare Envoy CPU per request (docs/benchmarks.md, \"What the throughput ratio measures\").");
+    }
     if open_rounds > 0 {
         println!("\nLatency at a fixed rate (oha, open loop, latency-corrected)\n");
         println!("{}", lat_table.join("\n"));
