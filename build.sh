@@ -158,7 +158,7 @@ run_tests() {
   local root file undeclared=""
   for root in tests/tests/functional.rs filters/core/tests/logic.rs sidecar/tests/integration.rs; do
     for file in "$(dirname "$ROOT/$root")"/*.rs; do
-      case "$(basename "$file" .rs)" in functional|logic|integration|fuzz_regressions) continue ;; esac
+      case "$(basename "$file" .rs)" in functional|logic|integration) continue ;; esac
       grep -qx "mod $(basename "$file" .rs);" "$ROOT/$root" || undeclared="$undeclared $file"
     done
   done
@@ -174,9 +174,9 @@ run_tests() {
   log "tier 2: filter logic under wasm-bindgen-test (wasm32-unknown-unknown, node)"
   cargo test --release --target wasm32-unknown-unknown -p tollgate-filter-core
   log "tier 3: integration tests against real servers (redis-server, tansu, PostgreSQL)"
-  cargo test -q --release -p tollgate-sidecar --test fuzz_regressions
   cargo test -q --release -p tollgate-billing --tests
-  # One binary (sidecar/tests/integration.rs), run area by area as the eight binaries it replaced.
+  # One binary (sidecar/tests/integration.rs, the fuzz replay too), run area by area as the nine
+  # binaries it replaced.
   run_by_area tollgate-sidecar integration "$ROOT/sidecar/tests/integration.rs"
   log "tier 4: functional tests: real Envoy + filter + sidecar + Redis + upstream"
   cargo test -q --release -p tollgate-tests --lib --bins -- --test-threads 2

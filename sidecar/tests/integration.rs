@@ -1,15 +1,16 @@
 //! The sidecar's integration tests against real servers (redis-server, Redis Cluster and
-//! Sentinel, tansu), one file per area, built as **one** test binary: every test binary of the
+//! Sentinel, tansu) and the replay of its fuzz inputs, one file per area, built as **one** test binary: every test binary of the
 //! release profile is compiled and linked with fat LTO, about 85 s apiece on the 2-core machine,
-//! so eight binaries cost CI minutes that one does not (`autotests = false` in
-//! sidecar/Cargo.toml). `./build.sh test` runs it area by area (`-- <area>::`), as the eight
+//! so nine binaries cost CI minutes that one does not (`autotests = false` in
+//! sidecar/Cargo.toml). `./build.sh test` runs it area by area (`-- <area>::`), as the nine
 //! binaries ran. Run one area with
 //! `cargo test --release -p tollgate-sidecar --test integration -- <area>::`.
-//! `fuzz_regressions` stays its own binary: it compiles the fuzz entry points in by path.
+//! `fuzz_regressions` compiles the fuzz entry points in by path (relative to its own file).
 #![recursion_limit = "256"]
 
 mod common;
 
+mod fuzz_regressions;
 mod leases;
 mod limits;
 mod redis_server;
