@@ -128,9 +128,14 @@ install_oha() {
 }
 
 build() {
-  log "building the filter (wasm32-wasip1) and the sidecar"
-  cargo build -q --release --target wasm32-wasip1 -p tollgate-filter -p tollgate-test-crasher
+  build_wasm
+  log "building the sidecar, billing, the CLI and the demo upstream"
   cargo build -q --release -p tollgate-sidecar -p tollgate-billing -p tollgate-tests --bins
+}
+
+build_wasm() {
+  log "building the filter (wasm32-wasip1)"
+  cargo build -q --release --target wasm32-wasip1 -p tollgate-filter -p tollgate-test-crasher
 }
 
 test_env() {
@@ -166,33 +171,40 @@ run_tests() {
   log "rules: promtool check + unit tests of the alert and recording rules (observability/)"
   promtool check rules observability/rules.yml
   (cd observability && promtool test rules rules_test.yml)
-  log "tier 1: native unit tests (filter logic via mock host, sidecar logic)"
-  cargo test -q --release -p tollgate-wire -p tollgate-filter-core
-  cargo test -q --release -p tollgate-shared
-  cargo test -q --release -p tollgate-sidecar --lib --bins
-  cargo test -q --release -p tollgate-billing --lib --bins
+  # Every native test binary in one cargo run, then the tiers only run them. Two reasons:
+  # - cargo resolves the dependencies' features from the packages a run names (their
+  #   dev-dependencies too), so runs naming different packages built the same dependencies again
+  #   with other features: every run below names the same packages (TESTED) and picks targets;
+  # - each fat-LTO link is single-threaded: one run keeps both cores linking, where the tiers'
+  #   runs one after the other left one idle for minutes.
+  log "building every native test binary (one cargo run, both cores)"
+  cargo test -q --release --no-run "${TESTED[@]}" --lib --bins --tests
+  log "tier 1: native unit tests (filter logic via mock host, sidecar logic, the test harness's own)"
+  cargo test -q --release "${TESTED[@]}" --lib --bins --test logic -- --test-threads 2
+  cargo test -q --release "${TESTED[@]}" --doc
   log "tier 2: filter logic under wasm-bindgen-test (wasm32-unknown-unknown, node)"
   cargo test --release --target wasm32-unknown-unknown -p tollgate-filter-core
   log "tier 3: integration tests against real servers (redis-server, tansu, PostgreSQL)"
-  cargo test -q --release -p tollgate-billing --tests
+  cargo test -q --release "${TESTED[@]}" --test billing
   # One binary (sidecar/tests/integration.rs, the fuzz replay too), run area by area as the nine
   # binaries it replaced.
-  run_by_area tollgate-sidecar integration "$ROOT/sidecar/tests/integration.rs"
+  run_by_area integration "$ROOT/sidecar/tests/integration.rs"
   log "tier 4: functional tests: real Envoy + filter + sidecar + Redis + upstream"
-  cargo test -q --release -p tollgate-tests --lib --bins -- --test-threads 2
-  cargo test -q --release -p tollgate-tests --doc
   # One binary (one LTO link instead of eighteen: tests/tests/functional.rs), run area by area as
   # the eighteen ran: an area's tests only ever share the machine with each other.
-  run_by_area tollgate-tests functional "$ROOT/tests/tests/functional.rs"
+  run_by_area functional "$ROOT/tests/tests/functional.rs"
 }
 
-# Runs test binary $2 of package $1 area by area: one run per `mod <area>;` of its root file $3
-# (`common` is the shared harness, not an area), 2 test threads; fails naming every failed area.
+# The packages every native `cargo test` run names (see run_tests).
+TESTED=(-p tollgate-wire -p tollgate-filter-core -p tollgate-shared -p tollgate-sidecar -p tollgate-billing -p tollgate-tests)
+
+# Runs test binary $1 (of one of the TESTED packages) area by area: one run per `mod <area>;` of
+# its root file $2 (`common` is the shared harness, not an area), 2 test threads; fails naming
+# every failed area.
 run_by_area() {
-  local package="$1" binary="$2" root="$3" area failed=()
-  cargo test -q --release -p "$package" --test "$binary" --no-run
+  local binary="$1" root="$2" area failed=()
   for area in $(sed -n 's/^mod \([a-z_]*\);$/\1/p' "$root" | grep -vx common); do
-    cargo test -q --release -p "$package" --test "$binary" -- --test-threads 2 "$area::" || failed+=("$area")
+    cargo test -q --release "${TESTED[@]}" --test "$binary" -- --test-threads 2 "$area::" || failed+=("$area")
   done
   [ ${#failed[@]} -eq 0 ] || die "$binary tests failed in: ${failed[*]}"
 }
@@ -233,7 +245,9 @@ run_fuzz() {
 case "${1:-build}" in
   deps) deps ;;
   build) deps; build ;;
-  test) deps; build; run_tests ;;
+  # the native binaries come from run_tests' one test build (the same binaries, with the
+  # features of the test run: building them here too would link each twice)
+  test) deps; build_wasm; run_tests ;;
   up) deps; build; test_env; exec "$ROOT/scripts/up.sh" ;;
   bench)
     shift
