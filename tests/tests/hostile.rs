@@ -370,3 +370,47 @@ fn impossible_token_counts_are_clamped_and_block_no_queue() {
     assert_eq!(envoy.counter("wasmcustom.tollgate.completions.flush_errors"), 0, "{}", envoy.stats("tollgate."));
     assert_eq!(sidecar.metric("tollgate_sidecar_usage_events_total{outcome=\"invalid\"}"), 0);
 }
+
+/// The filter's header edits touch only the headers it owns: every other one reaches the
+/// upstream as the client sent it — bytes that are not UTF-8, repeated names in their order, a
+/// long list of them — and each one it owns arrives exactly once, whatever the client sent under
+/// that name, however often.
+#[test]
+fn client_headers_arrive_as_sent_and_owned_ones_exactly_once() {
+    let g = Gateway::builder().build();
+    let envoy = g.envoy();
+    let key = g.sidecar().create_key("acme", "gold", &[]);
+    let sent: Vec<(String, Vec<u8>)> = vec![
+        ("user-agent".into(), b"curl\xff\xfe".to_vec()),
+        ("x-dup".into(), b"1".to_vec()),
+        ("x-tollgate-tenant".into(), b"evil".to_vec()),
+        ("x-dup".into(), b"2".to_vec()),
+        ("x-tollgate-tenant".into(), b"evil2".to_vec()),
+        ("x-tollgate-key-id".into(), b"key_evil".to_vec()),
+        ("x-api-key".into(), key.raw.as_bytes().to_vec()),
+    ];
+    let padding: Vec<(String, Vec<u8>)> = (0..60).map(|i| (format!("x-pad-{i}"), format!("v{i}\u{e9}").into_bytes())).collect();
+    for extra in [0, padding.len()] {
+        let headers: Vec<(&str, &[u8])> = sent.iter().chain(&padding[..extra]).map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+        // twice: the very first request asks the sidecar (the filter edits in the call's
+        // callback), the others come from its auth cache (it edits in the request's callback)
+        for attempt in 0..2 {
+            let r = raw::get(envoy.port, b"/v1/items", &headers);
+            assert_eq!(r.status, 200, "{extra} more headers, attempt {attempt}: {r:?}");
+            let seen: tollgate_tests::Echoed = serde_json::from_slice(&r.body).expect("an echo");
+            let values = |name: &str| -> Vec<&str> { seen.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect() };
+            assert_eq!(values("user-agent"), ["curl\\xFF\\xFE"], "{seen:?}");
+            assert_eq!(values("x-dup"), ["1", "2"], "{seen:?}");
+            assert_eq!(values("x-tollgate-tenant"), ["acme"], "{seen:?}");
+            assert_eq!(values("x-tollgate-key-id"), [key.id.as_str()], "{seen:?}");
+            assert_eq!(values("x-tollgate-plan"), ["gold"], "{seen:?}");
+            assert!(values("x-api-key").is_empty(), "{seen:?}");
+            for (name, value) in &padding[..extra] {
+                let want = String::from_utf8(value.clone()).expect("UTF-8");
+                assert_eq!(values(name), [want.as_str()], "{seen:?}");
+            }
+        }
+    }
+    assert_eq!(envoy.counter_reaching("wasmcustom.tollgate.requests.allowed", 4), 4);
+    assert!(envoy.counter("wasmcustom.tollgate.auth_cache.hits") >= 1, "the auth cache's path was taken");
+}

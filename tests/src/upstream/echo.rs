@@ -7,6 +7,7 @@
 //! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
 //! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
 //! a stored-response batch: batch-size tests).
+//! A request header value that is not UTF-8 is echoed with its bytes above 0x7F as `\xHH`.
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
 use axum::body::Body;
@@ -31,6 +32,15 @@ impl Echoed {
     }
 }
 
+/// A header value as text: as it is when UTF-8, else every byte above 0x7F as `\xHH` (so a test
+/// sees which bytes arrived, where a lossy decoding would turn any of them into U+FFFD).
+fn escaped(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(text) => text.to_string(),
+        Err(_) => value.iter().map(|&b| if b.is_ascii() { char::from(b).to_string() } else { format!("\\x{b:02X}") }).collect(),
+    }
+}
+
 async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     seen.fetch_add(1, Ordering::SeqCst);
     let echoed = Echoed {
@@ -39,7 +49,7 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         headers: req
             .headers()
             .iter()
-            .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .map(|(n, v)| (n.to_string(), escaped(v.as_bytes())))
             .collect(),
     };
     let usage: Option<u64> = req.headers().get("x-echo-usage").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
