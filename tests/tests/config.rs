@@ -7,7 +7,7 @@ use serde_json::json;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 use tollgate_tests::sidecar::parse_issued;
-use tollgate_tests::{free_port, get, poll_until, root, send, Gateway, GatewayBuilder, Redis, Resp, RunningUpstream, Upstream};
+use tollgate_tests::{free_port, get, poll_until, raw, root, send, Gateway, GatewayBuilder, Redis, Resp, RunningUpstream, Upstream};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -307,6 +307,17 @@ fn routes_steer_by_path_to_two_upstreams_and_route_changes_reach_two_replicas_wi
         // a client cannot pick the cluster itself
         let r = get(&e.url("/v1/chat/x"), &[("x-api-key", &raw), ("x-tollgate-cluster", "upstream_b")]);
         assert_eq!(r.status, 200);
+        // nor reach another product's path through the chat prefix: routes match the path as
+        // the upstream reads it (dot segments resolved, slashes merged), an escaped slash is 400;
+        // none of them reaches an upstream
+        let before: Vec<u64> = counters.iter().map(|c| c.calls()).collect();
+        for path in [&b"/v1/chat/../embed/x"[..], b"/v1/chat/%2e%2e/embed/x", b"/v1/chat/./../embed", b"//v1//embed"] {
+            let r = raw::get(e.port, path, &[("x-api-key", raw.as_bytes())]);
+            assert_eq!((r.status, r.json()["error"].as_str()), (403, Some("not_subscribed")), "{}: {r:?}", String::from_utf8_lossy(path));
+        }
+        let r = raw::get(e.port, b"/v1/chat%2F..%2Fembed/x", &[("x-api-key", raw.as_bytes())]);
+        assert_eq!(r.status, 400, "{r:?}");
+        assert_eq!(counters.iter().map(|c| c.calls()).collect::<Vec<_>>(), before);
     }
     assert_eq!(a.log_text().matches("panicked").count(), 0);
 

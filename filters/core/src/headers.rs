@@ -1,44 +1,53 @@
 //! The request's headers as the host gave them, and the header namespace that is Tollgate's own.
 
 /// The namespace of headers that only Tollgate may set. Client-supplied ones are stripped.
-pub const INTERNAL_HEADER_PREFIX: &str = "x-tollgate-";
+pub use tollgate_wire::INTERNAL_HEADER_PREFIX;
 
 /// The request's headers as the host gave them: names lowercase, values raw bytes. A value that
 /// is not UTF-8 reads as absent through [`RequestHeaders::get`] — the filter never guesses at
 /// bytes — and the places where absence is not safe (the key, the path, an Idempotency-Key)
 /// ask [`RequestHeaders::has_non_utf8`] or read the bytes and refuse the request.
+///
+/// A client's headers in Tollgate's namespace ([`INTERNAL_HEADER_PREFIX`]) are set apart when
+/// the headers are read: nothing reads them (not a route's header match, not a cache key), and
+/// [`RequestHeaders::internal`] names them for the filter to remove from the request.
 #[derive(Debug, Clone, Default)]
-pub struct RequestHeaders(Vec<(String, Vec<u8>)>);
+pub struct RequestHeaders {
+    pairs: Vec<(String, Vec<u8>)>,
+    internal: Vec<String>,
+}
 
 impl RequestHeaders {
     pub fn new(pairs: Vec<(String, Vec<u8>)>) -> RequestHeaders {
-        RequestHeaders(pairs)
+        let (internal, pairs): (Vec<_>, Vec<_>) =
+            pairs.into_iter().partition(|(n, _)| n.to_ascii_lowercase().starts_with(INTERNAL_HEADER_PREFIX));
+        RequestHeaders { pairs, internal: internal.into_iter().map(|(n, _)| n).collect() }
     }
 
     /// The first value of `name` when it is UTF-8; `None` when absent or not UTF-8.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
+        self.pairs.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
 
     /// Every value of `name`, as sent.
     pub fn all_raw(&self, name: &str) -> Vec<&[u8]> {
-        self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+        self.pairs.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
     }
 
     /// Whether some value of `name` is not UTF-8.
     pub fn has_non_utf8(&self, name: &str) -> bool {
-        self.0.iter().any(|(n, v)| n == name && std::str::from_utf8(v).is_err())
+        self.pairs.iter().any(|(n, v)| n == name && std::str::from_utf8(v).is_err())
     }
 
-    /// Every header name (repeated names repeat).
+    /// Every header name outside Tollgate's namespace (repeated names repeat).
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(n, _)| n.as_str())
+        self.pairs.iter().map(|(n, _)| n.as_str())
     }
 
-    /// Names in Tollgate's namespace ([`INTERNAL_HEADER_PREFIX`]): a client must never speak in
-    /// it, so the filter removes them first.
+    /// The names the client sent in Tollgate's namespace ([`INTERNAL_HEADER_PREFIX`]): a client
+    /// must never speak in it, so the filter removes them first.
     pub fn internal(&self) -> impl Iterator<Item = &str> {
-        self.names().filter(|n| n.starts_with(INTERNAL_HEADER_PREFIX))
+        self.internal.iter().map(String::as_str)
     }
 }
 

@@ -354,6 +354,41 @@ fn replays_conflicts_and_malformed_keys() {
     let mut h = host("GET", "/orders").with_header("idempotency-key", "\"open");
     rig.filter().on_request_headers(&mut h, true);
     assert_eq!(decision(&h).idempotency, None);
+
+    // a repeated key, even the same one twice: which would the client mean? 400 without a call
+    for second in ["\"order-2\"", "\"order-1\""] {
+        let mut h = host("POST", "/orders").with_header("idempotency-key", "\"order-1\"");
+        h.request_headers.push(("idempotency-key".into(), second.as_bytes().to_vec()));
+        assert_eq!(rig.filter().on_request_headers(&mut h, true), Action::Pause);
+        assert!(h.calls.is_empty());
+        let reply = h.reply.clone().unwrap();
+        assert_eq!(reply.status, 400);
+        assert!(String::from_utf8_lossy(&reply.body).contains("more than one Idempotency-Key"), "{reply:?}");
+    }
+}
+
+#[test]
+fn a_cache_key_header_sent_twice_or_not_utf8_bypasses_the_cache() {
+    // the upstream sees both values (or the bytes); the key could hold only one (or none), so a
+    // response for "bob, mallory" could be stored under bob's key: never looked up, never stored
+    let rig = Rig::new();
+    let mut twice = host("GET", "/v1/chat").with_header("x-user", "bob");
+    twice.request_headers.push(("x-user".into(), b"mallory".to_vec()));
+    let mut latin1 = host("GET", "/v1/chat");
+    latin1.request_headers.push(("x-user".into(), b"b\xf6b".to_vec()));
+    for mut h in [twice, latin1] {
+        let mut f = rig.request(&mut h);
+        assert_eq!(decision(&h).cache_key, None);
+        f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
+        upstream(&mut h, "200", &[]);
+        f.on_response_headers(&mut h, true);
+        assert!(h.response_headers.contains(&("x-tollgate-cache".into(), "bypass".into())));
+    }
+    assert!(rig.stored().responses.is_empty(), "nothing queued for the cache");
+    // one UTF-8 value: a key, as before
+    let mut h = host("GET", "/v1/chat").with_header("x-user", "bob");
+    rig.request(&mut h);
+    assert!(decision(&h).cache_key.is_some());
 }
 
 #[test]

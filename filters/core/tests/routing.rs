@@ -75,6 +75,25 @@ fn a_matched_route_travels_in_the_decision_and_steers_the_request() {
 }
 
 #[test]
+fn a_client_header_in_tollgates_namespace_matches_no_route() {
+    // A rule on an internal name (the sidecar refuses one; a table from elsewhere could hold it)
+    // must never let the client choose the route: the client's x-tollgate-* headers are removed
+    // and never read, so only the catch-all matches, whatever it sends.
+    let table = serde_json::json!({"version": 1, "etag": "e", "routes": [
+        {"id": "gold", "pathPrefix": "/", "headers": [{"name": "x-tollgate-plan", "value": "gold"}], "cluster": "gold_pool"},
+        {"id": "gold-any", "pathPrefix": "/", "headers": [{"name": "x-tollgate-tier"}], "cluster": "gold_pool"},
+        {"id": "all", "pathPrefix": "/", "cluster": "shared_pool"},
+    ]})
+    .to_string();
+    let routes = Rc::default();
+    let mut host = host_with_table("/v1/x", Some(&table)).with_header("x-tollgate-plan", "gold").with_header("x-tollgate-tier", "1");
+    assert_eq!(filter(ROUTED, &routes).on_request_headers(&mut host, true), Action::Pause);
+    let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+    assert_eq!(req.route.as_deref(), Some("all"));
+    assert_eq!(host.header("x-tollgate-plan"), None, "the client's copy removed");
+}
+
+#[test]
 fn no_matching_route_is_a_404_without_a_callout() {
     let routes = Rc::default();
     let mut host = host_with_table("/elsewhere", Some(&table_json()));

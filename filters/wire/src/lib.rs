@@ -52,6 +52,10 @@ pub const COMPLETIONS_PATH: &str = "/v1/completions";
 /// ([`responses::RESPONSES_BODY_LIMIT`]): a bigger call is refused with 413. The filter bounds
 /// the serialized size of its batches below it.
 pub const BODY_LIMIT: usize = 2 << 20;
+/// The namespace of headers only Tollgate sets: a client's are removed before anything reads the
+/// request, and no configured rule (a route's header match, a cache key header, a forwarded
+/// header, a key source) may name one.
+pub const INTERNAL_HEADER_PREFIX: &str = "x-tollgate-";
 /// The header that carries the deployment's filter secret on every call to the sidecar but
 /// `/healthz` and `/metrics` (the plugin's `sidecar.secret`, the sidecar's `[server] secret`).
 pub const SECRET_HEADER: &str = "x-tollgate-secret";

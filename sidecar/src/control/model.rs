@@ -303,16 +303,22 @@ fn validate_route(id: &str, r: &Route, s: &Snapshot) -> Result<(), Invalid> {
     if m.method.as_ref().is_some_and(|x| !METHODS.contains(&x.as_str())) {
         return Err(invalid(format!("{f}.match.method"), "an upper-case HTTP method"));
     }
-    let header_name = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    for (i, h) in m.headers.iter().enumerate() {
-        if !header_name(&h.name) {
-            return Err(invalid(format!("{f}.match.headers[{i}].name"), "not a header name"));
+    // A client's x-tollgate-* headers are removed before the filter reads anything: a rule on
+    // one could never hold, and must not look as if it did.
+    let header_name = |field: String, n: &str| {
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(invalid(field, "not a header name"));
         }
+        if n.to_ascii_lowercase().starts_with(tollgate_wire::INTERNAL_HEADER_PREFIX) {
+            return Err(invalid(field, format!("in Tollgate's own {}* namespace: a client's are removed", tollgate_wire::INTERNAL_HEADER_PREFIX)));
+        }
+        Ok(())
+    };
+    for (i, h) in m.headers.iter().enumerate() {
+        header_name(format!("{f}.match.headers[{i}].name"), &h.name)?;
     }
     for (i, h) in r.cache_key_headers.iter().enumerate() {
-        if !header_name(h) {
-            return Err(invalid(format!("{f}.cache_key_headers[{i}]"), "not a header name"));
-        }
+        header_name(format!("{f}.cache_key_headers[{i}]"), h)?;
     }
     // Envoy cluster names are free-form, but this one travels in a header: keep it plain.
     check_id(&format!("{f}.cluster"), &r.cluster)?;

@@ -132,6 +132,10 @@ mod tests {
         assert_eq!(put(json!({"id": "r", "cluster": "c", "plan": "nope"})), "routes.r.plan");
         assert_eq!(put(json!({"id": "r", "cluster": "a b"})), "routes.r.cluster");
         assert_eq!(put(json!({"id": "r", "cluster": "c", "cache_key_headers": ["a b"]})), "routes.r.cache_key_headers[0]");
+        // Tollgate's own namespace: a client's are removed, so a rule on one could never hold
+        assert_eq!(put(json!({"id": "r", "cluster": "c", "cache_key_headers": ["X-Tollgate-Plan"]})), "routes.r.cache_key_headers[0]");
+        let rule = json!({"id": "r", "cluster": "c", "match": {"headers": [{"name": "x-tollgate-tenant", "value": "acme"}]}});
+        assert_eq!(put(rule), "routes.r.match.headers[0].name");
         assert_eq!(put(json!({"id": "r"})), "cluster");
         assert_eq!(put(json!({"id": "r", "cluster": "c", "match": {"hots": "x"}})), "hots");
     }

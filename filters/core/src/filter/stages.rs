@@ -120,9 +120,10 @@ pub struct Lookups {
 }
 
 /// Stage 4, the response lookup (the response cache or idempotency is on): an idempotency claim
-/// (POST, PATCH, PUT, DELETE with an `Idempotency-Key`; a malformed key is 400), else a cache
-/// lookup on a route with a cache TTL (unless the request's `Cache-Control` or method rules it
-/// out: then the response says `x-tollgate-cache: bypass`).
+/// (POST, PATCH, PUT, DELETE with an `Idempotency-Key`; a malformed or repeated key is 400),
+/// else a cache lookup on a route with a cache TTL (unless the request's `Cache-Control` or
+/// method rules it out, or a cache key header is repeated or not UTF-8: then the response says
+/// `x-tollgate-cache: bypass`).
 pub fn lookup(config: &FilterConfig, route: Option<&RouteSpec>, headers: &RequestHeaders) -> Result<Lookups, Denial> {
     let method = headers.get(":method").unwrap_or("GET");
     let content_type = headers.get("content-type").map(str::to_string);
@@ -131,7 +132,13 @@ pub fn lookup(config: &FilterConfig, route: Option<&RouteSpec>, headers: &Reques
         let message = "the Idempotency-Key header is not valid UTF-8: use a quoted string of 1-255 characters";
         return Err(Denial::local(400, codes::INVALID_IDEMPOTENCY_KEY, message));
     }
-    if let (true, Some(raw)) = (config.idempotency.enabled && resp::IDEMPOTENT_METHODS.contains(&method), idem_key) {
+    let claims = config.idempotency.enabled && resp::IDEMPOTENT_METHODS.contains(&method);
+    if claims && headers.all_raw(IDEMPOTENCY_KEY_HEADER).len() > 1 {
+        // RFC 8941: repeated lines join into a list, not one key; which one would the client mean?
+        let message = "more than one Idempotency-Key header: send one, a quoted string of 1-255 characters";
+        return Err(Denial::local(400, codes::INVALID_IDEMPOTENCY_KEY, message));
+    }
+    if let (true, Some(raw)) = (claims, idem_key) {
         return match resp::parse_idempotency_key(raw) {
             Ok(key) => Ok(Lookups { plan: Some(LookupPlan { kind: LookupKind::Idempotency { key }, content_type }), cache_status: None }),
             Err(why) => {
@@ -143,9 +150,13 @@ pub fn lookup(config: &FilterConfig, route: Option<&RouteSpec>, headers: &Reques
     let Some(route) = route.filter(|r| r.cache_ttl_ms.is_some_and(|t| t > 0) && config.response_cache.enabled) else {
         return Ok(Lookups { plan: None, cache_status: None });
     };
+    // A key header sent twice or not UTF-8 could not be told apart from another value (or from
+    // none) in the key, while the upstream sees what was sent: never stored, never served.
+    let ambiguous = |n: &String| headers.all_raw(n).len() > 1 || headers.has_non_utf8(n);
     let bypass = !resp::CACHEABLE_METHODS.contains(&method)
         || idem_key.is_some()
-        || headers.get("cache-control").is_some_and(resp::forbids_caching);
+        || headers.get("cache-control").is_some_and(resp::forbids_caching)
+        || route.cache_key_headers.iter().any(ambiguous);
     if bypass {
         return Ok(Lookups { plan: None, cache_status: Some("bypass") });
     }
