@@ -19,8 +19,7 @@ pub struct RequestHeaders {
 
 impl RequestHeaders {
     pub fn new(pairs: Vec<(String, Vec<u8>)>) -> RequestHeaders {
-        let (internal, pairs): (Vec<_>, Vec<_>) =
-            pairs.into_iter().partition(|(n, _)| n.to_ascii_lowercase().starts_with(INTERNAL_HEADER_PREFIX));
+        let (internal, pairs): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(n, _)| is_internal(n));
         RequestHeaders { pairs, internal: internal.into_iter().map(|(n, _)| n).collect() }
     }
 
@@ -51,17 +50,47 @@ impl RequestHeaders {
     }
 }
 
+/// Whether `name` is in Tollgate's namespace, in any case (Envoy hands names over lowercase; no
+/// allocation: every request's every header passes here).
+pub fn is_internal(name: &str) -> bool {
+    name.as_bytes().get(..INTERNAL_HEADER_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(INTERNAL_HEADER_PREFIX.as_bytes()))
+}
+
 /// Checks a configured header name (`forwardHeaders`, a key source's header): a lowercase token,
 /// outside Tollgate's namespace, not `authorization` (the bearer source reads that one).
 pub fn check_header_name(name: &str) -> Result<(), String> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
         return Err(format!("'{name}' is not a header name"));
     }
-    if name.starts_with(INTERNAL_HEADER_PREFIX) {
+    if is_internal(name) {
         return Err(format!("'{name}' is in the internal {INTERNAL_HEADER_PREFIX}* namespace"));
     }
     if name == "authorization" {
         return Err("use the bearer source for the authorization header".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_clients_internal_headers_are_named_for_removal_and_never_read() {
+        let h = RequestHeaders::new(vec![
+            (":path".into(), b"/".to_vec()),
+            ("x-tollgate-plan".into(), b"gold".to_vec()),
+            ("X-Tollgate-Tenant".into(), b"evil".to_vec()),
+            ("x-tollgat".into(), b"not ours".to_vec()),
+            ("x-tollgate-plan".into(), b"gold2".to_vec()),
+        ]);
+        assert_eq!(h.internal().collect::<Vec<_>>(), ["x-tollgate-plan", "X-Tollgate-Tenant", "x-tollgate-plan"]);
+        assert_eq!(h.get("x-tollgate-plan"), None);
+        assert!(h.all_raw("x-tollgate-plan").is_empty());
+        assert_eq!(h.names().collect::<Vec<_>>(), [":path", "x-tollgat"]);
+        assert!(is_internal("X-TOLLGATE-x") && !is_internal("x-tollgat") && !is_internal(""));
+        assert!(check_header_name("X-Tollgate-Plan").is_err());
+    }
 }
