@@ -37,7 +37,8 @@ STATE="$ROOT/.tollgate/run"            # pids, logs and data of `./build.sh up`
 WASM_OUT="$ROOT/target/wasm32-wasip1/release/tollgate_filter.wasm"
 SIDECAR_BIN="$ROOT/target/release/tollgate-sidecar"
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each step with the time since the command started (a long `test` shows where it is).
+log() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 apt_install() {
