@@ -414,3 +414,31 @@ fn client_headers_arrive_as_sent_and_owned_ones_exactly_once() {
     assert_eq!(envoy.counter_reaching("wasmcustom.tollgate.requests.allowed", 4), 4);
     assert!(envoy.counter("wasmcustom.tollgate.auth_cache.hits") >= 1, "the auth cache's path was taken");
 }
+
+/// The headers that speak for the gateway are the filter's alone (decision 129): an upstream that
+/// sends a cache hit, a replay mark, a breaker target or RateLimit fields of its own never shows
+/// them to the client; the filter's own arrive once. And a response the filter reads arrives
+/// uncompressed.
+#[test]
+fn an_upstream_never_speaks_for_the_gateway() {
+    let plugin = json!({"routing": {"enabled": true, "refreshInterval": "50ms"}});
+    let g = gateway(&cache_sidecar_toml(100_000), plugin).build();
+    let envoy = g.envoy();
+    let key = g.sidecar().create_key("acme", "p", &[]);
+    let k = key.raw.as_bytes();
+    poll_until("the routing table in the filter", Duration::from_secs(20), || get(&envoy.url("/warmup"), &[("x-api-key", &key.raw)]).status == 200);
+    for (path, cache) in [(&b"/hello"[..], None), (b"/cached/spoof", Some("miss"))] {
+        let r = raw::get(envoy.port, path, &[("x-api-key", k), ("x-echo-spoof", b"1")]);
+        assert_eq!(r.status, 200, "{r:?}");
+        let values = |name: &str| -> Vec<&str> { r.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_str()).collect() };
+        assert!(r.headers.iter().all(|(_, v)| !v.contains("evil")), "an upstream's header reached the client: {r:?}");
+        assert!(values("idempotent-replayed").is_empty(), "{r:?}");
+        assert_eq!(values("x-tollgate-cache"), cache.into_iter().collect::<Vec<_>>(), "{r:?}");
+        assert_eq!(values("ratelimit").len(), 1, "the filter's one RateLimit field: {r:?}");
+    }
+    // a response the filter may store is asked for as the upstream writes it (decision 129)
+    let r = raw::get(envoy.port, b"/cached/encoding", &[("x-api-key", k), ("accept-encoding", b"gzip, br")]);
+    assert_eq!((r.status, r.header("x-tollgate-cache")), (200, Some("miss")), "{r:?}");
+    let seen: tollgate_tests::Echoed = serde_json::from_slice(&r.body).expect("an echo");
+    assert_eq!(seen.header("accept-encoding"), None, "{seen:?}");
+}

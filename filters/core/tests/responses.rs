@@ -406,3 +406,20 @@ fn a_denial_on_a_caching_route_says_nothing_about_the_cache() {
     f.on_log(&mut h);
     assert!(rig.stored().responses.is_empty());
 }
+
+#[test]
+fn a_response_the_filter_reads_is_asked_for_uncompressed() {
+    // a cache miss the sidecar will take: its response may be stored, so it must come as the
+    // upstream wrote it
+    let rig = Rig::new();
+    let allow = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#;
+    let mut h = host("GET", "/v1/chat").with_header("accept-encoding", "gzip, br");
+    let mut f = rig.request(&mut h);
+    assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), MISS), Action::Continue);
+    assert_eq!(h.header("accept-encoding"), None);
+    // a request whose response the filter never reads keeps it
+    let mut h = host("GET", "/elsewhere").with_header("accept-encoding", "gzip");
+    let mut f = rig.request(&mut h);
+    assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), allow), Action::Continue);
+    assert_eq!(h.header("accept-encoding"), Some("gzip"));
+}

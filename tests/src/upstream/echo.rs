@@ -3,7 +3,9 @@
 //! `x-echo-status: N` answers with that status (usage tests); `x-echo-delay-ms: N` answers after N ms
 //! and `x-echo-cache-control: V` sets `Cache-Control: V` on the response (response-cache tests);
 //! `x-echo-latin1: 1` adds a response header whose value is Latin-1, not UTF-8 (`x-latin1: café`
-//! with é as the byte 0xE9; hostile-input tests); `x-echo-usage-raw: TEXT` answers
+//! with é as the byte 0xE9; hostile-input tests); `x-echo-spoof: 1` adds the headers that speak for
+//! the gateway (`x-tollgate-cache: hit`, `x-tollgate-target`, `idempotent-replayed: true`,
+//! `ratelimit`, `ratelimit-policy`, each with an "evil" value); `x-echo-usage-raw: TEXT` answers
 //! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
 //! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
 //! a stored-response batch: batch-size tests).
@@ -88,6 +90,12 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     let mut response = Response::builder().status(status).header(header::CONTENT_TYPE, "application/json");
     if let Some(cc) = cache_control {
         response = response.header(header::CACHE_CONTROL, cc);
+    }
+    if req.headers().contains_key("x-echo-spoof") {
+        // an upstream speaking for the gateway
+        for (name, value) in [("x-tollgate-cache", "hit"), ("x-tollgate-target", "evil"), ("idempotent-replayed", "true"), ("ratelimit", "\"evil\";r=999;t=1"), ("ratelimit-policy", "\"evil\";q=999;w=1")] {
+            response = response.header(name, value);
+        }
     }
     if req.headers().contains_key("x-echo-latin1") {
         if let Ok(v) = axum::http::HeaderValue::from_bytes(b"caf\xe9") {

@@ -57,6 +57,8 @@ pub const KEY_ID_HEADER: &str = "x-tollgate-key-id";
 pub const PLAN_HEADER: &str = "x-tollgate-plan";
 /// Header for the upstream when a request passed without a decision (fail-open).
 pub const DEGRADED_HEADER: &str = "x-tollgate-degraded";
+/// Removed from a request whose response body the filter reads.
+const ACCEPT_ENCODING: &str = "accept-encoding";
 
 #[derive(Debug)]
 enum State {
@@ -125,6 +127,8 @@ pub struct AuthFilter {
     hold: EndHold,
     /// Body bytes Envoy buffers for this filter (a held chunk), presented again with the next.
     held_bytes: usize,
+    /// The client sent `Accept-Encoding` (removed when the filter reads the response's body).
+    accepts_encoding: bool,
 }
 
 impl AuthFilter {
@@ -154,6 +158,7 @@ impl AuthFilter {
             response: ResponseSide::default(),
             outcome_call: None,
             resume_response: false,
+            accepts_encoding: false,
             hold: EndHold::AtEnd,
             held_bytes: 0,
         }
@@ -181,6 +186,7 @@ impl AuthFilter {
     /// The request path's stages, in order; the first that decides ends it.
     fn admit(&mut self, host: &mut impl Host, end_of_stream: bool) -> Decision {
         let headers = RequestHeaders::new(host.request_headers());
+        self.accepts_encoding = !headers.all_raw(ACCEPT_ENCODING).is_empty();
         let keyed = match stages::key(host, &self.config.key_sources, &headers) {
             Ok(k) => k,
             Err(d) => return Decision::Deny(d),
@@ -386,6 +392,14 @@ impl AuthFilter {
         }
         if self.request.is_some() {
             self.response.identity = Some(who);
+        }
+        // A body the filter reads (token usage, a response to store) must come as the upstream
+        // wrote it: a compressed one hides its usage, and a stored one would be replayed
+        // compressed to clients that never asked (decision 129).
+        let reads_body = self.response.pending_store.is_some()
+            || (self.config.token_usage_from_response && (self.request.is_some() || self.response.want_tokens));
+        if reads_body && self.accepts_encoding {
+            host.remove_request_header(ACCEPT_ENCODING);
         }
         self.steer(host);
         self.response.headers = response_headers;
