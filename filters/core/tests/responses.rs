@@ -174,17 +174,21 @@ fn a_hit_is_a_local_reply_that_still_counts() {
     assert!(rig.stored().responses.is_empty());
 }
 
-#[test]
-fn bypass_no_lookup_and_no_auth_cache_shortcut() {
-    let rig = Rig::new();
-    // Cache-Control: no-store → no key, x-tollgate-cache: bypass
-    let mut h = host("GET", "/v1/chat").with_header("cache-control", "no-store");
+/// `h` asks the sidecar with no cache key, and its response says `x-tollgate-cache: bypass`.
+fn assert_bypassed(rig: &Rig, mut h: MockHost) {
     let mut f = rig.request(&mut h);
     assert_eq!(decision(&h).cache_key, None);
     f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
     upstream(&mut h, "200", &[]);
     f.on_response_headers(&mut h, true);
     assert!(h.response_headers.contains(&("x-tollgate-cache".into(), "bypass".into())));
+}
+
+#[test]
+fn bypass_no_lookup_and_no_auth_cache_shortcut() {
+    let rig = Rig::new();
+    // Cache-Control: no-store → no key, x-tollgate-cache: bypass
+    assert_bypassed(&rig, host("GET", "/v1/chat").with_header("cache-control", "no-store"));
     // a method the cache does not serve
     let mut h = host("DELETE", "/v1/chat");
     rig.filter().on_request_headers(&mut h, true);
@@ -376,13 +380,8 @@ fn a_cache_key_header_sent_twice_or_not_utf8_bypasses_the_cache() {
     twice.request_headers.push(("x-user".into(), b"mallory".to_vec()));
     let mut latin1 = host("GET", "/v1/chat");
     latin1.request_headers.push(("x-user".into(), b"b\xf6b".to_vec()));
-    for mut h in [twice, latin1] {
-        let mut f = rig.request(&mut h);
-        assert_eq!(decision(&h).cache_key, None);
-        f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
-        upstream(&mut h, "200", &[]);
-        f.on_response_headers(&mut h, true);
-        assert!(h.response_headers.contains(&("x-tollgate-cache".into(), "bypass".into())));
+    for h in [twice, latin1] {
+        assert_bypassed(&rig, h);
     }
     assert!(rig.stored().responses.is_empty(), "nothing queued for the cache");
     // one UTF-8 value: a key, as before
