@@ -442,3 +442,26 @@ fn an_upstream_never_speaks_for_the_gateway() {
     let seen: tollgate_tests::Echoed = serde_json::from_slice(&r.body).expect("an echo");
     assert_eq!(seen.header("accept-encoding"), None, "{seen:?}");
 }
+
+/// A header the gateway keys on, sent twice, is never resolved by a guess (decision 128): a cache
+/// key header makes the request bypass the cache (the upstream sees both lines; the key could
+/// hold one), a second `Idempotency-Key` is refused with 400 before anything runs.
+#[test]
+fn repeated_headers_the_gateway_keys_on_are_never_guessed() {
+    let plugin = json!({"routing": {"enabled": true, "refreshInterval": "50ms"}, "idempotency": {"enabled": true}});
+    let g = gateway(&cache_sidecar_toml(100_000), plugin).build();
+    let envoy = g.envoy();
+    let key = g.sidecar().create_key("acme", "p", &[]);
+    let k = key.raw.as_str();
+    poll_until("the routing table in the filter", Duration::from_secs(20), || get(&envoy.url("/warmup"), &[("x-api-key", k)]).status == 200);
+    let before = g.upstream().calls();
+    for _ in 0..2 {
+        let r = raw::request(envoy.port, "GET", "/cached/twice", &[("x-api-key", k), ("x-user", "bob"), ("x-user", "mallory")], b"");
+        assert_eq!((r.status, r.header("x-tollgate-cache")), (200, Some("bypass")), "{r:?}");
+    }
+    assert_eq!(g.upstream().calls() - before, 2, "neither served from the cache");
+    let twice = [("x-api-key", k), ("content-type", "application/json"), ("idempotency-key", "\"a\""), ("idempotency-key", "\"b\"")];
+    let r = raw::request(envoy.port, "POST", "/orders", &twice, b"{}");
+    assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("invalid_idempotency_key")), "{r:?}");
+    assert_eq!(g.upstream().calls() - before, 2, "the refused POST never reached the upstream");
+}

@@ -1,7 +1,7 @@
 //! The request's headers as the host gave them, and the header namespace that is Tollgate's own.
 
 /// The namespace of headers that only Tollgate may set. Client-supplied ones are stripped.
-pub use tollgate_wire::INTERNAL_HEADER_PREFIX;
+pub use tollgate_wire::{is_internal_header as is_internal, INTERNAL_HEADER_PREFIX};
 
 /// The request's headers as the host gave them: names lowercase, values raw bytes. A value that
 /// is not UTF-8 reads as absent through [`RequestHeaders::get`] — the filter never guesses at
@@ -18,9 +18,11 @@ pub struct RequestHeaders {
 }
 
 impl RequestHeaders {
-    pub fn new(pairs: Vec<(String, Vec<u8>)>) -> RequestHeaders {
-        let (internal, pairs): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(n, _)| is_internal(n));
-        RequestHeaders { pairs, internal: internal.into_iter().map(|(n, _)| n).collect() }
+    pub fn new(mut pairs: Vec<(String, Vec<u8>)>) -> RequestHeaders {
+        // in place: the usual request sends none, and then nothing is allocated or copied
+        let internal = pairs.iter().filter(|(n, _)| is_internal(n)).map(|(n, _)| n.clone()).collect();
+        pairs.retain(|(n, _)| !is_internal(n));
+        RequestHeaders { pairs, internal }
     }
 
     /// The first value of `name` when it is UTF-8; `None` when absent or not UTF-8.
@@ -48,12 +50,6 @@ impl RequestHeaders {
     pub fn internal(&self) -> impl Iterator<Item = &str> {
         self.internal.iter().map(String::as_str)
     }
-}
-
-/// Whether `name` is in Tollgate's namespace, in any case (Envoy hands names over lowercase; no
-/// allocation: every request's every header passes here).
-pub fn is_internal(name: &str) -> bool {
-    name.as_bytes().get(..INTERNAL_HEADER_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(INTERNAL_HEADER_PREFIX.as_bytes()))
 }
 
 /// Checks a configured header name (`forwardHeaders`, a key source's header): a lowercase token,

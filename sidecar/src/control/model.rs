@@ -309,7 +309,7 @@ fn validate_route(id: &str, r: &Route, s: &Snapshot) -> Result<(), Invalid> {
         if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
             return Err(invalid(field, "not a header name"));
         }
-        if n.to_ascii_lowercase().starts_with(tollgate_wire::INTERNAL_HEADER_PREFIX) {
+        if tollgate_wire::is_internal_header(n) {
             return Err(invalid(field, format!("in Tollgate's own {}* namespace: a client's are removed", tollgate_wire::INTERNAL_HEADER_PREFIX)));
         }
         Ok(())
