@@ -35,7 +35,6 @@ TANSU_BIN="$TOOLS/tansu"
 OHA_BIN="$TOOLS/oha/bin/oha"
 STATE="$ROOT/.tollgate/run"            # pids, logs and data of `./build.sh up`
 WASM_OUT="$ROOT/target/wasm32-wasip1/release/tollgate_filter.wasm"
-SIDECAR_BIN="$ROOT/target/release/tollgate-sidecar"
 
 # Each step with the time since the command started (a long `test` shows where it is).
 log() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
@@ -139,21 +138,26 @@ build_wasm() {
   cargo build -q --release --target wasm32-wasip1 -p tollgate-filter -p tollgate-test-crasher
 }
 
+# The binaries the tests, the demo and the bench run. $1: where the native ones are (default
+# target/release, as `up` and `bench` build them; the tests' own build puts them in target/ci).
 test_env() {
+  local native="${1:-$ROOT/target/release}"
   export TOLLGATE_ENVOY_BIN="$ENVOY_BIN"
   export TOLLGATE_WASM="$WASM_OUT"
   export TOLLGATE_CRASHER_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_test_crasher.wasm"
-  export TOLLGATE_SIDECAR_BIN="$SIDECAR_BIN"
+  export TOLLGATE_SIDECAR_BIN="$native/tollgate-sidecar"
   export TOLLGATE_REDIS_SERVER_BIN="$(command -v redis-server)"
   export TOLLGATE_TANSU_BIN="$TANSU_BIN"
-  export TOLLGATE_BILLING_BIN="$ROOT/target/release/tollgate-billing"
+  export TOLLGATE_BILLING_BIN="$native/tollgate-billing"
+  export TOLLGATE_CLI="$native/tollgate"
   export TOLLGATE_PROMETHEUS_BIN="$(command -v prometheus)"
 }
 
 run_tests() {
-  test_env
+  test_env "$ROOT/target/ci"
   log "lint: clippy (filter crates deny unwrap/expect/panic outside tests)"
-  cargo clippy -q --release --workspace --all-targets -- -D warnings
+  # the test build's profile: the build scripts' work (librdkafka's C build, ~3 minutes) is shared
+  cargo clippy -q --profile ci --workspace --all-targets -- -D warnings
   log "structure: no import circle in the sidecar and billing (scripts/module-graph.py; filters/core: layers.rs in tier 1)"
   python3 "$ROOT/scripts/module-graph.py" "$ROOT/sidecar/src" | grep -E "circle|modules,"
   python3 "$ROOT/scripts/module-graph.py" "$ROOT/sidecar/billing/src" | grep -E "circle|modules,"
@@ -178,15 +182,17 @@ run_tests() {
   #   with other features: every run below names the same packages (TESTED) and picks targets;
   # - each fat-LTO link is single-threaded: one run keeps both cores linking, where the tiers'
   #   runs one after the other left one idle for minutes.
+  # The profile is `ci` (Cargo.toml: release's code without fat LTO, opt-level 1), not `release`:
+  # the same tests built in half the time. What ships is built with `release` (`build`).
   log "building every native test binary (one cargo run, both cores)"
-  cargo test -q --release --no-run "${TESTED[@]}" --lib --bins --tests
+  cargo test -q --profile ci --no-run "${TESTED[@]}" --lib --bins --tests
   log "tier 1: native unit tests (filter logic via mock host, sidecar logic, the test harness's own)"
-  cargo test -q --release "${TESTED[@]}" --lib --bins --test logic -- --test-threads 2
-  cargo test -q --release "${TESTED[@]}" --doc
+  cargo test -q --profile ci "${TESTED[@]}" --lib --bins --test logic -- --test-threads 2
+  cargo test -q --profile ci "${TESTED[@]}" --doc
   log "tier 2: filter logic under wasm-bindgen-test (wasm32-unknown-unknown, node)"
-  cargo test --release --target wasm32-unknown-unknown -p tollgate-filter-core
+  cargo test --profile ci --target wasm32-unknown-unknown -p tollgate-filter-core
   log "tier 3: integration tests against real servers (redis-server, tansu, PostgreSQL)"
-  cargo test -q --release "${TESTED[@]}" --test billing
+  cargo test -q --profile ci "${TESTED[@]}" --test billing
   # One binary (sidecar/tests/integration.rs, the fuzz replay too), run area by area as the nine
   # binaries it replaced.
   run_by_area integration "$ROOT/sidecar/tests/integration.rs"
@@ -205,7 +211,7 @@ TESTED=(-p tollgate-wire -p tollgate-filter-core -p tollgate-shared -p tollgate-
 run_by_area() {
   local binary="$1" root="$2" area failed=()
   for area in $(sed -n 's/^mod \([a-z_]*\);$/\1/p' "$root" | grep -vx common); do
-    cargo test -q --release "${TESTED[@]}" --test "$binary" -- --test-threads 2 "$area::" || failed+=("$area")
+    cargo test -q --profile ci "${TESTED[@]}" --test "$binary" -- --test-threads 2 "$area::" || failed+=("$area")
   done
   [ ${#failed[@]} -eq 0 ] || die "$binary tests failed in: ${failed[*]}"
 }

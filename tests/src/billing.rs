@@ -1,14 +1,14 @@
 //! The billing consumer (`tollgate-billing`) as a guard, and a `psql` helper to read what it
 //! wrote. The binary comes from `TOLLGATE_BILLING_BIN` (set by build.sh) or the workspace's
-//! release build.
+//! test build (`target/ci`).
 
 use crate::postgres::{pg_bin_dir, Postgres};
-use crate::process::{bin, root, service_guard, Service};
+use crate::process::{native_bin, service_guard, Service};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 pub fn billing_bin() -> PathBuf {
-    bin("TOLLGATE_BILLING_BIN", root().join("target/release/tollgate-billing"))
+    native_bin("TOLLGATE_BILLING_BIN", "tollgate-billing")
 }
 
 /// A running billing consumer, killed on drop (its log printed if the test failed). Process

@@ -31,8 +31,13 @@ pub fn envoy_bin() -> PathBuf {
 pub fn wasm_path() -> PathBuf {
     bin("TOLLGATE_WASM", root().join("target/wasm32-wasip1/release/tollgate_filter.wasm"))
 }
+/// A native binary of the workspace: `$var` if set, else the test build's (`target/ci`, the
+/// profile `./build.sh test` builds with).
+pub fn native_bin(var: &str, name: &str) -> PathBuf {
+    bin(var, root().join("target/ci").join(name))
+}
 pub fn sidecar_bin() -> PathBuf {
-    bin("TOLLGATE_SIDECAR_BIN", root().join("target/release/tollgate-sidecar"))
+    native_bin("TOLLGATE_SIDECAR_BIN", "tollgate-sidecar")
 }
 pub fn redis_server_bin() -> PathBuf {
     bin("TOLLGATE_REDIS_SERVER_BIN", PathBuf::from("redis-server"))

@@ -33,7 +33,7 @@ fn admin(method: &str, base: &str, path: &str, body: Option<serde_json::Value>) 
 }
 
 fn cli(base: &str, args: &[&str]) -> Output {
-    let bin = std::env::var_os("TOLLGATE_CLI").map(std::path::PathBuf::from).unwrap_or_else(|| root().join("target/release/tollgate"));
+    let bin = tollgate_tests::process::native_bin("TOLLGATE_CLI", "tollgate");
     Command::new(bin).env("TOLLGATE_ADMIN_URL", base).env("TOLLGATE_ADMIN_TOKEN", TOKEN).args(args).output().expect("run tollgate")
 }
 
@@ -94,7 +94,7 @@ fn admin_api_and_cli_manage_configuration_with_auth_validation_and_openapi() {
     // the CLI reads the token from a file too (not only the process list's --token)
     let token_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token_file.path(), format!("{TOKEN}\n")).unwrap();
-    let bin = std::env::var_os("TOLLGATE_CLI").map(std::path::PathBuf::from).unwrap_or_else(|| root().join("target/release/tollgate"));
+    let bin = tollgate_tests::process::native_bin("TOLLGATE_CLI", "tollgate");
     let out = Command::new(&bin).env("TOLLGATE_ADMIN_URL", &base).env_remove("TOLLGATE_ADMIN_TOKEN").arg("--token-file").arg(token_file.path()).arg("version").output().unwrap();
     ok(&out);
 
