@@ -7,6 +7,7 @@ use tollgate_shared::settings;
 use tollgate_sidecar::apikey::{self, KeyRecord};
 use tollgate_sidecar::config::{Config, LogFormat};
 use tollgate_sidecar::control::keys::{expiry, issued_text, KeyCommand};
+use tollgate_sidecar::control::source::{postgres::PgSource, SourceKind};
 use tollgate_sidecar::decision::unix_now;
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::store::Store;
@@ -96,6 +97,17 @@ fn parse_id(what: &str, s: &str) -> Result<Id> {
     Id::parse(s).with_context(|| format!("--{what} '{s}': use 1-64 of letters, digits, '_', '-', '.'"))
 }
 
+/// The store of record when the configuration's source is PostgreSQL: a key is written there
+/// before Redis (else a start's re-warm would resurrect a key revoked in Redis alone, and a wiped
+/// Redis would lose one created there alone; decision 130).
+async fn store_of_record(config: &Config) -> Result<Option<PgSource>> {
+    if config.source.kind != SourceKind::Postgres {
+        return Ok(None);
+    }
+    let pg = PgSource::connect(&config.source.postgres_url, config.source.connect_timeout).await.context("connecting to PostgreSQL (source.postgres_url)")?;
+    Ok(Some(pg))
+}
+
 async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
     let store = Store::new(&config.redis)?;
     match action {
@@ -105,13 +117,29 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
             let now = unix_now();
             let expires_at = expiry(expires_in.as_deref(), now).with_context(|| format!("--expires-in '{}'", expires_in.unwrap_or_default()))?;
             let issued = apikey::issue(tenant, plan, now, expires_at);
+            if let Some(pg) = store_of_record(config).await? {
+                pg.put_key(&issued.hash, &issued.record).await.context("storing the key in PostgreSQL")?;
+            }
             store.create_key(&issued.hash, &issued.record).await.context("storing the key in Redis")?;
             let r = &issued.record;
             println!("{}", issued_text(r.key_id.as_str(), r.tenant.as_str(), r.plan.as_str(), Some(&fmt_time(r.expires_at)), &issued.raw));
         }
         KeyCommand::Revoke { key_id } => {
             let id = parse_id("key-id", &key_id)?;
-            let r = store.revoke_key(&id, unix_now()).await.with_context(|| format!("revoking {id}"))?;
+            let r = match store_of_record(config).await? {
+                Some(pg) => {
+                    let (hash, record) = pg
+                        .revoke_key(&id, unix_now())
+                        .await
+                        .with_context(|| format!("revoking {id} in PostgreSQL"))?
+                        .with_context(|| format!("no key {id} in PostgreSQL"))?;
+                    store.create_key(&hash, &record).await.with_context(|| {
+                        format!("{id} is revoked in PostgreSQL, but Redis did not take it: run this again, or start a sidecar (its start copies it)")
+                    })?;
+                    record
+                }
+                None => store.revoke_key(&id, unix_now()).await.with_context(|| format!("revoking {id}"))?,
+            };
             // Every replica forgets the key's cached answers now, not when its cache entry ends.
             tollgate_sidecar::control::announce(&store, Some(&r.tenant)).await.context("announcing the revocation")?;
             println!("revoked {} (tenant {})", r.key_id, r.tenant);

@@ -88,9 +88,33 @@ impl Postgres {
         });
     }
 
+    /// Freezes the server and every backend of it (SIGSTOP): connections stay open and new ones
+    /// are accepted by the kernel, but nothing answers until [`Postgres::resume`] — a hung
+    /// PostgreSQL, not a dead one.
+    pub fn pause(&self) {
+        assert!(self.signal_all("-STOP"), "could not stop PostgreSQL's processes");
+    }
+
+    /// Lets a [`Postgres::pause`]d server run again (SIGCONT).
+    pub fn resume(&self) {
+        assert!(self.signal_all("-CONT"), "could not resume PostgreSQL's processes");
+    }
+
+    /// Sends `sig` to the postmaster (the first line of `postmaster.pid`) and its children.
+    fn signal_all(&self, sig: &str) -> bool {
+        let Ok(pidfile) = fs::read_to_string(self.data.join("postmaster.pid")) else { return false };
+        let pid = pidfile.lines().next().unwrap_or_default().trim().to_string();
+        let Ok(children) = Command::new("pgrep").args(["-P", &pid]).output() else { return false };
+        let mut pids = vec![pid];
+        pids.extend(String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_string));
+        Command::new("kill").arg(sig).args(&pids).status().is_ok_and(|s| s.success())
+    }
+
     /// Stops the server (fast shutdown): an outage.
     pub fn stop(&mut self) {
         if self.running {
+            // a paused server would not see pg_ctl's signal
+            self.signal_all("-CONT");
             let _ = self.ctl(&["-m", "immediate", "-w", "stop"]);
             self.running = false;
         }

@@ -237,6 +237,86 @@ fn postgres_going_away_leaves_the_hot_path_alone_and_a_wiped_redis_is_rewarmed()
     });
 }
 
+/// The status of key `id` in PostgreSQL, the store of record.
+fn status_in_postgres(g: &Gateway, id: &str) -> String {
+    let rows = tollgate_tests::billing::psql(g.pg(), &format!("SELECT status FROM api_keys WHERE key_id = '{id}'")).expect("psql");
+    rows.concat()
+}
+
+#[test]
+fn a_revocation_is_neither_lost_when_redis_refuses_it_nor_undone_by_a_start() {
+    let mut g = pg_gateway().build();
+    let base = g.replica(0).admin().to_string();
+    seed(&base, 1_000_000);
+    let works = |g: &Gateway, raw: &str, i: usize| get(&g.replica(i).envoy().url("/"), &[("x-api-key", raw)]).status;
+
+    // 1. Redis refuses writes (out of memory) when PostgreSQL has committed the revocation: the
+    //    answer says so, and the sidecar puts it in force once Redis takes writes again. Before
+    //    decision 130 the key kept working until some sidecar restarted.
+    let (id, raw) = issue(&base);
+    assert_eq!(works(&g, &raw, 0), 200);
+    let _: () = g.redis().cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    let _: () = g.redis().cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    let r = admin("POST", &base, &format!("/v1/keys/{id}/revoke"), None);
+    assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("store_unavailable")), "{}", r.body);
+    assert!(r.body.contains("revoked in PostgreSQL"), "{}", r.body);
+    assert_eq!(status_in_postgres(&g, &id), "revoked");
+    let _: () = g.redis().cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    poll_until("the revocation in force once Redis takes writes", Duration::from_secs(15), || works(&g, &raw, 0) == 401);
+
+    // 2. A start copies every key from PostgreSQL into Redis from a snapshot read before its
+    //    writes. A revocation landing in between (here: PostgreSQL still says active, as that
+    //    snapshot would) stays revoked.
+    let (id, raw) = issue(&base);
+    assert_eq!(admin("POST", &base, &format!("/v1/keys/{id}/revoke"), None).status, 200);
+    poll_until("the revocation", Duration::from_secs(5), || works(&g, &raw, 0) == 401);
+    tollgate_tests::billing::psql(g.pg(), &format!("UPDATE api_keys SET status = 'active', revoked_at = NULL WHERE key_id = '{id}'")).expect("psql");
+    g.add_replica().expect("a second replica");
+    poll_until("the new replica's copy from PostgreSQL", Duration::from_secs(20), || g.replica(1).sidecar().log_text().contains("re-warmed"));
+    assert_eq!((works(&g, &raw, 0), works(&g, &raw, 1)), (401, 401), "a start undid a revocation");
+
+    // 3. The offline CLI (`tollgate-sidecar keys`) writes the store of record first: a key it
+    //    revokes stays revoked through a start, one it creates is no longer lost with Redis.
+    let (id, raw) = issue(&base);
+    g.replica(0).sidecar().revoke_key(&id);
+    assert_eq!(status_in_postgres(&g, &id), "revoked");
+    let made = g.replica(0).sidecar().create_key("acme", "p", &[]);
+    assert_eq!(status_in_postgres(&g, &made.id), "active");
+    poll_until("the offline revocation", Duration::from_secs(5), || works(&g, &raw, 0) == 401);
+    assert_eq!(works(&g, &made.raw, 0), 200);
+}
+
+#[test]
+fn a_hung_postgres_fails_admin_writes_in_time_and_a_revocation_completes() {
+    let g = pg_gateway().build();
+    let base = g.replica(0).admin().to_string();
+    seed(&base, 1_000_000);
+    let url = g.envoy().url("/");
+    let (id, raw) = issue(&base);
+    assert_eq!(get(&url, &[("x-api-key", &raw)]).status, 200);
+
+    // Stopped, not down: before decision 131 the write below waited for ever (the client gives
+    // up after 15 s), holding the one connection every admin write and reload needs.
+    g.pg().pause();
+    let r = admin("PUT", &base, "/v1/products/other", Some(json!({"id": "other"})));
+    assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("store_unavailable")), "{}", r.body);
+    for _ in 0..20 {
+        assert_eq!(get(&url, &[("x-api-key", &raw)]).status, 200, "PostgreSQL is not on the request path");
+    }
+    // a revocation it cannot take is not in force yet, and is completed once it answers
+    let r = admin("POST", &base, &format!("/v1/keys/{id}/revoke"), None);
+    assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("store_unavailable")), "{}", r.body);
+    assert!(r.body.contains("not in force yet"), "{}", r.body);
+    g.pg().resume();
+    poll_until("the revocation in force once PostgreSQL answers", Duration::from_secs(30), || {
+        get(&url, &[("x-api-key", &raw)]).status == 401
+    });
+    assert_eq!(status_in_postgres(&g, &id), "revoked");
+    poll_until("admin writes after PostgreSQL resumed", Duration::from_secs(20), || {
+        admin("PUT", &base, "/v1/products/other", Some(json!({"id": "other"}))).status == 200
+    });
+}
+
 #[test]
 fn an_unreachable_postgres_at_start_is_a_clear_error() {
     let redis = Redis::start();

@@ -321,13 +321,22 @@ async fn revoke_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) ->
     let now = unix_now();
     let record = match &s.control.source {
         Source::Postgres(pg) => {
+            // Not taken by both stores: this sidecar keeps at it until they do (decision 130).
             let (hash, record): (KeyHash, KeyRecord) = match pg.revoke_key(&key_id, now).await {
                 Ok(Some(r)) => r,
                 Ok(None) => return error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), format!("no key {key_id}")),
-                Err(e) => return unavailable(e),
+                Err(e) => {
+                    s.control.complete_revocation(key_id, now);
+                    return unavailable(format!(
+                        "not in force yet: PostgreSQL did not take the revocation ({e}); this sidecar keeps trying until it does (retrying is safe)"
+                    ));
+                }
             };
             if let Err(e) = s.control.store.create_key(&hash, &record).await {
-                return unavailable(format!("revoked in PostgreSQL, but Redis was not updated (retry): {e}"));
+                s.control.complete_revocation(key_id, now);
+                return unavailable(format!(
+                    "not in force yet: revoked in PostgreSQL, but Redis did not take it ({e}); this sidecar keeps trying until it does (retrying is safe)"
+                ));
             }
             record
         }

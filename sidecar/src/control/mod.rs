@@ -15,6 +15,7 @@ pub mod source;
 use crate::decision::limits::Plans;
 use crate::decision::{Decider, Routing};
 use crate::keys::{ConfigChangedChannel, Id, RoutingVersionKey};
+use crate::scripts::{copy_key, ScriptError};
 use crate::store::{Store, StoreError};
 use model::Snapshot;
 use redis::AsyncCommands;
@@ -46,7 +47,7 @@ pub enum RewarmError {
     #[error("reading the store of record: {0}")]
     Source(#[from] SourceError),
     #[error("writing Redis: {0}")]
-    Store(#[from] StoreError),
+    Store(#[from] ScriptError),
 }
 
 /// What the admin API and the subscriber share: the source, the configuration in force, Redis.
@@ -121,15 +122,49 @@ impl Control {
             .await
     }
 
-    /// Copies every key record from PostgreSQL into Redis (a wiped Redis loses no key).
-    /// Returns how many; a no-op for the file source (Redis is the keys' store there).
+    /// Copies every key record from PostgreSQL into Redis (a wiped Redis loses no key), never
+    /// undoing a revocation made since the records were read (`scripts::copy_key`). Returns how
+    /// many; a no-op for the file source (Redis is the keys' store there).
     pub async fn rewarm_keys(&self) -> Result<usize, RewarmError> {
         let Source::Postgres(pg) = &self.source else { return Ok(0) };
         let keys = pg.keys(None).await?;
         for (hash, record) in &keys {
-            self.store.create_key(hash, record).await?;
+            copy_key::run(&self.store, hash, record).await?;
         }
         Ok(keys.len())
+    }
+
+    /// A revocation the admin API could not finish (PostgreSQL or Redis did not take it): done
+    /// again in the background — PostgreSQL, then Redis, then announced — until both take it
+    /// (revoking is idempotent: `revoked_at` keeps its first value). The process's end stops it;
+    /// a revocation PostgreSQL took is copied to Redis by every sidecar's start anyway.
+    pub fn complete_revocation(self: &Arc<Self>, key_id: Id, now: u64) {
+        let control = self.clone();
+        tokio::spawn(async move {
+            let Source::Postgres(pg) = &control.source else { return };
+            let mut pause = Duration::from_millis(100);
+            let record = loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+                let (hash, record) = match pg.revoke_key(&key_id, now).await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return tracing::warn!(%key_id, "a revocation to complete names no key"),
+                    Err(e) => {
+                        tracing::warn!(%key_id, error = %e, "a revocation still waits for PostgreSQL; retrying");
+                        continue;
+                    }
+                };
+                match copy_key::run(&control.store, &hash, &record).await {
+                    Ok(_) => break record,
+                    Err(e) => tracing::warn!(%key_id, error = %e, "a revocation still waits for Redis; retrying"),
+                }
+            };
+            match control.announce(Some(&record.tenant)).await {
+                Ok(_) => tracing::info!(%key_id, "a revocation the admin API could not finish is now in force"),
+                // written: every replica's key cache ends within its TTL without the message
+                Err(e) => tracing::warn!(%key_id, error = %e, "a revocation is in force but could not be announced"),
+            }
+        });
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod call;
 pub mod complete;
+pub mod copy_key;
 pub mod decide;
 pub mod idem_complete;
 pub mod refund;

@@ -72,6 +72,20 @@ impl Store {
         }
     }
 
+    /// Points the key's id mapping and its tenant's index at the key hash (idempotent), after its
+    /// record was written (`scripts::copy_key`).
+    pub async fn index_key(&self, hash: &KeyHash, record: &KeyRecord) -> Result<(), StoreError> {
+        let id_key = ApiKeyIdKey::new(&record.key_id);
+        let idx_key = ApiKeyIndexKey::new(&record.tenant);
+        let hash_s = hash.as_str().to_string();
+        let key_id = record.key_id.to_string();
+        self.run_with_deadline("index_key", Self::ADMIN_DEADLINE, |mut c| async move {
+            c.set::<_, _, ()>(id_key, hash_s).await?;
+            c.sadd::<_, _, ()>(idx_key, key_id).await
+        })
+        .await
+    }
+
     /// Marks a key revoked. Returns the updated record.
     pub async fn revoke_key(&self, key_id: &Id, now: u64) -> Result<KeyRecord, StoreError> {
         let hash = self.hash_of(key_id).await?;

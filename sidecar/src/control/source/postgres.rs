@@ -18,6 +18,11 @@ use tokio_postgres::{Client, NoTls};
 /// The migrations, in order: (version, SQL).
 pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../migrations/config/0001_init.sql"))];
 
+/// How long one use of the connection (a query, a transaction) may wait for the server: a
+/// PostgreSQL that hangs (stopped, a lock held elsewhere) fails admin writes and reloads with a
+/// clear error instead of holding them, and the one connection behind its lock, for ever.
+pub const QUERY_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Any constant: the advisory lock that serialises migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x7011_6a7e;
 
@@ -56,11 +61,16 @@ impl PgSource {
         Ok(guard)
     }
 
-    /// Runs `f` on the connection; forgets a broken connection so the next call makes a new one.
+    /// Runs `f` on the connection within [`QUERY_DEADLINE`]; forgets a broken connection, or one
+    /// whose server did not answer in time (a hung server: its next call connects again, and the
+    /// server rolls back what the dropped connection left open), so the next call makes a new one.
     async fn with<T>(&self, f: impl AsyncFnOnce(&mut Client) -> Result<T, tokio_postgres::Error>) -> Result<T, SourceError> {
         let mut guard = self.client().await?;
         let Some(client) = guard.as_mut() else { return Err(SourceError::Unreachable("no connection".into())) };
-        let result = f(client).await;
+        let Ok(result) = tokio::time::timeout(QUERY_DEADLINE, f(client)).await else {
+            *guard = None;
+            return Err(SourceError::Unreachable(format!("no answer within {QUERY_DEADLINE:?}")));
+        };
         if result.is_err() && client.is_closed() {
             *guard = None;
         }
