@@ -4,6 +4,7 @@
 //! upstream called once, 409 while in flight, 422 for another body, failures released, 400 for a
 //! malformed key), and both with Redis stopped (requests still served).
 
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 use tollgate_tests::fixtures::{cache_plugin, cache_sidecar_toml};
 use tollgate_tests::{get, poll_until, post, Gateway, Resp};
@@ -172,6 +173,53 @@ fn a_retry_right_after_the_answer_is_a_replay_never_a_409() {
         assert_eq!((retry.status, retry.header("idempotent-replayed")), (200, Some("true")), "{i}");
         assert!(retry.body == first.body, "{i}: the stored response, byte for byte ({} vs {} bytes)", retry.body.len(), first.body.len());
     }
+}
+
+#[test]
+fn duplicates_sent_at_once_run_once_and_a_large_outcome_replays_without_running_again() {
+    let mut plugin = cache_plugin();
+    plugin["idempotency"]["maxBodyBytes"] = serde_json::json!(1024);
+    let g = Gateway::builder().sidecar_toml(&cache_sidecar_toml(1000)).plugin(plugin).build();
+    let acme = g.sidecar().create_key("acme", "p", &[]).raw;
+    poll_until("the routing table in the filter", Duration::from_secs(20), || get(&g.envoy().url("/warmup"), &[("x-api-key", &acme)]).status == 200);
+    let url = g.envoy().url("/orders");
+
+    // Twelve copies of one request released together at a slow upstream: exactly one runs; each
+    // other gets 409 (in flight) or, if it came after the outcome, the replay.
+    for round in 0..3 {
+        let key = format!("\"at-once-{round}\"");
+        let calls = g.upstream().calls();
+        let barrier = Arc::new(Barrier::new(12));
+        let threads: Vec<_> = (0..12)
+            .map(|_| {
+                let (url, acme, key, barrier) = (url.clone(), acme.clone(), key.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let h = [("x-api-key", acme.as_str()), ("content-type", "application/json"), ("idempotency-key", key.as_str()), ("x-echo-delay-ms", "300")];
+                    barrier.wait();
+                    post(&url, &h, r#"{"item":"desk"}"#)
+                })
+            })
+            .collect();
+        let answers: Vec<Resp> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let seen: Vec<(u16, Option<&str>)> = answers.iter().map(|r| (r.status, r.header("idempotent-replayed"))).collect();
+        assert_eq!(seen.iter().filter(|s| **s == (200, None)).count(), 1, "round {round}: one runs: {seen:?}");
+        for r in &answers {
+            let in_flight = r.status == 409 && r.json()["error"] == "idempotency_in_flight";
+            assert!(in_flight || r.status == 200, "round {round}: {} {}", r.status, r.body);
+        }
+        assert_eq!(g.upstream().calls(), calls + 1, "round {round}: the upstream ran it once ({seen:?})");
+    }
+
+    // An outcome whose body is over idempotency.maxBodyBytes is remembered without it: the retry
+    // gets the status and headers, a well-formed empty body, and the operation is not run again.
+    let h = [("x-api-key", acme.as_str()), ("idempotency-key", "\"big\""), ("x-echo-pad", "5000")];
+    let calls = g.upstream().calls();
+    let first = post(&url, &h, "{}");
+    assert!(first.status == 200 && first.body.len() > 5000, "{} {}", first.status, first.body.len());
+    let retry = post(&url, &h, "{}");
+    assert_eq!((retry.status, retry.header("idempotent-replayed")), (200, Some("true")), "{}", retry.body);
+    assert!(retry.body.is_empty(), "{} bytes replayed", retry.body.len());
+    assert_eq!(g.upstream().calls(), calls + 1, "not run again");
 }
 
 #[test]
