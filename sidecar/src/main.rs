@@ -104,7 +104,7 @@ async fn store_of_record(config: &Config) -> Result<Option<PgSource>> {
     if config.source.kind != SourceKind::Postgres {
         return Ok(None);
     }
-    let pg = PgSource::connect(&config.source.postgres_url, config.source.connect_timeout).await.context("connecting to PostgreSQL (source.postgres_url)")?;
+    let pg = PgSource::open(&config.source.postgres_url, config.source.connect_timeout).context("source.postgres_url")?;
     Ok(Some(pg))
 }
 
@@ -126,18 +126,19 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
         }
         KeyCommand::Revoke { key_id } => {
             let id = parse_id("key-id", &key_id)?;
-            let r = match store_of_record(config).await? {
-                Some(pg) => {
-                    let (hash, record) = pg
-                        .revoke_key(&id, unix_now())
-                        .await
-                        .with_context(|| format!("revoking {id} in PostgreSQL"))?
-                        .with_context(|| format!("no key {id} in PostgreSQL"))?;
+            let in_pg = match store_of_record(config).await? {
+                Some(pg) => pg.revoke_key(&id, unix_now()).await.with_context(|| format!("revoking {id} in PostgreSQL"))?,
+                None => None,
+            };
+            let r = match in_pg {
+                Some((hash, record)) => {
                     store.create_key(&hash, &record).await.with_context(|| {
                         format!("{id} is revoked in PostgreSQL, but Redis did not take it: run this again, or start a sidecar (its start copies it)")
                     })?;
                     record
                 }
+                // the file source; or a key PostgreSQL lacks (created in Redis alone by an older
+                // `keys create`): Redis is where it lives
                 None => store.revoke_key(&id, unix_now()).await.with_context(|| format!("revoking {id}"))?,
             };
             // Every replica forgets the key's cached answers now, not when its cache entry ends.

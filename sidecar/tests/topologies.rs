@@ -1,16 +1,18 @@
 //! The same key store and limit scripts on a real 3-master Redis Cluster and through Sentinel
-//! (master + replica + 3 sentinels), including following a Sentinel failover.
+//! (master + replica + 3 sentinels), including following a Sentinel failover; the key copy of a
+//! start (`copy_key.lua`) on a Cluster and a single node.
 
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_sidecar::apikey;
+use tollgate_sidecar::apikey::{self, KeyRecord, KeyStatus};
 use tollgate_sidecar::clock::ManualClock;
 use tollgate_sidecar::config::{Config, RedisConfig, RedisMode};
 use tollgate_sidecar::decision::Decider;
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::decision::limits::Plans;
 use tollgate_sidecar::store::Store;
-use tollgate_tests::{RedisCluster, RedisSentinel};
+use tollgate_tests::{Redis, RedisCluster, RedisSentinel};
+use tollgate_sidecar::scripts::copy_key::{self, Copied};
 use tollgate_sidecar::scripts::refund::Refunded;
 use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::{Completion, DecideRequest, DecideResponse};
@@ -110,12 +112,40 @@ async fn exercise_lookups(decider: &Decider, store: &Store) {
     }
 }
 
+/// `copy_key.lua` (decision 130): a copy writes a key (record, id mapping, tenant index), a
+/// revoked copy revokes, and an active copy never overwrites a record Redis holds revoked.
+async fn copies_never_undo_a_revocation(store: &Store) {
+    let (acme, all) = (Id::parse("acme").unwrap(), Id::parse("all").unwrap());
+    let key = apikey::issue(acme.clone(), all.clone(), 1, None);
+    assert_eq!(copy_key::run(store, &key.hash, &key.record).await.unwrap(), Copied::Written);
+    assert_eq!(store.lookup(&key.hash).await.unwrap().map(|r| r.status), Some(KeyStatus::Active));
+    assert!(store.list_keys(Some(&acme)).await.unwrap().iter().any(|r| r.key_id == key.record.key_id), "indexed");
+    store.revoke_key(&key.record.key_id, 2).await.unwrap();
+    // a start's snapshot read before that revocation
+    assert_eq!(copy_key::run(store, &key.hash, &key.record).await.unwrap(), Copied::KeptRevoked);
+    assert_eq!(store.lookup(&key.hash).await.unwrap().map(|r| r.status), Some(KeyStatus::Revoked));
+    // a revoked copy over an active record is the revocation
+    let other = apikey::issue(acme, all, 1, None);
+    store.create_key(&other.hash, &other.record).await.unwrap();
+    let revoked = KeyRecord { status: KeyStatus::Revoked, revoked_at: Some(3), ..other.record.clone() };
+    assert_eq!(copy_key::run(store, &other.hash, &revoked).await.unwrap(), Copied::Written);
+    assert_eq!(store.lookup(&other.hash).await.unwrap().map(|r| r.status), Some(KeyStatus::Revoked));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scripts_run_unchanged_on_a_three_master_cluster() {
     let cluster = RedisCluster::start();
     let (decider, store) = decider(RedisConfig { mode: RedisMode::Cluster, nodes: cluster.nodes(), ..Default::default() });
     exercise(&decider, &store).await;
     exercise_lookups(&decider, &store).await;
+    copies_never_undo_a_revocation(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_copy_never_undoes_a_revocation_on_a_single_node() {
+    let redis = Redis::start();
+    let (_, store) = decider(RedisConfig { mode: RedisMode::Single, url: redis.url(), ..Default::default() });
+    copies_never_undo_a_revocation(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

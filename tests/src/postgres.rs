@@ -100,14 +100,22 @@ impl Postgres {
         assert!(self.signal_all("-CONT"), "could not resume PostgreSQL's processes");
     }
 
-    /// Sends `sig` to the postmaster (the first line of `postmaster.pid`) and its children.
+    /// Sends `sig` to the postmaster (the first line of `postmaster.pid`), then to each of its
+    /// children (one that exited meanwhile — a closing backend, an autovacuum worker — is no
+    /// failure). Whether the postmaster got it.
     fn signal_all(&self, sig: &str) -> bool {
         let Ok(pidfile) = fs::read_to_string(self.data.join("postmaster.pid")) else { return false };
         let pid = pidfile.lines().next().unwrap_or_default().trim().to_string();
-        let Ok(children) = Command::new("pgrep").args(["-P", &pid]).output() else { return false };
-        let mut pids = vec![pid];
-        pids.extend(String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_string));
-        Command::new("kill").arg(sig).args(&pids).status().is_ok_and(|s| s.success())
+        let kill = |p: &str| Command::new("kill").arg(sig).arg(p).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+        if !kill(&pid) {
+            return false;
+        }
+        if let Ok(children) = Command::new("pgrep").args(["-P", &pid]).output() {
+            for child in String::from_utf8_lossy(&children.stdout).split_whitespace() {
+                kill(child);
+            }
+        }
+        true
     }
 
     /// Stops the server (fast shutdown): an outage.

@@ -295,6 +295,11 @@ fn a_hung_postgres_fails_admin_writes_in_time_and_a_revocation_completes() {
     let (id, raw) = issue(&base);
     assert_eq!(get(&url, &[("x-api-key", &raw)]).status, 200);
 
+    // the reload the key's announcement started is done (it would hold the connection)
+    poll_until("this replica's reload", Duration::from_secs(10), || {
+        let v = admin("GET", &base, "/v1/version", None).json();
+        v["version"] == v["loaded"]
+    });
     // Stopped, not down: before decision 131 the write below waited for ever (the client gives
     // up after 15 s), holding the one connection every admin write and reload needs.
     g.pg().pause();

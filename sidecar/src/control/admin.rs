@@ -328,7 +328,7 @@ async fn revoke_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) ->
                 Err(e) => {
                     s.control.complete_revocation(key_id, now);
                     return unavailable(format!(
-                        "not in force yet: PostgreSQL did not take the revocation ({e}); this sidecar keeps trying until it does (retrying is safe)"
+                        "not in force yet: {e}; this sidecar keeps trying until PostgreSQL and Redis take the revocation (retrying is safe)"
                     ));
                 }
             };

@@ -62,11 +62,13 @@ pub struct Control {
     /// Held across load-and-install (reloads) and validate-commit-install (admin writes), so a
     /// reload that read the store before a local write committed cannot install over it.
     pub installing: tokio::sync::Mutex<()>,
+    /// The keys whose revocation is being completed in the background ([`Control::complete_revocation`]).
+    completing: std::sync::Mutex<std::collections::HashSet<Id>>,
 }
 
 impl Control {
     pub fn new(source: Source, snapshot: Snapshot, store: Store, decider: Arc<Decider>) -> Control {
-        Control { source, live: Live::new(snapshot), store, decider, reload_failing: AtomicBool::new(false), installing: tokio::sync::Mutex::new(()) }
+        Control { source, live: Live::new(snapshot), store, decider, reload_failing: AtomicBool::new(false), installing: tokio::sync::Mutex::new(()), completing: Default::default() }
     }
 
     /// Puts `snapshot` (validated) in force: routes and products for the admin view, plans for
@@ -136,35 +138,50 @@ impl Control {
 
     /// A revocation the admin API could not finish (PostgreSQL or Redis did not take it): done
     /// again in the background — PostgreSQL, then Redis, then announced — until both take it
-    /// (revoking is idempotent: `revoked_at` keeps its first value). The process's end stops it;
-    /// a revocation PostgreSQL took is copied to Redis by every sidecar's start anyway.
+    /// (revoking is idempotent: `revoked_at` keeps its first value). One task per key however
+    /// often it is asked again; an error retrying cannot mend (a corrupt row, a script answering
+    /// against its contract) ends it with an error line. The process's end stops it: a revocation
+    /// PostgreSQL took is copied to Redis by every sidecar's start anyway.
     pub fn complete_revocation(self: &Arc<Self>, key_id: Id, now: u64) {
+        let Source::Postgres(_) = &self.source else { return };
+        if !self.completing.lock().unwrap_or_else(|p| p.into_inner()).insert(key_id.clone()) {
+            return; // already being completed
+        }
         let control = self.clone();
         tokio::spawn(async move {
-            let Source::Postgres(pg) = &control.source else { return };
-            let mut pause = Duration::from_millis(100);
-            let record = loop {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-                let (hash, record) = match pg.revoke_key(&key_id, now).await {
-                    Ok(Some(r)) => r,
-                    Ok(None) => return tracing::warn!(%key_id, "a revocation to complete names no key"),
-                    Err(e) => {
-                        tracing::warn!(%key_id, error = %e, "a revocation still waits for PostgreSQL; retrying");
-                        continue;
-                    }
-                };
-                match copy_key::run(&control.store, &hash, &record).await {
-                    Ok(_) => break record,
-                    Err(e) => tracing::warn!(%key_id, error = %e, "a revocation still waits for Redis; retrying"),
+            control.finish_revocation(&key_id, now).await;
+            control.completing.lock().unwrap_or_else(|p| p.into_inner()).remove(&key_id);
+        });
+    }
+
+    async fn finish_revocation(&self, key_id: &Id, now: u64) {
+        let Source::Postgres(pg) = &self.source else { return };
+        let mut pause = Duration::from_millis(100);
+        let record = loop {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            let (hash, record) = match pg.revoke_key(key_id, now).await {
+                Ok(Some(r)) => r,
+                Ok(None) => return tracing::warn!(%key_id, "a revocation to complete names no key in PostgreSQL"),
+                Err(e @ (SourceError::Corrupt(_) | SourceError::Invalid(_))) => {
+                    return tracing::error!(%key_id, error = %e, "a revocation cannot be completed: its PostgreSQL row is unreadable");
+                }
+                Err(e) => {
+                    tracing::warn!(%key_id, error = %e, "a revocation still waits for PostgreSQL; retrying");
+                    continue;
                 }
             };
-            match control.announce(Some(&record.tenant)).await {
-                Ok(_) => tracing::info!(%key_id, "a revocation the admin API could not finish is now in force"),
-                // written: every replica's key cache ends within its TTL without the message
-                Err(e) => tracing::warn!(%key_id, error = %e, "a revocation is in force but could not be announced"),
+            match copy_key::run(&self.store, &hash, &record).await {
+                Ok(_) => break record,
+                Err(e @ ScriptError::Reply(_)) => return tracing::error!(%key_id, error = %e, "a revocation cannot be copied to Redis"),
+                Err(e) => tracing::warn!(%key_id, error = %e, "a revocation still waits for Redis; retrying"),
             }
-        });
+        };
+        match self.announce(Some(&record.tenant)).await {
+            Ok(_) => tracing::info!(%key_id, "a revocation the admin API could not finish is now in force"),
+            // written: every replica's key cache ends within its TTL without the message
+            Err(e) => tracing::warn!(%key_id, error = %e, "a revocation is in force but could not be announced"),
+        }
     }
 }
 

@@ -3,12 +3,14 @@
 //! whose Redis write failed; never by the request path.
 //!
 //! The script writes the record (`apikey:{sha256}`) unless Redis holds it revoked and the copy is
-//! not; the key's id mapping and tenant index follow ([`Store::index_key`]: idempotent, and the
-//! record is written first, as on Cluster where the three keys live in different slots).
+//! not, and on a single node the key's id mapping and tenant index in the same call (one round
+//! trip per key for a start's copy of every key). On Cluster the three keys live in different
+//! slots: the script gets the record alone and [`Store::index_key`] follows (idempotent; the
+//! record first, so the id and the index only ever point at a record that exists).
 
 use super::call::{BadReply, Invocation, ScriptError};
 use crate::apikey::KeyRecord;
-use crate::keys::{ApiKeyRecordKey, KeyHash};
+use crate::keys::{ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, KeyHash};
 use crate::store::Store;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -35,17 +37,33 @@ pub fn parse(reply: i64) -> Result<Copied, BadReply> {
     }
 }
 
-/// The script's arguments: the record's fields as field/value pairs.
-fn args(record: &KeyRecord) -> Vec<String> {
-    record.to_fields().into_iter().flat_map(|(field, value)| [field.to_string(), value]).collect()
+/// The script's arguments: the key hash, the key id, then the record's fields as field/value
+/// pairs.
+fn args(hash: &KeyHash, record: &KeyRecord) -> Vec<String> {
+    let fields = record.to_fields().into_iter().flat_map(|(field, value)| [field.to_string(), value]);
+    [hash.as_str().to_string(), record.key_id.to_string()].into_iter().chain(fields).collect()
+}
+
+/// The script's keys: the record, and where one node holds every key, the id mapping and the
+/// tenant's index.
+fn keys(hash: &KeyHash, record: &KeyRecord, single_node: bool) -> Vec<String> {
+    let mut keys = vec![ApiKeyRecordKey::new(hash).as_str().to_string()];
+    if single_node {
+        keys.push(ApiKeyIdKey::new(&record.key_id).as_str().to_string());
+        keys.push(ApiKeyIndexKey::new(&record.tenant).as_str().to_string());
+    }
+    keys
 }
 
 /// Copies `record` (of the key hashing to `hash`) into Redis unless that would undo a revocation.
 pub async fn run(store: &Store, hash: &KeyHash, record: &KeyRecord) -> Result<Copied, ScriptError> {
-    let keys = vec![ApiKeyRecordKey::new(hash).as_str().to_string()];
-    let reply = Invocation { script: &SCRIPT, op: "copy_key", keys, args: args(record) }.run(store, Some(DEADLINE)).await?;
+    let single_node = !store.is_cluster();
+    let keys = keys(hash, record, single_node);
+    let reply = Invocation { script: &SCRIPT, op: "copy_key", keys, args: args(hash, record) }.run(store, Some(DEADLINE)).await?;
     let copied = parse(reply)?;
-    store.index_key(hash, record).await?;
+    if !single_node {
+        store.index_key(hash, record).await?;
+    }
     Ok(copied)
 }
 
@@ -67,10 +85,12 @@ mod tests {
             expires_at: None,
             revoked_at: Some(20),
         };
-        assert_eq!(
-            args(&record),
-            ["key_id", "key_1", "tenant", "acme", "plan", "pro", "status", "revoked", "created_at", "10", "revoked_at", "20"]
-        );
+        let hash = KeyHash::parse(&"ab".repeat(32)).unwrap();
+        let mut want = vec!["ab".repeat(32), "key_1".to_string()];
+        want.extend(["key_id", "key_1", "tenant", "acme", "plan", "pro", "status", "revoked", "created_at", "10", "revoked_at", "20"].map(String::from));
+        assert_eq!(args(&hash, &record), want);
+        assert_eq!(keys(&hash, &record, true), [format!("apikey:{}", "ab".repeat(32)), "apikey-id:key_1".into(), "apikey-index:acme".into()]);
+        assert_eq!(keys(&hash, &record, false).len(), 1, "Cluster: the record alone");
         assert_eq!(parse(1).unwrap(), Copied::Written);
         assert_eq!(parse(0).unwrap(), Copied::KeptRevoked);
         assert!(parse(2).is_err());

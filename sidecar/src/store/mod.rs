@@ -258,6 +258,11 @@ impl Store {
         }
     }
 
+    /// Whether the keys live on a Cluster (a script may only touch keys of one slot there).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.backend.as_ref(), Backend::Cluster(_))
+    }
+
     /// Whether the last command reached Redis.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)

@@ -35,16 +35,26 @@ impl PgSource {
     /// Connects (within `connect_timeout`) and applies pending migrations. An unreachable server
     /// is an error: the sidecar refuses to start without its store of record (docs/operations.md).
     pub async fn connect(url: &str, connect_timeout: Duration) -> Result<PgSource, SourceError> {
-        let mut config: tokio_postgres::Config =
-            url.parse().map_err(|e| SourceError::Unreachable(format!("source.postgres_url: {e}")))?;
-        config.connect_timeout(connect_timeout);
-        let source = PgSource { config, client: Mutex::new(None) };
+        let source = PgSource::open(url, connect_timeout)?;
         source.migrate().await?;
         Ok(source)
     }
 
+    /// The source without connecting nor migrating (the offline CLI: it writes key records into
+    /// the schema the sidecars migrated, and never changes the schema itself).
+    pub fn open(url: &str, connect_timeout: Duration) -> Result<PgSource, SourceError> {
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e| SourceError::Unreachable(format!("source.postgres_url: {e}")))?;
+        config.connect_timeout(connect_timeout);
+        Ok(PgSource { config, client: Mutex::new(None) })
+    }
+
+    /// The one connection, made if there is none; waiting for it (another use holds it) is
+    /// bounded by [`QUERY_DEADLINE`] too.
     async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, SourceError> {
-        let mut guard = self.client.lock().await;
+        let mut guard = tokio::time::timeout(QUERY_DEADLINE, self.client.lock())
+            .await
+            .map_err(|_| SourceError::Unreachable(format!("the connection stayed busy for {QUERY_DEADLINE:?}")))?;
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             let timeout = self.config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(5));
             let (client, connection) = tokio::time::timeout(timeout, self.config.connect(NoTls))
@@ -61,25 +71,49 @@ impl PgSource {
         Ok(guard)
     }
 
-    /// Runs `f` on the connection within [`QUERY_DEADLINE`]; forgets a broken connection, or one
-    /// whose server did not answer in time (a hung server: its next call connects again, and the
-    /// server rolls back what the dropped connection left open), so the next call makes a new one.
+    /// Runs `f` on the connection within [`QUERY_DEADLINE`] ([`PgSource::with_deadline`]).
     async fn with<T>(&self, f: impl AsyncFnOnce(&mut Client) -> Result<T, tokio_postgres::Error>) -> Result<T, SourceError> {
+        self.with_deadline(Some(QUERY_DEADLINE), f).await
+    }
+
+    /// Runs `f` on the connection, within `deadline` if any. Forgets a broken connection so the
+    /// next call makes a new one — and one whose server did not answer in time: its query is
+    /// cancelled (a cancel request on a connection of its own, itself bounded by the deadline;
+    /// a stopped server sees it when it resumes), so the server neither runs it on nor keeps
+    /// a backend blocked for each retry; what it left open is rolled back.
+    async fn with_deadline<T>(
+        &self,
+        deadline: Option<Duration>,
+        f: impl AsyncFnOnce(&mut Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, SourceError> {
         let mut guard = self.client().await?;
         let Some(client) = guard.as_mut() else { return Err(SourceError::Unreachable("no connection".into())) };
-        let Ok(result) = tokio::time::timeout(QUERY_DEADLINE, f(client)).await else {
-            *guard = None;
-            return Err(SourceError::Unreachable(format!("no answer within {QUERY_DEADLINE:?}")));
+        let result = match deadline {
+            Some(d) => match tokio::time::timeout(d, f(client)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    if let Some(c) = guard.take() {
+                        let cancel = c.cancel_token();
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout(QUERY_DEADLINE, cancel.cancel_query(NoTls)).await;
+                        });
+                    }
+                    return Err(SourceError::Unreachable(format!("no answer within {d:?}")));
+                }
+            },
+            None => f(client).await,
         };
-        if result.is_err() && client.is_closed() {
+        if result.is_err() && guard.as_ref().is_some_and(|c| c.is_closed()) {
             *guard = None;
         }
         result.map_err(SourceError::from)
     }
 
     /// Applies the migrations not yet recorded in `config_schema_version`. Idempotent.
+    /// No deadline: a migration may rewrite a large table, and a replica must not give up on one
+    /// half-way at every start.
     pub async fn migrate(&self) -> Result<Vec<i32>, SourceError> {
-        self.with(async |c| {
+        self.with_deadline(None, async |c| {
             let tx = c.transaction().await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
             tx.batch_execute(
