@@ -115,3 +115,34 @@ fn a_token_budget_is_reconciled_with_the_usage_the_upstream_reported() {
     // counters, reservations (settled markers) and slot sets all expire; key records do not
     assert!(redis.assert_ttl_invariant() >= 6);
 }
+
+#[test]
+fn a_token_budget_reads_an_event_stream_and_charges_the_reservation_for_a_body_it_cannot_read() {
+    // README: token budgets count what the upstream reports in its response (`usage`, JSON or an
+    // SSE stream); a body the filter cannot read (here: over 1 MiB) is charged the reservation.
+    let g = Gateway::builder()
+        .sidecar_toml("[[plans.llm.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000\nestimate = 400\n")
+        .plugin(json!({"sidecar": {"timeout": "2s"}}))
+        .build();
+    let key = g.sidecar().create_key("acme", "llm", &[]);
+    let url = g.envoy().url("/v1/chat");
+    // the month's counter, once every reservation is settled (a reservation stands in it until)
+    let counter = || -> Option<i64> {
+        let settled = g.redis().keys("q:reserved:*").iter().all(|k| g.redis().cmd::<Option<String>>(&["GET", k]).as_deref() == Some("settled"));
+        let keys = g.redis().keys("q:tokens:*");
+        settled.then(|| keys.first().map_or(0, |k| g.redis().cmd::<Option<i64>>(&["GET", k]).unwrap_or(0)))
+    };
+    // an event stream whose last frame reports 123 tokens: charged 123, not the 400 reserved
+    let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-sse", "123")]);
+    assert_eq!((r.status, r.header("content-type")), (200, Some("text/event-stream")), "{}", r.body);
+    assert!(r.body.ends_with("data: [DONE]\n\n"), "the stream reached the client whole");
+    poll_until("the stream's usage charged", Duration::from_secs(10), || counter() == Some(123));
+    // a JSON body over 1 MiB that reports 50 tokens at its end: not read, the reservation stands
+    let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-pad", "600000"), ("x-echo-usage", "50")]);
+    assert!(r.status == 200 && r.body.len() > 1 << 20 && r.body.contains("\"total_tokens\":50"), "{} {}", r.status, r.body.len());
+    poll_until("the reservation charged", Duration::from_secs(10), || counter() == Some(123 + 400));
+    // the same usage in a small body is read (the control)
+    let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-pad", "10"), ("x-echo-usage", "50")]);
+    assert_eq!(r.status, 200);
+    poll_until("the small body's usage charged", Duration::from_secs(10), || counter() == Some(123 + 400 + 50));
+}

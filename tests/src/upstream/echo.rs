@@ -8,7 +8,9 @@
 //! `ratelimit`, `ratelimit-policy`, each with an "evil" value); `x-echo-usage-raw: TEXT` answers
 //! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
 //! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
-//! a stored-response batch: batch-size tests).
+//! a stored-response batch: batch-size tests), and keeps `x-echo-usage`'s `usage` after it;
+//! `x-echo-sse: N` answers an LLM-style server-sent-event stream (`text/event-stream`: content
+//! frames, then a frame with `"usage": {"total_tokens": N}`, then `data: [DONE]`).
 //! A request header value that is not UTF-8 is echoed with its bytes above 0x7F as `\xHH`.
 //! Used by the functional tests (in-process) and as the demo upstream of `./build.sh up`.
 
@@ -70,7 +72,24 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     };
     // `x-echo-pad: N`: a large body whose text JSON escaping inflates
     let body = match req.headers().get("x-echo-pad").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
-        Some(n) => serde_json::to_vec(&serde_json::json!({"path": echoed.path, "pad": "\"".repeat(n.min(1 << 20))})).unwrap_or_default(),
+        Some(n) => {
+            let mut padded = serde_json::json!({"path": echoed.path, "pad": "\"".repeat(n.min(1 << 20))});
+            if let Some(n) = usage {
+                padded["usage"] = serde_json::json!({"prompt_tokens": 1, "completion_tokens": n.saturating_sub(1), "total_tokens": n});
+            }
+            serde_json::to_vec(&padded).unwrap_or_default()
+        }
+        None => body,
+    };
+    // `x-echo-sse: N`: a stream of events, the usage in the last one before [DONE]
+    let sse: Option<u64> = req.headers().get("x-echo-sse").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    let body = match sse {
+        Some(n) => {
+            let mut text: String = (0..20).map(|i| format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"word{i} \"}}}}]}}\n\n")).collect();
+            text.push_str(&format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{},\"total_tokens\":{n}}}}}\n\n", n.saturating_sub(1)));
+            text.push_str("data: [DONE]\n\n");
+            text.into_bytes()
+        }
         None => body,
     };
     let delay: u64 = req.headers().get("x-echo-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -87,7 +106,8 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         .and_then(|v| v.parse::<u16>().ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::OK);
-    let mut response = Response::builder().status(status).header(header::CONTENT_TYPE, "application/json");
+    let content_type = if sse.is_some() { "text/event-stream" } else { "application/json" };
+    let mut response = Response::builder().status(status).header(header::CONTENT_TYPE, content_type);
     if let Some(cc) = cache_control {
         response = response.header(header::CACHE_CONTROL, cc);
     }
