@@ -2,7 +2,7 @@
 //! Redis, tansu (Kafka), the billing consumer and PostgreSQL. Requests of several tenants become
 //! exactly one event each (allowed ones reported by the filter in batches, denials by the
 //! sidecar), one partition per tenant, and the PostgreSQL rollup matches the traffic — also when
-//! the broker goes away in the middle of it. With `aggregate_above_rps`, a high-rate tenant's
+//! the broker goes away (or hangs) in the middle of it. With `aggregate_above_rps`, a high-rate tenant's
 //! events come as per-second aggregates whose counts add up exactly, through an outage, a crash
 //! with a full spool, and a replay of already-shipped segments.
 
@@ -153,6 +153,26 @@ fn a_broker_outage_during_traffic_loses_nothing_and_counts_nothing_twice() {
     poll_until("every event delivered and counted once", Duration::from_secs(90), || rollup(s.pg()) == want);
     assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), 50);
     assert!(s.sidecar().log_text().contains("kafka went down"), "the outage was noticed (logged once)");
+    assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
+}
+
+#[test]
+fn a_hung_broker_holds_no_request_and_loses_nothing() {
+    // Stopped, not down (SIGSTOP): the producer's requests get no answer at all. Requests never
+    // wait on Kafka (docs/operations.md): each one is answered while the broker hangs (the
+    // client gives up after 15 s), and once it resumes every event is delivered and counted once.
+    let s = gateway("");
+    let acme = s.sidecar().create_key("acme", "big", &[]);
+    assert_eq!(call(s.envoy(), &acme, &[]), 200);
+    poll_until("the first event in the rollup", Duration::from_secs(60), || rollup(s.pg()).get("acme").map(|v| v[0]) == Some(1));
+    s.broker().pause();
+    for _ in 0..30 {
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+    }
+    s.broker().resume();
+    let want: HashMap<String, [i64; 6]> = [("acme".to_string(), [31, 31, 0, 0, 0, 0])].into();
+    poll_until("every event delivered and counted once", Duration::from_secs(90), || rollup(s.pg()) == want);
+    assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), 31);
     assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
 }
 
