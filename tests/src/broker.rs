@@ -69,18 +69,12 @@ impl Broker {
     /// Freezes it (SIGSTOP): connections stay open and nothing answers until [`Broker::resume`]
     /// — a hung broker, not a dead one. Dropping the guard still kills it.
     pub fn pause(&self) {
-        self.signal("-STOP");
+        self.proc.signal("-STOP");
     }
 
     /// Lets a [`Broker::pause`]d broker run again (SIGCONT).
     pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, sig: &str) {
-        let pid = self.proc.pid().expect("the broker is running");
-        let status = std::process::Command::new("kill").arg(sig).arg(pid.to_string()).status().expect("kill");
-        assert!(status.success(), "kill {sig} {pid}: {status}");
+        self.proc.signal("-CONT");
     }
 
     /// Starts it again on the same port: an empty broker (memory storage).

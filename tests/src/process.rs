@@ -98,6 +98,15 @@ impl Proc {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Sends `sig` (`kill` syntax: `-STOP`, `-CONT`) to the running process; panics if it is not
+    /// running or the signal fails. `-STOP` makes a hung server of it (it keeps its connections
+    /// and answers nothing); dropping the guard still kills it (SIGKILL works on a stopped one).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid().unwrap_or_else(|| panic!("{sig}: the process is not running"));
+        let status = Command::new("kill").arg(sig).arg(pid.to_string()).status().expect("kill");
+        assert!(status.success(), "kill {sig} {pid}: {status}");
+    }
+
     /// The exit status if the process has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())

@@ -114,18 +114,12 @@ impl Redis {
     /// nothing until [`Redis::resume`] — a hung Redis, not a dead one. Dropping the guard still
     /// kills it (SIGKILL works on a stopped process).
     pub fn pause(&self) {
-        self.signal("-STOP");
+        self.proc.signal("-STOP");
     }
 
     /// Lets a [`Redis::pause`]d server run again (SIGCONT).
     pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, sig: &str) {
-        let pid = self.proc.pid().expect("redis is running");
-        let status = Command::new("kill").arg(sig).arg(pid.to_string()).status().expect("kill");
-        assert!(status.success(), "kill {sig} {pid}: {status}");
+        self.proc.signal("-CONT");
     }
 
     /// Every key name and every value in the database, rendered as text, for leak checks.
