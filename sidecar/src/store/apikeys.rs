@@ -49,12 +49,9 @@ impl Store {
         let hash_s = hash.as_str().to_string();
         let key_id = record.key_id.to_string();
         if matches!(self.backend.as_ref(), Backend::Cluster(_)) {
-            self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
-                c.hset_multiple::<_, _, _, ()>(rec_key, &fields).await?;
-                c.set::<_, _, ()>(id_key, hash_s).await?;
-                c.sadd::<_, _, ()>(idx_key, key_id).await
-            })
-            .await
+            self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move { c.hset_multiple::<_, _, _, ()>(rec_key, &fields).await })
+                .await?;
+            self.index_key(hash, record).await
         } else {
             self.run_with_deadline("create_key", Self::ADMIN_DEADLINE, |mut c| async move {
                 redis::pipe()
@@ -73,7 +70,7 @@ impl Store {
     }
 
     /// Points the key's id mapping and its tenant's index at the key hash (idempotent), after its
-    /// record was written (`scripts::copy_key`).
+    /// record was written (`create_key` and `scripts::copy_key` on Cluster).
     pub async fn index_key(&self, hash: &KeyHash, record: &KeyRecord) -> Result<(), StoreError> {
         let id_key = ApiKeyIdKey::new(&record.key_id);
         let idx_key = ApiKeyIndexKey::new(&record.tenant);
