@@ -284,6 +284,16 @@ fn a_revocation_is_neither_lost_when_redis_refuses_it_nor_undone_by_a_start() {
     assert_eq!(status_in_postgres(&g, &made.id), "active");
     poll_until("the offline revocation", Duration::from_secs(5), || works(&g, &raw, 0) == 401);
     assert_eq!(works(&g, &made.raw, 0), 200);
+
+    // 4. A key PostgreSQL lacks (made in Redis alone by an older `keys create`; here its row is
+    //    deleted) still authenticates, so the admin API revokes it in Redis: it answered 404
+    //    before, leaving the key working.
+    tollgate_tests::billing::psql(g.pg(), &format!("DELETE FROM api_keys WHERE key_id = '{}'", made.id)).expect("psql");
+    let r = admin("POST", &base, &format!("/v1/keys/{}/revoke", made.id), None);
+    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("revoked")), "{}", r.body);
+    poll_until("the revocation of a key PostgreSQL lacks", Duration::from_secs(5), || works(&g, &made.raw, 0) == 401);
+    let r = admin("POST", &base, "/v1/keys/key_nosuchkey0000000000/revoke", None);
+    assert_eq!((r.status, r.json()["error"].as_str()), (404, Some("not_found")), "{}", r.body);
 }
 
 #[test]

@@ -324,7 +324,9 @@ async fn revoke_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) ->
             // Not taken by both stores: this sidecar keeps at it until they do (decision 130).
             let (hash, record): (KeyHash, KeyRecord) = match pg.revoke_key(&key_id, now).await {
                 Ok(Some(r)) => r,
-                Ok(None) => return error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), format!("no key {key_id}")),
+                // A key PostgreSQL lacks (created in Redis alone by an older `keys create`) still
+                // authenticates: Redis is where it lives, as `tollgate-sidecar keys revoke` does.
+                Ok(None) => return revoke_in_redis(&s, &key_id, now).await,
                 Err(e) => {
                     s.control.complete_revocation(key_id, now);
                     return unavailable(format!(
@@ -340,13 +342,19 @@ async fn revoke_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) ->
             }
             record
         }
-        Source::File(_) => match s.control.store.revoke_key(&key_id, now).await {
-            Ok(r) => r,
-            Err(crate::store::StoreError::NotFound(m)) => return error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), m),
-            Err(e) => return unavailable(e),
-        },
+        Source::File(_) => return revoke_in_redis(&s, &key_id, now).await,
     };
     announced(&s, Some(&record.tenant), StatusCode::OK, key_json(&record)).await
+}
+
+/// Revokes a key whose record lives in Redis alone (the file source's keys, or a key PostgreSQL
+/// lacks) and announces it; 404 when Redis has no such key either.
+async fn revoke_in_redis(s: &Arc<AdminState>, key_id: &Id, now: u64) -> Response {
+    match s.control.store.revoke_key(key_id, now).await {
+        Ok(record) => announced(s, Some(&record.tenant), StatusCode::OK, key_json(&record)).await,
+        Err(crate::store::StoreError::NotFound(m)) => error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), m),
+        Err(e) => unavailable(e),
+    }
 }
 
 /// `?tenant=<id>` (ids need no percent-decoding: they are plain ASCII); other parameters refused.
