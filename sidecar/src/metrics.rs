@@ -48,8 +48,10 @@ pub const CONNECTIONS_CUT: &str = "tollgate_sidecar_connections_cut_total";
 /// Usage events, labelled `outcome`: spooled (durable, acknowledged to the filter) | invalid
 /// (refused for good) | delivered (acknowledged by Kafka, alone or in an aggregate) | aggregated
 /// (the part of delivered carried in aggregates) | duplicate (with aggregation on: an id accepted
-/// lately, dropped at intake, or repeated within one segment's aggregated events) | lost (a denial that could not be spooled) | torn (a crash's
-/// partial line skipped in the spool).
+/// lately, dropped at intake, or repeated within one segment's aggregated events) | refused (the
+/// spool did not take them: full, an i/o error; the filter sends them again) | in_flight (with
+/// aggregation on: a copy of a batch whose write is not answered yet, refused with 503) | lost (a
+/// denial that could not be spooled) | torn (a crash's partial line skipped in the spool).
 pub const USAGE_EVENTS: &str = "tollgate_sidecar_usage_events_total";
 /// Aggregate messages (`tollgate.usage.aggregate.v1`) acknowledged by Kafka.
 pub const USAGE_AGGREGATES: &str = "tollgate_sidecar_usage_aggregates_total";

@@ -355,9 +355,10 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     if invalid > 0 {
         metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "invalid").increment(invalid);
     }
-    match usage.accept(&valid).await {
+    let accepted = valid.len() as u64;
+    match usage.accept(valid).await {
         Ok(()) => {
-            let ack = UsageAck { accepted: valid.len() as u64, invalid };
+            let ack = UsageAck { accepted, invalid };
             json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "usage_unavailable", e.to_string()),

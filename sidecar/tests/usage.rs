@@ -263,3 +263,56 @@ fn a_batch_sent_again_after_a_crash_between_its_fsync_and_its_answer_counts_once
     assert_eq!(counted, 100, "{got:?}");
     assert_eq!(read_with_schema(&broker.brokers(), "usage_h", 12, Duration::from_secs(5)).len(), 11, "nothing shipped twice");
 }
+
+#[test]
+fn copies_of_a_batch_sent_at_once_to_a_full_spool_are_never_acknowledged() {
+    // With aggregation on, an id accepted lately is dropped as a duplicate. Before this test, ids
+    // were remembered before their write's answer: a copy of a batch arriving while the first
+    // copy's write was pending was answered 200 as a duplicate, and when that write then failed
+    // (a full disk) the events were lost. Now such a copy is refused (503, the filter sends it
+    // again) and only a write's success makes an id a duplicate.
+    let (redis, spool) = (Redis::start(), tempfile::tempdir().unwrap());
+    let cfg = format!(
+        "[usage]\nenabled = true\nspool_dir = \"{}\"\nsegment_age = \"60s\"\nmax_spool_mb = 1\naggregate_above_rps = 10\n\
+         [usage.kafka]\nbrokers = \"127.0.0.1:{}\"\ntopic = \"usage_full\"\npartitions = 1\n",
+        spool.path().display(),
+        tollgate_tests::free_port()
+    );
+    let sidecar = Sidecar::start_with_config(&redis.url(), &cfg, &[]);
+    let post_batch = |events: &[UsageEvent]| {
+        let body = serde_json::to_string(&UsageBatch { events: events.to_vec() }).unwrap();
+        post(&sidecar.url(USAGE_PATH), &[("content-type", "application/json"), sidecar.auth()], &body)
+    };
+    // fill the spool (1 MiB; no broker to ship to) until it refuses a batch of 500 events, then
+    // one of 20 (the size of the batch below)
+    let mut seq = 0;
+    for size in [500, 20] {
+        loop {
+            let batch: Vec<UsageEvent> = (seq..seq + size).map(|i| event("acme", i)).collect();
+            seq += size;
+            let r = post_batch(&batch);
+            if r.status == 503 {
+                assert!(r.body.contains("full"), "{}", r.body);
+                break;
+            }
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert!(seq < 100_000, "the spool never filled");
+        }
+    }
+    let batch: Vec<UsageEvent> = (0..20).map(|i| event("late", i)).collect();
+    for round in 0..5 {
+        let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+            let posts: Vec<_> = (0..16).map(|_| s.spawn(|| post_batch(&batch))).collect();
+            posts.into_iter().map(|p| p.join().unwrap()).map(|r| (r.status, r.body)).collect()
+        });
+        for (status, body) in &answers {
+            assert_eq!(*status, 503, "round {round}: a copy acknowledged while nothing was written: {body}");
+        }
+    }
+    let metrics = get(&sidecar.url("/metrics"), &[]).body;
+    assert!(!metrics.contains("outcome=\"duplicate\""), "nothing of the refused batch counted spooled: {metrics}");
+    assert!(metrics.contains("tollgate_sidecar_usage_events_total{outcome=\"refused\"}"), "{metrics}");
+    poll_until("the refusal logged with the spool's directory", Duration::from_secs(5), || {
+        sidecar.log_text().contains("the spool refused a batch") && sidecar.log_text().contains(&spool.path().display().to_string())
+    });
+}

@@ -5,7 +5,13 @@
 //! deduplicated downstream). Pure: time is passed in. The shipping half (a segment into
 //! aggregates) is `tollgate_shared::aggregate::plan_segment`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+/// An event of a batch whose earlier copy is still being written: the batch is refused (503, the
+/// filter sends it again), since dropping it as a duplicate would answer before its events are
+/// durable, and lose them if that write fails.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InFlight;
 use tollgate_wire::usage::UsageEvent;
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -67,10 +73,12 @@ impl RateTracker {
 /// keyed hashes. With aggregation on, intake drops an event whose id is here: a batch the filter
 /// sends again after the sidecar already spooled it (its call timed out, or the sidecar crashed
 /// between the fsync and its answer). Single events would be deduplicated by id at the consumer;
-/// events inside aggregates cannot be, so they must not be spooled twice.
+/// events inside aggregates cannot be, so they must not be spooled twice. Each id is durable
+/// (spooled) or in flight (its write not answered yet: [`RecentIds::insert_pending`]).
 pub struct RecentIds {
     keys: (std::hash::RandomState, std::hash::RandomState),
-    set: HashSet<u128>,
+    /// id → durable
+    set: HashMap<u128, bool>,
     order: std::collections::VecDeque<u128>,
     capacity: usize,
 }
@@ -79,7 +87,7 @@ impl RecentIds {
     pub fn new(capacity: usize) -> RecentIds {
         RecentIds {
             keys: (std::hash::RandomState::new(), std::hash::RandomState::new()),
-            set: HashSet::with_capacity(capacity.min(1 << 16)),
+            set: HashMap::with_capacity(capacity.min(1 << 16)),
             order: std::collections::VecDeque::with_capacity(capacity.min(1 << 16)),
             capacity: capacity.max(1),
         }
@@ -90,12 +98,36 @@ impl RecentIds {
         (u128::from(self.keys.0.hash_one(id)) << 64) | u128::from(self.keys.1.hash_one(id))
     }
 
-    /// Remembers `id`; `false` when it was already there.
+    /// Remembers `id` as durable (read back from the spool); `false` when it was already there.
     pub fn insert(&mut self, id: &str) -> bool {
+        self.remember(id, true)
+    }
+
+    /// Remembers `id` as in flight: its write is not answered yet ([`Self::confirm`] or
+    /// [`Self::forget`] once it is). `false` when it was already there.
+    pub fn insert_pending(&mut self, id: &str) -> bool {
+        self.remember(id, false)
+    }
+
+    /// `id`'s write is answered: it is durable.
+    pub fn confirm(&mut self, id: &str) {
         let k = self.key(id);
-        if !self.set.insert(k) {
+        if let Some(durable) = self.set.get_mut(&k) {
+            *durable = true;
+        }
+    }
+
+    /// `id` is remembered and its write is not answered yet.
+    pub fn in_flight(&self, id: &str) -> bool {
+        self.set.get(&self.key(id)) == Some(&false)
+    }
+
+    fn remember(&mut self, id: &str, durable: bool) -> bool {
+        let k = self.key(id);
+        if self.set.contains_key(&k) {
             return false;
         }
+        self.set.insert(k, durable);
         self.order.push_back(k);
         if self.order.len() > self.capacity {
             if let Some(old) = self.order.pop_front() {
@@ -127,17 +159,22 @@ pub struct Intake {
 }
 
 impl Intake {
-    /// Which of `events` are new (an id accepted lately, or twice in `events`, is not); then the
-    /// new ones' marks, in their order ([`RateTracker::mark`]).
-    pub fn admit(&mut self, events: &[UsageEvent], now_ms: u64) -> (Vec<bool>, Vec<bool>) {
-        let fresh: Vec<bool> = events.iter().map(|e| self.recent.insert(&e.id)).collect();
+    /// Which of `events` are new (an id accepted lately, or twice in `events`, is not), the new
+    /// ones remembered as in flight; then the new ones' marks, in their order
+    /// ([`RateTracker::mark`]). [`InFlight`], remembering nothing, when one of them is an id of
+    /// an earlier batch whose write is not answered yet.
+    pub fn admit(&mut self, events: &[UsageEvent], now_ms: u64) -> Result<(Vec<bool>, Vec<bool>), InFlight> {
+        if events.iter().any(|e| self.recent.in_flight(&e.id)) {
+            return Err(InFlight);
+        }
+        let fresh: Vec<bool> = events.iter().map(|e| self.recent.insert_pending(&e.id)).collect();
         let marks = if fresh.iter().all(|f| *f) {
             self.rates.mark(events, now_ms)
         } else {
             let kept: Vec<UsageEvent> = events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e.clone()).collect();
             self.rates.mark(&kept, now_ms)
         };
-        (fresh, marks)
+        Ok((fresh, marks))
     }
 }
 
@@ -177,11 +214,17 @@ mod tests {
     fn intake_drops_ids_accepted_lately_and_marks_the_rest() {
         let mut intake = Intake { rates: RateTracker::new(1), recent: RecentIds::new(3) };
         let batch: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("e{i:07}"), "hot")).collect();
-        assert_eq!(intake.admit(&batch, SEC), (vec![true; 3], vec![false, true, true]));
-        // the filter sends the batch again, with one new event
+        assert_eq!(intake.admit(&batch, SEC), Ok((vec![true; 3], vec![false, true, true])));
+        // sent again while the first copy is still being written: refused, nothing remembered
         let mut again = batch.clone();
         again.push(ev("e0000003", "hot"));
-        assert_eq!(intake.admit(&again, SEC), (vec![false, false, false, true], vec![true]));
+        assert_eq!(intake.admit(&again, SEC), Err(InFlight));
+        assert!(!intake.recent.in_flight("e0000003"));
+        for e in &batch {
+            intake.recent.confirm(&e.id);
+        }
+        // the filter sends the batch again once it is durable, with one new event
+        assert_eq!(intake.admit(&again, SEC), Ok((vec![false, false, false, true], vec![true])));
         // the window is bounded: the oldest ids are forgotten
         assert_eq!(intake.recent.len(), 3);
         assert!(intake.recent.insert("e0000000"));

@@ -203,7 +203,12 @@ pub struct Usage {
     intake: Option<std::sync::Mutex<Intake>>,
     stop: CancellationToken,
     shipper: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When a refused write was last logged (ms since the epoch).
+    refusal_logged: std::sync::atomic::AtomicU64,
 }
+
+/// At most one log line per this many ms for refused spool writes (they come once per batch).
+const REFUSAL_LOG_EVERY_MS: u64 = 10_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
@@ -238,52 +243,81 @@ impl Usage {
         };
         let stop = CancellationToken::new();
         let handle = tokio::spawn(shipper.run(stop.clone(), config.shutdown_grace));
-        Ok(Usage { spool, store, meter: config.meter, intake, stop, shipper: tokio::sync::Mutex::new(Some(handle)) })
+        Ok(Usage {
+            spool,
+            store,
+            meter: config.meter,
+            intake,
+            stop,
+            shipper: tokio::sync::Mutex::new(Some(handle)),
+            refusal_logged: Default::default(),
+        })
     }
 
     /// Makes `events` (already validated) durable, then meters them. `Ok` means the sender may
     /// forget them.
-    pub async fn accept(&self, events: &[UsageEvent]) -> Result<(), SpoolError> {
+    pub async fn accept(self: &Arc<Self>, events: Vec<UsageEvent>) -> Result<(), SpoolError> {
         if events.is_empty() {
             return Ok(());
         }
         // Marked here, at arrival, and written into the spool line: the decision to aggregate is
         // as durable as the event (a re-shipped segment is aggregated the same way). Ids taken
         // lately are dropped: they are durable already, and an aggregate cannot be deduplicated
-        // event by event downstream.
-        let mut kept: Option<Vec<UsageEvent>> = None;
-        let marks = match &self.intake {
+        // event by event downstream. A batch whose earlier copy is still being written is
+        // refused: dropped as a duplicate, it would be answered before its events are durable.
+        let (events, marks) = match &self.intake {
             Some(intake) => {
                 let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-                let (fresh, marks) = intake.lock().map(|mut i| i.admit(events, now)).unwrap_or_default();
+                let admitted = match intake.lock() {
+                    Ok(mut i) => i.admit(&events, now),
+                    Err(_) => Ok(Default::default()),
+                };
+                let Ok((fresh, marks)) = admitted else {
+                    metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "in_flight").increment(events.len() as u64);
+                    return Err(SpoolError::InFlight);
+                };
                 let dropped = fresh.iter().filter(|f| !**f).count();
-                if dropped > 0 {
+                if dropped == 0 {
+                    (events, marks)
+                } else {
                     metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "duplicate").increment(dropped as u64);
-                    kept = Some(events.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e.clone()).collect());
+                    (events.into_iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e).collect(), marks)
                 }
-                marks
             }
-            None => Vec::new(),
+            None => (events, Vec::new()),
         };
-        let events: &[UsageEvent] = kept.as_deref().unwrap_or(events);
         if events.is_empty() {
             return Ok(());
         }
-        if let Err(e) = self.spool.append(encode_lines(events, &marks)).await {
-            // not spooled: the filter sends them again, and then they must be taken
-            if let Some(Ok(mut i)) = self.intake.as_ref().map(|i| i.lock()) {
-                for ev in events {
-                    i.recent.forget(&ev.id);
+        // A task of its own: a sender that gives up (its call timed out) drops this future, and
+        // what follows the write's answer — the ids confirmed or forgotten, the meter — must
+        // still happen, or a copy sent again would be dropped as spooled when it was not.
+        let me = self.clone();
+        tokio::spawn(async move { me.spool_and_meter(events, marks).await }).await.unwrap_or(Err(SpoolError::Stopped))
+    }
+
+    async fn spool_and_meter(&self, events: Vec<UsageEvent>, marks: Vec<bool>) -> Result<(), SpoolError> {
+        let written = self.spool.append(encode_lines(&events, &marks)).await;
+        if let Some(Ok(mut i)) = self.intake.as_ref().map(|i| i.lock()) {
+            for ev in &events {
+                match &written {
+                    Ok(()) => i.recent.confirm(&ev.id),
+                    // not spooled: the filter sends them again, and then they must be taken
+                    Err(_) => i.recent.forget(&ev.id),
                 }
             }
+        }
+        if let Err(e) = written {
+            metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "refused").increment(events.len() as u64);
+            self.warn_refused(&e);
             return Err(e);
         }
         metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "spooled").increment(events.len() as u64);
-        crate::telemetry::observe_usage(events);
+        crate::telemetry::observe_usage(&events);
         metrics::gauge!(crate::metrics::USAGE_SPOOL_BYTES)
             .set(self.spool.total().load(std::sync::atomic::Ordering::Relaxed) as f64);
         if self.meter {
-            let incs = meter::increments(events);
+            let incs = meter::increments(&events);
             let store = self.store.clone();
             tokio::spawn(async move {
                 if let Err(e) = meter::add(&store, incs).await {
@@ -295,12 +329,25 @@ impl Usage {
         Ok(())
     }
 
+    /// A refused write (disk full, the spool over its cap, an i/o error) is logged with the
+    /// spool's directory, at most once per [`REFUSAL_LOG_EVERY_MS`]: the filter holds the batch
+    /// and sends it again, so an operator must see why it keeps coming back.
+    fn warn_refused(&self, e: &SpoolError) {
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        let last = self.refusal_logged.load(std::sync::atomic::Ordering::Relaxed);
+        if now.saturating_sub(last) >= REFUSAL_LOG_EVERY_MS
+            && self.refusal_logged.compare_exchange(last, now, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed).is_ok()
+        {
+            tracing::warn!(error = %e, spool_dir = %self.spool.dir().display(), "usage: the spool refused a batch; the filters hold it and send it again");
+        }
+    }
+
     /// Records a denial the sidecar decided, off the request path. A failure to spool it is
     /// counted as lost (the filter does not hold denials).
     pub fn record_denial(self: &Arc<Self>, event: UsageEvent) {
         let me = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = me.accept(std::slice::from_ref(&event)).await {
+            if let Err(e) = me.accept(vec![event]).await {
                 metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "lost").increment(1);
                 tracing::warn!(error = %e, "usage: a denial event could not be spooled");
             }

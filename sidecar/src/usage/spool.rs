@@ -42,6 +42,8 @@ pub enum SpoolError {
     Io(#[from] io::Error),
     #[error("the usage spool is stopped")]
     Stopped,
+    #[error("an earlier copy of this batch is still being written; send it again shortly")]
+    InFlight,
 }
 
 struct OpenSegment {
