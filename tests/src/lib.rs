@@ -19,6 +19,7 @@ pub mod broker;
 pub mod envoy;
 pub mod fixtures;
 pub mod gateway;
+pub mod h2c;
 pub mod http;
 pub mod otlp;
 pub mod postgres;

@@ -465,3 +465,31 @@ fn repeated_headers_the_gateway_keys_on_are_never_guessed() {
     assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("invalid_idempotency_key")), "{r:?}");
     assert_eq!(g.upstream().calls() - before, 2, "the refused POST never reached the upstream");
 }
+
+/// HTTP/2 trailers end a request while it waits for its decision. Envoy takes the trailers
+/// callback's "continue" as "go on" for the whole request: before the filter answered it itself
+/// (the SDK's default is "continue"), any key — a made-up one too — reached the upstream
+/// undecided when its request had trailers.
+#[test]
+fn a_request_with_trailers_waits_for_its_decision() {
+    let toml = limit_toml("p", "pm", "fixed_window", 1_000_000, "window = \"60s\"");
+    let g = gateway(&toml, json!({"tokenEstimateField": "max_tokens"})).build();
+    let (port, key) = (g.envoy().port, g.sidecar().create_key("acme", "p", &[]));
+    let send = |key: &str, content_type: &str, body: &[u8]| {
+        let headers = [("x-api-key", key), ("content-type", content_type)];
+        tollgate_tests::h2c::send_with_trailers(port, "POST", "/v1/chat", &headers, body, &[("x-checksum", "abc")])
+    };
+    let json_body = br#"{"max_tokens":16}"#;
+    for (content_type, body) in [("text/plain", &b"hello"[..]), ("text/plain", b""), ("application/json", json_body)] {
+        let before = g.upstream().calls();
+        for i in 0..3 {
+            let made_up = format!("tg_madeup{i}{content_type}{}", body.len()).replace('/', "");
+            let r = send(&made_up, content_type, body);
+            assert_eq!(r.status, 401, "{content_type} {body:?}: {}", String::from_utf8_lossy(&r.body));
+        }
+        assert_eq!(g.upstream().calls(), before, "{content_type}: a made-up key reached the upstream");
+        let r = send(&key.raw, content_type, body);
+        assert_eq!(r.status, 200, "{content_type}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(g.upstream().calls(), before + 1, "{content_type}: the key's request went on once");
+    }
+}

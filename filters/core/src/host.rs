@@ -50,6 +50,10 @@ pub trait Host {
     /// per routed request; routing and fallback are checked through Envoy in `tests/`).
     fn set_request_header(&mut self, name: &str, value: &str);
     fn remove_request_header(&mut self, name: &str);
+    /// The names of the request's trailers (HTTP/2 or HTTP/3 trailers a client sent). Read only
+    /// for a request that has them.
+    fn request_trailer_names(&self) -> Vec<String>;
+    fn remove_request_trailer(&mut self, name: &str);
     fn add_response_header(&mut self, name: &str, value: &str);
     /// The downstream peer's IP address as Envoy saw it.
     fn client_ip(&self) -> Option<String>;

@@ -38,6 +38,13 @@ impl HttpFilter {
         self.guarded(host, auth)
     }
 
+    /// The request's trailers: `Pause` while the decision is pending (see
+    /// [`AuthFilter::on_request_trailers`]).
+    pub fn on_request_trailers(&mut self, host: &mut impl Host) -> Action {
+        let auth = self.filter.on_request_trailers(host);
+        self.guarded(host, auth)
+    }
+
     /// The sidecar's answer to this request's call: `Continue` when the adapter must resume the
     /// request.
     pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {

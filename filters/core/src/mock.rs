@@ -28,6 +28,8 @@ pub struct MockHost {
     pub response_chunk: Vec<u8>,
     /// The buffered request body.
     pub request_body: Vec<u8>,
+    /// The request's trailers.
+    pub request_trailers: Vec<(String, Vec<u8>)>,
     /// CAS token of each shared-data value: bumped on every write, like Envoy's.
     pub cas: HashMap<String, u32>,
     /// Writes "another worker" makes just before this host's next CAS write (each one makes that
@@ -127,6 +129,12 @@ impl Host for MockHost {
     }
     fn remove_request_header(&mut self, name: &str) {
         self.request_headers.retain(|(n, _)| n != name);
+    }
+    fn request_trailer_names(&self) -> Vec<String> {
+        self.request_trailers.iter().map(|(n, _)| n.clone()).collect()
+    }
+    fn remove_request_trailer(&mut self, name: &str) {
+        self.request_trailers.retain(|(n, _)| n != name);
     }
     fn add_response_header(&mut self, name: &str, value: &str) {
         self.response_headers.push((name.to_string(), value.to_string()));

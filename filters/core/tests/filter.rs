@@ -474,3 +474,46 @@ fn two_different_keys_are_refused_and_neither_reaches_the_upstream() {
     assert_eq!(host.calls.len(), 1);
     assert_eq!(host.header(":path"), Some("/v1"));
 }
+
+#[test]
+fn trailers_never_let_a_request_go_on_before_its_decision() {
+    // Envoy takes a trailers callback's `Continue` as "go on" for the whole request, headers and
+    // body included: before, the SDK's default answered it, and an HTTP/2 request with trailers
+    // went upstream undecided (any key, a wrong one too).
+    let mut host = MockHost::new().with_header(":method", "POST").with_header("x-api-key", KEY);
+    host.request_trailers = vec![("x-tollgate-tenant".into(), b"forged".to_vec()), ("grpc-status".into(), b"0".to_vec())];
+    let mut f = filter("{}");
+    assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
+    assert_eq!(host.calls.len(), 1, "the decision is asked for");
+    assert_eq!(f.on_request_body(&mut host, 5, false), Action::Pause);
+    assert_eq!(f.on_request_trailers(&mut host), Action::Pause, "still waiting for the decision");
+    assert_eq!(host.request_trailers, [("grpc-status".to_string(), b"0".to_vec())], "a client's internal names are removed from trailers");
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+
+    // a denial: the request never goes on
+    let mut host = MockHost::new().with_header(":method", "POST").with_header("x-api-key", KEY);
+    let mut f = filter("{}");
+    assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
+    assert_eq!(f.on_request_trailers(&mut host), Action::Pause);
+    let deny = br#"{"verdict":"deny","status":401,"error":"unknown_key","message":"unknown key"}"#;
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), deny), Action::Pause);
+    assert_eq!(host.reply.as_ref().map(|r| r.status), Some(401));
+
+    // waiting for the body (the token estimate): trailers end it, and the decision is asked for
+    let mut host = MockHost::new()
+        .with_header(":method", "POST")
+        .with_header("content-type", "application/json")
+        .with_header("x-api-key", KEY);
+    let mut f = filter(r#"{"tokenEstimateField":"max_tokens"}"#);
+    assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
+    host.request_body = br#"{"max_tokens":64}"#.to_vec();
+    let n = host.request_body.len();
+    assert_eq!(f.on_request_body(&mut host, n, false), Action::Pause);
+    assert!(host.calls.is_empty());
+    assert_eq!(f.on_request_trailers(&mut host), Action::Pause);
+    let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+    assert_eq!(req.token_estimate, Some(64));
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+    // a request decided already goes on
+    assert_eq!(f.on_request_trailers(&mut host), Action::Continue);
+}

@@ -53,6 +53,14 @@ impl Host for Counting<'_> {
         self.n("remove_request_header");
         self.inner.remove_request_header(name)
     }
+    fn request_trailer_names(&self) -> Vec<String> {
+        self.n("request_trailer_names");
+        self.inner.request_trailer_names()
+    }
+    fn remove_request_trailer(&mut self, name: &str) {
+        self.n("remove_request_trailer");
+        self.inner.remove_request_trailer(name)
+    }
     fn add_response_header(&mut self, name: &str, value: &str) {
         self.n("add_response_header");
         self.inner.add_response_header(name, value)

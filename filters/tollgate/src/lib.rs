@@ -281,6 +281,12 @@ impl HttpContext for Http {
         self.step(|filter, host| filter.on_request_body(host, body_size, end_of_stream))
     }
 
+    /// Not the SDK's default (`Continue`): that would let a request paused for its decision go
+    /// upstream undecided when the client sends trailers (HTTP/2).
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> WasmAction {
+        self.step(|filter, host| filter.on_request_trailers(host))
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
         self.step(|filter, host| filter.on_response_headers(host, end_of_stream))
     }
@@ -322,6 +328,12 @@ impl Host for EnvoyHost<'_> {
     }
     fn remove_request_header(&mut self, name: &str) {
         let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, None);
+    }
+    fn request_trailer_names(&self) -> Vec<String> {
+        raw::map_pairs(MapType::HttpRequestTrailers).into_iter().map(|(n, _)| n).collect()
+    }
+    fn remove_request_trailer(&mut self, name: &str) {
+        let _ = hostcalls::set_map_value(MapType::HttpRequestTrailers, name, None);
     }
     fn add_response_header(&mut self, name: &str, value: &str) {
         let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);

@@ -129,6 +129,8 @@ pub struct AuthFilter {
     held_bytes: usize,
     /// The client sent `Accept-Encoding` (removed when the filter reads the response's body).
     accepts_encoding: bool,
+    /// The request body's size as Envoy last presented it (the buffered size while paused).
+    request_body_size: usize,
 }
 
 impl AuthFilter {
@@ -159,6 +161,7 @@ impl AuthFilter {
             outcome_call: None,
             resume_response: false,
             accepts_encoding: false,
+            request_body_size: 0,
             hold: EndHold::AtEnd,
             held_bytes: 0,
         }
@@ -252,9 +255,28 @@ impl AuthFilter {
         Decision::Call(request)
     }
 
+    /// The request's trailers (HTTP/2, HTTP/3), which end its stream. Envoy takes a `Continue`
+    /// here as "go on" for the whole request, headers and body included, even while they are
+    /// paused for a decision: so a request still waiting for its decision stays paused (it goes
+    /// on with its answer), and one waiting for its body is decided now, on the body it has. A
+    /// client's internal header names are removed from trailers too.
+    pub fn on_request_trailers(&mut self, host: &mut impl Host) -> Action {
+        for name in host.request_trailer_names() {
+            if crate::headers::is_internal(&name) {
+                host.remove_request_trailer(&name);
+            }
+        }
+        match self.state {
+            State::AwaitingBody { .. } => self.on_request_body(host, self.request_body_size, true),
+            State::Waiting { .. } | State::Queued { .. } => Action::Pause,
+            State::Start | State::Done => Action::Continue,
+        }
+    }
+
     /// The request body, for the token estimate and a lookup. Returns `Pause` until the whole
     /// body is in.
     pub fn on_request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
+        self.request_body_size = body_size;
         match self.state {
             State::AwaitingBody { .. } => {}
             State::Waiting { .. } | State::Queued { .. } => return Action::Pause,
