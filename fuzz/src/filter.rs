@@ -219,13 +219,16 @@ pub fn usage_tokens(data: &[u8]) {
     if occurrences == 0 {
         assert_eq!(got, None, "tokens found without the field");
     }
-    if occurrences == 1 {
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
-            let n = v.get("usage").and_then(|u| u.get("total_tokens")).and_then(serde_json::Value::as_u64);
-            // (counts above 2^53 may be clamped: issue 13.6)
-            if let Some(n) = n.filter(|n| *n < 1 << 53) {
-                assert_eq!(got, Some(n), "the JSON field was not read");
-            }
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+        // a JSON document: its own usage object's count, and nothing else (decision 134)
+        let n = v.get("usage").and_then(|u| u.get("total_tokens"));
+        if n.is_none() && v.is_object() {
+            assert_eq!(got, None, "a total_tokens outside the document's usage object was read");
+        }
+        let usages = data.windows(7).filter(|w| w == b"\"usage\"").count();
+        // (counts above 2^53 may be clamped: issue 13.6)
+        if let Some(n) = n.and_then(serde_json::Value::as_u64).filter(|n| *n < 1 << 53 && occurrences == 1 && usages == 1) {
+            assert_eq!(got, Some(n), "the JSON field was not read");
         }
     }
     let _ = usage::int_property(Some(data.to_vec()));

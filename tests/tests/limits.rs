@@ -145,4 +145,10 @@ fn a_token_budget_reads_an_event_stream_and_charges_the_reservation_for_a_body_i
     let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-pad", "10"), ("x-echo-usage", "50")]);
     assert_eq!(r.status, 200);
     poll_until("the small body's usage charged", Duration::from_secs(10), || counter() == Some(123 + 400 + 50));
+    // a total_tokens outside the response's usage object (here a tool call's input, which the
+    // client's prompt chose) is not read: the reservation stands. Before decision 134 it was
+    // read, and the client chose its own charge (0).
+    let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-tool-input", r#"{"total_tokens":0}"#)]);
+    assert!(r.status == 200 && r.body.contains(r#""input":{"total_tokens":0}"#), "{} {}", r.status, r.body);
+    poll_until("the reservation charged, not the tool input's count", Duration::from_secs(10), || counter() == Some(123 + 400 + 50 + 400));
 }

@@ -246,16 +246,21 @@ impl Tokens {
     }
 }
 
-/// `usage.total_tokens` of a JSON response, or the last `"total_tokens": N` in the body (which
-/// also finds the usage frame of an SSE stream), clamped ([`read_tokens`]).
+/// `usage.total_tokens` of a JSON response, or of an SSE stream's last frame that holds it,
+/// clamped ([`read_tokens`]).
 pub fn usage_tokens(body: &[u8]) -> Option<u64> {
     read_tokens(body).map(|t| t.count)
 }
 
 /// As [`usage_tokens`], saying whether the number was clamped. A body without
 /// `"total_tokens"` is not parsed; a value that is not a number is no count.
+///
+/// Only the response's own usage object counts: a JSON document's top-level `usage`, or the
+/// top-level `usage` of an SSE `data:` frame. A `total_tokens` anywhere else may be content a
+/// client or a model chose (an echoed request, a tool call's arguments): read, it would let a
+/// client choose its own charge. Such a body reports none, and the reservation is the charge.
 pub fn read_tokens(body: &[u8]) -> Option<Tokens> {
-    let at = rfind_field(body)?;
+    rfind_field(body)?;
     /// Only the field read: the rest of the document is skipped, not built.
     #[derive(serde::Deserialize)]
     struct Response {
@@ -265,15 +270,14 @@ pub fn read_tokens(body: &[u8]) -> Option<Tokens> {
     struct Usage {
         total_tokens: Option<serde_json::Number>,
     }
-    if let Ok(Response { usage: Some(Usage { total_tokens: Some(n) }) }) = serde_json::from_slice::<Response>(body) {
-        return Some(Tokens::of_number(&n));
+    let count = |r: Response| r.usage.and_then(|u| u.total_tokens).map(|n| Tokens::of_number(&n));
+    if let Ok(document) = serde_json::from_slice::<Response>(body) {
+        return count(document);
     }
-    let rest = std::str::from_utf8(body.get(at + FIELD.len()..)?).ok()?;
-    let value = rest.trim_start().strip_prefix(':')?.trim_start();
-    // the number's characters as JSON writes them; serde reads (and range-checks) them
-    let end = value.find(|c: char| !(c.is_ascii_digit() || matches!(c, '-' | '+' | '.' | 'e' | 'E'))).unwrap_or(value.len());
-    let n: serde_json::Number = serde_json::from_str(value.get(..end)?).ok()?;
-    Some(Tokens::of_number(&n))
+    body.rsplit(|b| *b == b'\n')
+        .filter_map(|line| line.strip_prefix(b"data:"))
+        .filter(|data| data.windows(FIELD.len()).any(|w| w == FIELD))
+        .find_map(|data| serde_json::from_slice::<Response>(data).ok().and_then(count))
 }
 
 /// Where the last `"total_tokens"` starts. Anchored on its `_` (rare in JSON, unlike `"`), so a
@@ -329,7 +333,7 @@ mod tests {
         // the scan of an SSE stream reads the same numbers the same way
         assert_eq!(t("data: {\"usage\":{\"total_tokens\":18446744073709551616}}\n\ndata: [DONE]\n"), clamped(MAX_TOKENS));
         assert_eq!(t("data: {\"usage\":{\"total_tokens\":-1}}\n\n"), clamped(0));
-        assert_eq!(t("data: {\"total_tokens\": 7}\n"), exact(7));
+        assert_eq!(t("data: {\"total_tokens\": 7}\n"), None, "not the frame's usage object");
         assert_eq!(t(r#"{"usage":{"total_tokens":"9"}}"#), None);
         assert_eq!(t("data: {\"total_tokens\": -}\n"), None);
         assert_eq!(usage_tokens(br#"{"usage":{"total_tokens":-5}}"#), Some(0));

@@ -343,13 +343,21 @@ fn usage_is_read_from_json_and_from_sse_frames() {
     // the response's usage object wins over a total_tokens elsewhere in the document
     let nested = br#"{"total_tokens":1,"choices":[{"x":{"total_tokens":5}}],"usage":{"prompt_tokens":2,"total_tokens":30},"model":"m"}"#;
     assert_eq!(usage_tokens(nested), Some(30));
-    assert_eq!(usage_tokens(br#"{"usage":null,"meta":{"total_tokens": 4}}"#), Some(4), "no usage object: the last field");
+    // and only it counts: a total_tokens elsewhere may be what a client or a model wrote (an
+    // echoed request, a tool call's input), which would let a client choose its own charge
+    assert_eq!(usage_tokens(br#"{"usage":null,"meta":{"total_tokens": 4}}"#), None);
+    let anthropic_like = br#"{"content":[{"type":"tool_use","input":{"total_tokens":0}}],"usage":{"input_tokens":9,"output_tokens":40}}"#;
+    assert_eq!(usage_tokens(anthropic_like), None);
+    assert_eq!(usage_tokens(br#"{"echo":{"usage":{"total_tokens":0}}}"#), None);
+    let sse_content = b"data: {\"usage\":{\"total_tokens\": 50}}\n\ndata: {\"delta\":{\"x\":{\"total_tokens\":0}}}\n\n";
+    assert_eq!(usage_tokens(sse_content), Some(50), "an SSE frame's own usage object, not a later frame's content");
     assert_eq!(usage_tokens(br#"{"method":"GET","headers":[["a","b"]]}"#), None, "an echo without usage");
-    assert_eq!(usage_tokens(b"\xff\xfe {\"total_tokens\": 12}"), Some(12), "bytes before the field need not be UTF-8");
+    assert_eq!(usage_tokens(b"\xff\xfe {\"total_tokens\": 12}"), None, "neither JSON nor SSE");
     assert_eq!(usage_tokens(br#"{"total_tokens":"many"}"#), None);
     // the scan's edges: the field first, underscores elsewhere, bodies shorter than the field
-    assert_eq!(usage_tokens(br#""total_tokens":3"#), Some(3));
-    assert_eq!(usage_tokens(br#"a_b "total_tokens": 8 _c_"#), Some(8));
+    assert_eq!(usage_tokens(br#"{"usage":{"total_tokens":3}}"#), Some(3));
+    assert_eq!(usage_tokens(b"a_b\ndata: {\"usage\":{\"total_tokens\": 8}}\n_c_"), Some(8));
+    assert_eq!(usage_tokens(b"data:{\"usage\":{\"total_tokens\":6}}\r\n"), Some(6), "CRLF, no space after the colon");
     assert_eq!(usage_tokens(b"_"), None);
     assert_eq!(usage_tokens(b""), None);
     assert_eq!(usage_tokens(br#"total_tokens": 5"#), None, "no opening quote: not the field");

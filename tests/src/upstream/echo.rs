@@ -7,6 +7,7 @@
 //! the gateway (`x-tollgate-cache: hit`, `x-tollgate-target`, `idempotent-replayed: true`,
 //! `ratelimit`, `ratelimit-policy`, each with an "evil" value); `x-echo-usage-raw: TEXT` answers
 //! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
+//! `x-echo-tool-input: JSON` answers an Anthropic-style body whose tool call's input is that JSON;
 //! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
 //! a stored-response batch: batch-size tests), and keeps `x-echo-usage`'s `usage` after it;
 //! `x-echo-sse: N` answers an LLM-style server-sent-event stream (`text/event-stream`: content
@@ -68,6 +69,12 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     // `x-echo-usage-raw: TEXT`: `"total_tokens": TEXT` as written (a hostile upstream: -1, 2^64-1)
     let body = match req.headers().get("x-echo-usage-raw").and_then(|v| v.to_str().ok()) {
         Some(raw) => format!(r#"{{"usage":{{"prompt_tokens":1,"total_tokens":{raw}}}}}"#).into_bytes(),
+        None => body,
+    };
+    // `x-echo-tool-input: JSON`: an Anthropic-style answer whose tool call's input is the
+    // client's JSON (what a model fills as a prompt asks) and whose usage has no total_tokens
+    let body = match req.headers().get("x-echo-tool-input").and_then(|v| v.to_str().ok()) {
+        Some(input) => format!(r#"{{"content":[{{"type":"tool_use","input":{input}}}],"usage":{{"input_tokens":9,"output_tokens":40}}}}"#).into_bytes(),
         None => body,
     };
     // `x-echo-pad: N`: a large body whose text JSON escaping inflates
