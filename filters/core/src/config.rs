@@ -175,16 +175,23 @@ impl FilterConfig {
         let routing = RoutingConfig::compile(raw.routing)?;
         let response_cache = StoreConfig::compile(raw.response_cache, StoreConfig::RESPONSE_CACHE, "responseCache")?;
         let idempotency = StoreConfig::compile(raw.idempotency, StoreConfig::IDEMPOTENCY, "idempotency")?;
+        let key_sources = key::compile_sources(raw.key_sources)?;
         let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
         for (i, h) in raw.forward_headers.iter().enumerate() {
             let h = h.to_ascii_lowercase();
             check_header_name(&h).map_err(|e| ConfigError(format!("forwardHeaders[{i}]: {e}")))?;
+            // the raw key never leaves the filter: a header a key is read from is never sent
+            // (`authorization`, the bearer source's, is refused by `check_header_name`)
+            let holds_key = key_sources.iter().any(|s| matches!(s, key::KeySource::Header { name } if *name == h));
+            if holds_key {
+                return Err(ConfigError(format!("forwardHeaders[{i}]: '{h}' is a key source: the raw key never leaves the filter")));
+            }
             forward_headers.push(h);
         }
         Ok(FilterConfig {
             sidecar,
             failure_mode: raw.failure_mode,
-            key_sources: key::compile_sources(raw.key_sources)?,
+            key_sources,
             auth_cache_max_ttl,
             forward_headers,
             token_usage_from_response: raw.token_usage == TokenUsage::ResponseJson,
@@ -243,6 +250,9 @@ mod tests {
             (br#"{"authCacheMaxTtl":"2m"}"#, "authCacheMaxTtl"),
             (br#"{"completionFlushInterval":"1ms"}"#, "completionFlushInterval"),
             (br#"{"forwardHeaders":["x-tollgate-user"]}"#, "forwardHeaders[0]"),
+            (br#"{"forwardHeaders":["x-user","X-Api-Key"]}"#, "forwardHeaders[1]: 'x-api-key' is a key source"),
+            (br#"{"forwardHeaders":["authorization"]}"#, "forwardHeaders[0]: use the bearer source"),
+            (br#"{"keySources":[{"type":"header","name":"x-key"}],"forwardHeaders":["x-key"]}"#, "forwardHeaders[0]: 'x-key' is a key source"),
             (br#"{"tokenUsage":"sometimes"}"#, "unknown variant"),
             (br#"{"keySources":[{"type":"header","name":"x-tollgate-tenant"}]}"#, "keySources[0].name"),
             (br#"{"keySources":[{"type":"query","name":"a=b"}]}"#, "keySources[0].name"),
