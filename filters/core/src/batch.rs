@@ -198,11 +198,15 @@ impl DecisionBatcher {
             Some(s) => Err(format!("sidecar answered {s}")),
             None => Err("sidecar response has no :status".into()),
         };
-        let mut answers = match answers {
-            Ok(a) => a.answers.into_iter().map(|a| a.into_result()).collect(),
-            Err(why) => vec![Err(why); flight.members.len()],
+        // Answers are matched to requests by position: an answer with more or fewer items than
+        // were sent cannot say which is whose (one item dropped mid-list would hand every later
+        // request its neighbour's decision, another tenant's identity included), so none is used.
+        let n = flight.members.len();
+        let answers: Vec<_> = match answers {
+            Ok(a) if a.answers.len() == n => a.answers.into_iter().map(|a| a.into_result()).collect(),
+            Ok(a) => vec![Err(format!("the decision batch answered {} items for {n}", a.answers.len())); n],
+            Err(why) => vec![Err(why); n],
         };
-        answers.resize_with(flight.members.len(), || Err("the batch answer lacks this request".into()));
         let sent = |(ctx, answer): (Option<u32>, _)| Some(Delivery { ctx: ctx?, answer, sent: true });
         flight.members.into_iter().zip(answers).filter_map(sent).collect()
     }

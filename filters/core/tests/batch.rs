@@ -158,14 +158,21 @@ fn a_failed_or_short_batch_answer_fails_its_items_by_the_failure_mode() {
         assert_eq!(f.on_batched_answer(h, delivery), Action::Continue, "failed open");
         assert_eq!(h.header("x-tollgate-degraded"), Some("sidecar_unavailable"));
     }
-    // a 200 that answers fewer items than it was sent: the rest fail
+    // a 200 that answers fewer items than it was sent cannot say which is whose: all fail
     let (_c, _hc) = start(&w, &root, 4, "tg_d");
     let (_d, _hd) = start(&w, &root, 5, "tg_e");
     w.send_decisions(&mut root);
     let answer = serde_json::to_vec(&DecideBatchAnswer { answers: vec![allow("d")] }).unwrap();
     let deliveries = w.on_call_response(&mut root, 2, Some(200), || answer);
-    assert!(deliveries[0].answer.is_ok());
-    assert!(deliveries[1].answer.is_err());
+    assert_eq!(deliveries.len(), 2);
+    assert!(deliveries.iter().all(|d| d.answer.as_ref().is_err_and(|e| e.contains("answered 1 items for 2"))), "{deliveries:?}");
+    // and so does one that answers more
+    let (_e, _he) = start(&w, &root, 6, "tg_f");
+    let (_f, _hf) = start(&w, &root, 7, "tg_g");
+    w.send_decisions(&mut root);
+    let answer = serde_json::to_vec(&DecideBatchAnswer { answers: vec![allow("f"), allow("g"), allow("h")] }).unwrap();
+    let deliveries = w.on_call_response(&mut root, 3, Some(200), || answer);
+    assert!(deliveries.len() == 2 && deliveries.iter().all(|d| d.answer.is_err()), "{deliveries:?}");
 }
 
 #[test]
