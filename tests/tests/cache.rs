@@ -118,6 +118,20 @@ fn cache_miss_then_hit_per_tenant_with_canonical_bodies_no_store_and_size_bounds
     assert_eq!(get(&big, &[("x-api-key", &k.acme), ("x-pad", &pad)]).header("x-tollgate-cache"), Some("miss"));
     assert_eq!(g.upstream().calls(), calls + 2);
 
+    // a request with a credential the upstream sees (a Cookie, a Basic Authorization) may get an
+    // answer that caller's alone: never served from, nor stored in, the tenant's shared cache
+    let personal = g.envoy().url("/cached/personal");
+    for credential in [("authorization", "Basic YWxpY2U6c2VjcmV0"), ("cookie", "session=alice")] {
+        let calls = g.upstream().calls();
+        for _ in 0..2 {
+            let r = get(&personal, &[("x-api-key", &k.acme), credential]);
+            assert_eq!((r.status, r.header("x-tollgate-cache")), (200, Some("bypass")), "{credential:?}");
+        }
+        assert_eq!(g.upstream().calls(), calls + 2, "{credential:?}: both went upstream");
+    }
+    let r = get(&personal, &[("x-api-key", &k.acme)]);
+    assert_eq!(r.header("x-tollgate-cache"), Some("miss"), "nothing was stored for the personal requests");
+
     // a route without a cache TTL says nothing about caching
     let plain = get(&g.envoy().url("/plain"), &[("x-api-key", &k.acme)]);
     assert_eq!((plain.status, plain.header("x-tollgate-cache")), (200, None));

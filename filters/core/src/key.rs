@@ -193,6 +193,12 @@ fn bearer_credential(value: &[u8]) -> Credential<'_> {
     }
 }
 
+/// Whether an `Authorization` value is in the bearer scheme (which the bearer source strips,
+/// token or not), rather than a credential left for the upstream (`Basic …`).
+pub fn is_bearer(value: &[u8]) -> bool {
+    bearer_credential(value) != Credential::OtherScheme
+}
+
 /// The token of an `Authorization: Bearer <token>` value (scheme case-insensitive, any
 /// whitespace between).
 pub fn bearer_token(value: &str) -> Option<&str> {

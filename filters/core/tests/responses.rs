@@ -12,7 +12,7 @@ use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::filter::AuthFilter;
-use tollgate_filter_core::host::Action;
+use tollgate_filter_core::host::{Action, Host};
 use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::mock::MockHost;
 use tollgate_filter_core::responses::queue::ResponseQueue;
@@ -421,4 +421,20 @@ fn a_response_the_filter_reads_is_asked_for_uncompressed() {
     let mut f = rig.request(&mut h);
     assert_eq!(f.on_sidecar_response(&mut h, 1, Some(200), allow), Action::Continue);
     assert_eq!(h.header("accept-encoding"), Some("gzip"));
+}
+
+#[test]
+fn a_request_carrying_another_credential_bypasses_the_shared_cache() {
+    // a Cookie or a non-bearer Authorization goes to the upstream, whose answer may be that
+    // caller's alone (RFC 9111 §3.5): not served to, nor stored for, the tenant's other keys
+    let rig = Rig::new();
+    assert_bypassed(&rig, host("GET", "/v1/chat").with_header("authorization", "Basic YWxpY2U6c2VjcmV0"));
+    assert_bypassed(&rig, host("GET", "/v1/chat").with_header("cookie", "session=alice"));
+    assert!(rig.stored().responses.is_empty(), "nothing queued for the cache");
+    // the API key as a bearer token is stripped: it never reaches the upstream, so it is no reason
+    let mut h = host("GET", "/v1/chat");
+    h.remove_request_header("x-api-key");
+    let mut h = h.with_header("authorization", &format!("Bearer {KEY}"));
+    rig.request(&mut h);
+    assert!(decision(&h).cache_key.is_some());
 }

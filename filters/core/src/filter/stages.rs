@@ -156,13 +156,26 @@ pub fn lookup(config: &FilterConfig, route: Option<&RouteSpec>, headers: &Reques
     let bypass = !resp::CACHEABLE_METHODS.contains(&method)
         || idem_key.is_some()
         || headers.get("cache-control").is_some_and(resp::forbids_caching)
-        || route.cache_key_headers.iter().any(ambiguous);
+        || route.cache_key_headers.iter().any(ambiguous)
+        || carries_credentials(config, route, headers);
     if bypass {
         return Ok(Lookups { plan: None, cache_status: Some("bypass") });
     }
     let key_headers = route.cache_key_headers.iter().map(|n| (n.clone(), headers.get(n).map(str::to_string))).collect();
     let plan = LookupPlan { kind: LookupKind::Cache { headers: key_headers }, content_type };
     Ok(Lookups { plan: Some(plan), cache_status: Some("miss") })
+}
+
+/// The request carries a credential the upstream sees besides the API key — a `Cookie`, or an
+/// `Authorization` the bearer source does not strip (`Basic …`) — and the route's cache key does
+/// not name that header: its answer may be that caller's alone, so a shared cache neither serves
+/// nor stores it (RFC 9111 §3.5). The API key itself never reaches the upstream.
+fn carries_credentials(config: &FilterConfig, route: &RouteSpec, headers: &RequestHeaders) -> bool {
+    let keyed = |name: &str| route.cache_key_headers.iter().any(|h| h == name);
+    let bearer_source = config.key_sources.iter().any(|s| matches!(s, crate::key::KeySource::Bearer));
+    let authorizations = headers.all_raw("authorization");
+    let authorization_upstream = !authorizations.is_empty() && !(bearer_source && authorizations.iter().any(|v| crate::key::is_bearer(v)));
+    (authorization_upstream && !keyed("authorization")) || (!headers.all_raw("cookie").is_empty() && !keyed("cookie"))
 }
 
 /// Completes a lookup with the whole request body: the cache key or the idempotency digest goes
