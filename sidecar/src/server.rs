@@ -415,15 +415,15 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 
 /// `POST /v1/breaker/hints`: 204 stored, 202 accepted but not shared (Redis trouble), 400 bad.
 async fn record_hint(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let bad = |message: String| json(StatusCode::BAD_REQUEST, format!(r#"{{"error":"bad_request","message":"{message}"}}"#).into_bytes());
     let report: HintReport = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return bad(e.to_string()),
+        // (a serde message quotes what it read: it goes through the JSON encoder)
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
     };
     match state.hints.record(&state.store, &report).await {
         Ok(Recorded::Shared) => StatusCode::NO_CONTENT.into_response(),
         Ok(Recorded::NotShared) => StatusCode::ACCEPTED.into_response(),
-        Err(e) => bad(e.to_string()),
+        Err(e) => error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
     }
 }
 

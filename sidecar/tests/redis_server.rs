@@ -234,6 +234,11 @@ async fn breaker_hints_are_listed_from_their_index_without_scanning_the_keyspace
     };
     let r = a.post("/v1/breaker/hints", r#"{"provider":"openai","model":"gpt-4o","openedAtMs":1234}"#.into()).await;
     assert_eq!(r.status, 204, "{}", r.body);
+    // a bad report is a 400 whose body is JSON, whatever the parser's message quotes
+    let r = a.post("/v1/breaker/hints", r#"{"provider":"openai","model":"gpt-4o","openedAtMs":"soon"}"#.into()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", r.body));
+    assert_eq!(v["error"], "bad_request");
     let before = scans(&mut conn);
     let seen = list(&b).await;
     assert_eq!(seen.len(), 1, "{seen:?}");

@@ -298,7 +298,7 @@ async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
     };
     let now = unix_now();
     let Ok(expires_at) = super::keys::expiry(req.expires_in.as_deref(), now) else {
-        return bad("expires_in", "a duration above zero, e.g. \"30d\"".into());
+        return bad("expires_in", "a duration above zero and at most 100 years, e.g. \"30d\"".into());
     };
     let issued = apikey::issue(tenant, plan, now, expires_at);
     if let Some(pg) = pg {

@@ -33,7 +33,13 @@ pub enum BadLifetime {
     Unreadable(#[from] humantime::DurationError),
     #[error("must be above zero")]
     Zero,
+    #[error("must be at most 100 years")]
+    TooLong,
 }
+
+/// The longest key lifetime: a bound that keeps `now + lifetime` (and its milliseconds) far from
+/// overflowing, and the PostgreSQL column positive.
+const MAX_LIFETIME_SECS: u64 = 100 * 366 * 86_400;
 
 /// When a key issued at `now` (unix seconds) with lifetime `expires_in` expires: `None` without
 /// one; at least a second later with one.
@@ -43,7 +49,10 @@ pub fn expiry(expires_in: Option<&str>, now: u64) -> Result<Option<u64>, BadLife
     if d.is_zero() {
         return Err(BadLifetime::Zero);
     }
-    Ok(Some(now + d.as_secs().max(1)))
+    if d.as_secs() > MAX_LIFETIME_SECS {
+        return Err(BadLifetime::TooLong);
+    }
+    Ok(Some(now.saturating_add(d.as_secs().max(1))))
 }
 
 /// What is printed when a key is issued; `expires` is printed when given.
@@ -68,6 +77,10 @@ mod tests {
         assert_eq!(expiry(Some("10ms"), 100).unwrap(), Some(101));
         assert!(matches!(expiry(Some("0s"), 100), Err(BadLifetime::Zero)));
         assert!(matches!(expiry(Some("soon"), 100), Err(BadLifetime::Unreadable(_))));
+        // a lifetime that would overflow `now + secs` (and its milliseconds) is refused
+        assert!(matches!(expiry(Some("500000000y"), 100), Err(BadLifetime::TooLong)));
+        assert!(matches!(expiry(Some("101y"), 100), Err(BadLifetime::TooLong)));
+        assert!(expiry(Some("99y"), 100).unwrap().is_some());
     }
 
     #[test]

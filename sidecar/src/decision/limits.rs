@@ -66,6 +66,13 @@ impl LimitMode {
     }
 }
 
+/// The largest limit, cost or estimate a plan may set: Redis's Lua numbers are doubles, exact
+/// up to 2^53.
+pub const MAX_COUNT: u64 = 1 << 53;
+/// A sliding log's largest limit and cost (one sorted-set member per unit, held for the window).
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 100_000;
+pub const MAX_SLIDING_LOG_COST: u64 = 1_000;
+
 /// The longest a lease may be spent (revocations and plan changes apply within it).
 pub const LEASE_MAX_TTL_MS: u64 = 500;
 /// A lease shorter than this is not worth its units (they would mostly expire unspent).
@@ -205,6 +212,24 @@ impl Plans {
                 }
                 if l.cost == 0 {
                     return Err(invalid(format!("{at}.cost"), "must be at least 1"));
+                }
+                // Redis's Lua numbers are doubles: above 2^53 they are no longer exact.
+                if l.limit > MAX_COUNT {
+                    return Err(invalid(format!("{at}.limit"), format!("must be at most {MAX_COUNT} (2^53)")));
+                }
+                if l.estimate.is_some_and(|e| e > MAX_COUNT) {
+                    return Err(invalid(format!("{at}.estimate"), format!("must be at most {MAX_COUNT} (2^53)")));
+                }
+                if l.cost > l.limit && l.algorithm != Algorithm::TokenBudget {
+                    return Err(invalid(format!("{at}.cost"), format!("must be at most the limit ({}): a request costing more is never admitted", l.limit)));
+                }
+                // A sliding log keeps one sorted-set member per unit for the whole window: its
+                // memory, and each request's work in Redis (one ZADD per unit), grow with them.
+                if l.algorithm == Algorithm::SlidingLog && (l.limit > MAX_SLIDING_LOG_LIMIT || l.cost > MAX_SLIDING_LOG_COST) {
+                    return Err(invalid(
+                        format!("{at}.limit"),
+                        format!("a sliding_log holds at most {MAX_SLIDING_LOG_LIMIT} units with a cost of at most {MAX_SLIDING_LOG_COST} (one Redis set member each): use sliding_window for larger limits"),
+                    ));
                 }
                 let default_window = match l.algorithm {
                     Algorithm::Concurrency => Duration::from_secs(300),
@@ -357,6 +382,11 @@ mod tests {
             ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nclass = \"auth\"", "class"),
             ("name = \"a\"\nalgorithm = \"leaky\"\nlimit = 1", "unknown variant"),
             ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nlimt = 2", "unknown field"),
+            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9007199254740993", "limit: must be at most 9007199254740992"),
+            ("name = \"a\"\nalgorithm = \"token_budget\"\nlimit = 10\nestimate = 9007199254740993", "estimate"),
+            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncost = 6", "cost: must be at most the limit (5)"),
+            ("name = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1000000000", "use sliding_window"),
+            ("name = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 50000\ncost = 2000", "use sliding_window"),
         ] {
             refused(&format!("[[plans.p.limits]]\n{bad}"), needle);
         }
