@@ -22,47 +22,38 @@ pub fn send_with_trailers(
     trailers: &[(&str, &str)],
 ) -> H2Response {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-    let exchange = exchange(port, method, path, headers, body, trailers);
-    rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), exchange).await.expect("an h2c answer within 20 s") })
-}
-
-async fn exchange(
-    port: u16,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    trailers: &[(&str, &str)],
-) -> H2Response {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect to Envoy");
-    let (client, connection) = h2::client::handshake(tcp).await.expect("an h2c handshake");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let mut client = client.ready().await.expect("a ready h2 client");
-    let mut request = http::Request::builder().method(method).uri(format!("http://127.0.0.1:{port}{path}"));
-    for (n, v) in headers {
-        request = request.header(*n, *v);
-    }
-    let (answer, mut stream) = client.send_request(request.body(()).expect("a request"), false).expect("send the headers");
-    if !body.is_empty() {
-        stream.send_data(Bytes::copy_from_slice(body), false).expect("send the body");
-    }
-    let mut map = http::HeaderMap::new();
-    for (n, v) in trailers {
-        map.append(http::HeaderName::from_bytes(n.as_bytes()).expect("a trailer name"), v.parse().expect("a trailer value"));
-    }
-    stream.send_trailers(map).expect("send the trailers");
-    let Ok(response) = answer.await else {
-        return H2Response { status: 0, body: Vec::new() };
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect to Envoy");
+        let (client, connection) = h2::client::handshake(tcp).await.expect("an h2c handshake");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let mut client = client.ready().await.expect("a ready h2 client");
+        let mut request = http::Request::builder().method(method).uri(format!("http://127.0.0.1:{port}{path}"));
+        for (n, v) in headers {
+            request = request.header(*n, *v);
+        }
+        let (answer, mut stream) = client.send_request(request.body(()).expect("a request"), false).expect("send the headers");
+        if !body.is_empty() {
+            stream.send_data(Bytes::copy_from_slice(body), false).expect("send the body");
+        }
+        let mut map = http::HeaderMap::new();
+        for (n, v) in trailers {
+            map.append(http::HeaderName::from_bytes(n.as_bytes()).expect("a trailer name"), v.parse().expect("a trailer value"));
+        }
+        stream.send_trailers(map).expect("send the trailers");
+        let Ok(response) = answer.await else {
+            return H2Response { status: 0, body: Vec::new() };
+        };
+        let status = response.status().as_u16();
+        let mut body = response.into_body();
+        let mut out = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let Ok(chunk) = chunk else { break };
+            let _ = body.flow_control().release_capacity(chunk.len());
+            out.extend_from_slice(&chunk);
+        }
+        H2Response { status, body: out }
     };
-    let status = response.status().as_u16();
-    let mut body = response.into_body();
-    let mut out = Vec::new();
-    while let Some(chunk) = body.data().await {
-        let Ok(chunk) = chunk else { break };
-        let _ = body.flow_control().release_capacity(chunk.len());
-        out.extend_from_slice(&chunk);
-    }
-    H2Response { status, body: out }
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), exchange).await.expect("an h2c answer within 20 s") })
 }

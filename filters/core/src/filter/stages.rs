@@ -174,7 +174,9 @@ fn carries_credentials(config: &FilterConfig, route: &RouteSpec, headers: &Reque
     let keyed = |name: &str| route.cache_key_headers.iter().any(|h| h == name);
     let bearer_source = config.key_sources.iter().any(|s| matches!(s, crate::key::KeySource::Bearer));
     let authorizations = headers.all_raw("authorization");
-    let authorization_upstream = !authorizations.is_empty() && !(bearer_source && authorizations.iter().any(|v| crate::key::is_bearer(v)));
+    // the bearer source strips every Authorization value when one is in its scheme
+    let stripped = bearer_source && authorizations.iter().any(|v| crate::key::is_bearer(v));
+    let authorization_upstream = !authorizations.is_empty() && !stripped;
     (authorization_upstream && !keyed("authorization")) || (!headers.all_raw("cookie").is_empty() && !keyed("cookie"))
 }
 
