@@ -214,7 +214,9 @@ impl Plans {
                     return Err(invalid(format!("{at}.cost"), "must be at least 1"));
                 }
                 // Redis's Lua numbers are doubles: above 2^53 they are no longer exact.
-                if l.limit > MAX_COUNT {
+                // (a token budget's month counter adds with saturation and is tested past 2^53:
+                // its limit may be any u64, e.g. one no month reaches)
+                if l.limit > MAX_COUNT && l.algorithm != Algorithm::TokenBudget {
                     return Err(invalid(format!("{at}.limit"), format!("must be at most {MAX_COUNT} (2^53)")));
                 }
                 if l.estimate.is_some_and(|e| e > MAX_COUNT) {
