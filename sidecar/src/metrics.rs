@@ -27,6 +27,11 @@ pub const COMPLETIONS: &str = "tollgate_sidecar_completions_total";
 /// took was given back) | nothing (no record: denied, already refunded, expired) | completed
 /// (served: nothing given back) | invalid (a malformed report or record) | unknown_key.
 pub const REFUNDS: &str = "tollgate_sidecar_refunds_total";
+/// Limits scripts that missed their deadline, refunded by the sidecar itself (decision 137),
+/// labelled `outcome`: refunded (the script ran late; what it took was given back) | nothing (it
+/// never ran) | completed | invalid | gave_up (Redis did not answer for 5 minutes) | dropped (more
+/// than 10,000 waiting).
+pub const LATE_REFUNDS: &str = "tollgate_sidecar_late_refunds_total";
 /// Tokens moved at reconciliation, labelled `direction` (refund | overrun).
 pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total";
 /// Lease asks answered, labelled `call` (request | renewal) and `result` (granted | none |

@@ -333,3 +333,43 @@ fn redis_stopped_requests_are_still_served() {
         assert_eq!(g.upstream().calls(), calls + 2, "executed, not recorded");
     }
 }
+
+/// An idempotency outcome that reaches the sidecar while Redis cannot take it is kept and stored
+/// once Redis answers again (decision 138): a retry is a replay, not 409 `idempotency_in_flight`
+/// until the claim's marker expires (5 min). Redis is snapshotted with the claim in it and killed
+/// while the request is upstream, then started again from the snapshot: the outcome came while
+/// it was down.
+#[test]
+fn an_outcome_redis_could_not_take_is_stored_once_it_answers_again() {
+    let (mut g, k) = start();
+    let url = g.envoy().url("/orders");
+    let h = [("x-api-key", k.acme.as_str()), ("content-type", "application/json"), ("idempotency-key", "\"blip-1\"")];
+    let slow = [&h[..], &[("x-echo-delay-ms", "1500")]].concat();
+    let body = r#"{"item":"cup"}"#;
+    let calls = g.upstream().calls();
+    let first = std::thread::scope(|s| {
+        let request = s.spawn(|| post(&url, &slow, body));
+        poll_until("the claim in Redis", Duration::from_secs(10), || !g.redis().keys("idem:*").is_empty());
+        let saved: String = g.redis().cmd(&["SAVE"]);
+        assert_eq!(saved, "OK");
+        g.redis_mut().kill();
+        request.join().unwrap()
+    });
+    assert_eq!((first.status, first.header("idempotent-replayed")), (200, None), "{}", first.body);
+    g.redis_mut().restart();
+    assert!(!g.redis().keys("idem:*").is_empty(), "the claim came back with the snapshot");
+    let mut conflicts = 0;
+    poll_until("a replay of the stored outcome", Duration::from_secs(20), || {
+        let r = post(&url, &h, body);
+        if r.status == 409 {
+            conflicts += 1;
+            return false;
+        }
+        assert_eq!((r.status, r.header("idempotent-replayed")), (200, Some("true")), "{}", r.body);
+        assert_eq!(r.body, first.body, "the stored response, byte for byte");
+        true
+    });
+    assert_eq!(g.upstream().calls(), calls + 1, "the request ran once ({conflicts} retries found it still in flight)");
+    let stored = g.sidecar().metric("tollgate_sidecar_idempotency_outcome_retries_total{outcome=\"stored\"}");
+    assert_eq!(stored, 1, "the sidecar stored it on a later try");
+}

@@ -220,3 +220,43 @@ fn a_hung_redis_lets_each_replica_enforce_its_share_of_a_local_limit() {
     eprintln!("leased key: {leased_admitted} admitted during the stop; Redis counts {taken} (10 warm)");
     assert!(leased_admitted <= taken - 10 + 40, "leased key: {leased_admitted} admitted with at most {} units held", taken - 10);
 }
+
+/// A limits script Redis runs only after the sidecar gave up on it (decision 137). The sidecar
+/// sends the decision's script into a hung Redis, answers 503 `limits_unavailable` (fail closed)
+/// when its deadline passes, and Redis runs the script once it is resumed: it takes a unit of the
+/// day and the one concurrency slot for a request that was refused. The sidecar refunds it
+/// itself from the record the script wrote; before, the tenant was locked out by that slot until
+/// its timeout (300 s) and the refused request counted against its day.
+#[test]
+fn a_limits_script_that_runs_after_its_deadline_gives_back_what_it_took() {
+    const PLAN: &str = "[[plans.capped.limits]]\nname = \"day\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"24h\"\nfailure_mode = \"closed\"\n\
+                        [[plans.capped.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 1\nfailure_mode = \"closed\"\n";
+    // the key record stays fresh in the sidecar's cache: the one command sent into the hung
+    // Redis is the limits script, not the key lookup
+    let g = redis_deadlines(PLAN).sidecar_env("TOLLGATE_SIDECAR_CACHE__TTL", "60s").build();
+    let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
+    let key = sidecar.create_key("acme", "capped", &[]);
+    let call = || get(&envoy.url("/"), &[("x-api-key", key.raw.as_str())]);
+    let held = || -> (usize, usize) {
+        let slots: usize = redis.keys("q:conc:*").iter().map(|k| redis.cmd::<usize>(&["ZCARD", k])).sum();
+        (slots, redis.keys("dec:*").len())
+    };
+    assert_eq!(call().status, 200, "1 of 2 today");
+    poll_until("the first request's slot to be freed by its completion", Duration::from_secs(10), || held() == (0, 0));
+
+    redis.pause();
+    let r = call();
+    redis.resume();
+    assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("limits_unavailable")), "fail closed while Redis hangs: {}", r.body);
+    poll_until("the late script to be refunded", Duration::from_secs(20), || {
+        sidecar.metric("tollgate_sidecar_late_refunds_total{outcome=\"refunded\"}") == 1
+    });
+    assert_eq!(held(), (0, 0), "the slot and the decision's record are gone");
+    let day: Vec<i64> = redis.keys("rl:*day*").iter().map(|k| redis.cmd::<i64>(&["GET", k])).collect();
+    assert_eq!(day, vec![1], "the refused request is not counted against the day");
+    let r = call();
+    assert_eq!(r.status, 200, "the slot is free and the day has room: {}", r.body);
+    poll_until("the second request's slot to be freed", Duration::from_secs(10), || held() == (0, 0));
+    let r = call();
+    assert_eq!(r.status, 429, "2 of 2 today: the limit still holds: {}", r.body);
+}

@@ -32,10 +32,12 @@ pub mod cache;
 pub mod checks;
 pub mod complete;
 pub mod hints;
+pub mod late;
 pub mod refund;
 pub mod limits;
 pub mod local;
 mod lookup;
+pub mod outcomes;
 pub mod replicas;
 pub mod responses;
 pub mod routing;
@@ -95,6 +97,8 @@ pub struct Decider<S = Store> {
     tickets: tickets::TicketKey,
     /// The counters of `failure_mode = "local"` limits while Redis cannot answer.
     local: Arc<local::LocalLimits>,
+    /// Refunds of limits scripts that may run after their deadline (decision 137).
+    late: Arc<late::LateRefunds>,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -164,6 +168,7 @@ impl<S: DecisionStore> Decider<S> {
             changes: std::sync::atomic::AtomicU64::new(0),
             tickets: tickets::TicketKey::random(),
             local: Arc::default(),
+            late: Arc::default(),
         }
     }
 
@@ -318,7 +323,14 @@ impl<S: DecisionStore> Decider<S> {
         let asked = Asked { meta, request_id: call.request_id, lease_ttl_ms, lookup };
         let reply = match reply {
             Ok(reply) => reply,
-            Err(e) => return self.limits_unavailable(cx, r, &asked, &e.to_string()),
+            Err(e) => {
+                let (answer, mode) = self.limits_unavailable(cx, r, &asked, &e.to_string());
+                // the script may still run and take for a request that does not reach Redis' limits
+                if call.record.is_some() && mode != "open" && late::may_still_run(&e) {
+                    self.late.refund(&self.store, &self.clock, &r.tenant, &asked.request_id);
+                }
+                return answer;
+            }
         };
         self.note_shadow_denials(r, &asked.meta, &reply.states);
         crate::telemetry::observe_limits(r.tenant.as_str(), &asked.meta, &reply.states, reply.denied);
@@ -353,7 +365,8 @@ impl<S: DecisionStore> Decider<S> {
     /// non-shadow limit → 503; else any `local` one → this sidecar's share of the `local` limits
     /// decides (super::local; a renewal gets no lease and counts nothing); else allowed without
     /// limit headers. The lookup is a miss.
-    fn limits_unavailable(&self, cx: &Cx<'_>, r: &KeyRecord, asked: &Asked, why: &str) -> DecideResponse {
+    /// The answer, and the failure mode that gave it (`closed`, `local` or `open`).
+    fn limits_unavailable(&self, cx: &Cx<'_>, r: &KeyRecord, asked: &Asked, why: &str) -> (DecideResponse, &'static str) {
         if let Some(l) = &asked.lookup {
             self.lookup_unavailable(l, why);
         }
@@ -365,7 +378,7 @@ impl<S: DecisionStore> Decider<S> {
         };
         metrics::counter!(m::LIMITS_FAILED, "mode" => mode).increment(1);
         tracing::debug!(error = %why, mode, "limits could not be checked");
-        match mode {
+        let answer = match mode {
             "closed" => DecideResponse::Deny {
                 status: 503,
                 error: codes::LIMITS_UNAVAILABLE.into(),
@@ -376,7 +389,8 @@ impl<S: DecisionStore> Decider<S> {
             "local" if !cx.req.lease.is_some_and(|l| l.renewal) => local::answer(&self.local, r, &asked.meta, cx.now_ms),
             // fail-open: a cache miss, an idempotency key executed without being recorded
             _ => allow(r, vec![], None, None, None, None),
-        }
+        };
+        (answer, mode)
     }
 
     /// Counts the shadow limits that would have denied; logs each at most once a minute.

@@ -13,8 +13,9 @@
 //!
 //! Failure policy (seeds 002 and 004): Redis unavailable → a cache lookup is a miss and nothing
 //! is stored; an idempotency key executes without being recorded (fail-open), logged at most once
-//! a minute. Stores are best effort and not retried: a lost cache entry is a later miss, a lost
-//! idempotency outcome leaves the in-flight marker to expire ([`IDEMPOTENCY_IN_FLIGHT_TTL_MS`]).
+//! a minute. Cache stores are best effort and not retried: a lost cache entry is a later miss. An
+//! idempotency outcome Redis could not take is kept and tried again ([`super::outcomes`]) for as
+//! long as its in-flight marker can live ([`IDEMPOTENCY_IN_FLIGHT_TTL_MS`]).
 
 use crate::keys::{
     CacheHash, Id, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey,
@@ -210,12 +211,16 @@ async fn store_one(
                 (Some(_), None) => None,
             };
             let storing = json.is_some();
-            match idem_complete::run(store, &IdemComplete { owner, memo, token, digest, response: json }).await {
+            let call = IdemComplete { owner, memo, token, digest, response: json };
+            match idem_complete::run(store, &call).await {
                 Ok(true) if storing => (kind, Done::Stored),
                 Ok(true) => (kind, Done::Released),
                 Ok(false) => (kind, Done::Refused),
                 Err(e) => {
-                    tracing::debug!(error = %e, "an idempotency outcome could not be recorded");
+                    tracing::debug!(error = %e, "an idempotency outcome could not be recorded now: tried again until Redis takes it");
+                    if e.is_transient() || e.is_read_only() {
+                        super::outcomes::retry(store, call);
+                    }
                     (kind, Done::Failed)
                 }
             }

@@ -1,0 +1,129 @@
+//! Late scripts (decision 137): a limits script the sidecar gave up on may still run.
+//!
+//! A `decide.lua` call that misses its deadline was sent: a hung or busy Redis runs it when it
+//! answers again, and it takes what the decision asked for (window units, a concurrency slot, a
+//! budget reservation, an idempotency claim) for a request the sidecar already answered from the
+//! limits' failure mode. Failing closed (503) or deciding from the `local` share, that request
+//! never reaches Redis' limits, so what the late script took is charged for nothing: a tenant on a
+//! concurrency cap of 1 stays locked out until the slot expires, a window counts a request that was
+//! refused. So the sidecar refunds the decision itself, from the record the script writes in the
+//! same call (decision 96), as the filter does for an answer it gave up on.
+//!
+//! When: Redis may run the script any time after the deadline, so the refund is tried with backoff
+//! (0.5 s, doubling, at most 10 s apart) until it gives something back, or Redis has answered
+//! twice that there is no record (the script never ran: on one connection a later command runs
+//! after it; on a reconnected one, two answers seconds apart leave no realistic window), or five
+//! minutes passed. A refund is idempotent (the record is deleted), so trying again never gives back
+//! twice. Failing open the request was admitted: what the script took stays counted, as before.
+//!
+//! Bounded: at most [`MAX_PENDING`] refunds wait at once (a hung Redis is failed fast after its
+//! first timeout, so few decisions time out; beyond the bound they are counted `dropped`).
+
+use super::DecisionStore;
+use crate::clock::Clock;
+use crate::keys::Id;
+use crate::metrics as m;
+use crate::scripts::refund::Refunded;
+use crate::scripts::ScriptError;
+use crate::store::StoreError;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Late refunds that may wait at once.
+pub const MAX_PENDING: usize = 10_000;
+/// The first try, after the decision gave up; the wait doubles up to [`MAX_WAIT`].
+const FIRST_WAIT: Duration = Duration::from_millis(500);
+const MAX_WAIT: Duration = Duration::from_secs(10);
+/// How long Redis may stay away before the refund is given up.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
+/// Answers of "no record" that settle it: the script did not run.
+const NOTHING_ANSWERS: u32 = 2;
+
+/// Whether a limits call that failed with `e` may still run in Redis: it was sent and not answered
+/// in time. A call refused before it was sent (failing fast, no connection, no budget left) never
+/// runs.
+pub fn may_still_run(e: &ScriptError) -> bool {
+    match e {
+        ScriptError::Store(StoreError::Timeout(d)) => !d.is_zero(),
+        ScriptError::Store(StoreError::Redis(r)) => r.is_timeout(),
+        _ => false,
+    }
+}
+
+/// The refunds waiting for late scripts.
+#[derive(Debug, Default)]
+pub struct LateRefunds {
+    pending: AtomicUsize,
+}
+
+impl LateRefunds {
+    /// Refunds decision `id` of `tenant` once its late script has run (in the background).
+    pub fn refund<S: DecisionStore>(self: &Arc<Self>, store: &S, clock: &Arc<dyn Clock>, tenant: &Id, id: &Id) {
+        if self.pending.fetch_add(1, Ordering::Relaxed) >= MAX_PENDING {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            count("dropped");
+            return;
+        }
+        let (me, store, clock, tenant, id) = (self.clone(), store.clone(), clock.clone(), tenant.clone(), id.clone());
+        tokio::spawn(async move {
+            let outcome = settle(&store, clock.as_ref(), &tenant, &id).await;
+            count(outcome);
+            me.pending.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Refunds waiting now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+fn count(outcome: &'static str) {
+    metrics::counter!(m::LATE_REFUNDS, "outcome" => outcome).increment(1);
+}
+
+/// Tries the refund until it is settled; the outcome's metric label.
+async fn settle<S: DecisionStore>(store: &S, clock: &dyn Clock, tenant: &Id, id: &Id) -> &'static str {
+    let started = Instant::now();
+    let (mut wait, mut nothing) = (FIRST_WAIT, 0);
+    while started.elapsed() < GIVE_UP_AFTER {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(MAX_WAIT);
+        match store.refund(tenant, id, clock.now_ms()).await {
+            Ok(Refunded::Nothing) => {
+                nothing += 1;
+                if nothing >= NOTHING_ANSWERS {
+                    return "nothing";
+                }
+            }
+            Ok(done) => {
+                tracing::info!(tenant = %tenant, decision = %id, outcome = done.as_str(), "a limits script that ran after its deadline was refunded");
+                return done.as_str();
+            }
+            Err(ScriptError::Store(_)) => {}
+            Err(ScriptError::Reply(e)) => {
+                tracing::warn!(error = %e, "a late decision's record cannot be refunded");
+                return "invalid";
+            }
+        }
+    }
+    "gave_up"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_call_that_was_sent_and_timed_out_may_still_run() {
+        assert!(may_still_run(&ScriptError::Store(StoreError::Timeout(Duration::from_millis(20)))));
+        // no budget left: the call was never sent
+        assert!(!may_still_run(&ScriptError::Store(StoreError::Timeout(Duration::ZERO))));
+        assert!(!may_still_run(&ScriptError::Store(StoreError::Unreachable("failing fast".into()))));
+        let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(!may_still_run(&ScriptError::Store(StoreError::Redis(refused))));
+        let timed_out = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(may_still_run(&ScriptError::Store(StoreError::Redis(timed_out))));
+    }
+}
