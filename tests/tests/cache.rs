@@ -373,3 +373,50 @@ fn an_outcome_redis_could_not_take_is_stored_once_it_answers_again() {
     let stored = g.sidecar().metric("tollgate_sidecar_idempotency_outcome_retries_total{outcome=\"stored\"}");
     assert_eq!(stored, 1, "the sidecar stored it on a later try");
 }
+
+/// Request bodies over Envoy's buffer limit (1 MiB by default; decision 139). A body that only
+/// waits for its decision is held with flow control, however large: before, one that arrived
+/// while the decision call was out was buffered against the limit, and a 1.1 MB upload got
+/// Envoy's plain-text 413 whenever its decision needed a call. A body the filter reads (cache
+/// key, Idempotency-Key digest) is read up to 1 MiB: one announced larger is decided at once
+/// (the cache bypassed, an Idempotency-Key refused by the filter's JSON 413), and one sent
+/// without a length that outgrows Envoy's buffer before the filter sees it gets Envoy's 413 in
+/// the gateway's JSON.
+#[test]
+fn uploads_over_envoys_buffer_limit_wait_for_their_decision_or_get_a_json_413() {
+    let (g, k) = start();
+    let big = format!("{{\"pad\":\"{}\"}}", "a".repeat(3_000_000));
+    let length = big.len().to_string();
+    let h = [("x-api-key", k.acme.as_str()), ("content-type", "application/json"), ("x-echo-read-body", "1")];
+    // an exact limit: the decision is a call, and the body waits for it
+    for _ in 0..3 {
+        let r = post(&g.envoy().url("/orders"), &h, &big);
+        assert_eq!((r.status, r.header("x-echo-body-bytes")), (200, Some(length.as_str())), "{}", &r.body[..r.body.len().min(300)]);
+    }
+    let r = post(&g.envoy().url("/cached/upload"), &h, &big);
+    assert_eq!((r.status, r.header("x-echo-body-bytes")), (200, Some(length.as_str())), "{}", &r.body[..r.body.len().min(300)]);
+    assert_eq!(r.header("x-tollgate-cache"), Some("bypass"), "not read past 1 MiB: no cache key");
+    let calls = g.upstream().calls();
+    let r = post(&g.envoy().url("/orders"), &[&h[..], &[("idempotency-key", "\"upload-1\"")]].concat(), &big);
+    assert_eq!((r.status, r.json()["error"].as_str()), (413, Some("idempotency_body_too_large")), "{}", r.body);
+    assert_eq!(g.upstream().calls(), calls, "refused before the upstream");
+    // chunked, no length: the filter reads it for the cache key until Envoy's buffer is full
+    let chunked = format!(
+        "POST /cached/upload HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-api-key: {}\r\ncontent-type: application/json\r\nx-echo-read-body: 1\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+        k.acme,
+        big.len(),
+        big
+    );
+    // Which comes first depends on how the body arrives in chunks: the filter finding it over
+    // 1 MiB (decided without it, the cache bypassed) or Envoy's buffer overflowing — never a
+    // plain-text answer
+    let r = tollgate_tests::raw::send(g.envoy().port, chunked.as_bytes());
+    let text = String::from_utf8_lossy(&r.body).chars().take(300).collect::<String>();
+    match r.status {
+        200 => assert_eq!(r.header("x-tollgate-cache"), Some("bypass"), "{text}"),
+        _ => {
+            assert_eq!((r.status, r.header("content-type")), (413, Some("application/json")), "{text}");
+            assert_eq!(r.json()["error"], "request_body_too_large");
+        }
+    }
+}

@@ -12,7 +12,13 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     Continue,
+    /// Stop; a body callback's data is buffered (Envoy's buffer limit applies: past it, Envoy
+    /// answers 413 itself).
     Pause,
+    /// A body callback only: stop, and let the body wait in Envoy with flow control (the client
+    /// is slowed, no size limit) — a request body that waits for its decision, not read by the
+    /// filter (decision 139).
+    Hold,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,7 +24,7 @@ impl HttpFilter {
     fn guarded(&mut self, host: &mut impl Host, auth: Action) -> Action {
         match auth {
             Action::Continue => self.guard.on_request_routed(host, self.filter.route()),
-            Action::Pause => Action::Pause,
+            Action::Pause | Action::Hold => auth,
         }
     }
 

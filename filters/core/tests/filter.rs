@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::filter::{AuthFilter, MAX_USAGE_BODY};
 use tollgate_filter_core::host::Action;
 use tollgate_filter_core::stats::{DenyReason, Metric};
 use tollgate_filter_core::key::hash_key;
@@ -385,7 +385,7 @@ fn the_token_estimate_is_read_from_the_json_body_before_deciding() {
     host.request_body = br#"{"model":"m","max_tokens":256,"messages":[]}"#.to_vec();
     assert_eq!(f.on_request_body(&mut host, 10, false), Action::Pause);
     let n = host.request_body.len();
-    assert_eq!(f.on_request_body(&mut host, n, true), Action::Pause);
+    assert_eq!(f.on_request_body(&mut host, n, true), Action::Hold, "read, decided: the body now only waits");
     let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
     assert_eq!(req.token_estimate, Some(256));
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
@@ -409,12 +409,31 @@ fn the_token_estimate_is_read_from_the_json_body_before_deciding() {
 }
 
 #[test]
+fn a_body_past_what_the_filter_reads_is_decided_without_it_and_held_not_buffered() {
+    // Decision 139: the filter reads a JSON body up to 1 MiB for the token estimate; past that it
+    // decides without the body, and what follows waits with flow control, never buffered
+    // against Envoy's limit (which would answer the client Envoy's plain 413).
+    let mut host = MockHost::new().with_header(":method", "POST").with_header("content-type", "application/json").with_header("x-api-key", KEY);
+    let mut f = filter(r#"{"tokenEstimateField":"max_tokens"}"#);
+    assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
+    assert_eq!(f.on_request_body(&mut host, MAX_USAGE_BODY, false), Action::Pause, "read up to the bound: buffered");
+    assert!(host.calls.is_empty());
+    assert_eq!(f.on_request_body(&mut host, MAX_USAGE_BODY + 1, false), Action::Hold, "decided, the rest held");
+    let req: DecideRequest = serde_json::from_slice(&host.calls[0].body).unwrap();
+    assert_eq!(req.token_estimate, None, "no estimate from a body it did not read");
+    assert_eq!(f.on_request_body(&mut host, 3 * MAX_USAGE_BODY, false), Action::Hold);
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
+    assert_eq!(f.on_request_body(&mut host, 3 * MAX_USAGE_BODY, true), Action::Continue);
+}
+
+#[test]
 fn a_body_arriving_while_the_decision_is_pending_is_held_back() {
     let mut host = MockHost::new().with_header(":method", "POST").with_header("x-api-key", KEY);
     let mut f = filter("{}");
     assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
-    // the decision is still out: the body must not let the request through
-    assert_eq!(f.on_request_body(&mut host, 5, false), Action::Pause);
+    // the decision is still out: the body must not let the request through, and waits with
+    // flow control, not buffered against Envoy's limit (decision 139)
+    assert_eq!(f.on_request_body(&mut host, 5, false), Action::Hold);
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);
     assert_eq!(f.on_request_body(&mut host, 5, true), Action::Continue);
 }
@@ -493,7 +512,7 @@ fn trailers_never_let_a_request_go_on_before_its_decision() {
     let mut f = filter("{}");
     assert_eq!(f.on_request_headers(&mut host, false), Action::Pause);
     assert_eq!(host.calls.len(), 1, "the decision is asked for");
-    assert_eq!(f.on_request_body(&mut host, 5, false), Action::Pause);
+    assert_eq!(f.on_request_body(&mut host, 5, false), Action::Hold);
     assert_eq!(f.on_request_trailers(&mut host), Action::Pause, "still waiting for the decision");
     assert_eq!(host.request_trailers, [("grpc-status".to_string(), b"0".to_vec())], "a client's internal names are removed from trailers");
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_body()), Action::Continue);

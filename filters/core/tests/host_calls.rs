@@ -156,6 +156,7 @@ fn request(w: &Worker, root: &mut MockHost, answer: &[u8]) -> (bool, BTreeMap<&'
             true
         }
         Action::Continue => false,
+        Action::Hold => unreachable!("headers are never held"),
     };
     assert_eq!(f.on_response_headers(&mut Counting::new(&mut mock, &tally), false), Action::Continue);
     mock.response_chunk = b"ok".to_vec();

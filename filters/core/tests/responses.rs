@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_filter_core::completions::CompletionQueue;
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::filter::{AuthFilter, MAX_USAGE_BODY};
 use tollgate_filter_core::host::{Action, Host};
 use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::mock::MockHost;
@@ -92,7 +92,7 @@ fn a_cacheable_request_carries_its_key_and_a_complete_success_is_queued() {
     assert_eq!(f.on_request_headers(&mut h, false), Action::Pause);
     assert!(h.calls.is_empty(), "the key needs the body");
     let n = h.request_body.len();
-    assert_eq!(f.on_request_body(&mut h, n, true), Action::Pause);
+    assert_eq!(f.on_request_body(&mut h, n, true), Action::Hold);
     let req = decision(&h);
     let canonical = canonical_body(Some("application/json"), br#"{"a":"x","b":[1,2]}"#);
     assert_eq!(req.cache_key, Some(cache_key("POST", "/v1/chat?a=1&b=2", &[("x-user".into(), Some("u1".into()))], &canonical)));
@@ -437,4 +437,35 @@ fn a_request_carrying_another_credential_bypasses_the_shared_cache() {
     let mut h = h.with_header("authorization", &format!("Bearer {KEY}"));
     rig.request(&mut h);
     assert!(decision(&h).cache_key.is_some());
+}
+
+#[test]
+fn a_body_announced_larger_than_the_filter_reads_is_decided_at_once() {
+    // Decision 139: a content-length over 1 MiB is not waited for (Envoy would buffer it up to
+    // its limit and answer 413 itself): the cache is bypassed, an Idempotency-Key is refused by
+    // the filter's own 413, and the body is held with flow control while the decision is out.
+    let rig = Rig::new();
+    let big = (MAX_USAGE_BODY + 1).to_string();
+    let mut h = host("POST", "/v1/chat").with_header("content-type", "application/json").with_header("content-length", &big);
+    let mut f = rig.filter();
+    assert_eq!(f.on_request_headers(&mut h, false), Action::Pause);
+    assert_eq!(h.calls.len(), 1, "decided at the headers");
+    assert_eq!(decision(&h).cache_key, None);
+    assert_eq!(f.on_request_body(&mut h, 64 << 10, false), Action::Hold);
+    f.on_sidecar_response(&mut h, 1, Some(200), br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p"}"#);
+    upstream(&mut h, "200", &[]);
+    f.on_response_headers(&mut h, true);
+    assert!(h.response_headers.contains(&("x-tollgate-cache".into(), "bypass".into())));
+
+    let mut h = host("POST", "/orders").with_header("idempotency-key", "\"order-1\"").with_header("content-length", &big);
+    assert_eq!(rig.filter().on_request_headers(&mut h, false), Action::Pause);
+    assert!(h.calls.is_empty());
+    let reply = h.reply.clone().unwrap();
+    assert_eq!(reply.status, 413);
+    assert!(String::from_utf8_lossy(&reply.body).contains("idempotency_body_too_large"), "{reply:?}");
+
+    // at the bound, the body is read as before
+    let mut h = host("POST", "/orders").with_header("idempotency-key", "\"order-1\"").with_header("content-length", &MAX_USAGE_BODY.to_string());
+    assert_eq!(rig.filter().on_request_headers(&mut h, false), Action::Pause);
+    assert!(h.calls.is_empty() && h.reply.is_none(), "waits for the body");
 }

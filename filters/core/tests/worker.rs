@@ -131,6 +131,7 @@ fn request_of(w: &Worker, root: &mut MockHost, key: &str, answer: &[u8]) -> bool
     let mut f = w.request();
     let called = match f.on_request_headers(&mut h, true) {
         Action::Continue => false,
+        Action::Hold => unreachable!("headers are never held"),
         Action::Pause => {
             let token = h.calls.len() as u32;
             assert_eq!(f.on_call_response(&mut h, token, Some(200), answer), Action::Continue);

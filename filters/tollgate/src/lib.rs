@@ -254,6 +254,7 @@ impl Http {
         match action {
             Action::Continue => WasmAction::Continue,
             Action::Pause => WasmAction::Pause,
+            Action::Hold => WasmAction::StopIterationAndWatermark,
         }
     }
 }

@@ -8,6 +8,8 @@
 //! `ratelimit`, `ratelimit-policy`, each with an "evil" value); `x-echo-usage-raw: TEXT` answers
 //! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
 //! `x-echo-tool-input: JSON` answers an Anthropic-style body whose tool call's input is that JSON;
+//! `x-echo-read-body: 1` reads the whole request body first and answers its size in
+//! `x-echo-body-bytes`;
 //! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
 //! a stored-response batch: batch-size tests), and keeps `x-echo-usage`'s `usage` after it;
 //! `x-echo-sse: N` answers an LLM-style server-sent-event stream (`text/event-stream`: content
@@ -128,6 +130,12 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         if let Ok(v) = axum::http::HeaderValue::from_bytes(b"caf\xe9") {
             response = response.header("x-latin1", v);
         }
+    }
+    if req.headers().contains_key("x-echo-read-body") {
+        // `x-echo-read-body`: the whole request body is read before answering (an upload), and
+        // its size answered in `x-echo-body-bytes` (-1: it did not arrive whole)
+        let read = axum::body::to_bytes(req.into_body(), usize::MAX).await.map_or(-1, |b| b.len() as i64);
+        response = response.header("x-echo-body-bytes", read);
     }
     response.body(Body::from(body)).unwrap_or_default()
 }

@@ -243,11 +243,15 @@ impl AuthFilter {
         }
         request.client_ip = host.client_ip();
         let json_body = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
-        if (self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream) {
+        // a body announced larger than the filter reads is decided without it at once, as one
+        // found larger on the way (decision 139): not buffered up to Envoy's limit and its 413
+        let unread = headers.get("content-length").and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > MAX_USAGE_BODY as u64);
+        if !unread && ((self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream)) {
             return Decision::AwaitBody(request, lookup);
         }
         if let Some(plan) = &lookup {
-            match stages::complete_lookup(&mut request, plan, Some(&[])) {
+            let body: Option<&[u8]> = if unread && !end_of_stream { None } else { Some(&[]) };
+            match stages::complete_lookup(&mut request, plan, body) {
                 Ok(status) => self.response.cache_status = status.or(self.response.cache_status),
                 Err(d) => return Decision::Deny(d),
             }
@@ -267,15 +271,28 @@ impl AuthFilter {
             }
         }
         match self.state {
-            State::AwaitingBody { .. } => self.on_request_body(host, self.request_body_size, true),
+            State::AwaitingBody { .. } => match self.on_request_body(host, self.request_body_size, true) {
+                Action::Hold => Action::Pause,
+                action => action,
+            },
             State::Waiting { .. } | State::Queued { .. } => Action::Pause,
             State::Start | State::Done => Action::Continue,
         }
     }
 
-    /// The request body, for the token estimate and a lookup. Returns `Pause` until the whole
-    /// body is in.
+    /// The request body, for the token estimate and a lookup: `Pause` (buffered) until the whole
+    /// body is in. A body that only waits for the decision is held with flow control (`Hold`),
+    /// never buffered against Envoy's limit: a request over it (1 MiB by default) is not refused
+    /// with Envoy's 413 for having waited for its decision (decision 139).
     pub fn on_request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
+        match (self.request_body(host, body_size, end_of_stream), &self.state) {
+            (Action::Pause, State::AwaitingBody { .. }) => Action::Pause,
+            (Action::Pause, _) => Action::Hold,
+            (action, _) => action,
+        }
+    }
+
+    fn request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
         self.request_body_size = body_size;
         match self.state {
             State::AwaitingBody { .. } => {}
