@@ -19,7 +19,7 @@
 //! Bounded: at most [`MAX_PENDING`] refunds wait at once (a hung Redis is failed fast after its
 //! first timeout, so few decisions time out; beyond the bound they are counted `dropped`).
 
-use super::DecisionStore;
+use super::store::DecisionStore;
 use crate::clock::Clock;
 use crate::keys::Id;
 use crate::metrics as m;
