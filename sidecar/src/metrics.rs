@@ -32,6 +32,9 @@ pub const REFUNDS: &str = "tollgate_sidecar_refunds_total";
 /// never ran) | completed | invalid | gave_up (Redis did not answer for 5 minutes) | dropped (more
 /// than 10,000 waiting).
 pub const LATE_REFUNDS: &str = "tollgate_sidecar_late_refunds_total";
+/// Redis connections replaced because a new one answered while the old one did not (a peer gone
+/// without a reset; decision 140).
+pub const REDIS_CONNECTIONS_REPLACED: &str = "tollgate_sidecar_redis_connections_replaced_total";
 /// Tokens moved at reconciliation, labelled `direction` (refund | overrun).
 pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total";
 /// Lease asks answered, labelled `call` (request | renewal) and `result` (granted | none |

@@ -29,6 +29,7 @@ pub mod prometheus;
 /// HTTP/1.1 over a raw socket, for bytes no client library sends (hostile-client tests).
 pub mod raw;
 pub mod redis;
+pub mod relay;
 pub mod sidecar;
 pub mod upstream;
 

@@ -260,3 +260,30 @@ fn a_limits_script_that_runs_after_its_deadline_gives_back_what_it_took() {
     let r = call();
     assert_eq!(r.status, 429, "2 of 2 today: the limit still holds: {}", r.body);
 }
+
+/// A Redis connection whose peer vanished without a reset (a host or a NAT entry gone, an
+/// address moved): the sidecar's commands time out on it and nothing ever closes it. While it
+/// fails fast, the sidecar tries a new connection and keeps it once it answers (decision 140);
+/// before, single mode stayed on the dead one until TCP gave up, minutes later.
+#[test]
+fn a_redis_connection_gone_silent_is_replaced_by_one_that_answers() {
+    let redis = tollgate_tests::redis::Redis::start();
+    let relay = tollgate_tests::relay::Relay::start(redis.port);
+    let g = redis_deadlines(PLANS)
+        .sidecar_env("TOLLGATE_SIDECAR_REDIS__URL", &relay.url())
+        .plugin(json!({"sidecar": {"timeout": "1s"}, "failureMode": "closed"}))
+        .build();
+    let (envoy, sidecar) = (g.envoy(), g.sidecar());
+    let closed = sidecar.create_key("acme", "closed", &[]);
+    let call = || get(&envoy.url("/"), &[("x-api-key", closed.raw.as_str())]);
+    assert_eq!(call().status, 200, "through the relay");
+    relay.stall();
+    let r = call();
+    assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("limits_unavailable")), "the silent connection times out: {}", r.body);
+    poll_until("decisions on a new connection", Duration::from_secs(15), || call().status == 200);
+    let r = call();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.header("ratelimit-policy").is_some(), "limits checked in Redis again");
+    assert_eq!(sidecar.metric("tollgate_sidecar_redis_connections_replaced_total"), 1);
+    assert!(sidecar.log_text().contains("redis answers on a new connection"));
+}

@@ -13,7 +13,9 @@
 //! script) is the other case: a command that waited its whole deadline with no reply at all from
 //! Redis meanwhile marks it *unresponsive*. From then on every command fails at once (no caller
 //! waits on it: a decision falls to the stale grace and the limits' failure modes within its
-//! budget), and one background task PINGs it every `fail_fast` until it answers.
+//! budget), and one background task PINGs it every `fail_fast` until it answers — on a new
+//! connection too from its second try, kept if it answers (a connection whose peer vanished
+//! without a reset is otherwise never replaced: decision 140).
 
 mod apikeys;
 
@@ -309,16 +311,28 @@ impl Store {
     }
 
     async fn probe(self) {
+        let mut failed = 0u32;
         loop {
             tokio::time::sleep(self.config.fail_fast).await;
-            let answered = match self.connection().await {
-                Ok(mut c) => {
-                    let cmd = redis::cmd("PING");
-                    let ping = cmd.query_async::<String>(&mut c);
-                    matches!(tokio::time::timeout(self.config.timeout, ping).await, Ok(Ok(_)))
-                }
+            let mut answered = match self.connection().await {
+                Ok(c) => self.answers(c).await,
                 Err(_) => false,
             };
+            failed += 1;
+            // Single mode's connection is never replaced on timeouts (only on errors), and one
+            // whose peer vanished without a reset (a host or NAT entry gone, an address moved)
+            // times out until TCP gives up, minutes later: from the second failed probe, a new
+            // connection is tried and kept if it answers. A hung Redis answers neither.
+            if !answered && failed >= 2 && matches!(self.backend.as_ref(), Backend::Single(_)) {
+                if let Ok(Ok(fresh)) = tokio::time::timeout(self.config.connect_timeout, self.connect()).await {
+                    if self.answers(fresh.clone()).await {
+                        self.state.lock().await.conn = Some(fresh);
+                        metrics::counter!(crate::metrics::REDIS_CONNECTIONS_REPLACED).increment(1);
+                        tracing::warn!("redis answers on a new connection: the old one was dead and is replaced");
+                        answered = true;
+                    }
+                }
+            }
             if answered {
                 self.health.replied();
                 self.health.failing_fast.store(false, Ordering::Relaxed);
@@ -328,6 +342,13 @@ impl Store {
             }
             self.forget_connection().await;
         }
+    }
+
+    /// Whether `conn` answers a PING within the command deadline.
+    async fn answers(&self, mut conn: Conn) -> bool {
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<String>(&mut conn);
+        matches!(tokio::time::timeout(self.config.timeout, ping).await, Ok(Ok(_)))
     }
 
     async fn connection(&self) -> Result<Conn, StoreError> {
