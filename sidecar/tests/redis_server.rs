@@ -294,3 +294,32 @@ async fn a_hung_redis_is_failed_fast_and_probed_until_it_answers() {
     assert!(store.is_up());
     assert!(store.lookup(&issued.hash).await.unwrap().is_some());
 }
+
+/// An off-path command (here a refund's record read: 2 s) waits its own deadline, not the
+/// request path's `redis.timeout`: in single mode it has a connection of its own (decision 141).
+/// Before, the connection's response timeout (`redis.timeout`) cut every command at 50 ms here,
+/// and that timeout, with no other reply meanwhile, made the sidecar fail fast on everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_off_path_command_waits_its_own_deadline_not_the_request_paths() {
+    let redis = Redis::start();
+    let mut cfg = config(&redis);
+    cfg.redis.timeout = Duration::from_millis(50);
+    cfg.redis.decision_timeout = Duration::from_millis(50);
+    let store = Store::new(&cfg.redis).unwrap();
+    let issued = apikey::issue(id("acme"), id("gold"), 1, None);
+    store.create_key(&issued.hash, &issued.record).await.unwrap();
+    let decision = id("0123456789abcdef0123456789abcdef");
+    let refunded = tollgate_sidecar::scripts::refund::run(&store, &id("acme"), &decision, 1).await;
+    assert!(matches!(refunded, Ok(tollgate_sidecar::scripts::refund::Refunded::Nothing)), "{refunded:?}");
+
+    redis.pause();
+    let slow = store.clone();
+    let refund = tokio::spawn(async move { tollgate_sidecar::scripts::refund::run(&slow, &id("acme"), &decision, 1).await });
+    // Redis hung for 300 ms, six request-path deadlines: the fault under test, not a wait
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.resume();
+    let refunded = refund.await.unwrap();
+    assert!(matches!(refunded, Ok(tollgate_sidecar::scripts::refund::Refunded::Nothing)), "answered within its 2 s: {refunded:?}");
+    assert!(!store.is_failing_fast(), "a slow off-path command is not an unresponsive Redis");
+    assert!(store.lookup(&issued.hash).await.unwrap().is_some(), "the request path answers");
+}

@@ -1,5 +1,7 @@
-//! The Redis side: one connection (single, cluster or sentinel mode; redis-rs `ConnectionManager`
-//! in single mode) with a deadline on every command, fail-fast while Redis is unreachable, and
+//! The Redis side: one connection (single, cluster or sentinel mode; in single mode two
+//! redis-rs `ConnectionManager`s, the request path's and the off-path one, so an off-path
+//! command keeps its own deadline and never delays a decision: decision 141) with a deadline on
+//! every command, fail-fast while Redis is unreachable, and
 //! the API-key store operations (`store/apikeys.rs`). What runs on it is the callers': the scripts'
 //! modules (crate::scripts), the hints, the meter, the configuration plane.
 //!
@@ -125,6 +127,21 @@ struct ConnState {
     last_attempt: Option<Instant>,
 }
 
+/// Which connection a command takes (single mode; the others have one). The request path's has
+/// `redis.timeout` as its response timeout; off-path commands (stores, refunds, completions, the
+/// meter, hints, the admin API) have deadlines of their own, up to seconds, which that response
+/// timeout would cut to the request path's, and a slow one of them would delay the decisions
+/// queued behind it on a shared connection (decision 141).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Request,
+    OffPath,
+}
+
+/// The off-path connection's response timeout: above every off-path deadline (each command's own
+/// deadline ends it first).
+const OFF_PATH_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How to reach Redis.
 enum Backend {
     Single(redis::Client),
@@ -206,6 +223,8 @@ pub struct Store {
     backend: Arc<Backend>,
     config: RedisConfig,
     state: Arc<Mutex<ConnState>>,
+    /// Single mode: the connection of off-path commands (decision 141).
+    off_path: Arc<Mutex<ConnState>>,
     up: Arc<AtomicBool>,
     health: Arc<Health>,
 }
@@ -232,17 +251,22 @@ impl Store {
             backend: Arc::new(backend),
             config: config.clone(),
             state: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
+            off_path: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
             up: Arc::new(AtomicBool::new(true)),
             health: Arc::new(Health::new()),
         })
     }
 
-    async fn connect(&self) -> redis::RedisResult<Conn> {
+    async fn connect(&self, path: Path) -> redis::RedisResult<Conn> {
         match self.backend.as_ref() {
             Backend::Single(client) => {
+                let response_timeout = match path {
+                    Path::Request => self.config.timeout.max(Duration::from_millis(1)),
+                    Path::OffPath => OFF_PATH_RESPONSE_TIMEOUT,
+                };
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.config.connect_timeout))
-                    .set_response_timeout(Some(self.config.timeout.max(Duration::from_millis(1))))
+                    .set_response_timeout(Some(response_timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(self.config.reconnect_interval);
                 Ok(Conn::Single(ConnectionManager::new_with_config(client.clone(), cfg).await?))
@@ -291,7 +315,7 @@ impl Store {
     pub async fn warm_up(&self, scripts: &[&redis::Script]) -> Result<(), StoreError> {
         for script in scripts {
             let script = (*script).clone();
-            self.run_with_deadline("script_load", self.config.connect_timeout, |mut c| async move {
+            self.run_on(Path::Request, "script_load", self.config.connect_timeout, |mut c| async move {
                 script.load_async(&mut c).await.map(|_| ())
             })
             .await?;
@@ -314,7 +338,7 @@ impl Store {
         let mut failed = 0u32;
         loop {
             tokio::time::sleep(self.config.fail_fast).await;
-            let mut answered = match self.connection().await {
+            let mut answered = match self.connection(Path::Request).await {
                 Ok(c) => self.answers(c).await,
                 Err(_) => false,
             };
@@ -324,9 +348,11 @@ impl Store {
             // times out until TCP gives up, minutes later: from the second failed probe, a new
             // connection is tried and kept if it answers. A hung Redis answers neither.
             if !answered && failed >= 2 && matches!(self.backend.as_ref(), Backend::Single(_)) {
-                if let Ok(Ok(fresh)) = tokio::time::timeout(self.config.connect_timeout, self.connect()).await {
+                if let Ok(Ok(fresh)) = tokio::time::timeout(self.config.connect_timeout, self.connect(Path::Request)).await {
                     if self.answers(fresh.clone()).await {
                         self.state.lock().await.conn = Some(fresh);
+                        // the off-path one went the same way: made anew on its next use
+                        self.off_path.lock().await.conn = None;
                         metrics::counter!(crate::metrics::REDIS_CONNECTIONS_REPLACED).increment(1);
                         tracing::warn!("redis answers on a new connection: the old one was dead and is replaced");
                         answered = true;
@@ -351,8 +377,13 @@ impl Store {
         matches!(tokio::time::timeout(self.config.timeout, ping).await, Ok(Ok(_)))
     }
 
-    async fn connection(&self) -> Result<Conn, StoreError> {
-        let mut state = self.state.lock().await;
+    /// The connection for `path` (one for both but in single mode), made if there is none.
+    async fn connection(&self, path: Path) -> Result<Conn, StoreError> {
+        let path = if matches!(self.backend.as_ref(), Backend::Single(_)) { path } else { Path::Request };
+        let mut state = match path {
+            Path::Request => self.state.lock().await,
+            Path::OffPath => self.off_path.lock().await,
+        };
         if let Some(c) = &state.conn {
             return Ok(c.clone());
         }
@@ -362,7 +393,7 @@ impl Store {
             }
         }
         state.last_attempt = Some(Instant::now());
-        let attempt = tokio::time::timeout(self.config.connect_timeout, self.connect()).await;
+        let attempt = tokio::time::timeout(self.config.connect_timeout, self.connect(path)).await;
         match attempt {
             Ok(Ok(conn)) => {
                 state.conn = Some(conn.clone());
@@ -397,7 +428,18 @@ impl Store {
         self.run_with_deadline(op, self.config.timeout, f).await
     }
 
+    /// Runs one command within `deadline`: on the request path's connection when the deadline is
+    /// the request path's (`redis.timeout` or less), else on the off-path one (decision 141).
     pub(crate) async fn run_with_deadline<T, F, Fut>(&self, op: &'static str, deadline: Duration, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let path = if deadline > self.config.timeout { Path::OffPath } else { Path::Request };
+        self.run_on(path, op, deadline, f).await
+    }
+
+    async fn run_on<T, F, Fut>(&self, path: Path, op: &'static str, deadline: Duration, f: F) -> Result<T, StoreError>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -411,7 +453,7 @@ impl Store {
             return Err(StoreError::Timeout(deadline));
         }
         let started = Instant::now();
-        let result = match self.connection().await {
+        let result = match self.connection(path).await {
             Ok(conn) => match tokio::time::timeout(deadline, f(conn)).await {
                 Ok(Ok(v)) => Ok(v),
                 Ok(Err(e)) => Err(StoreError::Redis(e)),
