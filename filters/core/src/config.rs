@@ -76,6 +76,13 @@ struct RawConfig {
     /// Revocations and plan changes reaching cached answers and leases (crate::changes).
     #[serde(default)]
     changes: RawChanges,
+    /// Bytes of response bodies one worker keeps at once (crate::filter::kept).
+    #[serde(default = "default_max_kept_body_bytes")]
+    max_kept_body_bytes: u64,
+}
+
+fn default_max_kept_body_bytes() -> u64 {
+    64 << 20
 }
 
 fn default_token_usage() -> TokenUsage {
@@ -127,6 +134,9 @@ pub struct FilterConfig {
     /// Polling the sidecar's change count (on): revocations and plan changes drop cached answers
     /// and leases (crate::changes).
     pub changes: ChangesConfig,
+    /// Bytes of response bodies (to store, or to read token usage from) one worker keeps at once
+    /// across its requests; past it a body is not kept (crate::filter::kept, decision 142).
+    pub max_kept_body_bytes: usize,
 }
 
 impl Default for FilterConfig {
@@ -147,6 +157,7 @@ impl Default for FilterConfig {
             idempotency: StoreConfig::IDEMPOTENCY,
             leases: LeaseConfig::default(),
             changes: ChangesConfig::default(),
+            max_kept_body_bytes: 64 << 20,
         }
     }
 }
@@ -188,7 +199,11 @@ impl FilterConfig {
             }
             forward_headers.push(h);
         }
+        if !(1 << 20..=1 << 30).contains(&raw.max_kept_body_bytes) {
+            return Err(ConfigError("maxKeptBodyBytes: must be between 1048576 (1 MiB) and 1073741824 (1 GiB)".into()));
+        }
         Ok(FilterConfig {
+            max_kept_body_bytes: raw.max_kept_body_bytes as usize,
             sidecar,
             failure_mode: raw.failure_mode,
             key_sources,
@@ -248,6 +263,8 @@ mod tests {
             (br#"{"sidecar":{"timeout":"0ms"}}"#, "sidecar.timeout"),
             (br#"{"keySources":[]}"#, "keySources"),
             (br#"{"authCacheMaxTtl":"2m"}"#, "authCacheMaxTtl"),
+            (br#"{"maxKeptBodyBytes":1000}"#, "maxKeptBodyBytes"),
+            (br#"{"maxKeptBodyBytes":2147483648}"#, "maxKeptBodyBytes"),
             (br#"{"completionFlushInterval":"1ms"}"#, "completionFlushInterval"),
             (br#"{"forwardHeaders":["x-tollgate-user"]}"#, "forwardHeaders[0]"),
             (br#"{"forwardHeaders":["x-user","X-Api-Key"]}"#, "forwardHeaders[1]: 'x-api-key' is a key source"),

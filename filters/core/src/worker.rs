@@ -22,6 +22,7 @@ use crate::changes::{ChangesJob, Generation};
 use crate::completions::CompletionQueue;
 use crate::refunds::{RefundQueue, MAX_QUEUED_REFUNDS, MAX_REFUND_BATCH};
 use crate::config::FilterConfig;
+use crate::filter::kept::KeptBudget;
 use crate::filter::AuthFilter;
 use crate::flush::{BatchFlusher, FlushSpec};
 use crate::host::{Host, LogLevel};
@@ -98,6 +99,8 @@ pub struct Worker {
     breakers: Rc<RefCell<WorkerBreakers>>,
     /// Its decision calls: alone, waiting, the batch out (crate::batch).
     decisions: Rc<RefCell<DecisionBatcher>>,
+    /// The bytes of response bodies its requests keep (crate::filter::kept).
+    kept: KeptBudget,
 }
 
 impl Worker {
@@ -157,6 +160,7 @@ impl Worker {
             hint_poller,
             breakers,
             decisions: Rc::default(),
+            kept: KeptBudget::new(config.max_kept_body_bytes),
             completions,
             refunds,
             meter,
@@ -239,6 +243,7 @@ impl Worker {
             .with_generation(self.gen.clone())
             .with_decision_ids(self.decision_ids.clone())
             .with_refunds(self.refunds.clone())
+            .with_kept_budget(self.kept.clone())
     }
 
     fn http(&self, filter: AuthFilter) -> HttpFilter {

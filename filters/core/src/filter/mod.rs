@@ -14,6 +14,7 @@
 mod call;
 pub mod decision;
 pub mod hold;
+pub mod kept;
 pub mod response;
 pub mod stages;
 mod wiring;

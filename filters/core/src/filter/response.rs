@@ -3,6 +3,7 @@
 //! ends (a ticket, an identity to meter). Never pauses: streaming responses flow through (the
 //! auth filter holds only the end of an idempotent response until its outcome is stored).
 
+use super::kept::Kept;
 use super::MAX_USAGE_BODY;
 use crate::host::Host;
 use crate::responses::queue::PendingStore;
@@ -35,6 +36,8 @@ pub struct ResponseSide {
     body_limit: usize,
     /// The response may be stored (a cache miss, an idempotency claim) once complete.
     pub pending_store: Option<PendingStore>,
+    /// The kept body's bytes, taken from the worker's budget (super::kept).
+    pub kept: Kept,
 }
 
 impl Default for ResponseSide {
@@ -50,6 +53,7 @@ impl Default for ResponseSide {
             want_tokens: false,
             body_limit: MAX_USAGE_BODY,
             pending_store: None,
+            kept: Kept::default(),
         }
     }
 }
@@ -123,8 +127,10 @@ impl ResponseSide {
             return;
         }
         if let Some(body) = &mut self.body {
-            if body.len() + chunk_size > self.body_limit {
+            // over its own bound, or the worker's: not kept (as a body too large to keep)
+            if body.len() + chunk_size > self.body_limit || !self.kept.take(chunk_size) {
                 self.body = None;
+                self.kept.release();
             } else if chunk_size > 0 {
                 if let Some(chunk) = host.response_body(offset, chunk_size) {
                     body.extend_from_slice(&chunk);
@@ -192,6 +198,8 @@ impl ResponseSide {
     /// store of it.
     pub fn finish(&mut self, host: &mut impl Host) -> (Option<u64>, Option<StoreItem>) {
         let body = self.body.take();
+        // handed on (to the queue, bounded in bytes of its own) or dropped
+        self.kept.release();
         let tokens = if self.want_tokens { body.as_deref().and_then(read_tokens) } else { None };
         if tokens.is_some_and(|t| t.clamped) {
             host.count(Metric::TokensClamped);

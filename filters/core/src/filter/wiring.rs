@@ -1,6 +1,7 @@
 //! How a worker wires an [`AuthFilter`] to the state it shares with its other requests (the
 //! queues, caches and counters of crate::worker): one builder method each.
 
+use super::kept::{Kept, KeptBudget};
 use super::AuthFilter;
 use crate::auth_cache::LocalAllows;
 use crate::batch::DecisionBatcher;
@@ -44,6 +45,12 @@ impl AuthFilter {
     /// Keeps this worker's copy of auth cache entries in `allows` (see [`LocalAllows`]).
     pub fn with_local_allows(mut self, allows: Rc<RefCell<LocalAllows>>) -> AuthFilter {
         self.worker.local_allows = Some(allows);
+        self
+    }
+
+    /// Keeps response bodies within the worker's `budget` (crate::filter::kept).
+    pub fn with_kept_budget(mut self, budget: KeptBudget) -> AuthFilter {
+        self.response.kept = Kept::new(Some(budget));
         self
     }
 
