@@ -30,7 +30,7 @@ pub const REFUNDS: &str = "tollgate_sidecar_refunds_total";
 /// Limits scripts that missed their deadline, refunded by the sidecar itself (decision 137),
 /// labelled `outcome`: refunded (the script ran late; what it took was given back) | nothing (it
 /// never ran) | completed | invalid | gave_up (Redis did not answer for 5 minutes) | dropped (more
-/// than 10,000 waiting).
+/// than 2,000 waiting).
 pub const LATE_REFUNDS: &str = "tollgate_sidecar_late_refunds_total";
 /// Redis connections replaced because a new one answered while the old one did not (a peer gone
 /// without a reset; decision 140).

@@ -226,11 +226,12 @@ fn a_hung_redis_lets_each_replica_enforce_its_share_of_a_local_limit() {
 /// when its deadline passes, and Redis runs the script once it is resumed: it takes a unit of the
 /// day and the one concurrency slot for a request that was refused. The sidecar refunds it
 /// itself from the record the script wrote; before, the tenant was locked out by that slot until
-/// its timeout (300 s) and the refused request counted against its day.
+/// its timeout (300 s) and the refused request counted against its day. The same failing open.
 #[test]
 fn a_limits_script_that_runs_after_its_deadline_gives_back_what_it_took() {
     const PLAN: &str = "[[plans.capped.limits]]\nname = \"day\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"24h\"\nfailure_mode = \"closed\"\n\
-                        [[plans.capped.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 1\nfailure_mode = \"closed\"\n";
+                        [[plans.capped.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 1\nfailure_mode = \"closed\"\n\
+                        [[plans.open-cap.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 1\n";
     // the key record stays fresh in the sidecar's cache: the one command sent into the hung
     // Redis is the limits script, not the key lookup
     let g = redis_deadlines(PLAN).sidecar_env("TOLLGATE_SIDECAR_CACHE__TTL", "60s").build();
@@ -259,6 +260,23 @@ fn a_limits_script_that_runs_after_its_deadline_gives_back_what_it_took() {
     poll_until("the second request's slot to be freed", Duration::from_secs(10), || held() == (0, 0));
     let r = call();
     assert_eq!(r.status, 429, "2 of 2 today: the limit still holds: {}", r.body);
+
+    // Failing open, the request goes through uncounted, like every one failed fast meanwhile; its
+    // late take is given back too: the slot no completion would free (the answer had no ticket)
+    let open = sidecar.create_key("acme", "open-cap", &[]);
+    let call = || get(&envoy.url("/"), &[("x-api-key", open.raw.as_str())]);
+    assert_eq!(call().status, 200);
+    poll_until("the slot to be freed by its completion", Duration::from_secs(10), || held() == (0, 0));
+    redis.pause();
+    let r = call();
+    redis.resume();
+    assert_eq!((r.status, r.header("ratelimit-policy")), (200, None), "fail open while Redis hangs: {}", r.body);
+    poll_until("the second late script to be refunded", Duration::from_secs(20), || {
+        sidecar.metric("tollgate_sidecar_late_refunds_total{outcome=\"refunded\"}") == 2
+    });
+    assert_eq!(held(), (0, 0), "no slot left behind");
+    let r = call();
+    assert_eq!(r.status, 200, "the cap of 1 is free: {}", r.body);
 }
 
 /// A Redis connection whose peer vanished without a reset (a host or a NAT entry gone, an

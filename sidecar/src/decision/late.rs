@@ -3,21 +3,27 @@
 //! A `decide.lua` call that misses its deadline was sent: a hung or busy Redis runs it when it
 //! answers again, and it takes what the decision asked for (window units, a concurrency slot, a
 //! budget reservation, an idempotency claim) for a request the sidecar already answered from the
-//! limits' failure mode. Failing closed (503) or deciding from the `local` share, that request
-//! never reaches Redis' limits, so what the late script took is charged for nothing: a tenant on a
-//! concurrency cap of 1 stays locked out until the slot expires, a window counts a request that was
-//! refused. So the sidecar refunds the decision itself, from the record the script writes in the
-//! same call (decision 96), as the filter does for an answer it gave up on.
+//! limits' failure mode, without Redis' limits: refused (closed), decided by the `local` share,
+//! or let through uncounted (open), as every request that fails fast meanwhile. What the late
+//! script took is an accident of timing, and harmful: a refused request counted, a concurrency
+//! slot no completion will free (the answer carried no ticket: a cap of 1 locks the tenant out
+//! until the slot expires), an idempotency claim whose outcome is never stored (409 for 5
+//! minutes). So the sidecar refunds the decision itself, in every failure mode, from the record
+//! the script writes in the same call (decision 96), as the filter does for an answer it gave up
+//! on.
 //!
 //! When: Redis may run the script any time after the deadline, so the refund is tried with backoff
 //! (0.5 s, doubling, at most 10 s apart) until it gives something back, or Redis has answered
-//! twice that there is no record (the script never ran: on one connection a later command runs
-//! after it; on a reconnected one, two answers seconds apart leave no realistic window), or five
-//! minutes passed. A refund is idempotent (the record is deleted), so trying again never gives back
-//! twice. Failing open the request was admitted: what the script took stays counted, as before.
+//! twice that there is no record, or five minutes passed. "No record" is trusted only after a
+//! PING on the decisions' own connection was answered ([`DecisionStore::barrier`]): the script,
+//! sent on that connection before it, has run by then — the refund itself goes on the off-path
+//! connection (decision 141), where a busy request path could be overtaken. A refund is
+//! idempotent (the record is deleted), so trying again never gives back twice.
 //!
 //! Bounded: at most [`MAX_PENDING`] refunds wait at once (a hung Redis is failed fast after its
-//! first timeout, so few decisions time out; beyond the bound they are counted `dropped`).
+//! first timeout, so few decisions time out; a saturated one times many out, and each waiting
+//! refund costs it a few commands a second at most; beyond the bound they are counted
+//! `dropped`).
 
 use super::store::DecisionStore;
 use crate::clock::Clock;
@@ -31,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Late refunds that may wait at once.
-pub const MAX_PENDING: usize = 10_000;
+pub const MAX_PENDING: usize = 2_000;
 /// The first try, after the decision gave up; the wait doubles up to [`MAX_WAIT`].
 const FIRST_WAIT: Duration = Duration::from_millis(500);
 const MAX_WAIT: Duration = Duration::from_secs(10);
@@ -90,6 +96,10 @@ async fn settle<S: DecisionStore>(store: &S, clock: &dyn Clock, tenant: &Id, id:
     while started.elapsed() < GIVE_UP_AFTER {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(MAX_WAIT);
+        // every script sent before on the decisions' connection has run, or it is not time yet
+        if !store.barrier().await {
+            continue;
+        }
         match store.refund(tenant, id, clock.now_ms()).await {
             Ok(Refunded::Nothing) => {
                 nothing += 1;

@@ -324,9 +324,9 @@ impl<S: DecisionStore> Decider<S> {
         let reply = match reply {
             Ok(reply) => reply,
             Err(e) => {
-                let (answer, mode) = self.limits_unavailable(cx, r, &asked, &e.to_string());
-                // the script may still run and take for a request that does not reach Redis' limits
-                if call.record.is_some() && mode != "open" && late::may_still_run(&e) {
+                let answer = self.limits_unavailable(cx, r, &asked, &e.to_string());
+                // the script may still run and take for a request answered without Redis' limits
+                if call.record.is_some() && late::may_still_run(&e) {
                     self.late.refund(&self.store, &self.clock, &r.tenant, &asked.request_id);
                 }
                 return answer;
@@ -365,8 +365,7 @@ impl<S: DecisionStore> Decider<S> {
     /// non-shadow limit → 503; else any `local` one → this sidecar's share of the `local` limits
     /// decides (super::local; a renewal gets no lease and counts nothing); else allowed without
     /// limit headers. The lookup is a miss.
-    /// The answer, and the failure mode that gave it (`closed`, `local` or `open`).
-    fn limits_unavailable(&self, cx: &Cx<'_>, r: &KeyRecord, asked: &Asked, why: &str) -> (DecideResponse, &'static str) {
+    fn limits_unavailable(&self, cx: &Cx<'_>, r: &KeyRecord, asked: &Asked, why: &str) -> DecideResponse {
         if let Some(l) = &asked.lookup {
             self.lookup_unavailable(l, why);
         }
@@ -378,7 +377,7 @@ impl<S: DecisionStore> Decider<S> {
         };
         metrics::counter!(m::LIMITS_FAILED, "mode" => mode).increment(1);
         tracing::debug!(error = %why, mode, "limits could not be checked");
-        let answer = match mode {
+        match mode {
             "closed" => DecideResponse::Deny {
                 status: 503,
                 error: codes::LIMITS_UNAVAILABLE.into(),
@@ -389,8 +388,7 @@ impl<S: DecisionStore> Decider<S> {
             "local" if !cx.req.lease.is_some_and(|l| l.renewal) => local::answer(&self.local, r, &asked.meta, cx.now_ms),
             // fail-open: a cache miss, an idempotency key executed without being recorded
             _ => allow(r, vec![], None, None, None, None),
-        };
-        (answer, mode)
+        }
     }
 
     /// Counts the shadow limits that would have denied; logs each at most once a minute.

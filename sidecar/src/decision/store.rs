@@ -33,6 +33,10 @@ pub trait DecisionStore: Clone + Send + Sync + 'static {
 
     /// Whether this caller writes the key's audit line (the first failure of the hour).
     fn claim_audit(&self, key_id: &Id) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Whether a command sent now on the decisions' connection is answered: every limits script
+    /// sent on it before has run (a late refund trusts "no record" only after it: super::late).
+    fn barrier(&self) -> impl Future<Output = bool> + Send;
 }
 
 impl DecisionStore for Store {
@@ -58,5 +62,9 @@ impl DecisionStore for Store {
 
     async fn claim_audit(&self, key_id: &Id) -> Result<bool, StoreError> {
         self.claim_auth_failure_audit(key_id).await
+    }
+
+    async fn barrier(&self) -> bool {
+        self.request_path_barrier().await
     }
 }

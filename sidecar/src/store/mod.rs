@@ -370,6 +370,13 @@ impl Store {
         }
     }
 
+    /// Whether a PING sent now on the request path's connection is answered (within
+    /// `redis.timeout`): the commands sent on it before have all run (decision 137).
+    pub async fn request_path_barrier(&self) -> bool {
+        let ping = |mut c: Conn| async move { redis::cmd("PING").query_async::<String>(&mut c).await };
+        self.run_on(Path::Request, "barrier", self.config.timeout, ping).await.is_ok()
+    }
+
     /// Whether `conn` answers a PING within the command deadline.
     async fn answers(&self, mut conn: Conn) -> bool {
         let cmd = redis::cmd("PING");
@@ -476,6 +483,12 @@ impl Store {
                 metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "transient").increment(1);
                 self.mark(false, &e.to_string());
                 self.forget_connection().await;
+                // An off-path command that waited its whole deadline (seconds): its connection
+                // may be dead without knowing it, and the request path's replies keep the probe
+                // from ever running for it: it is made anew on its next use (decision 141).
+                if timed_out && path == Path::OffPath && matches!(self.backend.as_ref(), Backend::Single(_)) {
+                    self.off_path.lock().await.conn = None;
+                }
             }
             Err(_) => {
                 metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "other").increment(1);

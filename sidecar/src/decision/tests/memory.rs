@@ -193,4 +193,8 @@ impl DecisionStore for MemoryStore {
         m.audits.push(key_id.clone());
         Ok(first)
     }
+
+    async fn barrier(&self) -> bool {
+        true
+    }
 }
