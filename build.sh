@@ -6,7 +6,8 @@
 #   ./build.sh down     stop exactly what `up` started
 #   ./build.sh test     deps + build + every test tier
 #   ./build.sh bench    deps + oha + build + Envoy alone vs native C++ limiter vs Envoy + Tollgate,
-#                       interleaved: saturation (wrk) then open-loop latency (oha) (docs/benchmarks.md)
+#                       interleaved: saturation (wrk) then open-loop latency (oha) (docs/benchmarks.md);
+#                       with --cpu-split also Debian's linux-perf: where each configuration's Envoy CPU goes
 #   ./build.sh bench cache | usage-intake | usage-shipping   the other measurements of tollgate-bench
 #                       (`./build.sh bench --help`)
 #   ./build.sh bench micro   criterion micro-benchmarks of the filter's and the sidecar's pure logic
@@ -203,7 +204,9 @@ run_tests() {
 }
 
 # The packages every native `cargo test` run names (see run_tests).
-TESTED=(-p tollgate-wire -p tollgate-filter-core -p tollgate-shared -p tollgate-sidecar -p tollgate-billing -p tollgate-tests)
+# tollgate-bench for its unit tests (the --cpu-split report's parser); its measurements run only
+# under `./build.sh bench`.
+TESTED=(-p tollgate-wire -p tollgate-filter-core -p tollgate-shared -p tollgate-sidecar -p tollgate-billing -p tollgate-tests -p tollgate-bench)
 
 # Runs test binary $1 (of one of the TESTED packages) area by area: one run per `mod <area>;` of
 # its root file $2 (`common` is the shared harness, not an area), 2 test threads; fails naming
@@ -266,6 +269,8 @@ case "${1:-build}" in
       exec cargo bench -p tollgate-filter-core -p tollgate-sidecar --bench filter_logic --bench decide_path -- "$@"
     fi
     deps; install_oha; build; test_env
+    # --cpu-split samples each saturation round's Envoy with perf (bench/src/profile.rs)
+    case " $* " in *" --cpu-split "*) apt_install linux-perf ;; esac
     # The bench is its own crate (bench/) on the functional-test harness; only `bench` builds it.
     cargo build -q --release -p tollgate-bench
     # The two floors (configurations wasm-floor-sdk, wasm-floor-minimal): filters that do nothing.

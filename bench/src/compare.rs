@@ -13,21 +13,18 @@
 //!    latency added to Envoy alone's. A configuration whose saturation throughput is below that
 //!    rate cannot sustain it: it is marked `overloaded` and its latencies are queueing, not cost.
 //!
-//! Placement: every Envoy runs `--concurrency 1` pinned to CPU 0, the load generators (wrk -t1,
-//! oha) are pinned to CPU 1; the sidecars, Redis, tansu and the echo upstream (a thread of this
-//! process) float. Prints two tables and writes `.tollgate/bench/summary.json`.
+//! Placement: Envoys `--concurrency 1` on CPU 0, wrk and oha on CPU 1, the rest floats. Prints
+//! its tables and writes `.tollgate/bench/summary.json`.
 //!
-//! Options: `--duration SECS` (10) per configuration per round and phase, `--rounds N` (2),
-//! `--connections N` (16, both phases), `--rate-fraction F` (0.5), `--rate RPS` (overrides the
-//! fraction), `--only NAME,NAME` (a subset; `envoy-alone` is always kept: it is the reference),
-//! `--compare-wasm PATH` (every Tollgate configuration also runs on a second Envoy loading that
-//! build of the filter, named `NAME@compare`: an A/B of two builds in one interleaved run, each
-//! twin measured right before or after its configuration, in turn first),
-//! `--saturation-only` (skip phase 2), `--zipf-keys N` (100,000; 0: none) and `--zipf-s S` (1.1):
-//! the key population of `tollgate-full-policy-leased-zipf` (saturation only: oha sends one key).
-//! `wasm-floor-minimal` and `wasm-floor-sdk` are filters that do nothing (crate::floors).
+//! Options (docs/benchmarks.md, "End to end"): `--duration`, `--rounds`, `--connections`,
+//! `--rate-fraction`/`--rate`, `--only`, `--compare-wasm PATH` (each Tollgate configuration also
+//! on an Envoy loading that build of the filter, `NAME@compare`, measured next to it, in turn
+//! first), `--saturation-only`, `--zipf-keys N`/`--zipf-s S` (the population of
+//! `tollgate-full-policy-leased-zipf`), `--cpu-split` (`perf` samples of each saturation round:
+//! where Envoy's CPU goes, crate::profile). The `wasm-floor-*` filters do nothing (crate::floors).
 
 use crate::load::{oha, wrk, OpenLoop, ZipfClient};
+use crate::profile::Recording;
 use crate::{arg, arg_str, args, cpu_us};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -53,6 +50,8 @@ struct Saturation {
     /// Envoy's heap and resident set after the round (`crate::envoy_memory_mb`), in MB.
     envoy_heap_mb: f64,
     envoy_rss_mb: f64,
+    /// `--cpu-split`: where Envoy's CPU went in this round (crate::profile).
+    cpu_split: Option<crate::profile::Split>,
 }
 
 /// The filter's counters of decision batches (decision 127), as Envoy names them.
@@ -126,6 +125,7 @@ pub fn run() {
     let conns: u64 = arg("--connections", 16);
     let rate_fraction: f64 = arg("--rate-fraction", 0.5);
     let fixed_rate: Option<f64> = arg_str("--rate").and_then(|v| v.parse().ok());
+    let cpu_split = args().iter().any(|a| a == "--cpu-split");
     let only: Option<Vec<String>> = arg_str("--only").map(|v| v.split(',').map(str::to_string).collect());
 
     let upstream = start_echo();
@@ -370,16 +370,17 @@ pub fn run() {
         for i in order(round) {
             let c = configs[i];
             let url = c.envoy.url("/bench");
-            // settle, then warm up right before measuring: connections, caches and leases are warm
-            // when the measurement starts (a lease expires within 500 ms of the last request, so a
-            // pause between warm-up and measurement would measure its slow start again)
+            // settle, then warm up right before measuring (a lease expires within 500 ms of the
+            // last request: a pause would measure its slow start again)
             settle(&redis);
             let z = zipf.as_ref().filter(|_| c.zipf);
             let _ = wrk(&url, c.key, z, 2, conns);
             let spid = c.sidecar.and_then(|s| s.pid());
             let batching = || (c.envoy.counter(DECISION_BATCHES), c.envoy.counter(DECISIONS_BATCHED));
             let (e0, s0, r0, b0) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis), batching());
+            let perf = c.envoy.pid().filter(|_| cpu_split).and_then(|pid| Recording::start(pid, &format!("{}-{}", c.name, round + 1)));
             let (rps, p50, p99, p999, reqs, non2xx) = wrk(&url, c.key, z, secs, conns);
+            let cpu_split = perf.and_then(Recording::finish);
             settle(&redis);
             let (e1, s1, r1, b1) = (cpu_us(c.envoy.pid()), cpu_us(spid), redis_calls(&redis), batching());
             let n = reqs.max(1) as f64;
@@ -396,6 +397,7 @@ pub fn run() {
                 non_2xx: non2xx,
                 batched_per_req: (b1.1 - b0.1) as f64 / n,
                 mean_batch: (b1.1 - b0.1) as f64 / (b1.0 - b0.0).max(1) as f64,
+                cpu_split,
                 ..Default::default()
             };
             let (s_heap, s_rss) = crate::envoy_memory_mb(c.envoy);
@@ -556,6 +558,11 @@ pub fn run() {
     if idle > 0 {
         println!("\n{idle} configuration(s) where Envoy used less than 90% of its core (softirqs, unpinned processes or waits took the rest):");
         println!("their throughput ratios mix those in; compare Envoy CPU per request (docs/benchmarks.md, \"What the throughput ratio measures\").");
+    }
+    if cpu_split {
+        let rows: Vec<_> = configs.iter().zip(&sat).map(|(c, s)| (c.name.clone(), s.iter().map(|x| (x.envoy_cpu_us_per_req, x.cpu_split)).collect())).collect();
+        println!("\nWhere Envoy's CPU goes (--cpu-split: perf samples of each saturation round, by DSO; µs per request)\n");
+        println!("{}", crate::profile::table(&rows).join("\n"));
     }
     if open_rounds > 0 {
         println!("\nLatency at a fixed rate (oha, open loop, latency-corrected)\n");

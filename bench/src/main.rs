@@ -12,6 +12,7 @@ mod cache;
 mod compare;
 mod floors;
 mod load;
+mod profile;
 mod usage;
 mod zipf;
 
@@ -66,7 +67,7 @@ fn main() {
         Some("--help" | "-h" | "help") => println!(
             "usage: tollgate-bench [--duration SECS] [--rounds N] [--connections N] [--rate-fraction F] [--rate RPS]\n\
              \x20                     [--only NAME,NAME] [--compare-wasm PATH] [--saturation-only]\n\
-             \x20                     [--zipf-keys N] [--zipf-s S]\n\
+             \x20                     [--zipf-keys N] [--zipf-s S] [--cpu-split]\n\
              \x20      tollgate-bench cache [--requests N] [--rounds N]\n\
              \x20      tollgate-bench usage-intake [--aggregate-above-rps N] [--batches B]\n\
              \x20      tollgate-bench usage-shipping [--events E]\n\
