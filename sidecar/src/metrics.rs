@@ -32,6 +32,8 @@ pub const REFUNDS: &str = "tollgate_sidecar_refunds_total";
 /// never ran) | completed | invalid | gave_up (Redis did not answer for 5 minutes) | dropped (more
 /// than 2,000 waiting).
 pub const LATE_REFUNDS: &str = "tollgate_sidecar_late_refunds_total";
+/// Late refunds waiting now (at most 2,000): each waits for Redis to run or refuse its script.
+pub const LATE_REFUNDS_PENDING: &str = "tollgate_sidecar_late_refunds_pending";
 /// Redis connections replaced because a new one answered while the old one did not (a peer gone
 /// without a reset; decision 140).
 pub const REDIS_CONNECTIONS_REPLACED: &str = "tollgate_sidecar_redis_connections_replaced_total";

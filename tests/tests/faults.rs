@@ -247,11 +247,14 @@ fn a_limits_script_that_runs_after_its_deadline_gives_back_what_it_took() {
 
     redis.pause();
     let r = call();
+    // the refund waits for Redis: operators see it waiting
+    poll_until("the late refund to be shown waiting", Duration::from_secs(10), || sidecar.metric("tollgate_sidecar_late_refunds_pending") == 1);
     redis.resume();
     assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("limits_unavailable")), "fail closed while Redis hangs: {}", r.body);
     poll_until("the late script to be refunded", Duration::from_secs(20), || {
         sidecar.metric("tollgate_sidecar_late_refunds_total{outcome=\"refunded\"}") == 1
     });
+    assert_eq!(sidecar.metric("tollgate_sidecar_late_refunds_pending"), 0, "nothing waits any more");
     assert_eq!(held(), (0, 0), "the slot and the decision's record are gone");
     let day: Vec<i64> = redis.keys("rl:*day*").iter().map(|k| redis.cmd::<i64>(&["GET", k])).collect();
     assert_eq!(day, vec![1], "the refused request is not counted against the day");

@@ -71,17 +71,14 @@ impl LateRefunds {
             count("dropped");
             return;
         }
+        metrics::gauge!(m::LATE_REFUNDS_PENDING).increment(1.0);
         let (me, store, clock, tenant, id) = (self.clone(), store.clone(), clock.clone(), tenant.clone(), id.clone());
         tokio::spawn(async move {
             let outcome = settle(&store, clock.as_ref(), &tenant, &id).await;
             count(outcome);
             me.pending.fetch_sub(1, Ordering::Relaxed);
+            metrics::gauge!(m::LATE_REFUNDS_PENDING).decrement(1.0);
         });
-    }
-
-    /// Refunds waiting now.
-    pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
     }
 }
 
