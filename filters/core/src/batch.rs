@@ -19,7 +19,7 @@
 //! decision.
 
 use crate::host::{Host, LogLevel};
-use crate::sidecar::Sidecar;
+use crate::sidecar::{CallStatus, Sidecar};
 use crate::stats::Metric;
 use serde::Serialize;
 use tollgate_wire::batch::{DecideBatchAnswer, DECIDE_BATCH_PATH, MAX_DECIDE_BATCH};
@@ -191,12 +191,16 @@ impl DecisionBatcher {
     }
 
     /// The batch's answer: each item's outcome for its request (an item without one fails).
-    pub fn on_answer(&mut self, token: u32, status: Option<u16>, body: &[u8]) -> Vec<Delivery> {
+    pub fn on_answer(&mut self, token: u32, status: impl CallStatus, body: &[u8]) -> Vec<Delivery> {
         let Some(flight) = self.flight.take_if(|f| f.token == token) else { return Vec::new() };
-        let answers = match status {
-            Some(200) => serde_json::from_slice::<DecideBatchAnswer>(body).map_err(|e| format!("undecodable decision batch: {e}")),
-            Some(s) => Err(format!("sidecar answered {s}")),
-            None => Err("sidecar response has no :status".into()),
+        // as crate::sidecar::interpret: a decodable batch answer is the sidecar's 200
+        let answers = match serde_json::from_slice::<DecideBatchAnswer>(body) {
+            Ok(a) => Ok(a),
+            Err(e) => match status.read() {
+                Some(200) => Err(format!("undecodable decision batch: {e}")),
+                Some(s) => Err(format!("sidecar answered {s}")),
+                None => Err("sidecar response has no :status".into()),
+            },
         };
         // Answers are matched to requests by position: an answer with more or fewer items than
         // were sent cannot say which is whose (one item dropped mid-list would hand every later

@@ -47,7 +47,7 @@ impl HttpFilter {
 
     /// The sidecar's answer to this request's call: `Continue` when the adapter must resume the
     /// request.
-    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
+    pub fn on_call_response(&mut self, host: &mut impl Host, token: u32, status: impl crate::sidecar::CallStatus, body: &[u8]) -> Action {
         let auth = self.filter.on_sidecar_response(host, token, status, body);
         self.guarded(host, auth)
     }

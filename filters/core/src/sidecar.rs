@@ -157,10 +157,36 @@ pub fn traceparent(value: Option<&str>) -> Option<&str> {
     shaped.then_some(v)
 }
 
-/// Reads a decision call's result: anything but a 200 with a decodable body is an error.
-pub fn interpret(status: Option<u16>, body: &[u8]) -> Result<DecideResponse, String> {
-    match status {
-        Some(200) => serde_json::from_slice(body).map_err(|e| format!("undecodable decision: {e}")),
+/// A call response's `:status`, given (`Option<u16>`) or read only when asked for (a closure:
+/// the adapter's read is a host call).
+pub trait CallStatus {
+    fn read(self) -> Option<u16>;
+}
+
+impl CallStatus for Option<u16> {
+    fn read(self) -> Option<u16> {
+        self
+    }
+}
+
+impl<F: FnOnce() -> Option<u16>> CallStatus for F {
+    fn read(self) -> Option<u16> {
+        self()
+    }
+}
+
+/// Reads a decision call's result (decision 143). Only the sidecar answers these calls, and it
+/// writes a decision only in a 200: its errors are `{"error", "message"}`, and what Envoy answers
+/// for a sidecar unreachable or late is text or nothing. So a body that decodes as a decision is
+/// the answer, and the status is read (a host call per call out, in Envoy) only to say why
+/// anything else is an error.
+pub fn interpret(status: impl CallStatus, body: &[u8]) -> Result<DecideResponse, String> {
+    let err = match serde_json::from_slice(body) {
+        Ok(answer) => return Ok(answer),
+        Err(e) => e,
+    };
+    match status.read() {
+        Some(200) => Err(format!("undecodable decision: {err}")),
         Some(s) => Err(format!("sidecar answered {s}")),
         None => Err("sidecar response has no :status".into()),
     }
@@ -220,5 +246,26 @@ mod tests {
         assert_eq!(interpret(Some(504), b""), Err("sidecar answered 504".into()));
         assert_eq!(interpret(None, b""), Err("sidecar response has no :status".into()));
         assert!(interpret(Some(200), b"{").unwrap_err().starts_with("undecodable decision"));
+        // the sidecar's own errors are JSON, but no decision
+        let error = br#"{"error":"unauthorized","message":"no filter secret"}"#;
+        assert_eq!(interpret(Some(401), error), Err("sidecar answered 401".into()));
+        assert_eq!(interpret(None, b"upstream connect error or disconnect/reset before headers"), Err("sidecar response has no :status".into()));
+    }
+
+    #[test]
+    fn a_decision_is_read_without_asking_for_the_status() {
+        let decision = br#"{"verdict":"allow","tenant":"t","keyId":"k","plan":"p"}"#;
+        let read = std::cell::Cell::new(0);
+        let status = |s: Option<u16>| {
+            let read = &read;
+            move || {
+                read.set(read.get() + 1);
+                s
+            }
+        };
+        assert!(interpret(status(Some(200)), decision).is_ok());
+        assert_eq!(read.get(), 0, "a decision: the status is not read");
+        assert_eq!(interpret(status(Some(503)), br#"{"error":"internal","message":"x"}"#), Err("sidecar answered 503".into()));
+        assert_eq!(read.get(), 1, "an error: read once, to name it");
     }
 }

@@ -282,7 +282,8 @@ impl Worker {
     }
 
     /// A call response at the root context, for the job that owns `token`. `body` reads the
-    /// response body (a host call), only for a job that wants it.
+    /// response body (a host call), only for a job that wants it; `status` is read only when
+    /// needed (a decision batch's answer that decodes needs none: crate::sidecar::interpret).
     ///
     /// A decision batch's answer returns each item's answer for the adapter to deliver to its
     /// request's context, and sends the decisions that waited meanwhile (crate::batch).
@@ -290,7 +291,7 @@ impl Worker {
         &mut self,
         host: &mut impl Host,
         token: u32,
-        status: Option<u16>,
+        status: impl crate::sidecar::CallStatus,
         body: impl FnOnce() -> Vec<u8>,
     ) -> Vec<Delivery> {
         if self.decisions.borrow().owns(token) {
@@ -298,6 +299,7 @@ impl Worker {
             deliveries.extend(self.send_decisions(host));
             return deliveries;
         }
+        let status = status.read();
         let mut body = Some(body);
         let mut read = || body.take().map_or_else(Vec::new, |f| f());
         let delivered = deliver(&mut self.usage_flusher, host, token, status, &mut read)

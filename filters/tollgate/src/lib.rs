@@ -141,7 +141,7 @@ impl Context for Root {
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(worker) = self.worker.as_mut() else { return };
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
-        let deliveries = worker.on_call_response(&mut host, token_id, call_status(num_headers), || call_body(num_headers, body_size));
+        let deliveries = worker.on_call_response(&mut host, token_id, || call_status(num_headers), || call_body(num_headers, body_size));
         self.deliver(deliveries);
     }
 }
@@ -261,10 +261,11 @@ impl Http {
 
 impl Context for Http {
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-        let (status, body) = (call_status(num_headers), call_body(num_headers, body_size));
+        // the status is read only when the body is no decision (decision 143)
+        let body = call_body(num_headers, body_size);
         let mut host = self.host();
         let mut filter = self.filter.borrow_mut();
-        if filter.on_call_response(&mut host, token_id, status, &body) == Action::Continue {
+        if filter.on_call_response(&mut host, token_id, || call_status(num_headers), &body) == Action::Continue {
             self.resume_http_request();
         }
         if filter.take_resume_response() {

@@ -8,7 +8,7 @@ use crate::config::FailureMode;
 use crate::host::{Action, Host, LogLevel};
 use crate::lease;
 use crate::shared_keys;
-use crate::sidecar::interpret;
+use crate::sidecar::{interpret, CallStatus};
 use crate::stats::Metric;
 use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::routes::RouteFailureMode;
@@ -55,11 +55,12 @@ impl AuthFilter {
     }
 
     /// The sidecar's answer: `status` is the call response's `:status` (Envoy synthesizes 503
-    /// when the sidecar is unreachable and 504 on timeout). Returns `Continue` when the adapter
+    /// when the sidecar is unreachable and 504 on timeout), read only when needed
+    /// ([`crate::sidecar::interpret`]). Returns `Continue` when the adapter
     /// must resume the request.
-    pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: Option<u16>, body: &[u8]) -> Action {
+    pub fn on_sidecar_response(&mut self, host: &mut impl Host, token: u32, status: impl CallStatus, body: &[u8]) -> Action {
         if self.outcome_call.as_ref().is_some_and(|(t, _)| *t == token) {
-            self.outcome_stored(status);
+            self.outcome_stored(status.read());
             return Action::Pause;
         }
         let (key_hash, decision_id) = match &mut self.state {
