@@ -323,3 +323,39 @@ async fn an_off_path_command_waits_its_own_deadline_not_the_request_paths() {
     assert!(!store.is_failing_fast(), "a slow off-path command is not an unresponsive Redis");
     assert!(store.lookup(&issued.hash).await.unwrap().is_some(), "the request path answers");
 }
+
+/// A command's deadline covers waiting for its connection (decision 144): with no connection yet
+/// and a Redis that accepts but does not answer (SIGSTOPped: the kernel completes the handshake,
+/// the connection's setup is never answered), a request-path command fails at its 50 ms, not
+/// after `redis.connect_timeout` (5 s here). The attempt goes on without it and, once Redis
+/// answers, serves the next commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commands_deadline_covers_waiting_for_its_connection() {
+    let redis = Redis::start();
+    let mut cfg = config(&redis);
+    cfg.redis.timeout = Duration::from_millis(50);
+    cfg.redis.decision_timeout = Duration::from_millis(50);
+    cfg.redis.connect_timeout = Duration::from_secs(5);
+    let issued = apikey::issue(id("acme"), id("gold"), 1, None);
+    Store::new(&cfg.redis).unwrap().create_key(&issued.hash, &issued.record).await.unwrap();
+
+    let store = Store::new(&cfg.redis).unwrap();
+    redis.pause();
+    let started = Instant::now();
+    let lookup = store.lookup(&issued.hash).await;
+    let waited = started.elapsed();
+    redis.resume();
+    // not sent, so not a timeout of Redis': the sidecar does not take Redis as unresponsive
+    assert!(matches!(&lookup, Err(StoreError::Unreachable(why)) if why.contains("connecting")), "{lookup:?}");
+    // 50 ms is the deadline; 2.5 s is half the connect timeout the caller used to wait out
+    assert!(waited < Duration::from_millis(2500), "waited {waited:?} for a connection");
+    let found = loop {
+        match store.lookup(&issued.hash).await {
+            Ok(found) => break found,
+            Err(e) if started.elapsed() < Duration::from_secs(20) => eprintln!("lookup: {e}; again"),
+            Err(e) => panic!("the connection never landed: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(found.is_some(), "the attempt's connection serves the next commands");
+}

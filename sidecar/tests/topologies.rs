@@ -141,6 +141,45 @@ async fn the_scripts_run_unchanged_on_a_three_master_cluster() {
     copies_never_undo_a_revocation(&store).await;
 }
 
+/// On a Cluster too, an off-path command (a refund's record read: 2 s) waits its own deadline,
+/// not the request path's `redis.timeout`, and a hung spell shorter than it neither fails the
+/// command nor makes the sidecar fail fast (decision 144). Before, the cluster's one connection
+/// cut every command at `redis.timeout` (50 ms here) and was dropped on each timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_an_off_path_command_waits_its_own_deadline() {
+    let cluster = RedisCluster::start();
+    let (fast, connect) = (Duration::from_millis(50), Duration::from_secs(5));
+    let cfg = RedisConfig { mode: RedisMode::Cluster, nodes: cluster.nodes(), timeout: fast, decision_timeout: fast, connect_timeout: connect, ..Default::default() };
+    let store = Store::new(&cfg).unwrap();
+    let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse("gold").unwrap(), 1, None);
+    store.create_key(&issued.hash, &issued.record).await.unwrap();
+    let (tenant, decision) = (Id::parse("acme").unwrap(), Id::parse("0123456789abcdef0123456789abcdef").unwrap());
+    let refunded = tollgate_sidecar::scripts::refund::run(&store, &tenant, &decision, 1).await;
+    assert!(matches!(refunded, Ok(Refunded::Nothing)), "{refunded:?}");
+
+    cluster.pause();
+    let slow = store.clone();
+    let refund = tokio::spawn(async move { tollgate_sidecar::scripts::refund::run(&slow, &tenant, &decision, 1).await });
+    // every node hung for 300 ms, six request-path deadlines: the fault under test, not a wait
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.resume();
+    let refunded = refund.await.unwrap();
+    assert!(matches!(refunded, Ok(Refunded::Nothing)), "answered within its 2 s: {refunded:?}");
+    assert!(!store.is_failing_fast(), "a slow off-path command is not an unresponsive Redis");
+    // the request path's connection is made by its first command, within that command's 50 ms
+    // or, on a loaded machine, for the next ones: the attempt goes on without the caller
+    let started = std::time::Instant::now();
+    let found = loop {
+        match store.lookup(&issued.hash).await {
+            Ok(found) => break found,
+            Err(e) if started.elapsed() < Duration::from_secs(10) => eprintln!("lookup: {e}; again"),
+            Err(e) => panic!("the request path never answered: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(found.is_some(), "the request path answers");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_copy_never_undoes_a_revocation_on_a_single_node() {
     let redis = Redis::start();

@@ -214,7 +214,7 @@ impl Processes {
 /// A real 3-master Redis Cluster (no replicas), each node on its own ports and directory.
 pub struct RedisCluster {
     pub ports: Vec<u16>,
-    _servers: Processes,
+    servers: Processes,
 }
 
 impl RedisCluster {
@@ -243,11 +243,21 @@ impl RedisCluster {
         for &p in &ports {
             poll_until("cluster_state:ok", Duration::from_secs(30), || cluster_state(p).as_deref() == Some("ok"));
         }
-        RedisCluster { ports, _servers: servers }
+        RedisCluster { ports, servers }
     }
 
     pub fn nodes(&self) -> Vec<String> {
         self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect()
+    }
+
+    /// Stops every node (SIGSTOP): a hung cluster, its connections open, nothing answered.
+    pub fn pause(&self) {
+        self.servers.procs.iter().for_each(|p| p.signal("-STOP"));
+    }
+
+    /// Lets [`RedisCluster::pause`]d nodes run again (SIGCONT).
+    pub fn resume(&self) {
+        self.servers.procs.iter().for_each(|p| p.signal("-CONT"));
     }
 }
 

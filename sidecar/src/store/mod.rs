@@ -1,8 +1,9 @@
-//! The Redis side: one connection (single, cluster or sentinel mode; in single mode two
-//! redis-rs `ConnectionManager`s, the request path's and the off-path one, so an off-path
-//! command keeps its own deadline and never delays a decision: decision 141) with a deadline on
-//! every command, fail-fast while Redis is unreachable, and
-//! the API-key store operations (`store/apikeys.rs`). What runs on it is the callers': the scripts'
+//! The Redis side: the connections (single, cluster or sentinel mode; in single and cluster mode
+//! two, the request path's and the off-path one, so an off-path command keeps its own deadline
+//! and never delays a decision: decisions 141 and 144) with a deadline on every command, counted
+//! from the call, connecting included (decision 144), fail-fast while Redis is unreachable, and
+//! the API-key store operations (`store/apikeys.rs`); how connections are made and replaced is
+//! `store/connections.rs`. What runs on it is the callers': the scripts'
 //! modules (crate::scripts), the hints, the meter, the configuration plane.
 //!
 //! Failure policy: a command that errors or misses its deadline returns [`StoreError`] at once,
@@ -20,8 +21,9 @@
 //! without a reset is otherwise never replaced: decision 140).
 
 mod apikeys;
+mod connections;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -125,9 +127,37 @@ impl StoreError {
 struct ConnState {
     conn: Option<Conn>,
     last_attempt: Option<Instant>,
+    /// The attempt under way: its result, when it comes (`None` until then). Callers wait for it
+    /// within their own deadlines; the attempt goes on without them (decision 144).
+    attempt: Option<Receiver>,
 }
 
-/// Which connection a command takes (single mode; the others have one). The request path's has
+/// Where an attempt's result comes: `None` until it does.
+type Receiver = tokio::sync::watch::Receiver<Option<Result<Conn, Failed>>>;
+
+/// A failed connection attempt, as each caller that waited for it reads it.
+#[derive(Debug, Clone)]
+enum Failed {
+    Unreachable(String),
+    TimedOut(Duration),
+}
+
+impl From<Failed> for StoreError {
+    fn from(f: Failed) -> StoreError {
+        match f {
+            Failed::Unreachable(why) => StoreError::Unreachable(why),
+            Failed::TimedOut(d) => StoreError::Timeout(d),
+        }
+    }
+}
+
+impl ConnState {
+    fn new() -> Arc<Mutex<ConnState>> {
+        Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None, attempt: None }))
+    }
+}
+
+/// Which connection a command takes (single and cluster mode; Sentinel has one). The request path's has
 /// `redis.timeout` as its response timeout; off-path commands (stores, refunds, completions, the
 /// meter, hints, the admin API) have deadlines of their own, up to seconds, which that response
 /// timeout would cut to the request path's, and a slow one of them would delay the decisions
@@ -145,8 +175,14 @@ const OFF_PATH_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How to reach Redis.
 enum Backend {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<ClusterClients>),
     Sentinel(Mutex<redis::sentinel::SentinelClient>),
+}
+
+/// The request path's client (response timeout `redis.timeout`) and the off-path one's.
+struct ClusterClients {
+    request: redis::cluster::ClusterClient,
+    off_path: redis::cluster::ClusterClient,
 }
 
 /// A connection of any mode. Single mode reconnects by itself (ConnectionManager); cluster and
@@ -234,12 +270,18 @@ impl Store {
     pub fn new(config: &RedisConfig) -> Result<Store, StoreError> {
         let backend = match config.mode {
             RedisMode::Single => Backend::Single(redis::Client::open(config.url.as_str())?),
-            RedisMode::Cluster => Backend::Cluster(
-                redis::cluster::ClusterClientBuilder::new(config.nodes.clone())
-                    .connection_timeout(config.connect_timeout)
-                    .response_timeout(config.timeout.max(Duration::from_millis(1)))
-                    .build()?,
-            ),
+            RedisMode::Cluster => {
+                let client = |response_timeout: Duration| {
+                    redis::cluster::ClusterClientBuilder::new(config.nodes.clone())
+                        .connection_timeout(config.connect_timeout)
+                        .response_timeout(response_timeout)
+                        .build()
+                };
+                Backend::Cluster(Box::new(ClusterClients {
+                    request: client(config.timeout.max(Duration::from_millis(1)))?,
+                    off_path: client(OFF_PATH_RESPONSE_TIMEOUT)?,
+                }))
+            }
             RedisMode::Sentinel => Backend::Sentinel(Mutex::new(redis::sentinel::SentinelClient::build(
                 config.nodes.clone(),
                 config.master_name.clone(),
@@ -250,38 +292,11 @@ impl Store {
         Ok(Store {
             backend: Arc::new(backend),
             config: config.clone(),
-            state: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
-            off_path: Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None })),
+            state: ConnState::new(),
+            off_path: ConnState::new(),
             up: Arc::new(AtomicBool::new(true)),
             health: Arc::new(Health::new()),
         })
-    }
-
-    async fn connect(&self, path: Path) -> redis::RedisResult<Conn> {
-        match self.backend.as_ref() {
-            Backend::Single(client) => {
-                let response_timeout = match path {
-                    Path::Request => self.config.timeout.max(Duration::from_millis(1)),
-                    Path::OffPath => OFF_PATH_RESPONSE_TIMEOUT,
-                };
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.config.connect_timeout))
-                    .set_response_timeout(Some(response_timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(self.config.reconnect_interval);
-                Ok(Conn::Single(ConnectionManager::new_with_config(client.clone(), cfg).await?))
-            }
-            Backend::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
-            Backend::Sentinel(client) => Ok(Conn::Sentinel(client.lock().await.get_async_connection().await?)),
-        }
-    }
-
-    /// Drops a cluster/sentinel connection after a connection error, so the next command makes a
-    /// new one (single mode's ConnectionManager reconnects by itself).
-    async fn forget_connection(&self) {
-        if !matches!(self.backend.as_ref(), Backend::Single(_)) {
-            self.state.lock().await.conn = None;
-        }
     }
 
     /// Whether the keys live on a Cluster (a script may only touch keys of one slot there).
@@ -315,7 +330,9 @@ impl Store {
     pub async fn warm_up(&self, scripts: &[&redis::Script]) -> Result<(), StoreError> {
         for script in scripts {
             let script = (*script).clone();
-            self.run_on(Path::Request, "script_load", self.config.connect_timeout, |mut c| async move {
+            // the deadline covers the connect (up to connect_timeout) and the load
+            let deadline = self.config.connect_timeout + self.config.timeout;
+            self.run_on(Path::Request, "script_load", deadline, |mut c| async move {
                 script.load_async(&mut c).await.map(|_| ())
             })
             .await?;
@@ -366,7 +383,8 @@ impl Store {
                 tracing::info!("redis answers again: no longer failing fast");
                 return;
             }
-            self.forget_connection().await;
+            self.forget_connection(Path::Request).await;
+            self.forget_connection(Path::OffPath).await;
         }
     }
 
@@ -382,39 +400,6 @@ impl Store {
         let cmd = redis::cmd("PING");
         let ping = cmd.query_async::<String>(&mut conn);
         matches!(tokio::time::timeout(self.config.timeout, ping).await, Ok(Ok(_)))
-    }
-
-    /// The connection for `path` (one for both but in single mode), made if there is none.
-    async fn connection(&self, path: Path) -> Result<Conn, StoreError> {
-        let path = if matches!(self.backend.as_ref(), Backend::Single(_)) { path } else { Path::Request };
-        let mut state = match path {
-            Path::Request => self.state.lock().await,
-            Path::OffPath => self.off_path.lock().await,
-        };
-        if let Some(c) = &state.conn {
-            return Ok(c.clone());
-        }
-        if let Some(at) = state.last_attempt {
-            if at.elapsed() < self.config.reconnect_interval {
-                return Err(StoreError::Unreachable("waiting before the next connection attempt".into()));
-            }
-        }
-        state.last_attempt = Some(Instant::now());
-        let attempt = tokio::time::timeout(self.config.connect_timeout, self.connect(path)).await;
-        match attempt {
-            Ok(Ok(conn)) => {
-                state.conn = Some(conn.clone());
-                Ok(conn)
-            }
-            Ok(Err(e)) => {
-                self.mark(false, &e.to_string());
-                Err(StoreError::Unreachable(e.to_string()))
-            }
-            Err(_) => {
-                self.mark(false, "connect timed out");
-                Err(StoreError::Timeout(self.config.connect_timeout))
-            }
-        }
     }
 
     fn mark(&self, up: bool, why: &str) {
@@ -460,13 +445,22 @@ impl Store {
             return Err(StoreError::Timeout(deadline));
         }
         let started = Instant::now();
-        let result = match self.connection(path).await {
-            Ok(conn) => match tokio::time::timeout(deadline, f(conn)).await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(StoreError::Redis(e)),
-                Err(_) => Err(StoreError::Timeout(deadline)),
-            },
-            Err(e) => Err(e),
+        // the deadline counts from here: waiting for a connection is part of it (decision 144)
+        let sent = AtomicBool::new(false);
+        let command = async {
+            let conn = self.connection(path).await?;
+            sent.store(true, Ordering::Relaxed);
+            f(conn).await.map_err(StoreError::Redis)
+        };
+        let result = match tokio::time::timeout(deadline, command).await {
+            Ok(r) => r,
+            // still waiting for a connection: the command was never sent (it cannot run late)
+            // and Redis said nothing about itself: not a timeout of Redis'
+            Err(_) if !sent.load(Ordering::Relaxed) => {
+                metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "connecting").increment(1);
+                return Err(StoreError::Unreachable("still connecting to redis".into()));
+            }
+            Err(_) => Err(StoreError::Timeout(deadline)),
         };
         metrics::histogram!(crate::metrics::REDIS_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
         match &result {
@@ -482,12 +476,20 @@ impl Store {
                 }
                 metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "transient").increment(1);
                 self.mark(false, &e.to_string());
-                self.forget_connection().await;
-                // An off-path command that waited its whole deadline (seconds): its connection
-                // may be dead without knowing it, and the request path's replies keep the probe
-                // from ever running for it: it is made anew on its next use (decision 141).
-                if timed_out && path == Path::OffPath && matches!(self.backend.as_ref(), Backend::Single(_)) {
-                    self.off_path.lock().await.conn = None;
+                if timed_out {
+                    // A slow answer is no broken connection: a cluster or sentinel connection
+                    // keeps serving while a new one is made in the background (before, it was
+                    // dropped and the next commands waited for a reconnect; decision 144). An
+                    // off-path command that waited its whole deadline (seconds) drops its own:
+                    // it may be dead without knowing it, and the request path's replies keep the
+                    // probe from ever running for it (decision 141).
+                    if path == Path::OffPath && !matches!(self.backend.as_ref(), Backend::Sentinel(_)) {
+                        self.slot(Path::OffPath).lock().await.conn = None;
+                    } else {
+                        self.replace_in_background(path).await;
+                    }
+                } else {
+                    self.forget_connection(path).await;
                 }
             }
             Err(_) => {
