@@ -17,6 +17,11 @@
 //!   encoding a typical `DecideRequest` and decoding a typical allow with rate-limit headers
 //!   (`interpret`), and the same round trip with a hand-written length-prefixed binary encoding
 //!   of the same fields — a lower bound for any smaller wire format. Prints the body sizes.
+//! - `request/*`: one whole request through a worker's filter on the mock host, every callback
+//!   Envoy makes (headers, the call's answer if any, response headers and body, log): the
+//!   auth path from the worker's auth cache, and the exact path (a decision call every request).
+//!   What the filter's own code costs per request, natively, the mock's work included; `perf
+//!   record` on this bench shows where it goes (Envoy's binary is stripped).
 
 // Benchmarks are not filter code: a broken fixture should stop the run loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -25,7 +30,9 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use tollgate_filter_core::breaker::{self, Admission, Outcome, Phase, Policy, State};
 use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::host::Action;
 use tollgate_filter_core::key;
+use tollgate_filter_core::mock::MockHost;
 
 const RAW_KEY: &str = "tg_8Jq2vXbN4kLmP0sR7tYw1zC3dF5gH6jK9aQeUiOp";
 
@@ -188,7 +195,53 @@ fn usage_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, key_benches, breaker_benches, route_benches, lease_benches, usage_benches, wire_benches);
+/// One request through `w`'s filter, as Envoy drives it: `answer` if it calls the sidecar.
+fn one_request(w: &tollgate_filter_core::worker::Worker, root: &mut MockHost, answer: &[u8]) -> bool {
+    let mut mock = MockHost::next_request(root).with_header("x-api-key", RAW_KEY).with_header(":path", "/v1/chat");
+    mock.client_ip = Some("192.0.2.7".into());
+    mock.properties.insert("request.id".into(), b"0f1e2d".to_vec());
+    mock.upstream_response = vec![(":status".into(), b"200".to_vec()), ("content-type".into(), b"text/plain".to_vec())];
+    let mut f = w.request();
+    let called = f.on_request_headers(&mut mock, true) == Action::Pause;
+    assert!(mock.reply.is_none(), "answered locally: {:?}", mock.reply.as_ref().map(|r| (r.status, String::from_utf8_lossy(&r.body).into_owned())));
+    if called {
+        assert_eq!(f.on_call_response(&mut mock, 1, Some(200), answer), Action::Continue, "{:?}", mock.logs);
+    }
+    assert_eq!(f.on_response_headers(&mut mock, false), Action::Continue);
+    mock.response_chunk = b"ok".to_vec();
+    assert_eq!(f.on_response_body(&mut mock, 2, true), Action::Continue);
+    f.on_log(&mut mock);
+    root.shared = mock.shared;
+    root.cas = mock.cas;
+    called
+}
+
+fn request_benches(c: &mut Criterion) {
+    use std::rc::Rc;
+    use tollgate_filter_core::worker::{Seeds, Worker};
+    const SEEDS: Seeds = Seeds { decision_ids: [3; 32], usage_ids: 0xfeed, hints_owner: 11, routes_owner: 12, changes_owner: 13 };
+    let config = serde_json::json!({"sidecar": {"timeout": "25ms"}, "failureMode": "closed", "changes": {"enabled": false}});
+    let worker = || {
+        let mut root = MockHost::new();
+        root.now_ms = 1_000_000;
+        let w = Worker::new(&mut root, Rc::new(FilterConfig::parse(config.to_string().as_bytes()).unwrap()), SEEDS);
+        (w, root)
+    };
+    let mut g = c.benchmark_group("request");
+    let (w, mut root) = worker();
+    // the sidecar lets this allow be reused, and the clock stands still: every request after the
+    // first is answered from the worker's auth cache
+    let cached = br#"{"verdict":"allow","tenant":"bench","keyId":"key_1","plan":"free","cacheForMs":3600000}"#;
+    assert!(one_request(&w, &mut root, cached), "the first one asks");
+    g.bench_function("auth_cached", |b| b.iter(|| assert!(!one_request(&w, &mut root, b""))));
+    let (w, mut root) = worker();
+    let exact = br#"{"verdict":"allow","tenant":"bench","keyId":"key_1","plan":"exact","noLease":true,
+        "responseHeaders":[{"name":"ratelimit","value":"\"l\";r=5;t=1"}]}"#;
+    g.bench_function("exact_call", |b| b.iter(|| assert!(one_request(&w, &mut root, exact))));
+    g.finish();
+}
+
+criterion_group!(benches, key_benches, breaker_benches, route_benches, lease_benches, usage_benches, wire_benches, request_benches);
 /// A decision request as the filter sends it for a key with an exact limit (no route, no cache).
 fn typical_request() -> tollgate_wire::DecideRequest {
     tollgate_wire::DecideRequest {
