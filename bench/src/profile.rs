@@ -75,7 +75,8 @@ fn part(dso: &str) -> Part {
         Part::Envoy
     } else if dso.starts_with("[JIT]") || dso.starts_with("//anon") || dso == "[unknown]" || dso.starts_with("perf-") {
         Part::Wasm
-    } else if dso.starts_with("[kernel") || dso.starts_with("[k]") {
+    } else if dso.starts_with('[') && !matches!(dso, "[vdso]" | "[vsyscall]") {
+        // the kernel and its modules ([kernel.kallsyms], [nf_conntrack], [veth], …)
         Part::Kernel
     } else {
         Part::LibcOther
@@ -123,19 +124,32 @@ pub fn parse_report(report: &str) -> Option<Split> {
     Some(s)
 }
 
-/// A `perf record` of one process, running until [`Recording::finish`].
+/// A `perf record` of one process, running until [`Recording::finish`] (or its drop: a panic
+/// between the two does not leave perf running).
 pub struct Recording {
-    child: Child,
+    child: Option<Child>,
     file: PathBuf,
 }
 
 impl Recording {
-    /// Starts sampling `pid`; `None` (with a note) when `perf` cannot (not installed, not
-    /// permitted: `perf_event_paranoid`).
+    /// Starts sampling `pid`; `None` (with a note) when `perf` cannot: not installed, or not
+    /// permitted to see the kernel (`perf_event_paranoid` above 1 for a user other than root,
+    /// where perf would fall back to user-space samples and book the kernel's time elsewhere).
     pub fn start(pid: u32, label: &str) -> Option<Recording> {
+        let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok().and_then(|v| v.trim().parse::<i32>().ok());
+        let root = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|st| st.lines().find_map(|l| l.strip_prefix("Uid:")).map(|v| v.split_whitespace().nth(1) == Some("0")))
+            .unwrap_or(false);
+        if !root && paranoid.is_none_or(|p| p > 1) {
+            eprintln!("--cpu-split: perf cannot sample the kernel here (perf_event_paranoid {paranoid:?}, not root): no split");
+            return None;
+        }
         let dir = tollgate_tests::root().join(".tollgate/bench/perf");
         std::fs::create_dir_all(&dir).ok()?;
         let file = dir.join(format!("{}.data", label.replace(['/', '@', '+'], "_")));
+        // an earlier run's file must not pass for this one's if perf writes none
+        let _ = std::fs::remove_file(&file);
         let child = Command::new("perf")
             .args(["record", "-q", "-F", "999", "-p", &pid.to_string(), "-o"])
             .arg(&file)
@@ -144,7 +158,7 @@ impl Recording {
             .stderr(Stdio::piped())
             .spawn();
         match child {
-            Ok(child) => Some(Recording { child, file }),
+            Ok(child) => Some(Recording { child: Some(child), file }),
             Err(e) => {
                 eprintln!("--cpu-split: cannot run perf ({e}); ./build.sh bench installs linux-perf");
                 None
@@ -153,10 +167,9 @@ impl Recording {
     }
 
     /// Stops the recording (SIGINT: perf writes its file and exits) and splits its samples.
-    pub fn finish(self) -> Option<Split> {
-        let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
-        let out = self.child.wait_with_output().ok()?;
-        if !out.status.success() && !self.file.exists() {
+    pub fn finish(mut self) -> Option<Split> {
+        let out = stop(self.child.take()?)?;
+        if !self.file.exists() {
             eprintln!("--cpu-split: perf record failed: {}", String::from_utf8_lossy(&out.stderr).trim());
             return None;
         }
@@ -170,13 +183,30 @@ impl Recording {
     }
 }
 
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let _ = stop(child);
+        }
+    }
+}
+
+/// SIGINT to perf (it writes its file, then exits), SIGKILL if that cannot be sent; waits.
+fn stop(mut child: Child) -> Option<std::process::Output> {
+    let interrupted = Command::new("kill").args(["-INT", &child.id().to_string()]).status().is_ok_and(|s| s.success());
+    if !interrupted {
+        let _ = child.kill();
+    }
+    child.wait_with_output().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_report_is_split_by_where_the_code_lives() {
-        let report = "    52.00%   2080  envoy\n    30.00%   1200  [kernel.kallsyms]\n    10.00%    400  [JIT] tid 4242\n     5.00%    200  libc.so.6\n     2.99%    120  [vdso]\n";
+        let report = "    52.00%   2080  envoy\n    29.00%   1160  [kernel.kallsyms]\n     1.00%     40  [nf_conntrack]\n    10.00%    400  [JIT] tid 4242\n     5.00%    200  libc.so.6\n     2.99%    120  [vdso]\n";
         let s = parse_report(report).unwrap();
         let near = |a: f64, b: f64| (a - b).abs() < 1e-3;
         assert!(near(s.envoy, 0.52 / 0.9999) && near(s.kernel, 0.30 / 0.9999) && near(s.wasm, 0.10 / 0.9999), "{s:?}");
