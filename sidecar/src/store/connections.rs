@@ -32,10 +32,14 @@ impl Store {
     }
 
     /// Drops a cluster/sentinel connection after a connection error, so the next command makes a
-    /// new one (single mode's ConnectionManager reconnects by itself).
-    pub(super) async fn forget_connection(&self, path: Path) {
+    /// new one (single mode's ConnectionManager reconnects by itself). `used`: the generation the
+    /// failed command ran on: a newer connection (made meanwhile) is kept; `None`: whichever.
+    pub(super) async fn forget_connection(&self, path: Path, used: Option<u64>) {
         if !matches!(self.backend.as_ref(), Backend::Single(_)) {
-            self.slot(path).lock().await.conn = None;
+            let mut state = self.slot(path).lock().await;
+            if used.is_none_or(|g| g == state.generation) {
+                state.conn = None;
+            }
         }
     }
 
@@ -50,11 +54,12 @@ impl Store {
     /// The connection for `path`, made if there is none. One attempt at a time: callers that
     /// come while it is under way wait for its result (within their deadlines: the attempt goes
     /// on without a caller that stops waiting, and keeps its connection for the next ones).
-    pub(super) async fn connection(&self, path: Path) -> Result<Conn, StoreError> {
+    /// Returns it with its generation.
+    pub(super) async fn connection(&self, path: Path) -> Result<(Conn, u64), StoreError> {
         let slot = self.slot(path);
         let mut state = slot.lock().await;
         if let Some(c) = &state.conn {
-            return Ok(c.clone());
+            return Ok((c.clone(), state.generation));
         }
         let mut result = match state.attempt.clone() {
             Some(under_way) => under_way,
@@ -97,9 +102,11 @@ impl Store {
             let made = store.attempt(path).await;
             let mut state = slot.lock().await;
             state.attempt = None;
-            if let Ok(conn) = &made {
+            let made = made.map(|conn| {
                 state.conn = Some(conn.clone());
-            }
+                state.generation += 1;
+                (conn, state.generation)
+            });
             let _ = tx.send(Some(made));
         });
         rx

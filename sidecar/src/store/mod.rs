@@ -126,6 +126,9 @@ impl StoreError {
 
 struct ConnState {
     conn: Option<Conn>,
+    /// Which connection `conn` is: bumped each time one is stored (from 1), so an error of a
+    /// command that ran on an older one never drops its replacement.
+    generation: u64,
     last_attempt: Option<Instant>,
     /// The attempt under way: its result, when it comes (`None` until then). Callers wait for it
     /// within their own deadlines; the attempt goes on without them (decision 144).
@@ -133,7 +136,7 @@ struct ConnState {
 }
 
 /// Where an attempt's result comes: `None` until it does.
-type Receiver = tokio::sync::watch::Receiver<Option<Result<Conn, Failed>>>;
+type Receiver = tokio::sync::watch::Receiver<Option<Result<(Conn, u64), Failed>>>;
 
 /// A failed connection attempt, as each caller that waited for it reads it.
 #[derive(Debug, Clone)]
@@ -153,7 +156,7 @@ impl From<Failed> for StoreError {
 
 impl ConnState {
     fn new() -> Arc<Mutex<ConnState>> {
-        Arc::new(Mutex::new(ConnState { conn: None, last_attempt: None, attempt: None }))
+        Arc::new(Mutex::new(ConnState { conn: None, generation: 0, last_attempt: None, attempt: None }))
     }
 }
 
@@ -356,7 +359,7 @@ impl Store {
         loop {
             tokio::time::sleep(self.config.fail_fast).await;
             let mut answered = match self.connection(Path::Request).await {
-                Ok(c) => self.answers(c).await,
+                Ok((c, _)) => self.answers(c).await,
                 Err(_) => false,
             };
             failed += 1;
@@ -367,7 +370,10 @@ impl Store {
             if !answered && failed >= 2 && matches!(self.backend.as_ref(), Backend::Single(_)) {
                 if let Ok(Ok(fresh)) = tokio::time::timeout(self.config.connect_timeout, self.connect(Path::Request)).await {
                     if self.answers(fresh.clone()).await {
-                        self.state.lock().await.conn = Some(fresh);
+                        let mut state = self.state.lock().await;
+                        state.conn = Some(fresh);
+                        state.generation += 1;
+                        drop(state);
                         // the off-path one went the same way: made anew on its next use
                         self.off_path.lock().await.conn = None;
                         metrics::counter!(crate::metrics::REDIS_CONNECTIONS_REPLACED).increment(1);
@@ -383,8 +389,8 @@ impl Store {
                 tracing::info!("redis answers again: no longer failing fast");
                 return;
             }
-            self.forget_connection(Path::Request).await;
-            self.forget_connection(Path::OffPath).await;
+            self.forget_connection(Path::Request, None).await;
+            self.forget_connection(Path::OffPath, None).await;
         }
     }
 
@@ -446,17 +452,18 @@ impl Store {
         }
         let started = Instant::now();
         // the deadline counts from here: waiting for a connection is part of it (decision 144)
-        let sent = AtomicBool::new(false);
+        // the generation of the connection the command was sent on (0: not sent)
+        let used = AtomicU64::new(0);
         let command = async {
-            let conn = self.connection(path).await?;
-            sent.store(true, Ordering::Relaxed);
+            let (conn, generation) = self.connection(path).await?;
+            used.store(generation, Ordering::Relaxed);
             f(conn).await.map_err(StoreError::Redis)
         };
         let result = match tokio::time::timeout(deadline, command).await {
             Ok(r) => r,
             // still waiting for a connection: the command was never sent (it cannot run late)
             // and Redis said nothing about itself: not a timeout of Redis'
-            Err(_) if !sent.load(Ordering::Relaxed) => {
+            Err(_) if used.load(Ordering::Relaxed) == 0 => {
                 metrics::counter!(crate::metrics::REDIS_ERRORS, "op" => op, "kind" => "connecting").increment(1);
                 return Err(StoreError::Unreachable("still connecting to redis".into()));
             }
@@ -483,13 +490,18 @@ impl Store {
                     // off-path command that waited its whole deadline (seconds) drops its own:
                     // it may be dead without knowing it, and the request path's replies keep the
                     // probe from ever running for it (decision 141).
+                    let used = Some(used.load(Ordering::Relaxed)).filter(|g| *g != 0);
                     if path == Path::OffPath && !matches!(self.backend.as_ref(), Backend::Sentinel(_)) {
-                        self.slot(Path::OffPath).lock().await.conn = None;
+                        let mut off_path = self.slot(Path::OffPath).lock().await;
+                        if used == Some(off_path.generation) {
+                            off_path.conn = None;
+                        }
                     } else {
                         self.replace_in_background(path).await;
                     }
                 } else {
-                    self.forget_connection(path).await;
+                    let used = Some(used.load(Ordering::Relaxed)).filter(|g| *g != 0);
+                    self.forget_connection(path, used).await;
                 }
             }
             Err(_) => {
