@@ -277,6 +277,12 @@ case "${1:-build}" in
     cargo build -q --release --target wasm32-wasip1 -p tollgate-bench-floor-sdk -p tollgate-bench-floor-minimal
     export TOLLGATE_FLOOR_SDK_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_sdk.wasm"
     export TOLLGATE_FLOOR_MINIMAL_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_minimal.wasm"
+    # The peer (configurations envoy+limitador-*): Envoy's rate limit service on Limitador's
+    # library, its own workspace (RocksDB inside: bindgen needs libclang; ~15 min the first time).
+    apt_install libclang-dev
+    log "building the Limitador peer (bench/limitador)"
+    cargo build -q --release --manifest-path "$ROOT/bench/limitador/Cargo.toml" --target-dir "$ROOT/target/limitador"
+    export TOLLGATE_BENCH_LIMITADOR_BIN="$ROOT/target/limitador/release/tollgate-bench-limitador"
     export TOLLGATE_OHA_BIN="$OHA_BIN"
     exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;

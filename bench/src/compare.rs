@@ -25,9 +25,9 @@
 
 use crate::load::{oha, wrk, OpenLoop, ZipfClient};
 use crate::profile::Recording;
-use crate::{arg, arg_str, args, cpu_us};
+use crate::limitador::Beside;
+use crate::{arg, arg_str, args, cpu_us, redis_calls, settle};
 use serde_json::{json, Value};
-use std::time::Duration;
 use tollgate_tests::{get, root, start_echo, Envoy, EnvoyOptions, Redis, Sidecar, SidecarTransport};
 
 /// One closed-loop (saturation) measurement.
@@ -64,39 +64,10 @@ struct Config<'a> {
     what: &'static str,
     envoy: &'a Envoy,
     key: Option<&'a str>,
-    sidecar: Option<&'a Sidecar>,
+    /// The service beside Envoy whose CPU the configuration also costs (a sidecar, Limitador).
+    sidecar: Option<&'a dyn Beside>,
     /// Each request's key drawn from the Zipf population instead of `key` (saturation only).
     zipf: bool,
-}
-
-/// (all commands, EVALSHA calls) from `INFO commandstats`. Commands run inside a script count
-/// in the first figure too; the second is the number of script round trips.
-fn redis_calls(redis: &Redis) -> (f64, f64) {
-    let Some(mut c) = redis.connection() else { return (0.0, 0.0) };
-    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap_or_default();
-    let calls = |l: &str| l.split("calls=").nth(1)?.split(',').next()?.parse::<f64>().ok();
-    let all = info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info"))
-        .filter_map(calls)
-        .sum();
-    let evalsha = info.lines().filter(|l| l.starts_with("cmdstat_evalsha:")).filter_map(calls).sum();
-    (all, evalsha)
-}
-
-/// Completion reports and usage batches are settled after the responses: wait (bounded) until
-/// Redis is quiet so that a configuration's work is counted with it and not with the next one.
-/// The pause is the poll interval of a quiet check, not a readiness wait.
-fn settle(redis: &Redis) {
-    let mut last = redis_calls(redis).0;
-    for _ in 0..50 {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = redis_calls(redis).0;
-        if now == last {
-            return;
-        }
-        last = now;
-    }
 }
 
 /// The plugin configuration of a Tollgate Envoy under load: a 25 ms sidecar timeout, failing
@@ -280,6 +251,8 @@ pub fn run() {
 
     // What a filter that does nothing costs, on the SDK and on the bare ABI (crate::floors).
     let floors = crate::floors::start(tollgate.options(), selected);
+    // The peer: Envoy's C++ rate limit filter calling Limitador (crate::limitador).
+    let peers = crate::limitador::start(upstream.port, &redis, &limited_key.raw, selected);
 
     let mut all = vec![
         Config { name: "envoy-alone".to_string(), what: "router only", envoy: &baseline, key: None, sidecar: None, zipf: false },
@@ -297,6 +270,9 @@ pub fn run() {
     // Right after Envoy alone and the native limiter: the references side by side.
     for (i, f) in floors.iter().enumerate() {
         all.insert(2 + i, Config { name: f.name.to_string(), what: f.what, envoy: &f.envoy, key: None, sidecar: None, zipf: false });
+    }
+    for p in &peers {
+        all.push(Config { name: p.name.to_string(), what: p.what, envoy: &p.envoy, key: Some(limited_key.raw.as_str()), sidecar: Some(&p.service), zipf: false });
     }
     all.push(Config { name: "tollgate-full-policy-leased-no-tenant-metrics".to_string(), what: "the full leased path, the sidecar's per-tenant series off", envoy: &full_bare, key: Some(leased_key.raw.as_str()), sidecar: Some(&bare_sidecar), zipf: false });
     if zipf.is_some() {
@@ -596,5 +572,6 @@ pub fn run() {
     drop(all);
     drop(twins);
     drop(by_transport);
+    drop(peers);
     drop((tollgate, callout, breaker, metered, full, full_bare, bare_sidecar, native, baseline, sidecar, usage_sidecar, broker, redis, upstream));
 }

@@ -11,10 +11,14 @@
 mod cache;
 mod compare;
 mod floors;
+mod limitador;
 mod load;
 mod profile;
 mod usage;
 mod zipf;
+
+use std::time::Duration;
+use tollgate_tests::Redis;
 
 fn args() -> Vec<String> {
     std::env::args().collect()
@@ -74,5 +78,35 @@ fn main() {
              (docs/benchmarks.md)"
         ),
         _ => compare::run(),
+    }
+}
+
+/// (all commands, EVALSHA calls) from `INFO commandstats`. Commands run inside a script count
+/// in the first figure too; the second is the number of script round trips.
+pub fn redis_calls(redis: &Redis) -> (f64, f64) {
+    let Some(mut c) = redis.connection() else { return (0.0, 0.0) };
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap_or_default();
+    let calls = |l: &str| l.split("calls=").nth(1)?.split(',').next()?.parse::<f64>().ok();
+    let all = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info"))
+        .filter_map(calls)
+        .sum();
+    let evalsha = info.lines().filter(|l| l.starts_with("cmdstat_evalsha:")).filter_map(calls).sum();
+    (all, evalsha)
+}
+
+/// Completion reports and usage batches are settled after the responses: wait (bounded) until
+/// Redis is quiet so that a configuration's work is counted with it and not with the next one.
+/// The pause is the poll interval of a quiet check, not a readiness wait.
+pub fn settle(redis: &Redis) {
+    let mut last = redis_calls(redis).0;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = redis_calls(redis).0;
+        if now == last {
+            return;
+        }
+        last = now;
     }
 }
