@@ -97,12 +97,10 @@ async fn main() {
     let limit = Limit::new(arg("--namespace").as_str(), number("--limit"), number("--seconds"), [], [variable]);
     let limiter = AsyncRateLimiterBuilder::new(AsyncStorage::with_counter_storage(counters)).build();
     limiter.add_limit(limit);
-    let listener = tokio::net::TcpListener::bind(listen).await.expect("--listen: cannot bind");
+    // TCP_NODELAY on each accepted connection, like Envoy's side of the call: without it a
+    // response's HEADERS, DATA and trailers frames wait on Nagle and delayed ACKs (milliseconds).
+    let incoming = tonic::transport::server::TcpIncoming::new(listen, true, None).expect("--listen: cannot bind");
     println!("ready");
     let service = RateLimitServiceServer::new(Service { limiter: Arc::new(limiter) });
-    tonic::transport::Server::builder()
-        .add_service(service)
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-        .await
-        .expect("the gRPC server stopped");
+    tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await.expect("the gRPC server stopped");
 }
