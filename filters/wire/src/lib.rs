@@ -170,7 +170,8 @@ impl Header {
 
 /// The sidecar's verdict on one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "verdict", rename_all = "camelCase")]
+#[serde(tag = "verdict", rename_all = "camelCase", try_from = "decode::DecideFlat")]
+// Read in one pass (decode.rs), not through serde's buffering of tagged enums.
 // Allow (the common answer) is the large variant: boxing its fields would add an allocation to
 // the usual case to save bytes on the rare one; one value lives per request, briefly.
 #[allow(clippy::large_enum_variant)]
@@ -446,3 +447,4 @@ pub mod changes;
 pub mod refunds;
 /// Decisions of several requests in one call (decision 127).
 pub mod batch;
+mod decode;
