@@ -252,6 +252,20 @@ run_fuzz() {
   [ ${#failed[@]} -eq 0 ] || die "fuzz targets crashed: ${failed[*]}"
 }
 
+# Whether `./build.sh bench ARGS` measures the Limitador peer: the comparison run (no
+# subcommand) without `--only`, or with an `--only` naming an envoy+limitador-* configuration.
+bench_needs_peer() {
+  case "${1:-}" in ""|--*) ;; *) return 1 ;; esac
+  local prev="" only=""
+  for a in "$@"; do
+    [ "$prev" = "--only" ] && only="$a"
+    prev="$a"
+  done
+  [ -z "$only" ] && return 0
+  case ",$only," in *,envoy+limitador-*) return 0 ;; esac
+  return 1
+}
+
 case "${1:-build}" in
   deps) deps ;;
   build) deps; build ;;
@@ -278,11 +292,14 @@ case "${1:-build}" in
     export TOLLGATE_FLOOR_SDK_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_sdk.wasm"
     export TOLLGATE_FLOOR_MINIMAL_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_minimal.wasm"
     # The peer (configurations envoy+limitador-*): Envoy's rate limit service on Limitador's
-    # library, its own workspace (RocksDB inside: bindgen needs libclang; ~15 min the first time).
-    apt_install libclang-dev
-    log "building the Limitador peer (bench/limitador)"
-    cargo build -q --release --manifest-path "$ROOT/bench/limitador/Cargo.toml" --target-dir "$ROOT/target/limitador"
-    export TOLLGATE_BENCH_LIMITADOR_BIN="$ROOT/target/limitador/release/tollgate-bench-limitador"
+    # library, its own workspace (RocksDB inside: bindgen needs libclang, its Redis client
+    # OpenSSL; ~18 min the first time). Built only when the run measures it.
+    if bench_needs_peer "$@"; then
+      apt_install libclang-dev libssl-dev pkg-config
+      log "building the Limitador peer (bench/limitador)"
+      cargo build -q --release --manifest-path "$ROOT/bench/limitador/Cargo.toml" --target-dir "$ROOT/target/limitador"
+      export TOLLGATE_BENCH_LIMITADOR_BIN="$ROOT/target/limitador/release/tollgate-bench-limitador"
+    fi
     export TOLLGATE_OHA_BIN="$OHA_BIN"
     exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;

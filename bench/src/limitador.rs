@@ -30,7 +30,8 @@ const DOMAIN: &str = "bench";
 
 /// Starts each selected peer: its rate limit service on `redis` and an Envoy in front of
 /// `upstream_port` calling it. Checked before it is measured: a request with `key` passes, Envoy
-/// counts the call's OK answer, and the key's counter reaches Redis (the service really counts).
+/// counts the call's OK answer, and a new key's own counter reaches Redis (the service really
+/// counts).
 /// Left out, with a note, when `./build.sh bench` did not name the service's binary.
 pub fn start(upstream_port: u16, redis: &Redis, key: &str, selected: impl Fn(&str) -> bool) -> Vec<Peer> {
     let mut peers = Vec::new();
@@ -48,25 +49,27 @@ pub fn start(upstream_port: u16, redis: &Redis, key: &str, selected: impl Fn(&st
         cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--redis", &redis.url(), "--storage", storage]);
         cmd.args(["--namespace", DOMAIN, "--limit", "1000000000", "--seconds", "60", "--variable", "descriptors[0].key"]);
         let service = Proc::spawn(name, cmd, dir.path().join(format!("{name}.log")));
-        poll_until(&format!("{name}: its rate limit service"), Duration::from_secs(20), || service.log_text().contains("ready"));
+        // a whole line: "ready" is also in a bind error's "Address already in use"
+        poll_until(&format!("{name}: its rate limit service"), Duration::from_secs(20), || service.log_text().lines().any(|l| l == "ready"));
         let envoy = Envoy::start(EnvoyOptions {
             cpu: Some(0),
             template: "envoy/ratelimit_service.yaml.tmpl",
             vars: vec![("RLS_PORT", port.to_string())],
             ..EnvoyOptions::new(upstream_port, 0)
         });
-        let counted = || redis.connection().map_or(0, |mut c| redis::cmd("KEYS").arg(format!("namespace:{{{DOMAIN}}}*")).query::<Vec<String>>(&mut c).unwrap_or_default().len());
-        let before = counted();
         // Polled: the first call (a new HTTP/2 connection, Limitador's first check) can miss the
         // 25 ms deadline, and the filter then answers 500 (failing closed).
         poll_until(&format!("{name}: Envoy and Limitador answering"), Duration::from_secs(20), || {
             get(&envoy.url("/"), &[("x-api-key", key)]).status == 200
         });
         assert!(envoy.counter("cluster.upstream.ratelimit.ok") >= 1, "{name}: Envoy's ratelimit filter did not call the service");
-        // A new key's counter reaches Redis at once (redis) or with the next flush (redis_cached).
+        // A new key's own counter reaches Redis: at once (redis) or with the next flush
+        // (redis_cached). Limitador's key names hold the descriptor's value.
         let fresh = format!("{key}-{name}");
         assert_eq!(get(&envoy.url("/"), &[("x-api-key", &fresh)]).status, 200, "{name}: a second key is refused");
-        poll_until(&format!("{name}: a key's counter in Redis"), Duration::from_secs(20), || counted() > before);
+        let pattern = format!("namespace:{{{DOMAIN}}},counter:*{fresh}*");
+        let found = || redis.connection().is_some_and(|mut c| !redis::cmd("KEYS").arg(&pattern).query::<Vec<String>>(&mut c).unwrap_or_default().is_empty());
+        poll_until(&format!("{name}: the new key's counter in Redis"), Duration::from_secs(20), found);
         peers.push(Peer { name, what, envoy, service, _dir: dir });
     }
     peers

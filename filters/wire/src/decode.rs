@@ -4,8 +4,10 @@
 //! object as generic content before they know the variant, then decode it a second time: an
 //! allocation per key and value, ~2 µs natively for one 237-byte answer, and several times that
 //! in the filter's Wasm, where every decision is read. The wire format is unchanged (the
-//! enum's `Serialize` still writes it tagged); what is accepted is the same: the verdict's
-//! fields, any field it does not know ignored, a missing required field an error.
+//! enum's `Serialize` still writes it tagged). What is accepted is the same (the verdict's
+//! fields, any field it does not know ignored, a missing required field an error) but for one
+//! thing: the other verdict's fields are decoded too, so a field name has one type in both
+//! verdicts (decision 146).
 
 use crate::{responses, DecideResponse, Header, Lease, Ticket};
 use serde::Deserialize;
@@ -120,6 +122,14 @@ mod tests {
         assert_eq!(d, DecideResponse::allow("t", "k", "p"));
         let d = read(r#"{"tenant":"t","status":403,"error":"e","message":"m","verdict":"deny"}"#).unwrap();
         assert!(matches!(d, DecideResponse::Deny { status: 403, .. }), "{d:?}");
+    }
+
+    #[test]
+    fn a_field_name_has_one_type_in_both_verdicts() {
+        // the one difference from serde's buffered decode, which ignored the other verdict's
+        // fields whatever they held (decision 146)
+        assert!(read(r#"{"verdict":"allow","tenant":"t","keyId":"k","plan":"p","status":"x"}"#).is_err());
+        assert!(read(r#"{"verdict":"deny","status":429,"error":"e","message":"m","requestHeaders":null}"#).is_err());
     }
 
     #[test]
