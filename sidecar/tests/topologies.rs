@@ -141,15 +141,13 @@ async fn the_scripts_run_unchanged_on_a_three_master_cluster() {
     copies_never_undo_a_revocation(&store).await;
 }
 
-/// On a Cluster too, an off-path command (a refund's record read: 2 s) waits its own deadline,
-/// not the request path's `redis.timeout`, and a hung spell shorter than it neither fails the
-/// command nor makes the sidecar fail fast (decision 144). Before, the cluster's one connection
-/// cut every command at `redis.timeout` (50 ms here) and was dropped on each timeout.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_an_off_path_command_waits_its_own_deadline() {
-    let cluster = RedisCluster::start();
-    let (fast, connect) = (Duration::from_millis(50), Duration::from_secs(5));
-    let cfg = RedisConfig { mode: RedisMode::Cluster, nodes: cluster.nodes(), timeout: fast, decision_timeout: fast, connect_timeout: connect, ..Default::default() };
+/// A store of `mode` on `nodes` with a 50 ms `redis.timeout` sends an off-path command (a refund's
+/// record read: 2 s) while `pause` hangs Redis for `hung`, then `resume`s it: the command is
+/// answered within its own deadline, the sidecar does not fail fast, and the request path
+/// answers after.
+async fn an_off_path_command_outlasts_a_hang(mode: RedisMode, nodes: Vec<String>, hung: Duration, pause: impl Fn(), resume: impl Fn()) {
+    let fast = Duration::from_millis(50);
+    let cfg = RedisConfig { mode, nodes, timeout: fast, decision_timeout: fast, connect_timeout: Duration::from_secs(5), ..Default::default() };
     let store = Store::new(&cfg).unwrap();
     let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse("gold").unwrap(), 1, None);
     store.create_key(&issued.hash, &issued.record).await.unwrap();
@@ -157,12 +155,12 @@ async fn on_a_cluster_an_off_path_command_waits_its_own_deadline() {
     let refunded = tollgate_sidecar::scripts::refund::run(&store, &tenant, &decision, 1).await;
     assert!(matches!(refunded, Ok(Refunded::Nothing)), "{refunded:?}");
 
-    cluster.pause();
+    pause();
     let slow = store.clone();
     let refund = tokio::spawn(async move { tollgate_sidecar::scripts::refund::run(&slow, &tenant, &decision, 1).await });
-    // every node hung for 300 ms, six request-path deadlines: the fault under test, not a wait
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    cluster.resume();
+    // Redis hung: the fault under test, not a wait
+    tokio::time::sleep(hung).await;
+    resume();
     let refunded = refund.await.unwrap();
     assert!(matches!(refunded, Ok(Refunded::Nothing)), "answered within its 2 s: {refunded:?}");
     assert!(!store.is_failing_fast(), "a slow off-path command is not an unresponsive Redis");
@@ -175,9 +173,32 @@ async fn on_a_cluster_an_off_path_command_waits_its_own_deadline() {
             Err(e) if started.elapsed() < Duration::from_secs(10) => eprintln!("lookup: {e}; again"),
             Err(e) => panic!("the request path never answered: {e}"),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
     };
     assert!(found.is_some(), "the request path answers");
+}
+
+/// On a Cluster too, an off-path command waits its own deadline, not the request path's
+/// `redis.timeout`, and a hung spell shorter than it neither fails the command nor makes the
+/// sidecar fail fast (decision 144). Before, the cluster's one connection cut every command at
+/// `redis.timeout` (50 ms here) and was dropped on each timeout. Every node hangs for 300 ms, six
+/// request-path deadlines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_an_off_path_command_waits_its_own_deadline() {
+    let cluster = RedisCluster::start();
+    an_off_path_command_outlasts_a_hang(RedisMode::Cluster, cluster.nodes(), Duration::from_millis(300), || cluster.pause(), || cluster.resume()).await;
+}
+
+/// Through Sentinel too (decision 147). Before, Sentinel's one connection had the library's
+/// default response timeout, 500 ms, and cut every command there: the master hung for 900 ms
+/// (within the refund's 2 s, and below Sentinel's 2 s `down-after-milliseconds`: no failover)
+/// failed the refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_an_off_path_command_waits_its_own_deadline() {
+    let sentinel = RedisSentinel::start();
+    let hung = Duration::from_millis(900);
+    an_off_path_command_outlasts_a_hang(RedisMode::Sentinel, sentinel.sentinels(), hung, || sentinel.pause_master(), || sentinel.resume_master()).await;
+    assert_eq!(sentinel.master(), Some(sentinel.master_port), "no failover happened");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

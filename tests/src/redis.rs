@@ -272,7 +272,8 @@ pub struct RedisSentinel {
     pub master_port: u16,
     pub replica_port: u16,
     pub sentinel_ports: Vec<u16>,
-    _servers: Processes,
+    /// The master first, then the replica and the sentinels.
+    servers: Processes,
 }
 
 impl RedisSentinel {
@@ -311,7 +312,7 @@ impl RedisSentinel {
             servers.spawn(&format!("sentinel-{i}"), cmd, d.join("sentinel.log"));
             sentinel_ports.push(port);
         }
-        let s = RedisSentinel { master_port, replica_port, sentinel_ports, _servers: servers };
+        let s = RedisSentinel { master_port, replica_port, sentinel_ports, servers };
         for &p in &s.sentinel_ports {
             poll_until("sentinels to know each other and the replica", Duration::from_secs(30), || {
                 let Some(mut c) = connection(p) else { return false };
@@ -327,6 +328,18 @@ impl RedisSentinel {
 
     pub fn sentinels(&self) -> Vec<String> {
         self.sentinel_ports.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect()
+    }
+
+    /// Freezes the first master (SIGSTOP): it keeps its connections and answers nothing until
+    /// [`RedisSentinel::resume_master`]. Shorter than `down-after-milliseconds` (2 s), a slow
+    /// master, not a failover.
+    pub fn pause_master(&self) {
+        self.servers.procs[0].signal("-STOP");
+    }
+
+    /// Lets a [`RedisSentinel::pause_master`]ed master run again (SIGCONT).
+    pub fn resume_master(&self) {
+        self.servers.procs[0].signal("-CONT");
     }
 
     /// The port Sentinel names as master now.

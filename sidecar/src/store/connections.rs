@@ -1,24 +1,21 @@
-//! How the store's connections are made and replaced (decisions 141, 144): one per path (the
-//! request path's and the off-path one; Sentinel has one for both), each made by one attempt at
-//! a time on a task of its own, which callers wait for within their deadlines.
+//! How the store's connections are made and replaced (decisions 141, 144, 147): one per path (the
+//! request path's and the off-path one), each made by one attempt at a time on a task of its own,
+//! which callers wait for within their deadlines.
 
-use super::{Backend, Conn, ConnState, Failed, Path, Receiver, Store, StoreError, OFF_PATH_RESPONSE_TIMEOUT};
+use super::{response_timeout, Backend, Conn, ConnState, Failed, Path, Receiver, Store, StoreError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncConnectionConfig;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::Mutex;
 
 impl Store {
     pub(super) async fn connect(&self, path: Path) -> redis::RedisResult<Conn> {
         match self.backend.as_ref() {
             Backend::Single(client) => {
-                let response_timeout = match path {
-                    Path::Request => self.config.timeout.max(Duration::from_millis(1)),
-                    Path::OffPath => OFF_PATH_RESPONSE_TIMEOUT,
-                };
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.config.connect_timeout))
-                    .set_response_timeout(Some(response_timeout))
+                    .set_response_timeout(Some(response_timeout(&self.config, path)))
                     .set_number_of_retries(1)
                     .set_max_delay(self.config.reconnect_interval);
                 Ok(Conn::Single(ConnectionManager::new_with_config(client.clone(), cfg).await?))
@@ -27,7 +24,14 @@ impl Store {
                 let client = if path == Path::Request { &clients.request } else { &clients.off_path };
                 Ok(Conn::Cluster(client.get_async_connection().await?))
             }
-            Backend::Sentinel(client) => Ok(Conn::Sentinel(client.lock().await.get_async_connection().await?)),
+            Backend::Sentinel(client) => {
+                // the library's default response timeout (500 ms) cut every off-path command
+                // there, deadlines of seconds included (decision 147)
+                let cfg = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.config.connect_timeout))
+                    .set_response_timeout(Some(response_timeout(&self.config, path)));
+                Ok(Conn::Sentinel(client.lock().await.get_async_connection_with_config(&cfg).await?))
+            }
         }
     }
 
@@ -43,11 +47,11 @@ impl Store {
         }
     }
 
-    /// The state of `path`'s connection: Sentinel has one for both.
+    /// The state of `path`'s connection.
     pub(super) fn slot(&self, path: Path) -> &Arc<Mutex<ConnState>> {
-        match (path, self.backend.as_ref()) {
-            (Path::OffPath, Backend::Single(_) | Backend::Cluster(_)) => &self.off_path,
-            _ => &self.state,
+        match path {
+            Path::Request => &self.state,
+            Path::OffPath => &self.off_path,
         }
     }
 

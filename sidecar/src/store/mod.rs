@@ -1,6 +1,6 @@
-//! The Redis side: the connections (single, cluster or sentinel mode; in single and cluster mode
-//! two, the request path's and the off-path one, so an off-path command keeps its own deadline
-//! and never delays a decision: decisions 141 and 144) with a deadline on every command, counted
+//! The Redis side: the connections (single, cluster or sentinel mode; in every mode two, the
+//! request path's and the off-path one, so an off-path command keeps its own deadline and never
+//! delays a decision: decisions 141, 144 and 147) with a deadline on every command, counted
 //! from the call, connecting included (decision 144), fail-fast while Redis is unreachable, and
 //! the API-key store operations (`store/apikeys.rs`); how connections are made and replaced is
 //! `store/connections.rs`. What runs on it is the callers': the scripts'
@@ -160,11 +160,11 @@ impl ConnState {
     }
 }
 
-/// Which connection a command takes (single and cluster mode; Sentinel has one). The request path's has
-/// `redis.timeout` as its response timeout; off-path commands (stores, refunds, completions, the
-/// meter, hints, the admin API) have deadlines of their own, up to seconds, which that response
-/// timeout would cut to the request path's, and a slow one of them would delay the decisions
-/// queued behind it on a shared connection (decision 141).
+/// Which connection a command takes (in every mode: decisions 141, 144, 147). The request path's
+/// has `redis.timeout` as its response timeout; off-path commands (stores, refunds, completions,
+/// the meter, hints, the admin API) have deadlines of their own, up to seconds, which that
+/// response timeout would cut to the request path's, and a slow one of them would delay the
+/// decisions queued behind it on a shared connection (decision 141).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
     Request,
@@ -174,6 +174,14 @@ enum Path {
 /// The off-path connection's response timeout: above every off-path deadline (each command's own
 /// deadline ends it first).
 const OFF_PATH_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The response timeout of `path`'s connections.
+fn response_timeout(config: &RedisConfig, path: Path) -> Duration {
+    match path {
+        Path::Request => config.timeout.max(Duration::from_millis(1)),
+        Path::OffPath => OFF_PATH_RESPONSE_TIMEOUT,
+    }
+}
 
 /// How to reach Redis.
 enum Backend {
@@ -281,8 +289,8 @@ impl Store {
                         .build()
                 };
                 Backend::Cluster(Box::new(ClusterClients {
-                    request: client(config.timeout.max(Duration::from_millis(1)))?,
-                    off_path: client(OFF_PATH_RESPONSE_TIMEOUT)?,
+                    request: client(response_timeout(config, Path::Request))?,
+                    off_path: client(response_timeout(config, Path::OffPath))?,
                 }))
             }
             RedisMode::Sentinel => Backend::Sentinel(Mutex::new(redis::sentinel::SentinelClient::build(
@@ -491,7 +499,7 @@ impl Store {
                     // it may be dead without knowing it, and the request path's replies keep the
                     // probe from ever running for it (decision 141).
                     let used = Some(used.load(Ordering::Relaxed)).filter(|g| *g != 0);
-                    if path == Path::OffPath && !matches!(self.backend.as_ref(), Backend::Sentinel(_)) {
+                    if path == Path::OffPath {
                         let mut off_path = self.slot(Path::OffPath).lock().await;
                         if used == Some(off_path.generation) {
                             off_path.conn = None;
@@ -502,6 +510,14 @@ impl Store {
                 } else {
                     let used = Some(used.load(Ordering::Relaxed)).filter(|g| *g != 0);
                     self.forget_connection(path, used).await;
+                    if matches!(self.backend.as_ref(), Backend::Sentinel(_)) {
+                        // Sentinel: both paths' connections go to the same master, so what
+                        // dropped one (a failover's READONLY, the master gone) holds for the
+                        // other, which points at a replica now whose reads may lag, or at
+                        // nothing: both follow Sentinel (decision 147)
+                        let other = if path == Path::Request { Path::OffPath } else { Path::Request };
+                        self.forget_connection(other, None).await;
+                    }
                 }
             }
             Err(_) => {
