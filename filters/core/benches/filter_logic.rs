@@ -17,9 +17,12 @@
 //!   encoding a typical `DecideRequest` and decoding a typical allow with rate-limit headers
 //!   (`interpret`), and the same round trip with a hand-written length-prefixed binary encoding
 //!   of the same fields — a lower bound for any smaller wire format. Prints the body sizes.
+//! - `hostmap/*`: decoding the request's header map as the host hands it over (8 headers, as a
+//!   load generator's request reaches the filter) and the reads the auth path makes of it.
 //! - `request/*`: one whole request through a worker's filter on the mock host, every callback
 //!   Envoy makes (headers, the call's answer if any, response headers and body, log): the
-//!   auth path from the worker's auth cache, and the exact path (a decision call every request).
+//!   auth path from the worker's auth cache, and the exact path (a decision call every request),
+//!   each with the 8 request headers of `hostmap/*`.
 //!   What the filter's own code costs per request, natively, the mock's work included; `perf
 //!   record` on this bench shows where it goes (Envoy's binary is stripped).
 
@@ -35,6 +38,18 @@ use tollgate_filter_core::key;
 use tollgate_filter_core::mock::MockHost;
 
 const RAW_KEY: &str = "tg_8Jq2vXbN4kLmP0sR7tYw1zC3dF5gH6jK9aQeUiOp";
+
+/// The request headers a load generator's request carries through Envoy to the filter.
+const TYPICAL_REQUEST: [(&str, &str); 8] = [
+    (":authority", "127.0.0.1:10000"),
+    (":path", "/v1/chat"),
+    (":method", "GET"),
+    (":scheme", "http"),
+    ("user-agent", "oha/1.4.6"),
+    ("accept", "*/*"),
+    ("x-api-key", RAW_KEY),
+    ("x-forwarded-proto", "http"),
+];
 
 fn key_benches(c: &mut Criterion) {
     // The default key sources, exactly as a `{}` plugin configuration yields them.
@@ -197,7 +212,10 @@ fn usage_benches(c: &mut Criterion) {
 
 /// One request through `w`'s filter, as Envoy drives it: `answer` if it calls the sidecar.
 fn one_request(w: &tollgate_filter_core::worker::Worker, root: &mut MockHost, answer: &[u8]) -> bool {
-    let mut mock = MockHost::next_request(root).with_header("x-api-key", RAW_KEY).with_header(":path", "/v1/chat");
+    let mut mock = MockHost::next_request(root);
+    for (name, value) in TYPICAL_REQUEST {
+        mock = mock.with_header(name, value);
+    }
     mock.client_ip = Some("192.0.2.7".into());
     mock.properties.insert("request.id".into(), b"0f1e2d".to_vec());
     mock.upstream_response = vec![(":status".into(), b"200".to_vec()), ("content-type".into(), b"text/plain".to_vec())];
@@ -241,7 +259,25 @@ fn request_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, key_benches, breaker_benches, route_benches, lease_benches, usage_benches, wire_benches, request_benches);
+fn hostmap_benches(c: &mut Criterion) {
+    use tollgate_filter_core::headers::RequestHeaders;
+    use tollgate_filter_core::hostmap::{serialize_pairs, HeaderMap};
+    let refs: Vec<(&[u8], &[u8])> = TYPICAL_REQUEST.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())).collect();
+    let serialized = serialize_pairs(&refs);
+    let mut g = c.benchmark_group("hostmap");
+    // what the filter does with the host's copy of the request's headers on the auth path: decode
+    // it, set aside Tollgate's namespace, read the key's sources, the path and accept-encoding
+    g.bench_function("request_headers_8", |b| {
+        b.iter(|| {
+            let h = RequestHeaders::new(HeaderMap::parse(black_box(serialized.clone())).unwrap());
+            let found = (h.all_raw("authorization").len(), h.all_raw("x-api-key").len(), h.get(":path"), h.all_raw("accept-encoding").len());
+            black_box(found);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, key_benches, breaker_benches, route_benches, lease_benches, usage_benches, wire_benches, request_benches, hostmap_benches);
 /// A decision request as the filter sends it for a key with an exact limit (no route, no cache).
 fn typical_request() -> tollgate_wire::DecideRequest {
     tollgate_wire::DecideRequest {

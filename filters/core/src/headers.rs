@@ -1,7 +1,9 @@
 //! The request's headers as the host gave them, and the header namespace that is Tollgate's own.
 
 /// The namespace of headers that only Tollgate may set. Client-supplied ones are stripped.
-pub use tollgate_wire::{is_internal_header as is_internal, INTERNAL_HEADER_PREFIX};
+pub use tollgate_wire::{is_internal_header as is_internal, is_internal_header_bytes as is_internal_bytes, INTERNAL_HEADER_PREFIX};
+
+use crate::hostmap::HeaderMap;
 
 /// The request's headers as the host gave them: names lowercase, values raw bytes. A value that
 /// is not UTF-8 reads as absent through [`RequestHeaders::get`] — the filter never guesses at
@@ -13,36 +15,36 @@ pub use tollgate_wire::{is_internal_header as is_internal, INTERNAL_HEADER_PREFI
 /// [`RequestHeaders::internal`] names them for the filter to remove from the request.
 #[derive(Debug, Clone, Default)]
 pub struct RequestHeaders {
-    pairs: Vec<(String, Vec<u8>)>,
+    map: HeaderMap,
     internal: Vec<String>,
 }
 
 impl RequestHeaders {
-    pub fn new(mut pairs: Vec<(String, Vec<u8>)>) -> RequestHeaders {
-        // in place: the usual request sends none, and then nothing is allocated or copied
-        let internal = pairs.iter().filter(|(n, _)| is_internal(n)).map(|(n, _)| n.clone()).collect();
-        pairs.retain(|(n, _)| !is_internal(n));
-        RequestHeaders { pairs, internal }
+    pub fn new(map: HeaderMap) -> RequestHeaders {
+        // the usual request sends none, and then nothing is allocated
+        let internal = map.iter().filter(|(n, _)| is_internal_bytes(n)).map(|(n, _)| String::from_utf8_lossy(n).into_owned()).collect();
+        RequestHeaders { map, internal }
+    }
+
+    /// Every value of `name` as sent, outside Tollgate's namespace.
+    fn values<'s, 'n>(&'s self, name: &'n str) -> impl Iterator<Item = &'s [u8]> + use<'s, 'n> {
+        let ours = is_internal(name);
+        self.map.iter().filter(move |(n, _)| !ours && *n == name.as_bytes()).map(|(_, v)| v)
     }
 
     /// The first value of `name` when it is UTF-8; `None` when absent or not UTF-8.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.pairs.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
+        self.values(name).next().and_then(|v| std::str::from_utf8(v).ok())
     }
 
     /// Every value of `name`, as sent.
     pub fn all_raw(&self, name: &str) -> Vec<&[u8]> {
-        self.pairs.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+        self.values(name).collect()
     }
 
     /// Whether some value of `name` is not UTF-8.
     pub fn has_non_utf8(&self, name: &str) -> bool {
-        self.pairs.iter().any(|(n, v)| n == name && std::str::from_utf8(v).is_err())
-    }
-
-    /// Every header name outside Tollgate's namespace (repeated names repeat).
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.pairs.iter().map(|(n, _)| n.as_str())
+        self.values(name).any(|v| std::str::from_utf8(v).is_err())
     }
 
     /// The names the client sent in Tollgate's namespace ([`INTERNAL_HEADER_PREFIX`]): a client
@@ -75,17 +77,20 @@ mod tests {
 
     #[test]
     fn a_clients_internal_headers_are_named_for_removal_and_never_read() {
-        let h = RequestHeaders::new(vec![
-            (":path".into(), b"/".to_vec()),
-            ("x-tollgate-plan".into(), b"gold".to_vec()),
-            ("X-Tollgate-Tenant".into(), b"evil".to_vec()),
-            ("x-tollgat".into(), b"not ours".to_vec()),
-            ("x-tollgate-plan".into(), b"gold2".to_vec()),
-        ]);
+        let h = RequestHeaders::new(HeaderMap::from_pairs(&[
+            (":path", "/"),
+            ("x-tollgate-plan", "gold"),
+            ("X-Tollgate-Tenant", "evil"),
+            ("x-tollgat", "not ours"),
+            ("x-tollgate-plan", "gold2"),
+        ]));
         assert_eq!(h.internal().collect::<Vec<_>>(), ["x-tollgate-plan", "X-Tollgate-Tenant", "x-tollgate-plan"]);
         assert_eq!(h.get("x-tollgate-plan"), None);
         assert!(h.all_raw("x-tollgate-plan").is_empty());
-        assert_eq!(h.names().collect::<Vec<_>>(), [":path", "x-tollgat"]);
+        assert_eq!((h.get(":path"), h.get("x-tollgat")), (Some("/"), Some("not ours")));
+        assert!(!h.has_non_utf8("x-tollgate-plan"));
+        let odd = RequestHeaders::new(HeaderMap::from_pairs(&[(&b"x-a"[..], &b"\xff"[..]), (&b"x-a"[..], &b"ok"[..])]));
+        assert_eq!((odd.get("x-a"), odd.has_non_utf8("x-a"), odd.all_raw("x-a").len()), (None, true, 2));
         assert!(is_internal("X-TOLLGATE-x") && !is_internal("x-tollgat") && !is_internal(""));
         assert!(check_header_name("X-Tollgate-Plan").is_err());
     }

@@ -48,8 +48,8 @@ pub enum SharedSetError {
 /// Everything the filter needs from Envoy.
 pub trait Host {
     /// Every request header as the client sent it: names lowercase, values raw bytes (a client
-    /// may send any byte; see [`crate::headers::RequestHeaders`]).
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
+    /// may send any byte; see [`crate::headers::RequestHeaders`]), decoded in place.
+    fn request_headers(&self) -> crate::hostmap::HeaderMap;
     /// Sets a request header. Envoy clears the stream's route cache on every change of a request
     /// header (set, add, remove), so a header a route matches on (`x-tollgate-cluster`) takes
     /// effect without another host call (a `clear_route_cache` call was redundant: one host call

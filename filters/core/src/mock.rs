@@ -120,8 +120,8 @@ impl MockHost {
 }
 
 impl Host for MockHost {
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
-        self.request_headers.clone()
+    fn request_headers(&self) -> crate::hostmap::HeaderMap {
+        crate::hostmap::HeaderMap::from_pairs(&self.request_headers)
     }
     fn set_request_header(&mut self, name: &str, value: &str) {
         self.remove_request_header(name);

@@ -41,7 +41,7 @@ impl<'a> Counting<'a> {
 }
 
 impl Host for Counting<'_> {
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+    fn request_headers(&self) -> tollgate_filter_core::hostmap::HeaderMap {
         self.n("request_headers");
         self.inner.request_headers()
     }

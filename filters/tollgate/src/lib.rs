@@ -322,8 +322,8 @@ impl<'a> EnvoyHost<'a> {
 }
 
 impl Host for EnvoyHost<'_> {
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
-        raw::map_pairs(MapType::HttpRequestHeaders)
+    fn request_headers(&self) -> tollgate_filter_core::hostmap::HeaderMap {
+        raw::map(MapType::HttpRequestHeaders)
     }
     fn set_request_header(&mut self, name: &str, value: &str) {
         let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value));

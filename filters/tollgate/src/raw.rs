@@ -12,7 +12,7 @@
 
 use proxy_wasm::types::{BufferType, MapType};
 use std::ptr::null_mut;
-use tollgate_filter_core::hostmap::parse_pairs;
+use tollgate_filter_core::hostmap::HeaderMap;
 
 const OK: u32 = 0;
 
@@ -64,8 +64,8 @@ unsafe fn take(data: *mut u8, size: usize) -> Option<Vec<u8>> {
     }
 }
 
-/// Every pair of a header map: names (lossily) as text, values as bytes. Empty on any failure.
-pub fn map_pairs(map: MapType) -> Vec<(String, Vec<u8>)> {
+/// A header map, decoded in place in the buffer the host handed over. Empty on any failure.
+pub fn map(map: MapType) -> HeaderMap {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: the out-pointers are valid for the call; the result is taken over by `take`.
     let bytes = unsafe {
@@ -74,8 +74,12 @@ pub fn map_pairs(map: MapType) -> Vec<(String, Vec<u8>)> {
             _ => None,
         }
     };
-    let pairs = bytes.and_then(|b| parse_pairs(&b)).unwrap_or_default();
-    pairs.into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).into_owned(), v)).collect()
+    bytes.and_then(HeaderMap::parse).unwrap_or_default()
+}
+
+/// Every pair of a header map: names (lossily) as text, values as bytes. Empty on any failure.
+pub fn map_pairs(map_type: MapType) -> Vec<(String, Vec<u8>)> {
+    map(map_type).iter().map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), v.to_vec())).collect()
 }
 
 /// One header's value as bytes (`None`: absent, or the host could not say).

@@ -60,7 +60,12 @@ pub const INTERNAL_HEADER_PREFIX: &str = "x-tollgate-";
 /// Whether `name` is in Tollgate's namespace ([`INTERNAL_HEADER_PREFIX`]), in any case. No
 /// allocation: every header of every request passes here in the filter.
 pub fn is_internal_header(name: &str) -> bool {
-    name.as_bytes().get(..INTERNAL_HEADER_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(INTERNAL_HEADER_PREFIX.as_bytes()))
+    is_internal_header_bytes(name.as_bytes())
+}
+
+/// [`is_internal_header`] for a name as the host handed it over (bytes).
+pub fn is_internal_header_bytes(name: &[u8]) -> bool {
+    name.get(..INTERNAL_HEADER_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(INTERNAL_HEADER_PREFIX.as_bytes()))
 }
 /// The header that carries the deployment's filter secret on every call to the sidecar but
 /// `/healthz` and `/metrics` (the plugin's `sidecar.secret`, the sidecar's `[server] secret`).
