@@ -24,7 +24,8 @@ impl Store {
                 let client = if path == Path::Request { &clients.request } else { &clients.off_path };
                 Ok(Conn::Cluster(client.get_async_connection().await?))
             }
-            Backend::Sentinel(client) => {
+            Backend::Sentinel(clients) => {
+                let client = if path == Path::Request { &clients.request } else { &clients.off_path };
                 // the library's default response timeout (500 ms) cut every off-path command
                 // there, deadlines of seconds included (decision 147)
                 let cfg = AsyncConnectionConfig::new()
@@ -44,6 +45,15 @@ impl Store {
             if used.is_none_or(|g| g == state.generation) {
                 state.conn = None;
             }
+        }
+    }
+
+    /// Sentinel: drops `path`'s connection if it was made before `than`, when a command sent at
+    /// `than` on the other path's found the master moved or gone (decision 147).
+    pub(super) async fn forget_made_before(&self, path: Path, than: Instant) {
+        let mut state = self.slot(path).lock().await;
+        if state.made.is_some_and(|made| made <= than) {
+            state.conn = None;
         }
     }
 
@@ -109,6 +119,7 @@ impl Store {
             let made = made.map(|conn| {
                 state.conn = Some(conn.clone());
                 state.generation += 1;
+                state.made = Some(Instant::now());
                 (conn, state.generation)
             });
             let _ = tx.send(Some(made));

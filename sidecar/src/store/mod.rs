@@ -112,6 +112,13 @@ impl StoreError {
         matches!(self, StoreError::Redis(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
     }
 
+    /// A reply or a connection error that says the master this connection reached is no longer
+    /// one: a write refused by a replica, or the connection dropped, refused or broken.
+    fn moves_the_master(&self) -> bool {
+        self.is_read_only()
+            || matches!(self, StoreError::Redis(e) if e.is_connection_dropped() || e.is_connection_refusal() || e.is_io_error())
+    }
+
     /// Timeouts and connection trouble may pass; a malformed record or a missing key will not.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -129,6 +136,9 @@ struct ConnState {
     /// Which connection `conn` is: bumped each time one is stored (from 1), so an error of a
     /// command that ran on an older one never drops its replacement.
     generation: u64,
+    /// When `conn` was stored: Sentinel drops the other path's connection only when it is older
+    /// than the command that found the master gone (decision 147).
+    made: Option<Instant>,
     last_attempt: Option<Instant>,
     /// The attempt under way: its result, when it comes (`None` until then). Callers wait for it
     /// within their own deadlines; the attempt goes on without them (decision 144).
@@ -156,7 +166,7 @@ impl From<Failed> for StoreError {
 
 impl ConnState {
     fn new() -> Arc<Mutex<ConnState>> {
-        Arc::new(Mutex::new(ConnState { conn: None, generation: 0, last_attempt: None, attempt: None }))
+        Arc::new(Mutex::new(ConnState { conn: None, generation: 0, made: None, last_attempt: None, attempt: None }))
     }
 }
 
@@ -187,7 +197,14 @@ fn response_timeout(config: &RedisConfig, path: Path) -> Duration {
 enum Backend {
     Single(redis::Client),
     Cluster(Box<ClusterClients>),
-    Sentinel(Mutex<redis::sentinel::SentinelClient>),
+    Sentinel(Box<SentinelClients>),
+}
+
+/// Sentinel: the request path's client and the off-path one's, each resolving the master on its
+/// own, so one path's connection attempt never waits behind the other's (decision 147).
+struct SentinelClients {
+    request: Mutex<redis::sentinel::SentinelClient>,
+    off_path: Mutex<redis::sentinel::SentinelClient>,
 }
 
 /// The request path's client (response timeout `redis.timeout`) and the off-path one's.
@@ -270,7 +287,7 @@ pub struct Store {
     backend: Arc<Backend>,
     config: RedisConfig,
     state: Arc<Mutex<ConnState>>,
-    /// Single mode: the connection of off-path commands (decision 141).
+    /// The connection of off-path commands (decisions 141, 144, 147).
     off_path: Arc<Mutex<ConnState>>,
     up: Arc<AtomicBool>,
     health: Arc<Health>,
@@ -293,12 +310,18 @@ impl Store {
                     off_path: client(response_timeout(config, Path::OffPath))?,
                 }))
             }
-            RedisMode::Sentinel => Backend::Sentinel(Mutex::new(redis::sentinel::SentinelClient::build(
-                config.nodes.clone(),
-                config.master_name.clone(),
-                None,
-                redis::sentinel::SentinelServerType::Master,
-            )?)),
+            RedisMode::Sentinel => {
+                let client = || {
+                    redis::sentinel::SentinelClient::build(
+                        config.nodes.clone(),
+                        config.master_name.clone(),
+                        None,
+                        redis::sentinel::SentinelServerType::Master,
+                    )
+                    .map(Mutex::new)
+                };
+                Backend::Sentinel(Box::new(SentinelClients { request: client()?, off_path: client()? }))
+            }
         };
         Ok(Store {
             backend: Arc::new(backend),
@@ -381,6 +404,7 @@ impl Store {
                         let mut state = self.state.lock().await;
                         state.conn = Some(fresh);
                         state.generation += 1;
+                        state.made = Some(Instant::now());
                         drop(state);
                         // the off-path one went the same way: made anew on its next use
                         self.off_path.lock().await.conn = None;
@@ -510,13 +534,13 @@ impl Store {
                 } else {
                     let used = Some(used.load(Ordering::Relaxed)).filter(|g| *g != 0);
                     self.forget_connection(path, used).await;
-                    if matches!(self.backend.as_ref(), Backend::Sentinel(_)) {
-                        // Sentinel: both paths' connections go to the same master, so what
-                        // dropped one (a failover's READONLY, the master gone) holds for the
-                        // other, which points at a replica now whose reads may lag, or at
-                        // nothing: both follow Sentinel (decision 147)
+                    if used.is_some() && e.moves_the_master() && matches!(self.backend.as_ref(), Backend::Sentinel(_)) {
+                        // Sentinel: both paths' connections go to the same master, so what a
+                        // command sent on one found (a failover's READONLY, the master gone)
+                        // holds for the other if it is as old: it points at a replica now, whose
+                        // reads may lag, or at nothing. One made since follows Sentinel already.
                         let other = if path == Path::Request { Path::OffPath } else { Path::Request };
-                        self.forget_connection(other, None).await;
+                        self.forget_made_before(other, started).await;
                     }
                 }
             }
@@ -531,6 +555,19 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_answer_of_the_master_itself_moves_both_sentinel_connections() {
+        let read_only = redis::RedisError::from((redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly), "READONLY"));
+        let broken = redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe"));
+        assert!(StoreError::Redis(read_only).moves_the_master());
+        assert!(StoreError::Redis(broken).moves_the_master());
+        // no command reached the master, or it was only slow: the other path keeps its connection
+        assert!(!StoreError::Unreachable("waiting before the next connection attempt".into()).moves_the_master());
+        assert!(!StoreError::Timeout(Duration::from_millis(15)).moves_the_master());
+        let script = redis::RedisError::from((redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError), "ERR"));
+        assert!(!StoreError::Redis(script).moves_the_master());
+    }
 
     #[test]
     fn a_reply_to_any_command_meanwhile_means_redis_answers() {
