@@ -69,12 +69,12 @@ impl LocalAllows {
 
     /// The key (its auth-cache key) has limits: admitted from a lease, or answered with
     /// RateLimit fields.
-    pub fn mark_uncached(&mut self, key: SharedKey, now_ms: u64) {
+    pub fn mark_uncached(&mut self, key: &SharedKey, now_ms: u64) {
         bounded_insert(&mut self.uncached, key, now_ms.saturating_add(Self::UNCACHED_MARK_MS), now_ms);
     }
 
     /// The key's plan is never leased (the sidecar said `noLease`).
-    pub fn mark_unleased(&mut self, key: SharedKey, now_ms: u64) {
+    pub fn mark_unleased(&mut self, key: &SharedKey, now_ms: u64) {
         bounded_insert(&mut self.unleased, key, now_ms.saturating_add(Self::UNCACHED_MARK_MS), now_ms);
     }
 
@@ -112,15 +112,20 @@ impl LocalAllows {
     }
 }
 
-/// Inserts a mark valid until `until`; a full map drops its expired marks first, then all.
-fn bounded_insert(marks: &mut HashMap<SharedKey, u64>, key: SharedKey, until: u64, now_ms: u64) {
-    if marks.len() >= LocalAllows::MAX_ENTRIES && !marks.contains_key(&key) {
+/// Inserts a mark valid until `until` (a mark there already is moved, with no copy of the key); a
+/// full map drops its expired marks first, then all.
+fn bounded_insert(marks: &mut HashMap<SharedKey, u64>, key: &SharedKey, until: u64, now_ms: u64) {
+    if let Some(mark) = marks.get_mut(key) {
+        *mark = until;
+        return;
+    }
+    if marks.len() >= LocalAllows::MAX_ENTRIES {
         marks.retain(|_, u| *u > now_ms);
         if marks.len() >= LocalAllows::MAX_ENTRIES {
             marks.clear();
         }
     }
-    marks.insert(key, until);
+    marks.insert(key.clone(), until);
 }
 
 /// Whether `e` may answer at `now_ms` for a worker at generation `gen`.
@@ -130,11 +135,11 @@ fn live(e: &CachedAllow, now_ms: u64, gen: u64) -> bool {
 
 /// The live entry at `key` for a worker at generation `gen`: the worker's copy first, then
 /// shared data (copied into the worker's).
-pub fn read(host: &impl Host, local: Option<&RefCell<LocalAllows>>, key: SharedKey, now_ms: u64, gen: u64) -> Option<CachedAllow> {
-    if let Some(hit) = local.and_then(|l| l.borrow().get(&key, now_ms, gen).cloned()) {
+pub fn read(host: &impl Host, local: Option<&RefCell<LocalAllows>>, key: &SharedKey, now_ms: u64, gen: u64) -> Option<CachedAllow> {
+    if let Some(hit) = local.and_then(|l| l.borrow().get(key, now_ms, gen).cloned()) {
         return Some(hit);
     }
-    if local.is_some_and(|l| l.borrow().uncached(&key, now_ms)) {
+    if local.is_some_and(|l| l.borrow().uncached(key, now_ms)) {
         return None;
     }
     let bytes = host.shared_get(key.as_str())?;
@@ -143,7 +148,7 @@ pub fn read(host: &impl Host, local: Option<&RefCell<LocalAllows>>, key: SharedK
         return None;
     }
     if let Some(local) = local {
-        local.borrow_mut().put(key, entry.clone(), now_ms);
+        local.borrow_mut().put(key.clone(), entry.clone(), now_ms);
     }
     Some(entry)
 }
@@ -173,19 +178,19 @@ mod tests {
         // another worker's entry in shared data
         host.shared_set(key.as_str(), &serde_json::to_vec(&entry(10_000)).unwrap());
         let local = RefCell::new(LocalAllows::default());
-        local.borrow_mut().mark_uncached(key.clone(), 1_000);
-        assert_eq!(read(&host, Some(&local), key.clone(), 1_500, 0), None, "skipped: a key with limits has no entry");
-        assert!(read(&host, Some(&local), key.clone(), 1_000 + LocalAllows::UNCACHED_MARK_MS, 0).is_some(), "read again later");
+        local.borrow_mut().mark_uncached(&key, 1_000);
+        assert_eq!(read(&host, Some(&local), &key, 1_500, 0), None, "skipped: a key with limits has no entry");
+        assert!(read(&host, Some(&local), &key, 1_000 + LocalAllows::UNCACHED_MARK_MS, 0).is_some(), "read again later");
         // an entry this worker writes ends the skip at once
         let local = RefCell::new(LocalAllows::default());
-        local.borrow_mut().mark_uncached(key.clone(), 1_000);
+        local.borrow_mut().mark_uncached(&key, 1_000);
         write(&mut host, Some(&local), key.clone(), entry(10_000));
-        assert!(read(&host, Some(&local), key.clone(), 1_100, 0).is_some());
+        assert!(read(&host, Some(&local), &key, 1_100, 0).is_some());
         // a change of keys or plans forgets the marks with the entries
         let local = RefCell::new(LocalAllows::default());
-        local.borrow_mut().mark_uncached(key.clone(), 1_000);
+        local.borrow_mut().mark_uncached(&key, 1_000);
         local.borrow_mut().clear();
-        assert!(read(&host, Some(&local), key.clone(), 1_100, 0).is_some());
+        assert!(read(&host, Some(&local), &key, 1_100, 0).is_some());
     }
 
     #[test]
@@ -193,9 +198,11 @@ mod tests {
         let key = crate::shared_keys::auth_cache("ab", Some("r"));
         let mut local = LocalAllows::default();
         assert!(!local.any_unleased());
-        local.mark_unleased(key.clone(), 1_000);
+        local.mark_unleased(&key, 1_000);
         assert!(local.any_unleased() && local.unleased(&key, 1_999));
         assert!(!local.unleased(&key, 2_000), "renewed by each answer that says so, else over");
+        local.mark_unleased(&key, 1_500);
+        assert!(local.unleased(&key, 2_499) && !local.unleased(&key, 2_500), "a mark again moves its end");
         assert!(!local.unleased(&crate::shared_keys::auth_cache("ab", None), 1_500), "per key and route");
         local.clear();
         assert!(!local.unleased(&key, 1_500), "a change of keys or plans forgets it");

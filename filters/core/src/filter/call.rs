@@ -106,7 +106,7 @@ impl AuthFilter {
         let no_lease = matches!(answer, Ok(DecideResponse::Allow { no_lease: true, .. }));
         if let (true, Some(local)) = (no_lease, &self.worker.local_allows) {
             // a plan never leased: no lease bookkeeping for this key (crate::auth_cache)
-            local.borrow_mut().mark_unleased(shared_keys::auth_cache(&key_hash, self.route_id()), host.now_ms());
+            local.borrow_mut().mark_unleased(&self.auth_key(&key_hash), host.now_ms());
         }
         if let (Some(leases), false) = (&self.worker.leases, no_lease) {
             // ---- leased limits (crate::lease): keep a grant, release the ask, forget on a 401 ----

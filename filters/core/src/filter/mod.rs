@@ -33,12 +33,13 @@ use crate::refunds::RefundQueue;
 use crate::responses::queue::{PendingStore, ResponseQueue};
 use crate::responses::LookupPlan;
 use crate::routing::{Routed, WorkerRoutes};
-use crate::shared_keys;
+use crate::shared_keys::{self, SharedKey};
 use crate::stats::{DenyReason, Metric};
 use crate::usage::{Identity, Meter, RequestInfo};
 use decision::{Decision, Denial, Grant, Source};
 use hold::EndHold;
 use response::ResponseSide;
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_wire::refunds::Abandoned;
@@ -105,6 +106,9 @@ pub struct AuthFilter {
     state: State,
     /// The route this request matched.
     route: Option<Routed>,
+    /// The key's auth-cache key on its route (`shared_keys::auth_cache`), built once the key's
+    /// hash is known: the auth cache and its marks use it up to four times a request.
+    auth_key: Option<SharedKey>,
     /// What a usage event needs from the request (metering on).
     request: Option<RequestInfo>,
     /// When the decision call that asks for a lease was sent.
@@ -152,6 +156,7 @@ impl AuthFilter {
             },
             state: State::Start,
             route: None,
+            auth_key: None,
             request: None,
             lease_sent_ms: None,
             lease_recorded: false,
@@ -175,6 +180,15 @@ impl AuthFilter {
 
     fn route_id(&self) -> Option<&str> {
         self.route().map(|r| r.id.as_str())
+    }
+
+    /// The request's auth-cache key: the one built for it, or (a request whose key stage never
+    /// ran) built now for `key_hash`.
+    fn auth_key(&self, key_hash: &str) -> Cow<'_, SharedKey> {
+        match &self.auth_key {
+            Some(key) => Cow::Borrowed(key),
+            None => Cow::Owned(shared_keys::auth_cache(key_hash, self.route_id())),
+        }
     }
 
     /// `end_of_stream`: the request has no body.
@@ -208,6 +222,7 @@ impl AuthFilter {
             return Decision::Deny(Denial::local(401, codes::MISSING_KEY, "an API key is required"));
         };
         let key_hash = raw_key.hash();
+        self.auth_key = Some(shared_keys::auth_cache(&key_hash, self.route_id()));
         let lookup = match self.worker.responses {
             Some(_) => match stages::lookup(&self.config, self.route(), &headers) {
                 Ok(l) => {
@@ -221,7 +236,7 @@ impl AuthFilter {
         // A lookup rides on the decision call: neither the auth cache nor a lease can answer it.
         if lookup.is_none() {
             let local = self.worker.local_allows.as_deref();
-            if let Some(hit) = stages::auth_cache(host, &self.config, local, &key_hash, self.route_id(), self.worker.gen.get()) {
+            if let Some(hit) = stages::auth_cache(host, &self.config, local, &self.auth_key(&key_hash), self.worker.gen.get()) {
                 return hit;
             }
         }
@@ -229,13 +244,13 @@ impl AuthFilter {
         let mut request = stages::decide_request(&self.config, &headers, key_hash, keyed.path, self.route());
         let unleased = self.worker.local_allows.as_ref().is_some_and(|l| {
             let l = l.borrow();
-            l.any_unleased() && l.unleased(&shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms())
+            l.any_unleased() && l.unleased(&self.auth_key(&request.key_hash), host.now_ms())
         });
         if let (None, Some(renewals), false) = (&lookup, &self.worker.leases, unleased) {
             match stages::lease(host, &self.config.leases, renewals, &mut request, self.worker.gen.get()) {
                 stages::Leased::Hit(hit) => {
                     if let Some(local) = &self.worker.local_allows {
-                        local.borrow_mut().mark_uncached(shared_keys::auth_cache(&request.key_hash, self.route_id()), host.now_ms());
+                        local.borrow_mut().mark_uncached(&self.auth_key(&request.key_hash), host.now_ms());
                     }
                     return hit;
                 }
@@ -369,13 +384,13 @@ impl AuthFilter {
                         request_headers: request_headers.clone(),
                         gen: self.sent_gen,
                     };
-                    let key = shared_keys::auth_cache(key_hash, self.route_id());
+                    let key = self.auth_key(key_hash).into_owned();
                     auth_cache::write(host, self.worker.local_allows.as_deref(), key, entry);
                 } else if !response_headers.is_empty() {
                     // a plan with limits: its answers carry RateLimit fields and are never
                     // cached, so the next request of this key need not read the shared entry
                     if let Some(local) = &self.worker.local_allows {
-                        local.borrow_mut().mark_uncached(shared_keys::auth_cache(key_hash, self.route_id()), host.now_ms());
+                        local.borrow_mut().mark_uncached(&self.auth_key(key_hash), host.now_ms());
                     }
                 }
                 Decision::Allow(Grant { who, request_headers, response_headers, source: Source::Sidecar })

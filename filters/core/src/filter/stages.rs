@@ -29,7 +29,7 @@ use crate::lease::renewer::RenewalQueue;
 use crate::lease::{self, LeaseIdentity, Spend};
 use crate::responses::{self as resp, LookupKind, LookupPlan};
 use crate::routing::{Lookup, Routed, WorkerRoutes};
-use crate::shared_keys;
+use crate::shared_keys::SharedKey;
 use crate::usage::Identity;
 use std::cell::RefCell;
 use tollgate_wire::responses::{IdempotencyRequest, IDEMPOTENCY_KEY_HEADER};
@@ -203,19 +203,13 @@ pub fn complete_lookup(request: &mut DecideRequest, plan: &LookupPlan, body: Opt
     Ok(None)
 }
 
-/// Stage 5, the auth cache: a live reusable allow of `key_hash` on `route`.
-pub fn auth_cache(
-    host: &impl Host,
-    config: &FilterConfig,
-    local: Option<&RefCell<LocalAllows>>,
-    key_hash: &str,
-    route: Option<&str>,
-    gen: u64,
-) -> Option<Decision> {
+/// Stage 5, the auth cache: a live reusable allow at `key` (the key's on its route,
+/// [`crate::shared_keys::auth_cache`]).
+pub fn auth_cache(host: &impl Host, config: &FilterConfig, local: Option<&RefCell<LocalAllows>>, key: &SharedKey, gen: u64) -> Option<Decision> {
     if config.auth_cache_max_ttl.is_zero() {
         return None;
     }
-    let hit = auth_cache::read(host, local, shared_keys::auth_cache(key_hash, route), host.now_ms(), gen)?;
+    let hit = auth_cache::read(host, local, key, host.now_ms(), gen)?;
     Some(Decision::Allow(Grant {
         who: Identity { tenant: hit.tenant, key_id: hit.key_id, plan: hit.plan },
         request_headers: hit.request_headers,
