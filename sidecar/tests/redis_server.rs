@@ -200,6 +200,41 @@ async fn redis_outage_serves_cached_answers_fails_fast_otherwise_and_recovers() 
     sc.stop().await;
 }
 
+/// An error reply to a key lookup is Redis speaking of itself (`LOADING` while a restarted Redis
+/// reads its data, `BUSY`, `MASTERDOWN`; here `NOPERM`, which a test can cause on demand), not of
+/// the key: a valid key is served from the stale grace or gets the failure mode's 503, never
+/// 401 `unknown_key`. A record Redis holds in another type is unreadable: unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_reply_to_a_key_lookup_never_calls_a_valid_key_unknown() {
+    let redis = Redis::start();
+    let mut cfg = config(&redis);
+    cfg.cache.ttl = Duration::from_millis(1); // every request goes to Redis
+    let store = Store::new(&cfg.redis).unwrap();
+    let key = apikey::issue(id("acme"), id("gold"), 1, None);
+    store.create_key(&key.hash, &key.record).await.unwrap();
+    let mut conn = redis.connection().unwrap();
+    let garbled = apikey::hash_raw_key("garbled");
+    let _: () = redis::cmd("SET").arg(format!("apikey:{}", garbled.as_str())).arg("not a hash").query(&mut conn).unwrap();
+    let sc = Running::start(&cfg).await;
+    assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { .. }));
+    let unknown = |v: DecideResponse| matches!(v, DecideResponse::Deny { status: 401, ref error, .. } if error == "unknown_key");
+    assert!(unknown(verdict(&sc.decide(garbled.as_str()).await)), "a record of another type (WRONGTYPE) is unreadable: unknown");
+
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("-hgetall").query(&mut conn).unwrap();
+    // seen before: the stale grace, not offered for reuse by the filter
+    assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { cache_for_ms: None, .. }));
+    // never seen: Redis could not say, so 503 and the filter's failure mode
+    let r = sc.decide(apikey::hash_raw_key("never seen").as_str()).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("store_unavailable"), "{}", r.body);
+
+    // Redis answers again: the key is read from it, an unknown one is unknown
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("+hgetall").query(&mut conn).unwrap();
+    assert!(matches!(verdict(&sc.decide(key.hash.as_str()).await), DecideResponse::Allow { .. }));
+    assert!(unknown(verdict(&sc.decide(apikey::hash_raw_key("never seen").as_str()).await)));
+    sc.stop().await;
+}
+
 /// Breaker hints are listed through their index (`cb:hints`), never by SCAN: SCAN walks the whole
 /// keyspace whatever its pattern, and every Envoy's poller lists a few times a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -471,7 +471,15 @@ impl<S: DecisionStore> Decider<S> {
                 self.cache.insert(hash.clone(), r.clone(), now);
                 Ok((r, Some(self.ttl)))
             }
-            Err(e) if e.is_transient() => match cached {
+            Err(e) if e.is_about_the_record() => {
+                // A malformed record is a store problem, not the caller's: treat as unknown.
+                tracing::debug!(error = %e, "unreadable key record; treating it as unknown");
+                Ok((None, None))
+            }
+            // Redis could not say (a timeout, a lost connection, or an error reply about itself:
+            // `LOADING` after a restart, `BUSY`, `MASTERDOWN`, `NOPERM`): never "unknown key"
+            // for a key that may be valid, but the stale grace, else the failure mode.
+            Err(e) => match cached {
                 Lookup::Stale(r) => {
                     metrics::counter!(m::CACHE, "result" => "stale").increment(1);
                     Ok((r, None))
@@ -481,11 +489,6 @@ impl<S: DecisionStore> Decider<S> {
                     Err(DecideError::Unavailable(e.to_string()))
                 }
             },
-            Err(e) => {
-                // A malformed record is a store problem, not the caller's: treat as unknown.
-                tracing::debug!(error = %e, "unreadable key record; treating it as unknown");
-                Ok((None, None))
-            }
         }
     }
 

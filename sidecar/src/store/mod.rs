@@ -119,6 +119,20 @@ impl StoreError {
             || matches!(self, StoreError::Redis(e) if e.is_connection_dropped() || e.is_connection_refusal() || e.is_io_error())
     }
 
+    /// What Redis said about the data itself, not about its own state: a record it holds that
+    /// cannot be read as one (malformed, of another type: `WRONGTYPE`), or a key it does not
+    /// hold. Every other error — a timeout, a lost connection, or an error reply such as
+    /// `LOADING`, `BUSY`, `MASTERDOWN`, `NOPERM` — says nothing about the record.
+    pub fn is_about_the_record(&self) -> bool {
+        match self {
+            StoreError::Malformed(_) | StoreError::NotFound(_) => true,
+            StoreError::Redis(e) => {
+                e.code() == Some("WRONGTYPE") || matches!(e.kind(), redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse)
+            }
+            StoreError::Timeout(_) | StoreError::Unreachable(_) => false,
+        }
+    }
+
     /// Timeouts and connection trouble may pass; a malformed record or a missing key will not.
     pub fn is_transient(&self) -> bool {
         match self {
