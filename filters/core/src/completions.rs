@@ -198,6 +198,13 @@ impl<T: BatchItem> BatchQueue<T> {
         }
     }
 
+    /// Whether no batch is in flight and a whole one waits: `max_batch` items (or the split
+    /// bound after a 413), or `max_batch_bytes` of them.
+    pub(crate) fn full_batch_waits_within(&self, max_batch: usize, max_batch_bytes: usize) -> bool {
+        let max_items = max_batch.min(self.split_cap.unwrap_or(usize::MAX)).max(1);
+        self.in_flight.is_none() && (self.pending.len() >= max_items || self.bytes + self.pending.len() >= max_batch_bytes)
+    }
+
     /// The sidecar refused the in-flight batch for good (retrying cannot help): it is dropped
     /// and counted.
     pub fn discard_in_flight(&mut self) {
@@ -252,6 +259,9 @@ impl<T: BatchItem> Outbox for BatchQueue<T> {
     }
     fn take_batch(&mut self, max: usize) -> Option<Vec<u8>> {
         self.begin_flush(max)
+    }
+    fn full_batch_waits(&self, max: usize) -> bool {
+        self.full_batch_waits_within(max, self.max_batch_bytes)
     }
     fn settle(&mut self, delivery: Delivery) {
         match delivery {

@@ -38,6 +38,9 @@ pub trait Outbox {
     fn take_batch(&mut self, max: usize) -> Option<Vec<u8>>;
     /// The batch in flight is settled.
     fn settle(&mut self, delivery: Delivery);
+    /// Whether no batch is in flight and a whole one (`max`, in the queue's unit, or its bytes'
+    /// bound) waits: the flusher sends it at once instead of at its next turn.
+    fn full_batch_waits(&self, max: usize) -> bool;
 }
 
 /// What a flusher sends, where, and how it reads the answer.
@@ -92,6 +95,19 @@ impl<Q: Outbox> BatchFlusher<Q> {
         }
     }
 
+    /// Sends the next batch, unless one is in flight or nothing waits.
+    fn send(&mut self, host: &mut impl Host) {
+        let Some(body) = self.queue.borrow_mut().take_batch(self.spec.max_batch) else { return };
+        match host.dispatch(self.sidecar.post_json(self.spec.path, body, self.spec.timeout)) {
+            Ok(token) => self.token = Some(token),
+            Err(e) => {
+                self.queue.borrow_mut().settle(Delivery::Failed);
+                self.count(host, FlushEvent::Errors, 1);
+                host.log(LogLevel::Debug, &format!("tollgate: cannot send {}: {e}", self.spec.what));
+            }
+        }
+    }
+
     fn report_dropped(&mut self, host: &mut impl Host) {
         let dropped = self.queue.borrow().dropped();
         self.count(host, FlushEvent::Dropped, dropped.saturating_sub(self.reported_dropped));
@@ -103,15 +119,7 @@ impl<Q: Outbox> Job for BatchFlusher<Q> {
     /// Sends the next batch, unless one is in flight or nothing waits.
     fn on_tick(&mut self, host: &mut impl Host) {
         self.report_dropped(host);
-        let Some(body) = self.queue.borrow_mut().take_batch(self.spec.max_batch) else { return };
-        match host.dispatch(self.sidecar.post_json(self.spec.path, body, self.spec.timeout)) {
-            Ok(token) => self.token = Some(token),
-            Err(e) => {
-                self.queue.borrow_mut().settle(Delivery::Failed);
-                self.count(host, FlushEvent::Errors, 1);
-                host.log(LogLevel::Debug, &format!("tollgate: cannot send {}: {e}", self.spec.what));
-            }
-        }
+        self.send(host);
     }
 
     fn owns(&self, token: u32) -> bool {
@@ -150,5 +158,11 @@ impl<Q: Outbox> Job for BatchFlusher<Q> {
             _ => {}
         }
         self.report_dropped(host);
+        if delivery == Delivery::Delivered && self.queue.borrow().full_batch_waits(self.spec.max_batch) {
+            // A backlog: the next batch leaves now, not at the stream's next turn, or a worker
+            // could send no more than a batch per turn (1000 usage events a second by default)
+            // and drop the rest under steady load with a healthy sidecar.
+            self.send(host);
+        }
     }
 }

@@ -150,6 +150,9 @@ impl Outbox for Meter {
     fn settle(&mut self, delivery: Delivery) {
         self.queue.settle(delivery);
     }
+    fn full_batch_waits(&self, max: usize) -> bool {
+        self.queue.full_batch_waits(max)
+    }
 }
 
 /// Who a request was let through as.

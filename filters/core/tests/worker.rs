@@ -278,6 +278,44 @@ fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
     assert_eq!(warned(&root), 1);
 }
 
+/// A backlog leaves as fast as the sidecar takes it: a delivered batch with a whole one waiting
+/// sends the next at once, not at the stream's next turn (before, a worker sent at most a batch
+/// per `usage.flushInterval`, 1000 events a second by default, and dropped the rest under load).
+#[test]
+fn a_backlog_of_usage_events_leaves_as_fast_as_the_sidecar_takes_it() {
+    let (mut w, mut root) = worker(r#"{"leases":{"enabled":false},"usage":{"enabled":true,"flushInterval":"1s"}}"#);
+    let usage_calls = |h: &MockHost| h.calls.iter().filter(|c| header(c, ":path") == Some("/v1/usage")).count();
+    let events = |h: &MockHost, i: usize| serde_json::from_slice::<UsageBatch>(&h.calls[i].body).unwrap().events.len();
+    for _ in 0..2_500 {
+        request(&w, &mut root, ALLOW);
+    }
+    w.on_tick(&mut root);
+    assert_eq!(usage_calls(&root), 1);
+    assert_eq!(events(&root, 0), 1_000);
+    // a failed batch is retried at the next turn, never at once
+    answer(&mut w, &mut root, 1, Some(503), b"");
+    assert_eq!(usage_calls(&root), 1, "a failing sidecar is not pressed");
+    root.now_ms = T + 1_000;
+    w.on_tick(&mut root);
+    assert_eq!(usage_calls(&root), 2);
+    // taken: 1500 wait, a whole batch of them leaves now
+    answer(&mut w, &mut root, 2, Some(200), br#"{"accepted":1000}"#);
+    assert_eq!(usage_calls(&root), 3, "the next whole batch leaves with the answer");
+    assert_eq!(events(&root, 2), 1_000);
+    // taken: 500 wait, less than a batch: they wait for the next turn
+    answer(&mut w, &mut root, 3, Some(200), br#"{"accepted":1000}"#);
+    assert_eq!(usage_calls(&root), 3);
+    assert_eq!(w.meter().borrow().queue.len(), 500);
+    root.now_ms = T + 2_000;
+    w.on_tick(&mut root);
+    assert_eq!(usage_calls(&root), 4);
+    assert_eq!(events(&root, 3), 500);
+    answer(&mut w, &mut root, 4, Some(200), br#"{"accepted":500}"#);
+    assert!(w.meter().borrow().queue.is_empty());
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::BatchesSent)), 3);
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Dropped)), 0);
+}
+
 fn store_item(hash: &str) -> StoreItem {
     StoreItem {
         ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: hash.into(), seal: Default::default() },

@@ -103,6 +103,9 @@ impl Outbox for ResponseQueue {
     fn take_batch(&mut self, max_bytes: usize) -> Option<Vec<u8>> {
         self.begin_flush(max_bytes).map(|(body, _)| body)
     }
+    fn full_batch_waits(&self, max_bytes: usize) -> bool {
+        self.batches.full_batch_waits_within(usize::MAX, max_bytes.saturating_sub(BATCH_OVERHEAD))
+    }
     fn settle(&mut self, delivery: Delivery) {
         match delivery {
             Delivery::Delivered => self.batches.end_flush(true),
