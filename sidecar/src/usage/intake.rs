@@ -77,9 +77,13 @@ impl RateTracker {
 /// (spooled) or in flight (its write not answered yet: [`RecentIds::insert_pending`]).
 pub struct RecentIds {
     keys: (std::hash::RandomState, std::hash::RandomState),
-    /// id → durable
-    set: HashMap<u128, bool>,
-    order: std::collections::VecDeque<u128>,
+    /// id → (durable, the number of the insertion it came with)
+    set: HashMap<u128, (bool, u64)>,
+    /// The insertions in order, oldest first. One whose id was forgotten (or remembered again
+    /// since) is stale: leaving the window, it removes nothing.
+    order: std::collections::VecDeque<(u128, u64)>,
+    /// The next insertion's number.
+    next: u64,
     capacity: usize,
 }
 
@@ -89,6 +93,7 @@ impl RecentIds {
             keys: (std::hash::RandomState::new(), std::hash::RandomState::new()),
             set: HashMap::with_capacity(capacity.min(1 << 16)),
             order: std::collections::VecDeque::with_capacity(capacity.min(1 << 16)),
+            next: 0,
             capacity: capacity.max(1),
         }
     }
@@ -112,14 +117,14 @@ impl RecentIds {
     /// `id`'s write is answered: it is durable.
     pub fn confirm(&mut self, id: &str) {
         let k = self.key(id);
-        if let Some(durable) = self.set.get_mut(&k) {
+        if let Some((durable, _)) = self.set.get_mut(&k) {
             *durable = true;
         }
     }
 
     /// `id` is remembered and its write is not answered yet.
     pub fn in_flight(&self, id: &str) -> bool {
-        self.set.get(&self.key(id)) == Some(&false)
+        self.set.get(&self.key(id)).is_some_and(|(durable, _)| !durable)
     }
 
     fn remember(&mut self, id: &str, durable: bool) -> bool {
@@ -127,28 +132,35 @@ impl RecentIds {
         if self.set.contains_key(&k) {
             return false;
         }
-        self.set.insert(k, durable);
-        self.order.push_back(k);
-        if self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
+        let n = self.next;
+        self.next += 1;
+        self.set.insert(k, (durable, n));
+        self.order.push_back((k, n));
+        // The window is the last `capacity` ids remembered; stale insertions leave with the
+        // live ones before them (and take no room: at most as many again are kept).
+        while self.set.len() > self.capacity || self.order.len() > 2 * self.capacity {
+            let Some((old, m)) = self.order.pop_front() else { break };
+            if self.set.get(&old).is_some_and(|(_, at)| *at == m) {
                 self.set.remove(&old);
             }
         }
         true
     }
 
-    /// Forgets `id` (its batch was not spooled after all: when it comes again it is new).
+    /// Forgets `id` (its batch was not spooled after all: when it comes again it is new). Its
+    /// insertion stays in the order, stale: it can never remove the id remembered again later.
     pub fn forget(&mut self, id: &str) {
         let k = self.key(id);
         self.set.remove(&k);
     }
 
+    /// Ids remembered now.
     pub fn len(&self) -> usize {
-        self.order.len()
+        self.set.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.set.is_empty()
     }
 }
 
@@ -232,6 +244,31 @@ mod tests {
         // a batch the spool refused is forgotten, so that it is taken when it comes again
         intake.recent.forget("e0000003");
         assert!(intake.recent.insert("e0000003"));
+    }
+
+    #[test]
+    fn an_id_forgotten_and_remembered_again_keeps_its_whole_window() {
+        // a batch the spool refused, sent again and written: its ids stay for the window's
+        // `capacity` ids, and an old insertion of theirs leaving it removes nothing
+        let mut r = RecentIds::new(3);
+        assert!(r.insert_pending("a"));
+        r.forget("a");
+        assert!(r.insert_pending("a"));
+        r.confirm("a");
+        assert!(r.insert("b"));
+        assert!(r.insert("c"));
+        assert_eq!(r.len(), 3);
+        assert!(!r.insert("a"), "one of the last 3 ids");
+        // still in flight after an old insertion left: still refused as in flight
+        let mut r = RecentIds::new(2);
+        assert!(r.insert_pending("x"));
+        r.forget("x");
+        assert!(r.insert_pending("x"));
+        assert!(r.insert("y"));
+        assert!(r.in_flight("x"), "its write is not answered yet");
+        // the window moves on as before
+        assert!(r.insert("z"));
+        assert!(!r.in_flight("x") && r.insert("x"), "x left the window of 2");
     }
 
     #[test]
