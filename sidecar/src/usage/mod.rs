@@ -149,6 +149,12 @@ pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
     if e.product.as_deref().is_some_and(|p| Id::parse(p).is_none()) {
         return Some("product");
     }
+    // a deny code: what the gateway answers is `snake_case`, never long (an unbounded one would
+    // make a spool line the broker refuses, and hold back every event after it)
+    let code_ok = |d: &str| (1..=64).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if e.denied.as_deref().is_some_and(|d| !code_ok(d)) {
+        return Some("denied");
+    }
     None
 }
 
@@ -390,7 +396,8 @@ pub fn denial_event(
         request_bytes: None,
         response_bytes: None,
         denied: Some(code.into()),
-        route: req.route.clone(),
+        // the filter's route id, if it is one: the request's bytes are no one's to trust
+        route: req.route.clone().filter(|r| Id::parse(r).is_some()),
         product: None,
     }
 }
@@ -469,6 +476,9 @@ mod tests {
             (Box::new(|e| e.path = "/a?key=x".into()), "path"),
             (Box::new(|e| e.authority = "a\nb".into()), "authority"),
             (Box::new(|e| e.start_ms = 0), "startMs/status"),
+            (Box::new(|e| e.denied = Some("x".repeat(1 << 20))), "denied"),
+            (Box::new(|e| e.denied = Some("Rate limited".into())), "denied"),
+            (Box::new(|e| e.route = Some("r".repeat(65))), "route"),
         ];
         for (change, reason) in cases {
             let mut e = good.clone();
@@ -523,5 +533,11 @@ mod tests {
         assert_eq!(a.path, "/v1/chat");
         assert_eq!(a.class(), UsageClass::Denied);
         assert_eq!(invalid_reason(&a), None);
+        // a route the filter named that is no id (a forged or broken call): left out, never spooled
+        let huge = tollgate_wire::DecideRequest { route: Some("r".repeat(1 << 20)), ..req.clone() };
+        let c = denial_event("acme", "key_1", "gold", &huge, 429, "rate_limited", DAY);
+        assert_eq!((c.route, invalid_reason(&a)), (None, None));
+        let named = tollgate_wire::DecideRequest { route: Some("chat".into()), ..req };
+        assert_eq!(denial_event("acme", "key_1", "gold", &named, 429, "rate_limited", DAY).route.as_deref(), Some("chat"));
     }
 }
