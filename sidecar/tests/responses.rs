@@ -218,6 +218,34 @@ async fn idempotency_claim_in_flight_conflict_replay_and_release() {
     lab.redis.assert_ttl_invariant();
 }
 
+/// Any 2xx outcome ran the operation: it is remembered, never released for a retry to run it
+/// again — a 206, one with more headers than a stored response keeps (its first ones, no body,
+/// marked truncated), and a binary body of exactly the bound (whose base64 once read as over it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_2xx_outcome_is_remembered_whatever_its_size_or_kind() {
+    let lab = Lab::new().await;
+    let many: Vec<tollgate_wire::Header> = (0..70).map(|i| tollgate_wire::Header::new(&format!("x-h{i}"), "v")).collect();
+    let mut binary = vec![0xffu8; tollgate_wire::responses::MAX_STORED_BODY];
+    binary[0] = 0xfe;
+    let outcomes = [
+        ("partial", StoredResponse::new(206, vec![], b"part".to_vec(), T0), Some(4), false),
+        ("headers", StoredResponse::new(201, many, b"made".to_vec(), T0), Some(0), true),
+        ("binary", StoredResponse::new(200, vec![], binary.clone(), T0), Some(binary.len()), false),
+    ];
+    for (idem, outcome, body_len, truncated) in outcomes {
+        let (_, ticket, _) = allowed(lab.decider.decide(&lab.idem(0, idem, "ee")).await.unwrap());
+        let status = outcome.status;
+        assert_eq!(lab.store(ticket.expect("a claim"), Some(outcome)).await.stored, 1, "{idem}");
+        let (replay, t, _) = allowed(lab.decider.decide(&lab.idem(0, idem, "ee")).await.unwrap());
+        let (kind, r) = replay.unwrap_or_else(|| panic!("{idem}: replayed, not claimed again"));
+        assert_eq!((kind, r.status, t), (ReplayKind::Idempotency, status, None), "{idem}");
+        assert_eq!((r.body_bytes().map(|b| b.len()), r.truncated), (body_len, truncated), "{idem}");
+        if truncated {
+            assert_eq!(r.headers.len(), 64, "its first headers");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_is_a_miss_and_executes_idempotency_keys_unrecorded() {
     let mut lab = Lab::new().await;

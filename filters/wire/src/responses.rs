@@ -94,10 +94,11 @@ impl StoredResponse {
         }
     }
 
-    /// Bytes of the body as stored.
+    /// Bytes of the body as stored (base64: as decoded, its padding not counted).
     pub fn body_len(&self) -> usize {
         if self.base64 {
-            self.body.len() / 4 * 3
+            let padding = self.body.bytes().rev().take(2).take_while(|b| *b == b'=').count();
+            (self.body.len() / 4 * 3).saturating_sub(padding)
         } else {
             self.body.len()
         }
@@ -281,6 +282,11 @@ mod tests {
         assert_eq!(b.body_bytes().unwrap(), vec![0xff, 0, 1]);
         let back: StoredResponse = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
         assert_eq!(back, b);
+        // the body's length is its bytes', whatever the padding of its base64
+        for n in 1..=7 {
+            let r = StoredResponse::new(200, vec![], vec![0xff; n], 0);
+            assert_eq!((r.base64, r.body_len()), (true, n));
+        }
     }
 
     #[test]

@@ -120,9 +120,33 @@ pub fn read_stored(json: &str) -> Option<StoredResponse> {
     ((100..=599).contains(&r.status)).then_some(r)
 }
 
-/// Whether a response may be kept: a successful status (2xx but 206) within the size bound.
+/// Whether a response may be cached: a successful status (2xx but 206) within the size bounds.
 fn storable(r: &StoredResponse) -> bool {
-    (200..=299).contains(&r.status) && r.status != 206 && r.body_len() <= MAX_STORED_BODY && r.headers.len() <= 64
+    (200..=299).contains(&r.status) && r.status != 206 && within_bounds(r)
+}
+
+fn within_bounds(r: &StoredResponse) -> bool {
+    r.body_len() <= MAX_STORED_BODY && r.headers.len() <= MAX_STORED_HEADERS
+}
+
+/// Headers a stored response keeps at most.
+const MAX_STORED_HEADERS: usize = 64;
+
+/// What of an idempotency outcome is kept: any 2xx (a 206 too: the operation ran), whole when it
+/// is within the bounds, else its status and first headers without its body, marked truncated
+/// — never released, so a retry replays it and never runs the operation again (decision 49).
+/// Not a 2xx: `None`, the claim is released.
+fn idempotent_outcome(r: &StoredResponse) -> Option<std::borrow::Cow<'_, StoredResponse>> {
+    if !(200..=299).contains(&r.status) {
+        return None;
+    }
+    if within_bounds(r) {
+        return Some(std::borrow::Cow::Borrowed(r));
+    }
+    let headers = r.headers.iter().take(MAX_STORED_HEADERS).cloned().collect();
+    let mut kept = StoredResponse::new(r.status, headers, Vec::new(), r.stored_at_ms);
+    kept.truncated = true;
+    Some(std::borrow::Cow::Owned(kept))
 }
 
 /// Where a cache ticket's response goes and for how long, after validating every field.
@@ -185,9 +209,9 @@ async fn store_one(
         tracing::debug!(kind, reason = why.as_str(), "refused a response's ticket");
         return (kind, Done::Refused);
     }
-    let response = item.response.as_ref().filter(|r| storable(r));
     match &item.ticket {
         t @ StoreTicket::Cache { .. } => {
+            let response = item.response.as_ref().filter(|r| storable(r));
             let (Some((key, ttl)), Some(r)) = (cache_target(t, route_ttl_ms), response) else { return (kind, Done::Refused) };
             let Ok(json) = serde_json::to_string(r) else { return (kind, Done::Refused) };
             match set(store, &key, json, ttl).await {
@@ -201,14 +225,13 @@ async fn store_one(
         }
         t @ StoreTicket::Idempotency { .. } => {
             let Some((owner, memo, digest, token)) = idempotency_target(t) else { return (kind, Done::Refused) };
-            let json = match (&item.response, response) {
-                (None, _) => None,
-                (Some(_), Some(r)) => match serde_json::to_string(r) {
+            // not a 2xx outcome (or none): the claim is released
+            let json = match item.response.as_ref().and_then(idempotent_outcome) {
+                None => None,
+                Some(r) => match serde_json::to_string(&*r) {
                     Ok(j) => Some(j),
                     Err(_) => return (kind, Done::Refused),
                 },
-                // not a storable outcome: the claim is released
-                (Some(_), None) => None,
             };
             let storing = json.is_some();
             let call = IdemComplete { owner, memo, token, digest, response: json };
