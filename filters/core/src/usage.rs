@@ -252,7 +252,7 @@ impl Tokens {
 /// `usage.total_tokens` of a JSON response, or of an SSE stream's last frame that holds it,
 /// clamped ([`read_tokens`]).
 pub fn usage_tokens(body: &[u8]) -> Option<u64> {
-    read_tokens(body).map(|t| t.count)
+    read_tokens(body, true).map(|t| t.count)
 }
 
 /// As [`usage_tokens`], saying whether the number was clamped. A body without
@@ -262,7 +262,10 @@ pub fn usage_tokens(body: &[u8]) -> Option<u64> {
 /// top-level `usage` of an SSE `data:` frame. A `total_tokens` anywhere else may be content a
 /// client or a model chose (an echoed request, a tool call's arguments): read, it would let a
 /// client choose its own charge. Such a body reports none, and the reservation is the charge.
-pub fn read_tokens(body: &[u8]) -> Option<Tokens> {
+/// `data:` frames are read only from a response that says it is an event stream: in any other
+/// text (a page, plain text echoing the client), such a line is content the client or a model
+/// wrote as it is, not escaped inside a JSON string.
+pub fn read_tokens(body: &[u8], event_stream: bool) -> Option<Tokens> {
     rfind_field(body)?;
     /// Only the field read: the rest of the document is skipped, not built.
     #[derive(serde::Deserialize)]
@@ -276,6 +279,9 @@ pub fn read_tokens(body: &[u8]) -> Option<Tokens> {
     let count = |r: Response| r.usage.and_then(|u| u.total_tokens).map(|n| Tokens::of_number(&n));
     if let Ok(document) = serde_json::from_slice::<Response>(body) {
         return count(document);
+    }
+    if !event_stream {
+        return None;
     }
     body.rsplit(|b| *b == b'\n')
         .filter_map(|line| line.strip_prefix(b"data:"))
@@ -322,7 +328,7 @@ mod tests {
 
     #[test]
     fn token_counts_outside_0_to_2_pow_53_are_clamped() {
-        let t = |body: &str| read_tokens(body.as_bytes());
+        let t = |body: &str| read_tokens(body.as_bytes(), true);
         let exact = |count| Some(Tokens { count, clamped: false });
         let clamped = |count| Some(Tokens { count, clamped: true });
         assert_eq!(t(r#"{"usage":{"total_tokens":42}}"#), exact(42));

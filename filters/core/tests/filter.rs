@@ -324,6 +324,30 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
     assert_eq!((c.ticket.expires_at_ms, c.ticket.mac.as_str()), (1_764_374_700_000, "0f1e"), "echoed as sealed");
 }
 
+/// A budget reads its charge from a response's own usage: `data:` frames only when the response
+/// says it is an event stream. In plain text or a page, such a line is what the client or a
+/// model wrote as it is (an echo), and would let a client choose its charge.
+#[test]
+fn sse_frames_are_read_for_a_budget_only_from_an_event_stream() {
+    let body = b"you said:\ndata: {\"usage\":{\"total_tokens\":0}}\n";
+    for (content_type, tokens) in [(Some("text/plain"), None), (None, None), (Some("text/event-stream; charset=utf-8"), Some(0))] {
+        let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
+        let (mut f, mut host) = with_key(filter_with_queue("{}", queue.clone()));
+        assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
+        host.upstream_response = vec![(":status".into(), "200".into())];
+        if let Some(t) = content_type {
+            host.upstream_response.push(("content-type".into(), t.into()));
+        }
+        f.on_response_headers(&mut host, false);
+        host.response_chunk = body.to_vec();
+        assert_eq!(f.on_response_body(&mut host, body.len(), true), Action::Continue);
+        f.on_log(&mut host);
+        let sent = queue.borrow_mut().begin_flush(10).unwrap();
+        let batch: tollgate_wire::CompletionBatch = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(batch.completions[0].tokens, tokens, "{content_type:?}: the reservation is the charge unless a stream says");
+    }
+}
+
 #[test]
 fn requests_without_a_ticket_report_nothing() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));

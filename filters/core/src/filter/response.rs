@@ -32,6 +32,9 @@ pub struct ResponseSide {
     pub body: Option<Vec<u8>>,
     /// Token usage is read from the kept body.
     pub want_tokens: bool,
+    /// The response says it is an event stream (`text/event-stream`): its `data:` frames are
+    /// read for token usage (crate::usage::read_tokens).
+    event_stream: bool,
     /// Bytes of response body kept at most.
     body_limit: usize,
     /// The response may be stored (a cache miss, an idempotency claim) once complete.
@@ -51,6 +54,7 @@ impl Default for ResponseSide {
             status: 0,
             body: None,
             want_tokens: false,
+            event_stream: false,
             body_limit: MAX_USAGE_BODY,
             pending_store: None,
             kept: Kept::default(),
@@ -111,7 +115,11 @@ impl ResponseSide {
             if content_type.contains("json") || content_type.contains("event-stream") {
                 self.body.get_or_insert_with(Vec::new);
                 self.want_tokens = true;
+                self.event_stream = content_type.contains("event-stream");
             }
+        } else if self.want_tokens {
+            // a token budget reads the body whatever its type; its frames only from a stream
+            self.event_stream = host.response_header("content-type").is_some_and(|c| c.contains("event-stream"));
         }
         self.body_limit = match (&self.pending_store, self.want_tokens) {
             (Some(p), false) if p.storable => p.max_body,
@@ -200,7 +208,7 @@ impl ResponseSide {
         let body = self.body.take();
         // handed on (to the queue, bounded in bytes of its own) or dropped
         self.kept.release();
-        let tokens = if self.want_tokens { body.as_deref().and_then(read_tokens) } else { None };
+        let tokens = if self.want_tokens { body.as_deref().and_then(|b| read_tokens(b, self.event_stream)) } else { None };
         if tokens.is_some_and(|t| t.clamped) {
             host.count(Metric::TokensClamped);
         }
