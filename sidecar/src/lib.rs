@@ -163,12 +163,7 @@ impl Sidecar {
         }
         if let Some((listener, token)) = self.admin {
             let router = admin::router(self.control.clone(), token);
-            let stop = background.clone();
-            tasks.spawn(async move {
-                if let Err(e) = admin::run(listener, router, stop).await {
-                    tracing::error!(error = %e, "admin API failed");
-                }
-            });
+            tasks.spawn(admin::run(listener, router, self.deadlines, background.clone()));
         }
         // One shutdown for both listeners: each stops accepting and drains its connections
         // (HTTP/2 ones get a GOAWAY), and the background tasks stop.

@@ -125,9 +125,20 @@ fn listen_must_be_loopback_unless_explicitly_allowed() {
     }
 }
 
+/// On the filter's port and on the admin API's alike (decision 77): a client that never sends a
+/// whole request head is cut off, and holds no shutdown.
 #[test]
 fn a_client_that_never_sends_its_request_head_is_cut_off() {
-    let s = Sidecar::start("redis://127.0.0.1:1/", &[("TOLLGATE_SIDECAR_SERVER__HEADER_READ_TIMEOUT", "1s")]);
+    let admin_port = tollgate_tests::free_port();
+    let admin_listen = format!("127.0.0.1:{admin_port}");
+    let mut s = Sidecar::start(
+        "redis://127.0.0.1:1/",
+        &[
+            ("TOLLGATE_SIDECAR_SERVER__HEADER_READ_TIMEOUT", "1s"),
+            ("TOLLGATE_SIDECAR_ADMIN__LISTEN", admin_listen.as_str()),
+            ("TOLLGATE_SIDECAR_ADMIN__TOKEN", "trust-tests-admin-token-0123456789"),
+        ],
+    );
     // Generous: the server must close well before this; a read that times out is a failure.
     let read_deadline = Duration::from_secs(30);
     let closed = |mut c: TcpStream| -> Result<(), String> {
@@ -142,22 +153,33 @@ fn a_client_that_never_sends_its_request_head_is_cut_off() {
             }
         }
     };
-    // Silent from the start (the protocol cannot even be told).
-    let silent = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
-    // Half a request head, never finished.
-    let mut partial = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
-    partial.write_all(b"GET /healthz HTTP/1.1\r\nhost: sidecar\r\nx-slow: ").expect("write");
-    // HTTP/2: the preface and SETTINGS, but never a request.
-    let mut h2 = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
-    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-    h2.write_all(&preface).expect("write");
-    for (what, c) in [("silent", silent), ("partial head", partial), ("h2 without a stream", h2)] {
-        closed(c).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let partial_head = |port: u16| {
+        let mut partial = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        partial.write_all(b"GET /healthz HTTP/1.1\r\nhost: sidecar\r\nx-slow: ").expect("write");
+        partial
+    };
+    for (port, side) in [(s.port, "filter port"), (admin_port, "admin API")] {
+        // Silent from the start (the protocol cannot even be told).
+        let silent = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        // Half a request head, never finished.
+        let partial = partial_head(port);
+        // HTTP/2: the preface and SETTINGS, but never a request.
+        let mut h2 = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        h2.write_all(&preface).expect("write");
+        for (what, c) in [("silent", silent), ("partial head", partial), ("h2 without a stream", h2)] {
+            closed(c).unwrap_or_else(|e| panic!("{side}, {what}: {e}"));
+        }
     }
-    assert!(s.metric("tollgate_sidecar_connections_cut_total{reason=\"header_read_timeout\"}") >= 2);
+    assert!(s.metric("tollgate_sidecar_connections_cut_total{reason=\"header_read_timeout\"}") >= 4);
     // A client that sends its request in time is served as before.
     assert_eq!(get(&s.url("/healthz"), &[]).status, 200);
+    assert_eq!(get(&format!("http://{admin_listen}/openapi.json"), &[]).status, 200);
+    // A half-sent head on the admin API holds no shutdown: SIGTERM exits cleanly.
+    let _held = partial_head(admin_port);
+    let status = s.terminate(Duration::from_secs(30)).expect("the sidecar exits on SIGTERM with a half-sent admin request open");
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]

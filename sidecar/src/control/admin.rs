@@ -89,10 +89,12 @@ pub fn router(control: Arc<Control>, token: Secret) -> Router {
     Router::new().route("/openapi.json", get(openapi)).merge(api).layer(middleware::map_response(crate::errors::json_errors))
 }
 
-/// Serves the admin API until `shutdown`, then drains.
-pub async fn run(listener: tokio::net::TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+/// Serves the admin API until `shutdown`, then drains, with the filter port's connection
+/// deadlines (crate::conn): a client that sends nothing, or half a request head, is cut off and
+/// never holds a shutdown (`axum::serve` sets no deadline).
+pub async fn run(listener: tokio::net::TcpListener, router: Router, deadlines: crate::conn::Deadlines, shutdown: CancellationToken) {
     tracing::info!(addr = ?listener.local_addr().ok(), "admin API listening");
-    axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+    crate::conn::serve(listener, router, deadlines, shutdown).await
 }
 
 fn reply(status: StatusCode, body: Value) -> Response {
