@@ -204,3 +204,22 @@ async fn a_late_bucket_refund_never_gives_back_what_a_full_refill_absorbed() {
     assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 1 });
     assert_eq!(tokens(&lab), 9.0);
 }
+
+/// A refund is background work: its key lookup runs on the off-path connection within the
+/// refund's own deadline (1 s), not a decision's `redis.timeout`. A Redis paused longer than that
+/// timeout delays the refund; it does not fail it (before, a lookup not in the key cache failed
+/// at `redis.timeout` and the whole batch answered 503 until Redis was fast again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_waits_for_a_redis_slower_than_a_decisions_deadline() {
+    let lab = Lab::start(&limit("fw", "fixed_window", 5, "window = \"60s\""), T0, |cfg| {
+        cfg.cache.ttl = Duration::ZERO; // every key lookup goes to Redis
+        cfg.redis.timeout = Duration::from_millis(300);
+    });
+    let mut lab = lab.key("p").await;
+    let (id, r) = lab.decide().await;
+    assert!(allowed(&r), "{r:?}");
+    // both connections made: a refund of a decision that never was
+    assert_eq!(lab.refund(&format!("{:032x}", 7)).await, Refunded::Nothing);
+    let _: () = lab.redis.cmd(&["CLIENT", "PAUSE", "700", "ALL"]);
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 1 }, "answered once Redis is, within the refund's 1 s");
+}

@@ -199,7 +199,7 @@ impl<S: DecisionStore> Decider<S> {
         let hash = KeyHash::parse(&req.key_hash)
             .ok_or_else(|| DecideError::BadRequest("keyHash must be 64 lowercase hex characters".into()))?;
         let deadline = Instant::now() + self.store.decision_timeout();
-        let (record, fresh_for) = self.record(&hash, deadline).await?;
+        let (record, fresh_for) = self.record(&hash, deadline, false).await?;
         let now_ms = self.clock.now_ms();
         let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
         // The route the filter matched: an id this replica does not know (yet, or any more)
@@ -451,8 +451,9 @@ impl<S: DecisionStore> Decider<S> {
         allow(r, headers, ticket, lease, replay, store)
     }
 
-    /// The record of `hash` and, when it is fresh, how long it stays so.
-    async fn record(&self, hash: &KeyHash, deadline: Instant) -> Result<(Option<KeyRecord>, Option<Duration>), DecideError> {
+    /// The record of `hash` and, when it is fresh, how long it stays so. `off_path`: looked up
+    /// for background work (a refund), not for a decision (DecisionStore::key_record).
+    async fn record(&self, hash: &KeyHash, deadline: Instant, off_path: bool) -> Result<(Option<KeyRecord>, Option<Duration>), DecideError> {
         let now = Instant::now();
         let cached = self.cache.get(hash, now);
         if let Lookup::Fresh(r, left) = cached {
@@ -460,7 +461,7 @@ impl<S: DecisionStore> Decider<S> {
             return Ok((r, Some(left)));
         }
         let changes = self.changes.load(Ordering::Acquire);
-        match crate::trace::redis_call(self.store.key_record(hash, deadline.saturating_duration_since(now))).await {
+        match crate::trace::redis_call(self.store.key_record(hash, deadline.saturating_duration_since(now), off_path)).await {
             Ok(r) => {
                 metrics::counter!(m::CACHE, "result" => "miss").increment(1);
                 if self.changes.load(Ordering::Acquire) != changes {
@@ -485,7 +486,9 @@ impl<S: DecisionStore> Decider<S> {
                     Ok((r, None))
                 }
                 _ => {
-                    metrics::counter!(m::DECISIONS, "outcome" => "unavailable", "reason" => "redis").increment(1);
+                    if !off_path {
+                        metrics::counter!(m::DECISIONS, "outcome" => "unavailable", "reason" => "redis").increment(1);
+                    }
                     Err(DecideError::Unavailable(e.to_string()))
                 }
             },

@@ -37,7 +37,8 @@ impl<S: DecisionStore> Decider<S> {
             count("invalid");
             return Err(RefundFailed::Invalid("keyHash or decisionId"));
         };
-        let record = match self.record(&hash, Instant::now() + KEY_DEADLINE).await {
+        // on the off-path connection, within its own deadline: a refund is no decision
+        let record = match self.record(&hash, Instant::now() + KEY_DEADLINE, true).await {
             Ok((Some(r), _)) => r,
             Ok((None, _)) => {
                 count("unknown_key");

@@ -19,8 +19,10 @@ pub trait DecisionStore: Clone + Send + Sync + 'static {
     /// All the store time one decision may take.
     fn decision_timeout(&self) -> Duration;
 
-    /// The record of a key hash (`None`: no such key): `apikey:{sha256}`.
-    fn key_record(&self, hash: &KeyHash, left: Duration) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+    /// The record of a key hash (`None`: no such key): `apikey:{sha256}`. `off_path`: for
+    /// background work (a refund), within all of `left` on the off-path connection; else a
+    /// decision's, within `redis.timeout` too.
+    fn key_record(&self, hash: &KeyHash, left: Duration, off_path: bool) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
 
     /// Every limit of a request, its lease and its lookup: one `decide.lua` call.
     fn decide(&self, call: &DecideCall, left: Duration) -> impl Future<Output = Result<DecideReply, ScriptError>> + Send;
@@ -44,8 +46,8 @@ impl DecisionStore for Store {
         Store::decision_timeout(self)
     }
 
-    async fn key_record(&self, hash: &KeyHash, left: Duration) -> Result<Option<KeyRecord>, StoreError> {
-        self.lookup_within(hash, self.request_deadline(left)).await
+    async fn key_record(&self, hash: &KeyHash, left: Duration, off_path: bool) -> Result<Option<KeyRecord>, StoreError> {
+        self.lookup_within(hash, if off_path { left } else { self.request_deadline(left) }).await
     }
 
     async fn decide(&self, call: &DecideCall, left: Duration) -> Result<DecideReply, ScriptError> {

@@ -149,7 +149,7 @@ impl DecisionStore for MemoryStore {
         std::time::Duration::from_secs(1)
     }
 
-    async fn key_record(&self, hash: &KeyHash, _left: std::time::Duration) -> Result<Option<KeyRecord>, StoreError> {
+    async fn key_record(&self, hash: &KeyHash, _left: std::time::Duration, _off_path: bool) -> Result<Option<KeyRecord>, StoreError> {
         let mut m = self.mem();
         m.record_reads += 1;
         if m.down {
