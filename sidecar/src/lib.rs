@@ -266,8 +266,8 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
     };
     use propagation::SubscribeTo;
     let node = match config.redis.mode {
-        config::RedisMode::Single => Some(SubscribeTo::Node(config.redis.url.clone())),
-        config::RedisMode::Cluster => config.redis.nodes.first().cloned().map(SubscribeTo::Node),
+        config::RedisMode::Single => Some(SubscribeTo::Nodes(vec![config.redis.url.clone()])),
+        config::RedisMode::Cluster => (!config.redis.nodes.is_empty()).then(|| SubscribeTo::Nodes(config.redis.nodes.clone())),
         config::RedisMode::Sentinel => Some(SubscribeTo::Sentinel {
             sentinels: config.redis.nodes.clone(),
             master_name: config.redis.master_name.clone(),

@@ -201,6 +201,60 @@ fn changes_reach_two_replicas_within_a_second_even_after_a_dropped_subscription(
     assert!(b.log_text().contains("subscribed to config changes"));
 }
 
+/// A replica that cannot subscribe at all (pub/sub refused here, a Cluster node down in life)
+/// still compares the configuration's version every `admin.resync_interval`; and a write of its
+/// own, made on a snapshot that lacks another replica's change, does not mark that change loaded.
+#[test]
+fn a_replica_that_cannot_subscribe_still_resyncs_and_its_own_write_hides_no_missed_change() {
+    let mut g = pg_gateway().sidecar_env("TOLLGATE_SIDECAR_ADMIN__RESYNC_INTERVAL", "2s").build();
+    seed(g.replica(0).admin(), 1_000_000);
+    g.add_replica().expect("a second replica");
+    let (base_a, base_b) = (g.replica(0).admin().to_string(), g.replica(1).admin().to_string());
+    let mut c = g.redis().connection().unwrap();
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("-psubscribe").query(&mut c).unwrap();
+    let killed: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query(&mut c).unwrap();
+    assert!(killed >= 2, "both sidecars held a pub/sub connection ({killed})");
+    let product = |base: &str, id: &str| admin("GET", base, &format!("/v1/products/{id}"), None).status;
+    let create = |base: &str, id: &str| {
+        let r = admin("POST", base, "/v1/products", Some(json!({"id": id})));
+        assert_eq!(r.status, 201, "{}", r.body);
+    };
+    // no message reaches B: it learns A's change by comparing versions
+    create(&base_a, "x1");
+    poll_until("B to resync without a subscription", Duration::from_secs(20), || product(&base_b, "x1") == 200);
+    // A's change, then at once B's own: B's write must not mark A's as loaded
+    create(&base_a, "x2");
+    create(&base_b, "x3");
+    poll_until("B to load the change it missed before its own write", Duration::from_secs(20), || product(&base_b, "x2") == 200);
+    poll_until("A to have B's change", Duration::from_secs(20), || product(&base_a, "x3") == 200);
+}
+
+/// Two creations of one id at once on one replica: one 201 and one 409, never two 201s where
+/// the second silently replaces the first.
+#[test]
+fn two_creations_of_one_id_at_once_get_one_201() {
+    let g = pg_gateway().build();
+    let base = g.replica(0).admin().to_string();
+    for round in 0..5 {
+        let id = format!("p{round}");
+        let statuses: Vec<u16> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4u64)
+                .map(|n| {
+                    let (base, id) = (base.clone(), id.clone());
+                    s.spawn(move || {
+                        let plan = json!({"id": id, "limits": [{"name": "pm", "algorithm": "fixed_window", "limit": 10 + n, "window": "60s"}]});
+                        admin("POST", &base, "/v1/plans", Some(plan)).status
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut sorted = statuses.clone();
+        sorted.sort();
+        assert_eq!(sorted, [201, 409, 409, 409], "round {round}: {statuses:?}");
+    }
+}
+
 #[test]
 fn postgres_going_away_leaves_the_hot_path_alone_and_a_wiped_redis_is_rewarmed() {
     let mut g = pg_gateway().build();

@@ -181,11 +181,7 @@ async fn create(State(s): State<Arc<AdminState>>, Path(kind): Path<String>, body
         (Ok(k), Ok(v)) => (k, v),
         (Err(r), _) | (_, Err(r)) => return r,
     };
-    let id = v.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-    if !id.is_empty() && s.control.live.get().get(k, &id).is_some() {
-        return error(StatusCode::CONFLICT, "exists", Some("id"), format!("{kind} '{id}' exists; use PUT to replace it"));
-    }
-    write(&s, Change::Put(k, v), StatusCode::CREATED).await
+    write(&s, Change::Put(k, v), Expect::Absent, StatusCode::CREATED).await
 }
 
 async fn put(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String, String)>, body: Bytes) -> Response {
@@ -198,7 +194,7 @@ async fn put(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String, S
         Some(b) if b != id => return error(StatusCode::BAD_REQUEST, "invalid", Some("id"), "differs from the id in the path"),
         Some(_) => {}
     }
-    write(&s, Change::Put(k, v), StatusCode::OK).await
+    write(&s, Change::Put(k, v), Expect::Any, StatusCode::OK).await
 }
 
 async fn delete(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String, String)>) -> Response {
@@ -206,20 +202,40 @@ async fn delete(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String
         Ok(k) => k,
         Err(r) => return r,
     };
-    if s.control.live.get().get(k, &id).is_none() {
-        return error(StatusCode::NOT_FOUND, "not_found", Some("id"), format!("no {kind} '{id}'"));
-    }
-    write(&s, Change::Delete(k, id), StatusCode::OK).await
+    write(&s, Change::Delete(k, id), Expect::Present, StatusCode::OK).await
 }
 
-/// Validate → commit → install → announce.
-async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
+/// Whether the object a write names must exist already (a write of this replica's checks it in
+/// the same snapshot it validates against, under the same lock: two POSTs of one id at once get
+/// one 201 and one 409, never two 201s with the second replacing the first).
+enum Expect {
+    Absent,
+    Present,
+    Any,
+}
+
+/// Check → validate → commit → install → announce.
+async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -> Response {
     let Source::Postgres(pg) = &s.control.source else {
         return error(StatusCode::CONFLICT, "read_only_source", None, SourceError::ReadOnly);
     };
     // validate-then-commit against one snapshot; no reload may install in between
     let serial = s.control.installing.lock().await;
-    let next = match s.control.live.get().apply(&change) {
+    let live = s.control.live.get();
+    let (kind, id) = match &change {
+        Change::Put(k, v) => (*k, v.get("id").and_then(Value::as_str).unwrap_or_default().to_string()),
+        Change::Delete(k, id) => (*k, id.clone()),
+    };
+    let exists = !id.is_empty() && live.get(kind, &id).is_some();
+    match expect {
+        Expect::Absent if exists => {
+            let what = kind.name();
+            return error(StatusCode::CONFLICT, "exists", Some("id"), format!("{what} '{id}' exists; use PUT to replace it"));
+        }
+        Expect::Present if !exists => return error(StatusCode::NOT_FOUND, "not_found", Some("id"), format!("no {} '{id}'", kind.name())),
+        _ => {}
+    }
+    let next = match live.apply(&change) {
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid", Some(&e.field), &e),
     };
@@ -245,7 +261,7 @@ async fn write(s: &AdminState, change: Change, ok: StatusCode) -> Response {
 async fn announced(s: &AdminState, tenant: Option<&Id>, ok: StatusCode, mut body: Value) -> Response {
     match s.control.announce(tenant).await {
         Ok(v) => {
-            s.control.live.set_version(v);
+            s.control.live.advance_version(v);
             body["version"] = json!(v);
         }
         Err(e) => {

@@ -223,4 +223,11 @@ impl Live {
     pub fn set_version(&self, v: u64) {
         self.version.store(v, Ordering::Relaxed);
     }
+    /// After this process's own write announced as `v`: `v` is marked loaded only when it follows
+    /// what was loaded, so no change of another replica was missed between them. Otherwise
+    /// the version stays and the next resync reloads everything (a write installs its change
+    /// on this replica's snapshot, which may lack another's; marking `v` would hide that).
+    pub fn advance_version(&self, v: u64) -> bool {
+        self.version.compare_exchange(v.wrapping_sub(1), v, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
 }

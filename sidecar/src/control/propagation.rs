@@ -7,7 +7,10 @@
 //! tenant's cached key answers (`_all`: every tenant's). After every (re)subscription, and every
 //! `admin.resync_interval`, the replica compares `cfg:routing:version` with the version it last
 //! loaded and reloads everything if they differ, so a message missed while disconnected cannot
-//! leave it stale. The key cache's TTL stays the last safety net.
+//! leave it stale; while it cannot subscribe at all (the node down, pub/sub refused), it still
+//! compares every `admin.resync_interval`, through the store's own connections. On a Cluster
+//! each attempt to subscribe takes the next configured node. The key cache's TTL stays the last
+//! safety net.
 //!
 //! A reload that fails (PostgreSQL down) keeps the configuration in force and is retried at the
 //! next resync; the request path never waits on any of this.
@@ -41,17 +44,21 @@ pub async fn rewarm(control: Arc<Control>, shutdown: CancellationToken) {
 /// Where the subscriber subscribes.
 #[derive(Debug, Clone)]
 pub enum SubscribeTo {
-    /// A node (any node of a Cluster sees every PUBLISH).
-    Node(String),
+    /// A node: the single one, or any of a Cluster's (each sees every PUBLISH), tried in turn.
+    Nodes(Vec<String>),
     /// The master Sentinel names now, asked again on every (re)connection, so a failover moves
     /// the subscription to the new master (where the writers now publish).
     Sentinel { sentinels: Vec<String>, master_name: String },
 }
 
 impl SubscribeTo {
-    async fn client(&self) -> redis::RedisResult<redis::Client> {
+    /// The client of the `attempt`-th attempt to subscribe.
+    async fn client(&self, attempt: usize) -> redis::RedisResult<redis::Client> {
         match self {
-            SubscribeTo::Node(url) => redis::Client::open(url.as_str()),
+            SubscribeTo::Nodes(urls) => match urls.get(attempt % urls.len().max(1)) {
+                Some(url) => redis::Client::open(url.as_str()),
+                None => Err(redis::RedisError::from((redis::ErrorKind::Client, "no node configured"))),
+            },
             SubscribeTo::Sentinel { sentinels, master_name } => {
                 let mut last = None;
                 for url in sentinels {
@@ -75,16 +82,20 @@ impl SubscribeTo {
 
 /// The subscriber: runs until `shutdown`.
 pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Duration, shutdown: CancellationToken) {
-    if let SubscribeTo::Node(url) = &to {
-        if let Err(e) = redis::Client::open(url.as_str()) {
+    if let SubscribeTo::Nodes(urls) = &to {
+        if let Some(e) = urls.iter().find_map(|url| redis::Client::open(url.as_str()).err()) {
             tracing::error!(error = %e, "config propagation disabled: bad Redis URL");
             return;
         }
     }
     let mut pause = Duration::from_millis(20);
+    let mut attempt = 0usize;
+    let mut last_resync = tokio::time::Instant::now();
     while !shutdown.is_cancelled() {
+        let client = to.client(attempt);
+        attempt = attempt.wrapping_add(1);
         let subscribed = async {
-            let mut ps = to.client().await?.get_async_pubsub().await?;
+            let mut ps = client.await?.get_async_pubsub().await?;
             ps.psubscribe(CONFIG_CHANGED_PATTERN).await?;
             redis::RedisResult::Ok(ps)
         };
@@ -96,6 +107,11 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Durati
             Ok(Ok(ps)) => ps,
             Ok(Err(_)) | Err(_) => {
                 tracing::debug!("cannot subscribe to config changes yet; retrying");
+                // no message can come meanwhile: the version is compared all the same
+                if last_resync.elapsed() >= resync_interval {
+                    resync(&control).await;
+                    last_resync = tokio::time::Instant::now();
+                }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(pause) => {}
@@ -108,13 +124,17 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Durati
         tracing::info!(pattern = CONFIG_CHANGED_PATTERN, "subscribed to config changes");
         // Subscribed first, compared second: a change after this point arrives as a message.
         resync(&control).await;
+        last_resync = tokio::time::Instant::now();
         let mut messages = ps.on_message();
         let mut tick = tokio::time::interval(resync_interval);
         tick.reset();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tick.tick() => resync(&control).await,
+                _ = tick.tick() => {
+                    resync(&control).await;
+                    last_resync = tokio::time::Instant::now();
+                }
                 msg = messages.next() => {
                     let Some(msg) = msg else {
                         tracing::warn!("config change subscription dropped; reconnecting and resynchronising");
