@@ -224,7 +224,7 @@ async fn idempotency_claim_in_flight_conflict_replay_and_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_2xx_outcome_is_remembered_whatever_its_size_or_kind() {
     let lab = Lab::new().await;
-    let many: Vec<tollgate_wire::Header> = (0..70).map(|i| tollgate_wire::Header::new(&format!("x-h{i}"), "v")).collect();
+    let many: Vec<tollgate_wire::Header> = (0..70).map(|i| tollgate_wire::Header::new(format!("x-h{i}"), "v")).collect();
     let mut binary = vec![0xffu8; tollgate_wire::responses::MAX_STORED_BODY];
     binary[0] = 0xfe;
     let outcomes = [
