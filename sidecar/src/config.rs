@@ -18,6 +18,8 @@ pub const ENV_PREFIX: &str = "TOLLGATE_SIDECAR_";
 /// the binary path and URL that `.tollgate/demo.env` exports for scripts, and the port override
 /// `TOLLGATE_SIDECAR_PORT` of `./build.sh up`.
 const NOT_SETTINGS: &[&str] = &["config", "bin", "url", "port"];
+/// Settings read from the environment as text, never parsed (settings::layers).
+const SECRETS: &[&str] = &["server.secret", "admin.token"];
 
 // Every section's type is defined by the module it configures (config depends on them, never
 // the other way round); `[redis]` and `[cache]` are re-exported here by their old names.
@@ -132,7 +134,7 @@ pub enum ConfigError {
 impl Config {
     /// Defaults, then the file (if given), then `TOLLGATE_SIDECAR_*` from the environment.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        Self::from_figment(settings::layers(Config::default(), file, ENV_PREFIX, NOT_SETTINGS).map_err(ConfigError::NoFile)?)
+        Self::from_figment(settings::layers(Config::default(), file, ENV_PREFIX, NOT_SETTINGS, SECRETS).map_err(ConfigError::NoFile)?)
     }
 
     /// Parses TOML text alone (no environment), for tests and `--check-config` diagnostics.
@@ -255,6 +257,15 @@ mod tests {
             jail.set_env("TOLLGATE_SIDECAR_REDIS__TIMOUT", "1ms");
             let err = Config::load(Some(Path::new("s.toml"))).unwrap_err().to_string();
             assert!(err.contains("timout"), "{err}");
+            Ok(())
+        });
+        // secrets are text as given: digits stay a secret, never a number in an error
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOLLGATE_SIDECAR_SERVER__SECRET", "12345678901234567890");
+            jail.set_env("TOLLGATE_SIDECAR_ADMIN__TOKEN", "0000000000000000000000001");
+            let c = Config::load(None).unwrap();
+            assert_eq!(c.server.secret.expose(), "12345678901234567890");
+            assert_eq!(c.admin.token.expose(), "0000000000000000000000001");
             Ok(())
         });
     }

@@ -128,7 +128,7 @@ fn invalid(field: impl Into<String>, reason: &'static str) -> ConfigError {
 impl Config {
     /// Defaults, then the file (if any), then `TOLLGATE_BILLING_*`.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        let fig = settings::layers(Config::default(), file, ENV_PREFIX, NOT_SETTINGS).map_err(ConfigError::NoFile)?;
+        let fig = settings::layers(Config::default(), file, ENV_PREFIX, NOT_SETTINGS, &[]).map_err(ConfigError::NoFile)?;
         let c: Config = fig.extract().map_err(Box::new)?;
         c.validate()?;
         Ok(c)

@@ -11,7 +11,16 @@ use std::fmt::Display;
 use std::path::{Path, PathBuf};
 
 /// The layers to extract a configuration from; `Err` is the given file that does not exist.
-pub fn layers<T: Serialize>(defaults: T, file: Option<&Path>, prefix: &str, not_settings: &'static [&'static str]) -> Result<Figment, PathBuf> {
+/// `secrets` (dotted keys): settings whose environment value is taken as text as it is, never
+/// parsed — a secret of digits would otherwise read as a number, refused as one with its value
+/// in the error a binary prints at start.
+pub fn layers<T: Serialize>(
+    defaults: T,
+    file: Option<&Path>,
+    prefix: &str,
+    not_settings: &'static [&'static str],
+    secrets: &'static [&'static str],
+) -> Result<Figment, PathBuf> {
     let mut fig = Figment::from(Serialized::defaults(defaults));
     if let Some(path) = file {
         if !path.exists() {
@@ -19,7 +28,18 @@ pub fn layers<T: Serialize>(defaults: T, file: Option<&Path>, prefix: &str, not_
         }
         fig = fig.merge(Toml::file(path));
     }
-    Ok(fig.merge(Env::prefixed(prefix).filter(|k| !not_settings.iter().any(|n| k.as_str().eq_ignore_ascii_case(n))).split("__")))
+    let env_key = |dotted: &str| dotted.replace('.', "__");
+    let env = Env::prefixed(prefix)
+        .filter(move |k| !not_settings.iter().chain(secrets).any(|n| k.as_str().eq_ignore_ascii_case(&env_key(n))))
+        .split("__");
+    fig = fig.merge(env);
+    for key in secrets {
+        let var = format!("{prefix}{}", env_key(key));
+        if let Some((_, value)) = std::env::vars().find(|(k, _)| k.eq_ignore_ascii_case(&var)) {
+            fig = fig.merge(Serialized::global(key, value));
+        }
+    }
+    Ok(fig)
 }
 
 /// A configuration a binary cannot start with: the reason on stderr, exit status 2.
