@@ -23,7 +23,14 @@ impl HttpFilter {
     /// The breaker stage, once authentication let the request on.
     fn guarded(&mut self, host: &mut impl Host, auth: Action) -> Action {
         match auth {
-            Action::Continue => self.guard.on_request_routed(host, self.filter.route()),
+            Action::Continue => {
+                let guarded = self.guard.on_request_routed(host, self.filter.route());
+                if guarded == Action::Pause {
+                    // the guard answered 503 itself: the request goes nowhere
+                    self.filter.refused_before_upstream();
+                }
+                guarded
+            }
             Action::Pause | Action::Hold => auth,
         }
     }

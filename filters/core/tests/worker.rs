@@ -428,14 +428,23 @@ fn the_breaker_stage_follows_an_allow_and_only_an_allow() {
     assert_eq!(h.reply.as_ref().map(|r| r.status), Some(401));
     assert_eq!(h.named("tollgate.breaker.a.rejected"), 0);
 
-    // allowed while open: the guard replies 503 itself and the request is not resumed
+    // allowed while open: the guard replies 503 itself and the request is not resumed; a token
+    // reservation it holds is settled at 0 (no upstream used any), never charged in full
     let (mut f, mut h) = start(&root);
-    assert_eq!(f.on_call_response(&mut h, 1, Some(200), ALLOW), Action::Pause);
+    assert_eq!(f.on_call_response(&mut h, 1, Some(200), allow_with_ticket()), Action::Pause);
     let reply = h.reply.clone().unwrap();
     assert_eq!(reply.status, 503);
     assert!(reply.headers.contains(&("x-tollgate-breaker".into(), "open".into())));
     assert_eq!(h.named("tollgate.breaker.a.rejected"), 1);
     assert_eq!(h.count_of(Metric::Allowed), 1, "authentication allowed it");
+    h.upstream_response = vec![(":status".into(), b"503".to_vec()), ("content-type".into(), b"application/json".to_vec())];
+    f.on_response_headers(&mut h, false);
+    h.response_chunk = reply.body.clone();
+    f.on_response_body(&mut h, reply.body.len(), true);
+    f.on_log(&mut h);
+    let body = w.completions().borrow_mut().begin_flush(10).expect("its completion");
+    let batch: CompletionBatch = serde_json::from_slice(&body).unwrap();
+    assert_eq!((batch.completions[0].status, batch.completions[0].tokens), (503, Some(0)));
 
     // a half-open trial that ends without response headers gives its slot back
     root.now_ms = T + 2_000;

@@ -173,6 +173,12 @@ impl AuthFilter {
         }
     }
 
+    /// The gateway answered the allowed request itself (an open breaker): no upstream used any
+    /// tokens, so a reservation it holds is settled at 0, never charged in full.
+    pub fn refused_before_upstream(&mut self) {
+        self.response.no_upstream = true;
+    }
+
     /// The route this request matched, if any.
     pub fn route(&self) -> Option<&RouteSpec> {
         self.route.as_ref().and_then(Routed::spec)

@@ -22,6 +22,9 @@ pub struct ResponseSide {
     pub cache_status: Option<&'static str>,
     /// The request was answered with a stored response (nothing went upstream).
     pub replayed: bool,
+    /// The allowed request was answered by the gateway itself, never sent upstream (an open
+    /// breaker): it used no tokens.
+    pub no_upstream: bool,
     /// Held until the request completes, then reported as a completion.
     pub ticket: Option<Ticket>,
     /// Who the request was let through as (kept when metering is on).
@@ -49,6 +52,7 @@ impl Default for ResponseSide {
             headers: Vec::new(),
             cache_status: None,
             replayed: false,
+            no_upstream: false,
             ticket: None,
             identity: None,
             status: 0,
@@ -213,6 +217,8 @@ impl ResponseSide {
             host.count(Metric::TokensClamped);
         }
         let tokens = tokens.map(|t| t.count);
+        // nothing went upstream: none used, whatever the gateway's own reply says
+        let tokens = if self.no_upstream && self.want_tokens { Some(0) } else { tokens };
         // the clock (a host call) only for a store
         let store = self.pending_store.take().and_then(|p| store_item(p, body, host.now_ms()));
         (tokens, store)
