@@ -211,6 +211,10 @@ pub struct Shipper {
     pub dir: PathBuf,
     pub total: Arc<AtomicU64>,
     pub sealed: Arc<tokio::sync::Notify>,
+    /// Segments shipped whole whose file could not be deleted (a read-only or failing disk):
+    /// only their deletion is tried again, never their shipping — else every round would send
+    /// them again, filling the topic with duplicates for as long as the disk refuses.
+    pub undeletable: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 /// The shipper's view of Kafka, for logging transitions once.
@@ -295,9 +299,19 @@ impl Shipper {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            let known = self.undeletable.lock().unwrap_or_else(|p| p.into_inner()).contains(&segment);
+            if known {
+                // shipped already: its deletion alone is tried again
+                if remove_segment(&segment, &self.total).is_ok() {
+                    self.undeletable.lock().unwrap_or_else(|p| p.into_inner()).remove(&segment);
+                    tracing::info!(segment = %segment.display(), "usage: a shipped segment could be deleted at last");
+                }
+                continue;
+            }
             let shipped = self.ship_segment(&segment).await?;
             if let Err(e) = remove_segment(&segment, &self.total) {
-                tracing::error!(error = %e, segment = %segment.display(), "usage: cannot delete a shipped segment (it will be shipped again)");
+                tracing::error!(error = %e, segment = %segment.display(), "usage: cannot delete a shipped segment; its deletion is tried again, its events are not sent again (a restart sends them once more: the consumer drops repeated ids)");
+                self.undeletable.lock().unwrap_or_else(|p| p.into_inner()).insert(segment.clone());
             }
             metrics::counter!(crate::metrics::USAGE_EVENTS, "outcome" => "delivered").increment(shipped.single + shipped.aggregated);
             if shipped.aggregates > 0 {

@@ -246,6 +246,7 @@ impl Usage {
             dir: config.spool_dir.clone(),
             total: spool.total(),
             sealed,
+            undeletable: Default::default(),
         };
         let stop = CancellationToken::new();
         let handle = tokio::spawn(shipper.run(stop.clone(), config.shutdown_grace));
