@@ -213,13 +213,23 @@ async fn a_late_bucket_refund_never_gives_back_what_a_full_refill_absorbed() {
 async fn a_refund_waits_for_a_redis_slower_than_a_decisions_deadline() {
     let lab = Lab::start(&limit("fw", "fixed_window", 5, "window = \"60s\""), T0, |cfg| {
         cfg.cache.ttl = Duration::ZERO; // every key lookup goes to Redis
-        cfg.redis.timeout = Duration::from_millis(300);
+        cfg.redis.timeout = Duration::from_millis(100);
     });
     let mut lab = lab.key("p").await;
-    let (id, r) = lab.decide().await;
-    assert!(allowed(&r), "{r:?}");
+    // a decision that took (a first one may meet the 100 ms while its connection is made: the
+    // limit's failure mode then admits without a record)
+    let mut id = String::new();
+    for _ in 0..5 {
+        let (d, r) = lab.decide().await;
+        assert!(allowed(&r), "{r:?}");
+        if lab.state().contains_key(&format!("dec:{{acme}}:{d}")) {
+            id = d;
+            break;
+        }
+    }
+    assert!(!id.is_empty(), "no decision took anything in 5 tries");
     // both connections made: a refund of a decision that never was
     assert_eq!(lab.refund(&format!("{:032x}", 7)).await, Refunded::Nothing);
-    let _: () = lab.redis.cmd(&["CLIENT", "PAUSE", "700", "ALL"]);
+    let _: () = lab.redis.cmd(&["CLIENT", "PAUSE", "400", "ALL"]);
     assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 1 }, "answered once Redis is, within the refund's 1 s");
 }

@@ -348,6 +348,22 @@ fn sse_frames_are_read_for_a_budget_only_from_an_event_stream() {
     }
 }
 
+/// A request the gateway answered itself after its allow (an open breaker) used no tokens: its
+/// budget's reservation is settled at 0 even where responses are not read for usage.
+#[test]
+fn a_request_refused_before_its_upstream_settles_its_reservation_at_0() {
+    for config in [r#"{}"#, r#"{"tokenUsage":"none"}"#] {
+        let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
+        let (mut f, mut host) = with_key(filter_with_queue(config, queue.clone()));
+        assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
+        f.refused_before_upstream();
+        f.on_log(&mut host);
+        let sent = queue.borrow_mut().begin_flush(10).unwrap();
+        let batch: tollgate_wire::CompletionBatch = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(batch.completions[0].tokens, Some(0), "{config}");
+    }
+}
+
 #[test]
 fn requests_without_a_ticket_report_nothing() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));

@@ -196,7 +196,26 @@ pub struct Db {
 
 impl Db {
     pub async fn connect(url: &str) -> Result<Db, tokio_postgres::Error> {
-        let (client, conn) = tokio_postgres::connect(url, NoTls).await?;
+        // A PostgreSQL host that vanishes mid-query (a failover whose old host is gone, no RST)
+        // must not hold a query — a batch's, the schema's, a prune — until the kernel's default
+        // keepalive (~2 h): probes after 30 s idle, every 10 s, 3 missed → closed, and data
+        // unacknowledged for 60 s → closed. The query then fails and the batch is stored again
+        // on a new connection (a transaction that did commit makes its events duplicates,
+        // skipped by id). The URL's own settings win where it names them.
+        let mut config: tokio_postgres::Config = url.parse()?;
+        if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            config.keepalives_idle(Duration::from_secs(30));
+        }
+        if config.get_keepalives_interval().is_none() {
+            config.keepalives_interval(Duration::from_secs(10));
+        }
+        if config.get_keepalives_retries().is_none() {
+            config.keepalives_retries(3);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(Duration::from_secs(60));
+        }
+        let (client, conn) = config.connect(NoTls).await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "postgres connection ended");

@@ -85,9 +85,6 @@ impl Consumed {
     }
 }
 
-/// How long one batch's transaction may take before its connection is given up (see the loop).
-const STORE_DEADLINE: Duration = Duration::from_secs(60);
-
 /// Runs the consumer until `shutdown`. Returns an error only for what retrying cannot fix
 /// (bad configuration); PostgreSQL and Kafka outages are waited out.
 pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
@@ -137,18 +134,9 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
                 }
             }
             let Some(d) = db.as_mut() else { continue };
-            // A deadline: a PostgreSQL that vanished mid-query (a failover whose old host is gone,
-            // no RST) would hold the batch until TCP keepalive notices, about 2 h. Past it, the
-            // connection is dropped and the batch stored again on a new one: a transaction that
-            // did commit meanwhile makes its events duplicates, which the store skips by id.
-            let attempt = tokio::time::timeout(STORE_DEADLINE, d.store(&config.kafka.topic, &batch)).await;
-            let stored = match attempt {
-                Ok(r) => r.map_err(|e| e.to_string()),
-                Err(_) => {
-                    db = None;
-                    Err(format!("no answer within {STORE_DEADLINE:?}; reconnecting"))
-                }
-            };
+            // A PostgreSQL gone mid-query fails the query within about a minute, not hours: the
+            // connection's keepalives and TCP user timeout (db::Db::connect).
+            let stored = d.store(&config.kafka.topic, &batch).await;
             match stored {
                 Ok(stored) => {
                     use std::sync::atomic::Ordering::Relaxed;
@@ -172,7 +160,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
                         tracing::warn!(error = %e, "billing: postgres cannot take the batch; retrying until it can");
                         logged = true;
                     }
-                    if db.as_ref().is_some_and(|d| d.is_closed()) {
+                    if d.is_closed() {
                         db = None;
                     }
                     tokio::select! {

@@ -35,7 +35,9 @@ pub fn layers<T: Serialize>(
     fig = fig.merge(env);
     for key in secrets {
         let var = format!("{prefix}{}", env_key(key));
-        if let Some((_, value)) = std::env::vars().find(|(k, _)| k.eq_ignore_ascii_case(&var)) {
+        // vars_os: a variable that is not Unicode (anyone's) must not stop the start
+        let value = std::env::vars_os().find(|(k, _)| k.to_str().is_some_and(|k| k.eq_ignore_ascii_case(&var))).and_then(|(_, v)| v.into_string().ok());
+        if let Some(value) = value {
             fig = fig.merge(Serialized::global(key, value));
         }
     }

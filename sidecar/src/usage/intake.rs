@@ -132,18 +132,19 @@ impl RecentIds {
         if self.set.contains_key(&k) {
             return false;
         }
-        let n = self.next;
-        self.next += 1;
-        self.set.insert(k, (durable, n));
-        self.order.push_back((k, n));
-        // The window is the last `capacity` ids remembered; stale insertions leave with the
-        // live ones before them (and take no room: at most as many again are kept).
-        while self.set.len() > self.capacity || self.order.len() > 2 * self.capacity {
+        // The window is the last `capacity` ids remembered: room is made before this one comes.
+        // Stale insertions leave with the live ones before them (and take no room: at most as
+        // many again are kept, so the order holds at most twice the window).
+        while self.set.len() >= self.capacity || self.order.len() >= 2 * self.capacity {
             let Some((old, m)) = self.order.pop_front() else { break };
             if self.set.get(&old).is_some_and(|(_, at)| *at == m) {
                 self.set.remove(&old);
             }
         }
+        let n = self.next;
+        self.next += 1;
+        self.set.insert(k, (durable, n));
+        self.order.push_back((k, n));
         true
     }
 

@@ -217,6 +217,14 @@ pub struct Shipper {
     pub undeletable: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
+/// A deletion that found the file gone already succeeded.
+fn gone(removed: std::io::Result<()>) -> std::io::Result<()> {
+    match removed {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
 /// The shipper's view of Kafka, for logging transitions once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Health {
@@ -302,14 +310,14 @@ impl Shipper {
             let known = self.undeletable.lock().unwrap_or_else(|p| p.into_inner()).contains(&segment);
             if known {
                 // shipped already: its deletion alone is tried again
-                if remove_segment(&segment, &self.total).is_ok() {
+                if gone(remove_segment(&segment, &self.total)).is_ok() {
                     self.undeletable.lock().unwrap_or_else(|p| p.into_inner()).remove(&segment);
                     tracing::info!(segment = %segment.display(), "usage: a shipped segment could be deleted at last");
                 }
                 continue;
             }
             let shipped = self.ship_segment(&segment).await?;
-            if let Err(e) = remove_segment(&segment, &self.total) {
+            if let Err(e) = gone(remove_segment(&segment, &self.total)) {
                 tracing::error!(error = %e, segment = %segment.display(), "usage: cannot delete a shipped segment; its deletion is tried again, its events are not sent again (a restart sends them once more: the consumer drops repeated ids)");
                 self.undeletable.lock().unwrap_or_else(|p| p.into_inner()).insert(segment.clone());
             }

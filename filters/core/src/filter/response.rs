@@ -119,11 +119,11 @@ impl ResponseSide {
             if content_type.contains("json") || content_type.contains("event-stream") {
                 self.body.get_or_insert_with(Vec::new);
                 self.want_tokens = true;
-                self.event_stream = content_type.contains("event-stream");
+                self.event_stream = is_event_stream(&content_type);
             }
         } else if self.want_tokens {
             // a token budget reads the body whatever its type; its frames only from a stream
-            self.event_stream = host.response_header("content-type").is_some_and(|c| c.contains("event-stream"));
+            self.event_stream = host.response_header("content-type").is_some_and(|c| is_event_stream(&c));
         }
         self.body_limit = match (&self.pending_store, self.want_tokens) {
             (Some(p), false) if p.storable => p.max_body,
@@ -174,6 +174,7 @@ impl ResponseSide {
         if token_usage_from_response && (self.want_tokens || self.identity.is_some()) {
             self.want_tokens = true;
             self.body = Some(body.clone());
+            self.event_stream = r.headers.iter().any(|h| h.name.eq_ignore_ascii_case("content-type") && is_event_stream(&h.value));
         }
         self.status = r.status;
         self.replayed = true;
@@ -217,8 +218,10 @@ impl ResponseSide {
             host.count(Metric::TokensClamped);
         }
         let tokens = tokens.map(|t| t.count);
-        // nothing went upstream: none used, whatever the gateway's own reply says
-        let tokens = if self.no_upstream && self.want_tokens { Some(0) } else { tokens };
+        // nothing went upstream: a budget's reservation used none, whatever the gateway's own
+        // reply says and whether or not responses are read for usage (`tokenUsage`)
+        let budgeted = self.ticket.as_ref().is_some_and(|t| !t.budgets.is_empty());
+        let tokens = if self.no_upstream && budgeted { Some(0) } else { tokens };
         // the clock (a host call) only for a store
         let store = self.pending_store.take().and_then(|p| store_item(p, body, host.now_ms()));
         (tokens, store)
@@ -243,4 +246,10 @@ fn store_item(p: PendingStore, body: Option<Vec<u8>>, now_ms: u64) -> Option<Sto
         _ => return None,
     };
     Some(StoreItem { ticket: p.ticket, response })
+}
+
+/// Whether a `content-type` names an event stream (`text/event-stream`, parameters aside, in
+/// any case).
+fn is_event_stream(content_type: &str) -> bool {
+    content_type.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
 }
