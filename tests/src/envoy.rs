@@ -69,6 +69,9 @@ pub struct EnvoyOptions {
     /// More `${NAME}` placeholders for templates that have them (e.g. `FALLBACK_PORT`); they
     /// override the harness's own (e.g. `WASM_PATH`: another build of the filter).
     pub vars: Vec<(&'static str, String)>,
+    /// The Wasm filter's configuration comes from a file Envoy watches (ECDS,
+    /// [`Envoy::set_plugin_config`] changes it while Envoy runs) instead of the listener's.
+    pub plugin_config_in_file: bool,
 }
 
 impl EnvoyOptions {
@@ -90,6 +93,7 @@ impl EnvoyOptions {
             template: "envoy/tollgate.yaml.tmpl",
             cpu: None,
             vars: Vec::new(),
+            plugin_config_in_file: false,
         }
     }
     /// The plugin configuration: a `serde_json::Value` (build it with `json!`) or JSON text.
@@ -136,6 +140,12 @@ impl EnvoyOptions {
         self.vars.push(("FALLBACK_PORT", fallback_port.to_string()));
         self
     }
+    /// The Wasm filter's configuration in a file Envoy watches (extension config discovery), so
+    /// that [`Envoy::set_plugin_config`] can change it while Envoy runs, as a control plane would.
+    pub fn plugin_config_in_file(mut self) -> Self {
+        self.plugin_config_in_file = true;
+        self
+    }
     /// Envoy alone (router only): no filter, no sidecar.
     pub fn baseline(mut self) -> Self {
         self.template = "envoy/baseline.yaml.tmpl";
@@ -171,6 +181,68 @@ pub fn render_template(template: &str, vars: &[(&str, String)]) -> String {
     out
 }
 
+/// Envoy's configuration for `opts` on these ports: its template with every placeholder filled.
+fn render(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
+    let template = fs::read_to_string(root().join(opts.template)).expect("read envoy template");
+    // `opts.vars` first: the first value of a placeholder wins, so they override these.
+    let mut vars = opts.vars.clone();
+    vars.extend([
+        ("ADMIN_PORT", admin_port.to_string()),
+        ("LISTEN_PORT", port.to_string()),
+        ("UPSTREAM_PORT", opts.upstream_port.to_string()),
+        ("SIDECAR_PORT", opts.sidecar_port.to_string()),
+        ("SIDECAR_PROTOCOL", sidecar_protocol_yaml(opts.sidecar_transport).to_string()),
+        ("SIDECAR_ADDRESS", sidecar_address_yaml(opts.sidecar_transport, opts.sidecar_port, opts.sidecar_unix.as_deref())),
+        ("WASM_PATH", wasm_path().display().to_string()),
+        ("PLUGIN_CONFIG", opts.rendered_plugin_config().replace('\'', "''")),
+    ]);
+    render_template(&template, &vars)
+}
+
+/// The file, next to `envoy.yaml`, of the Wasm filter's configuration when Envoy reads it by
+/// extension config discovery ([`EnvoyOptions::plugin_config_in_file`]), and the name of the
+/// filter that reads it.
+const FILTER_FILE: &str = "tollgate-filter.yaml";
+const FILTER_BY_FILE: &str = "tollgate";
+/// Envoy's count of the configurations it took from that file.
+const FILTER_RELOADS: &str = "extension_config_discovery.http_filter.tollgate.config_reload";
+
+/// Moves the Wasm filter's `typed_config` out of a rendered Envoy configuration into an extension
+/// config discovery resource read from `file`: returns the configuration that names the file
+/// instead, and the file's text.
+pub fn filter_config_by_file(yaml: &str, file: &Path) -> (String, String) {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let indent_of = |l: &str| l.len() - l.trim_start().len();
+    let start = lines.iter().position(|l| l.trim() == "- name: envoy.filters.http.wasm").expect("the template has the Wasm filter");
+    let indent = indent_of(lines[start]);
+    assert_eq!(lines.get(start + 1).map(|l| l.trim()), Some("typed_config:"), "the Wasm filter's typed_config follows its name");
+    let body = start + 2;
+    let end = lines[body..]
+        .iter()
+        .position(|l| !l.trim().is_empty() && indent_of(l) <= indent + 2)
+        .map_or(lines.len(), |i| body + i);
+    let pad = " ".repeat(indent);
+    let mut listener: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    listener.extend([
+        format!("{pad}- name: {FILTER_BY_FILE}"),
+        format!("{pad}  config_discovery:"),
+        format!("{pad}    config_source:"),
+        format!("{pad}      path_config_source: {{path: \"{}\"}}", file.display()),
+        format!("{pad}      resource_api_version: V3"),
+        format!("{pad}    type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]"),
+    ]);
+    listener.extend(lines[end..].iter().map(|l| l.to_string()));
+    let mut filter = vec![
+        "resources:".to_string(),
+        "- \"@type\": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig".to_string(),
+        format!("  name: {FILTER_BY_FILE}"),
+        "  typed_config:".to_string(),
+    ];
+    // its body from `indent + 4` to 4, under `typed_config`
+    filter.extend(lines[body..end].iter().map(|l| l.get(indent..).unwrap_or("").to_string()));
+    (listener.join("\n") + "\n", filter.join("\n") + "\n")
+}
+
 /// A real Envoy loading the Tollgate .wasm.
 pub struct Envoy {
     pub port: u16,
@@ -186,6 +258,24 @@ impl Envoy {
         &self.opts
     }
 
+    /// Gives the running Envoy another plugin configuration (JSON, as [`EnvoyOptions::plugin_config`]),
+    /// as a control plane would: the filter's file is replaced at once (written aside, then
+    /// renamed), and this returns once Envoy took it. Only for an Envoy started with
+    /// [`EnvoyOptions::plugin_config_in_file`].
+    pub fn set_plugin_config(&mut self, json: impl ToString) {
+        assert!(self.opts.plugin_config_in_file, "this Envoy's plugin configuration is not in a file");
+        let before = self.counter(FILTER_RELOADS);
+        self.opts.plugin_config = json.to_string();
+        let file = self._dir.path().join(FILTER_FILE);
+        let (_, filter) = filter_config_by_file(&render(&self.opts, self.port, self.admin_port), &file);
+        let aside = self._dir.path().join("tollgate-filter.yaml.new");
+        fs::write(&aside, filter).expect("write the filter's new configuration");
+        fs::rename(&aside, &file).expect("replace the filter's configuration");
+        crate::poll_until("Envoy to take the new plugin configuration", Duration::from_secs(30), || {
+            self.counter(FILTER_RELOADS) > before
+        });
+    }
+
     /// Starts Envoy and waits for admin `/ready`; panics (printing the log) if it does not come up.
     pub fn start(opts: EnvoyOptions) -> Envoy {
         match Envoy::try_start(opts) {
@@ -198,20 +288,13 @@ impl Envoy {
     pub fn try_start(opts: EnvoyOptions) -> Result<Envoy, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, admin_port) = (free_port(), free_port());
-        let template = fs::read_to_string(root().join(opts.template)).expect("read envoy template");
-        // `opts.vars` first: the first value of a placeholder wins, so they override these.
-        let mut vars = opts.vars.clone();
-        vars.extend([
-            ("ADMIN_PORT", admin_port.to_string()),
-            ("LISTEN_PORT", port.to_string()),
-            ("UPSTREAM_PORT", opts.upstream_port.to_string()),
-            ("SIDECAR_PORT", opts.sidecar_port.to_string()),
-            ("SIDECAR_PROTOCOL", sidecar_protocol_yaml(opts.sidecar_transport).to_string()),
-            ("SIDECAR_ADDRESS", sidecar_address_yaml(opts.sidecar_transport, opts.sidecar_port, opts.sidecar_unix.as_deref())),
-            ("WASM_PATH", wasm_path().display().to_string()),
-            ("PLUGIN_CONFIG", opts.rendered_plugin_config().replace('\'', "''")),
-        ]);
-        let yaml = render_template(&template, &vars);
+        let mut yaml = render(&opts, port, admin_port);
+        if opts.plugin_config_in_file {
+            let file = dir.path().join(FILTER_FILE);
+            let (listener, filter) = filter_config_by_file(&yaml, &file);
+            fs::write(&file, filter).expect("write the filter's configuration");
+            yaml = listener;
+        }
         let config = dir.path().join("envoy.yaml");
         fs::write(&config, yaml).expect("write envoy.yaml");
         let mut cmd = match opts.cpu {
@@ -227,6 +310,10 @@ impl Envoy {
             .args(["--concurrency", &opts.concurrency.to_string()])
             .args(["--base-id", &admin_port.to_string(), "--disable-hot-restart"])
             .args(["-l", "info", "--component-log-level", "wasm:debug"]);
+        if opts.plugin_config_in_file {
+            // a subscription (even to a file) needs the node's identity
+            cmd.args(["--service-node", "tollgate", "--service-cluster", "tollgate"]);
+        }
         let proc = Proc::spawn("envoy", cmd, dir.path().join("envoy.log"));
         let mut envoy = Envoy { port, admin_port, proc, opts: opts.clone(), _dir: dir };
         let ready_url = format!("http://127.0.0.1:{admin_port}/ready");
@@ -253,6 +340,12 @@ impl Envoy {
 
     pub fn pid(&self) -> Option<u32> {
         self.proc.pid()
+    }
+
+    /// Sends SIGTERM and waits up to `deadline` for Envoy to exit; its exit status, or `None`
+    /// when it is still running (then it is killed at drop).
+    pub fn terminate(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        self.proc.terminate(deadline)
     }
 
     /// The value of a counter from admin `/stats` (0 when absent).

@@ -176,6 +176,48 @@ fn a_hung_broker_holds_no_request_and_loses_nothing() {
     assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
 }
 
+#[test]
+fn a_new_plugin_configuration_first_sends_what_the_old_one_held_and_each_request_is_billed_once() {
+    // A control plane replaces the filter's plugin configuration (here: a file Envoy watches)
+    // while both workers hold usage events they have not sent: a flush every 60 s, the first one
+    // a whole interval after the start. The old configuration's root contexts send them before
+    // they end (decision 156); before, they ended with their worker, uncounted.
+    let s = Gateway::builder()
+        .sidecar_toml(
+            "[usage]\nenabled = true\nspool_dir = \"${SPOOL_DIR}\"\nsegment_age = \"50ms\"\n\
+             [usage.kafka]\nbrokers = \"${BROKERS}\"\ntopic = \"usage_events\"\npartitions = 4\ndelivery_timeout = \"3s\"\n",
+        )
+        .billing("usage_events", "billing")
+        .without_envoy()
+        .build();
+    let plugin = |every: &str| json!({"sidecar": {"timeout": "2s"}, "usage": {"enabled": true, "flushInterval": every}});
+    let mut envoy = s.start_envoy(|o| o.plugin_config(plugin("60s")).concurrency(2).plugin_config_in_file());
+    let acme = s.sidecar().create_key("acme", "big", &[]);
+    for _ in 0..20 {
+        assert_eq!(call(&envoy, &acme, &[]), 200);
+    }
+    let spooled = || s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}");
+    assert_eq!(spooled(), 0, "the workers hold the 20 events (their first flush is 60 s away)");
+
+    envoy.set_plugin_config(plugin("100ms"));
+    for _ in 0..10 {
+        assert_eq!(call(&envoy, &acme, &[]), 200);
+    }
+    let want: HashMap<String, [i64; 6]> = [("acme".to_string(), [30, 30, 0, 0, 0, 0])].into();
+    poll_until("the old configuration's 20 events and the new one's 10 billed", Duration::from_secs(60), || rollup(s.pg()) == want);
+    assert_eq!(psql_i64(s.pg(), "SELECT count(*) FROM usage_events"), 30, "each request billed once");
+    assert_eq!(spooled(), 30);
+    assert_eq!(envoy.counter("wasmcustom.tollgate.usage.dropped"), 0);
+
+    // An ending root context that holds events does not hold Envoy's own stop.
+    envoy.set_plugin_config(plugin("60s"));
+    for _ in 0..5 {
+        assert_eq!(call(&envoy, &acme, &[]), 200);
+    }
+    let status = envoy.terminate(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "Envoy stops on SIGTERM with events queued: {status:?}");
+}
+
 /// A real small disk: a tmpfs mounted for the test (the test machine runs as root), unmounted
 /// at drop.
 struct SmallDisk(tempfile::TempDir);

@@ -249,6 +249,20 @@ impl<T: BatchItem> BatchQueue<T> {
     pub fn split_cap(&self) -> Option<usize> {
         self.split_cap
     }
+
+    /// Items waiting or in flight.
+    pub fn waiting(&self) -> usize {
+        self.pending.len() + self.in_flight_len()
+    }
+
+    /// Drops every item waiting or in flight, counted as dropped (a root context's end ran out
+    /// of time: crate::worker).
+    pub fn abandon(&mut self) {
+        self.dropped += self.waiting() as u64;
+        self.pending.clear();
+        self.bytes = 0;
+        self.in_flight = None;
+    }
 }
 
 /// A batch that was not taken goes back to the front (sent again); one refused for good is
@@ -262,6 +276,12 @@ impl<T: BatchItem> Outbox for BatchQueue<T> {
     }
     fn full_batch_waits(&self, max: usize) -> bool {
         self.full_batch_waits_within(max, self.max_batch_bytes)
+    }
+    fn waiting(&self) -> usize {
+        BatchQueue::waiting(self)
+    }
+    fn abandon(&mut self) {
+        BatchQueue::abandon(self);
     }
     fn settle(&mut self, delivery: Delivery) {
         match delivery {

@@ -8,7 +8,7 @@
 //! once. A batch refused as too large (413) is split by its queue, never resent whole. The flusher only tells the queue how the call went ([`Delivery`]).
 
 use crate::host::{Host, LogLevel};
-use crate::jobs::Job;
+use crate::jobs::{Every, Job};
 use crate::sidecar::Sidecar;
 use crate::stats::{FlushEvent, Metric, Stream};
 use std::cell::RefCell;
@@ -41,6 +41,10 @@ pub trait Outbox {
     /// Whether no batch is in flight and a whole one (`max`, in the queue's unit, or its bytes'
     /// bound) waits: the flusher sends it at once instead of at its next turn.
     fn full_batch_waits(&self, max: usize) -> bool;
+    /// Items waiting or in flight.
+    fn waiting(&self) -> usize;
+    /// Drops every item waiting or in flight, counted in [`Outbox::dropped`].
+    fn abandon(&mut self);
 }
 
 /// What a flusher sends, where, and how it reads the answer.
@@ -164,5 +168,60 @@ impl<Q: Outbox> Job for BatchFlusher<Q> {
             // and drop the rest under steady load with a healthy sidecar.
             self.send(host);
         }
+    }
+}
+
+/// A job holding items a root context's end must not lose: when Envoy drops a plugin
+/// configuration, its root context keeps sending them on its ticks, whatever the job's cadence,
+/// until nothing is left or its time is up (crate::worker, `Worker::end`).
+pub trait Drain {
+    /// Sends what waits now (unless a batch is in flight).
+    fn drain(&mut self, host: &mut impl Host);
+    /// Items waiting or in flight.
+    fn left(&self) -> usize;
+    /// Drops what is left, counted as dropped; returns how many.
+    fn abandon(&mut self, host: &mut impl Host) -> usize;
+}
+
+impl<Q: Outbox> Drain for BatchFlusher<Q> {
+    fn drain(&mut self, host: &mut impl Host) {
+        self.on_tick(host);
+    }
+    fn left(&self) -> usize {
+        self.queue.borrow().waiting()
+    }
+    fn abandon(&mut self, host: &mut impl Host) -> usize {
+        let left = self.left();
+        self.queue.borrow_mut().abandon();
+        // an answer to the batch in flight, if one comes, finds nothing to settle
+        self.token = None;
+        self.report_dropped(host);
+        left
+    }
+}
+
+impl<J: Drain> Drain for Every<J> {
+    fn drain(&mut self, host: &mut impl Host) {
+        self.job.drain(host);
+    }
+    fn left(&self) -> usize {
+        self.job.left()
+    }
+    fn abandon(&mut self, host: &mut impl Host) -> usize {
+        self.job.abandon(host)
+    }
+}
+
+impl<J: Drain> Drain for Option<J> {
+    fn drain(&mut self, host: &mut impl Host) {
+        if let Some(j) = self {
+            j.drain(host);
+        }
+    }
+    fn left(&self) -> usize {
+        self.as_ref().map_or(0, Drain::left)
+    }
+    fn abandon(&mut self, host: &mut impl Host) -> usize {
+        self.as_mut().map_or(0, |j| j.abandon(host))
     }
 }

@@ -91,6 +91,13 @@ impl<J> Every<J> {
     pub fn new(interval: Duration, job: J) -> Every<J> {
         Every { cadence: Cadence::every(interval), job }
     }
+
+    /// Its first run one `interval` after `now_ms`, not at once (a queue's flusher: nothing
+    /// waits at its start).
+    pub fn first_after(mut self, now_ms: u64) -> Every<J> {
+        self.cadence.mark(now_ms);
+        self
+    }
 }
 
 impl<J: Job> Job for Every<J> {

@@ -153,6 +153,12 @@ impl Outbox for Meter {
     fn full_batch_waits(&self, max: usize) -> bool {
         self.queue.full_batch_waits(max)
     }
+    fn waiting(&self) -> usize {
+        self.queue.waiting()
+    }
+    fn abandon(&mut self) {
+        self.queue.abandon();
+    }
 }
 
 /// Who a request was let through as.

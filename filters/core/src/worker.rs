@@ -24,7 +24,7 @@ use crate::refunds::{RefundQueue, MAX_QUEUED_REFUNDS, MAX_REFUND_BATCH};
 use crate::config::FilterConfig;
 use crate::filter::kept::KeptBudget;
 use crate::filter::AuthFilter;
-use crate::flush::{BatchFlusher, FlushSpec};
+use crate::flush::{BatchFlusher, Drain, FlushSpec};
 use crate::host::{Host, LogLevel};
 use crate::http::HttpFilter;
 use crate::ids::DecisionIds;
@@ -58,6 +58,10 @@ const _: () = assert!(MAX_RESPONSE_BATCH_BYTES + crate::responses::queue::BATCH_
 const _: () = assert!(crate::completions::DEFAULT_MAX_BATCH_BYTES + 64 < tollgate_wire::BODY_LIMIT);
 /// The longest a queued lease renewal waits for its root context's tick.
 pub const LEASE_TICK: Duration = Duration::from_millis(20);
+/// How long a worker whose plugin configuration Envoy dropped keeps sending what its queues
+/// hold before it drops the rest, counted ([`Worker::end`]; decision 156): a sidecar restart
+/// fits, a usage batch's 5 s deadline several times.
+pub const END_GRACE: Duration = Duration::from_secs(30);
 
 /// Randomness the adapter draws from the host, once per VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +105,8 @@ pub struct Worker {
     decisions: Rc<RefCell<DecisionBatcher>>,
     /// The bytes of response bodies its requests keep (crate::filter::kept).
     kept: KeptBudget,
+    /// Envoy dropped this configuration ([`Worker::end`]): when its grace ends (host ms).
+    ending: Option<u64>,
 }
 
 impl Worker {
@@ -134,8 +140,11 @@ impl Worker {
         // Not metering there, or a batch it can never read: retrying cannot help.
         let usage_spec =
             FlushSpec::new(Stream::Usage, "usage events", USAGE_PATH, usage::MAX_BATCH, Duration::from_secs(5)).refused_by(&[400, 404]);
+        // its first turn a whole interval after the start (nothing waits before): a worker's
+        // first batch is as full as its later ones
+        let now = host.now_ms();
         let usage_flusher = config.usage.enabled.then(|| {
-            Every::new(config.usage.flush_interval, BatchFlusher::new(meter.clone(), usage_spec, sidecar.clone()))
+            Every::new(config.usage.flush_interval, BatchFlusher::new(meter.clone(), usage_spec, sidecar.clone())).first_after(now)
         });
         let route_poller = config.routing.enabled.then(|| RoutesJob {
             poller: RouteTablePoller::new(config.routing.clone(), sidecar.clone(), seeds.routes_owner),
@@ -161,6 +170,7 @@ impl Worker {
             breakers,
             decisions: Rc::default(),
             kept: KeptBudget::new(config.max_kept_body_bytes),
+            ending: None,
             completions,
             refunds,
             meter,
@@ -264,10 +274,66 @@ impl Worker {
         self.decisions.borrow_mut().send(host, &self.config.sidecar)
     }
 
+    /// Envoy dropped this worker's plugin configuration (a new one replaces it, or Envoy stops):
+    /// no request of it is left. Returns whether the root context may go now — nothing queued
+    /// (usage events, completion reports, refunds, responses to store) and nothing in flight.
+    /// Otherwise its ticks send what is left, whatever each stream's cadence, until nothing is
+    /// ([`Worker::has_ended`]) or [`END_GRACE`] has passed, when the rest is dropped and counted
+    /// (decision 156). Nothing is sent from here: Envoy may be stopping, its dispatcher gone.
+    pub fn end(&mut self, host: &mut impl Host) -> bool {
+        if self.ending.is_none() {
+            self.ending = Some(host.now_ms().saturating_add(END_GRACE.as_millis() as u64));
+            let left = self.left();
+            if left > 0 {
+                let what = "usage events, completions, refunds, responses to store";
+                host.log(
+                    LogLevel::Info,
+                    &format!("tollgate: this plugin configuration ended with {left} queued items ({what}); its worker sends them before it goes, unless Envoy is stopping"),
+                );
+            }
+        }
+        self.has_ended()
+    }
+
+    /// It was ended ([`Worker::end`]) and holds nothing more: its root context may go.
+    pub fn has_ended(&self) -> bool {
+        self.ending.is_some() && self.left() == 0
+    }
+
+    /// Items its queues hold, waiting or in flight.
+    fn left(&self) -> usize {
+        self.completion_flusher.left() + self.refund_flusher.left() + self.response_flusher.left() + self.usage_flusher.left()
+    }
+
+    /// A tick of an ending worker: its queues only.
+    fn drain(&mut self, host: &mut impl Host, until_ms: u64) {
+        if host.now_ms() < until_ms {
+            self.completion_flusher.drain(host);
+            self.refund_flusher.drain(host);
+            self.response_flusher.drain(host);
+            self.usage_flusher.drain(host);
+            return;
+        }
+        let lost = self.completion_flusher.abandon(host)
+            + self.refund_flusher.abandon(host)
+            + self.response_flusher.abandon(host)
+            + self.usage_flusher.abandon(host);
+        if lost > 0 {
+            host.log(
+                LogLevel::Warn,
+                &format!("tollgate: an ended plugin configuration's worker could not send {lost} queued items in {END_GRACE:?}; dropped and counted"),
+            );
+        }
+    }
+
     /// One tick: every job, in order.
     /// Returns decision answers for the adapter to deliver: the tick also sends a batch a lost
     /// wake left waiting (crate::batch).
     pub fn on_tick(&mut self, host: &mut impl Host) -> Vec<Delivery> {
+        if let Some(until_ms) = self.ending {
+            self.drain(host, until_ms);
+            return Vec::new();
+        }
         let deliveries = self.send_decisions(host);
         self.changes.on_tick(host);
         self.breakers.borrow_mut().on_tick(host, &self.config.breakers);

@@ -232,10 +232,12 @@ fn completions_are_flushed_at_their_cadence_and_a_batch_not_taken_is_sent_again(
 
 #[test]
 fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
+    const START: u64 = T + 1_000;
     let (mut w, mut root) = worker(r#"{"leases":{"enabled":false},"usage":{"enabled":true,"flushInterval":"1s"}}"#);
     let usage_calls = |h: &MockHost| h.calls.iter().filter(|c| header(c, ":path") == Some("/v1/usage")).count();
     request(&w, &mut root, ALLOW);
     request(&w, &mut root, ALLOW);
+    root.now_ms = START; // its first turn: a whole interval after the start
     w.on_tick(&mut root);
     assert_eq!(usage_calls(&root), 1);
     let call = root.calls.last().unwrap().clone();
@@ -247,7 +249,7 @@ fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
     answer(&mut w, &mut root, token, Some(500), b"");
     assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Errors)), 1);
     assert_eq!(w.meter().borrow().queue.len(), 2, "kept until the sidecar takes them");
-    root.now_ms = T + 500;
+    root.now_ms = START + 500;
     w.on_tick(&mut root);
     assert_eq!(usage_calls(&root), 1, "usage.flushInterval");
 
@@ -256,7 +258,7 @@ fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
         if i == 2 {
             request(&w, &mut root, ALLOW);
         }
-        root.now_ms = T + 1_000 * i;
+        root.now_ms = START + 1_000 * i;
         w.on_tick(&mut root);
         assert_eq!(usage_calls(&root), 1 + i as usize);
         let token = root.calls.len() as u32;
@@ -269,7 +271,7 @@ fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
     assert_eq!(warned(&root), 1);
 
     request(&w, &mut root, ALLOW);
-    root.now_ms = T + 3_000;
+    root.now_ms = START + 3_000;
     w.on_tick(&mut root);
     let token = root.calls.len() as u32;
     answer(&mut w, &mut root, token, Some(200), br#"{"accepted":1}"#);
@@ -283,19 +285,21 @@ fn usage_events_stay_queued_until_taken_and_a_refusal_drops_them_logged_once() {
 /// per `usage.flushInterval`, 1000 events a second by default, and dropped the rest under load).
 #[test]
 fn a_backlog_of_usage_events_leaves_as_fast_as_the_sidecar_takes_it() {
+    const START: u64 = T + 1_000;
     let (mut w, mut root) = worker(r#"{"leases":{"enabled":false},"usage":{"enabled":true,"flushInterval":"1s"}}"#);
     let usage_calls = |h: &MockHost| h.calls.iter().filter(|c| header(c, ":path") == Some("/v1/usage")).count();
     let events = |h: &MockHost, i: usize| serde_json::from_slice::<UsageBatch>(&h.calls[i].body).unwrap().events.len();
     for _ in 0..2_500 {
         request(&w, &mut root, ALLOW);
     }
+    root.now_ms = START; // its first turn: a whole interval after the start
     w.on_tick(&mut root);
     assert_eq!(usage_calls(&root), 1);
     assert_eq!(events(&root, 0), 1_000);
     // a failed batch is retried at the next turn, never at once
     answer(&mut w, &mut root, 1, Some(503), b"");
     assert_eq!(usage_calls(&root), 1, "a failing sidecar is not pressed");
-    root.now_ms = T + 1_000;
+    root.now_ms = START + 1_000;
     w.on_tick(&mut root);
     assert_eq!(usage_calls(&root), 2);
     // taken: 1500 wait, a whole batch of them leaves now
@@ -306,7 +310,7 @@ fn a_backlog_of_usage_events_leaves_as_fast_as_the_sidecar_takes_it() {
     answer(&mut w, &mut root, 3, Some(200), br#"{"accepted":1000}"#);
     assert_eq!(usage_calls(&root), 3);
     assert_eq!(w.meter().borrow().queue.len(), 500);
-    root.now_ms = T + 2_000;
+    root.now_ms = START + 2_000;
     w.on_tick(&mut root);
     assert_eq!(usage_calls(&root), 4);
     assert_eq!(events(&root, 3), 500);
@@ -314,6 +318,59 @@ fn a_backlog_of_usage_events_leaves_as_fast_as_the_sidecar_takes_it() {
     assert!(w.meter().borrow().queue.is_empty());
     assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::BatchesSent)), 3);
     assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Dropped)), 0);
+}
+
+/// Envoy drops a worker's plugin configuration (decision 156): holding nothing, its root context
+/// may go at once; holding usage events or completion reports, its next ticks send them whatever
+/// each stream's cadence, and it is done once they are taken. What a sidecar never takes is
+/// dropped and counted once `END_GRACE` is over.
+#[test]
+fn an_ended_worker_sends_what_it_holds_and_drops_it_counted_only_after_its_grace() {
+    let config = r#"{"leases":{"enabled":false},"usage":{"enabled":true,"flushInterval":"60s"}}"#;
+    let paths = |h: &MockHost| h.calls.iter().map(|c| header(c, ":path").unwrap_or("").to_string()).collect::<Vec<_>>();
+    let (mut w, mut root) = worker(config);
+    assert!(w.end(&mut root), "nothing held: it may go at once");
+    assert!(w.has_ended());
+
+    let (mut w, mut root) = worker(config);
+    request(&w, &mut root, allow_with_ticket());
+    request(&w, &mut root, ALLOW);
+    assert!(!w.end(&mut root), "two usage events and a completion report held");
+    assert!(root.calls.is_empty(), "nothing is sent from on_done (Envoy may be stopping)");
+    root.now_ms = T + 1;
+    w.on_tick(&mut root);
+    assert_eq!(paths(&root), ["/v1/completions", "/v1/usage"], "the usage events without waiting for their 60 s turn");
+    answer(&mut w, &mut root, 1, Some(200), b"");
+    assert!(!w.has_ended(), "the usage batch is still in flight");
+    answer(&mut w, &mut root, 2, Some(200), br#"{"accepted":2}"#);
+    assert!(w.has_ended());
+    root.now_ms = T + 2;
+    w.on_tick(&mut root);
+    assert_eq!(root.calls.len(), 2, "an ended worker sends nothing more");
+
+    // a sidecar that never takes them: sent again every tick until the grace is over
+    let (mut w, mut root) = worker(config);
+    request(&w, &mut root, allow_with_ticket());
+    request(&w, &mut root, ALLOW);
+    assert!(!w.end(&mut root));
+    let grace = tollgate_filter_core::worker::END_GRACE.as_millis() as u64;
+    for (i, now) in [T + 1, T + 100, T + grace - 1].into_iter().enumerate() {
+        root.now_ms = now;
+        w.on_tick(&mut root);
+        assert_eq!(root.calls.len(), 2 * (i + 1), "both batches sent again");
+        let last = root.calls.len() as u32;
+        answer(&mut w, &mut root, last - 1, Some(503), b"");
+        answer(&mut w, &mut root, last, None, b"");
+        assert!(!w.has_ended());
+    }
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Dropped)), 0, "nothing dropped within the grace");
+    root.now_ms = T + grace;
+    w.on_tick(&mut root);
+    assert_eq!(root.calls.len(), 6, "nothing sent once the grace is over");
+    assert!(w.has_ended());
+    assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Dropped)), 2, "the events are counted as dropped");
+    assert_eq!(root.count_of(flush(Stream::Completions, FlushEvent::Dropped)), 1);
+    assert!(root.logs.iter().any(|(l, m)| *l == LogLevel::Warn && m.contains("could not send 3 queued items")));
 }
 
 fn store_item(hash: &str) -> StoreItem {

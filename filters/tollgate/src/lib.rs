@@ -86,6 +86,8 @@ struct Root {
     /// for a batch (decision 127); `None`: batching is off.
     wake_queue: Option<u32>,
     streams: Streams,
+    /// Envoy was told this root context is done (`proxy_done`, after `on_done` said not yet).
+    told_done: bool,
 }
 
 impl Root {
@@ -114,6 +116,18 @@ impl Root {
         }
         raw::set_effective_context(self.id);
     }
+
+    /// An ending worker that sent what it held (or dropped it, counted, after its grace): Envoy
+    /// may delete this root context now (`proxy_done`; decision 156).
+    fn finish_if_ended(&mut self) {
+        if !self.told_done && self.worker.as_ref().is_some_and(Worker::has_ended) {
+            self.told_done = true;
+            self.metrics.flush();
+            if let Err(e) = hostcalls::done() {
+                log::warn!("tollgate: cannot tell Envoy this ended configuration's worker is done: {e:?}");
+            }
+        }
+    }
 }
 
 /// A counter per name, defined with the host (a failure is logged; that counter stays silent).
@@ -131,11 +145,16 @@ fn define<K: std::hash::Hash + Eq>(keys: impl IntoIterator<Item = (K, String)>) 
 }
 
 impl Context for Root {
-    /// The root context is going (a new configuration, Envoy shutting down): its tallied counts go
-    /// to Envoy now, not with a tick that will not come.
+    /// Envoy dropped this configuration (a new one replaces it, or Envoy stops): its tallied
+    /// counts go to Envoy now, and it may go at once unless its worker still holds usage events,
+    /// completions, refunds or responses to store. Then its ticks send them and it tells Envoy
+    /// when it is done ([`Root::finish_if_ended`]; decision 156).
     fn on_done(&mut self) -> bool {
         self.metrics.flush();
-        true
+        match self.worker.as_mut() {
+            Some(worker) => worker.end(&mut EnvoyHost::new(&self.metrics, &self.named)),
+            None => true,
+        }
     }
 
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
@@ -143,6 +162,7 @@ impl Context for Root {
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
         let deliveries = worker.on_call_response(&mut host, token_id, || call_status(num_headers), || call_body(num_headers, body_size));
         self.deliver(deliveries);
+        self.finish_if_ended();
     }
 }
 
@@ -184,6 +204,7 @@ impl RootContext for Root {
             self.deliver(deliveries);
         }
         self.metrics.flush();
+        self.finish_if_ended();
     }
 
     fn on_queue_ready(&mut self, queue_id: u32) {

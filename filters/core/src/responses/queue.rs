@@ -106,6 +106,12 @@ impl Outbox for ResponseQueue {
     fn full_batch_waits(&self, max_bytes: usize) -> bool {
         self.batches.full_batch_waits_within(usize::MAX, max_bytes.saturating_sub(BATCH_OVERHEAD))
     }
+    fn waiting(&self) -> usize {
+        self.batches.waiting()
+    }
+    fn abandon(&mut self) {
+        self.batches.abandon();
+    }
     fn settle(&mut self, delivery: Delivery) {
         match delivery {
             Delivery::Delivered => self.batches.end_flush(true),
