@@ -229,6 +229,62 @@ fn a_replica_that_cannot_subscribe_still_resyncs_and_its_own_write_hides_no_miss
     poll_until("A to have B's change", Duration::from_secs(20), || product(&base_a, "x3") == 200);
 }
 
+/// Two replicas whose copies differ (B hears of no change: pub/sub refused, a resync an hour
+/// away): A deletes a product, then B writes a route naming it. B's write is checked against the
+/// configuration as stored, under a lock every replica's writes take (decision 157): 400, and
+/// PostgreSQL never holds a configuration a new replica could not start from. Before, B checked
+/// its own copy, stored the route, and the next replica refused to start.
+#[test]
+fn a_write_made_on_a_stale_copy_is_checked_against_what_is_stored() {
+    let mut g = pg_gateway().sidecar_env("TOLLGATE_SIDECAR_ADMIN__RESYNC_INTERVAL", "1h").build();
+    let base_a = g.replica(0).admin().to_string();
+    seed(&base_a, 1_000_000);
+    assert_eq!(admin("POST", &base_a, "/v1/products", Some(json!({"id": "embed"}))).status, 201);
+    g.add_replica().expect("a second replica");
+    let base_b = g.replica(1).admin().to_string();
+    assert_eq!(admin("GET", &base_b, "/v1/products/embed", None).status, 200, "B starts with the product");
+    let mut c = g.redis().connection().unwrap();
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("-psubscribe").query(&mut c).unwrap();
+    let killed: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query(&mut c).unwrap();
+    assert!(killed >= 2, "both sidecars held a pub/sub connection ({killed})");
+
+    assert_eq!(admin("DELETE", &base_a, "/v1/products/embed", None).status, 200);
+    assert_eq!(admin("GET", &base_b, "/v1/products/embed", None).status, 200, "B's copy still has it");
+    let route = json!({"id": "embed", "match": {"path_prefix": "/v1/embed"}, "cluster": "upstream", "product": "embed"});
+    let r = admin("POST", &base_b, "/v1/routes", Some(route));
+    assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("invalid")), "{}", r.body);
+    assert!(r.body.contains("no product 'embed'"), "{}", r.body);
+    // a write that holds on what is stored goes through on B
+    let route = json!({"id": "chat", "match": {"path_prefix": "/v1/chat"}, "cluster": "upstream", "product": "chat"});
+    assert_eq!(admin("POST", &base_b, "/v1/routes", Some(route)).status, 201);
+
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("+psubscribe").query(&mut c).unwrap();
+    let third = g.add_replica().map(|_| ());
+    assert_eq!(third, Ok(()), "a new replica starts from what PostgreSQL holds");
+    assert_eq!(admin("GET", g.replica(2).admin(), "/v1/routes/chat", None).status, 200);
+}
+
+/// A key PostgreSQL took but Redis refused (here: `HMSET` denied to the sidecar's user): 503, and
+/// no record of it is left in PostgreSQL. Its raw value was never shown; before, its row stayed
+/// active and the next start copied it into Redis.
+#[test]
+fn a_key_redis_refuses_leaves_no_record_in_postgres() {
+    let g = pg_gateway().build();
+    let base = g.replica(0).admin().to_string();
+    seed(&base, 1_000_000);
+    let mut c = g.redis().connection().unwrap();
+    let acl = |rule: &str, c: &mut redis::Connection| redis::cmd("ACL").arg("SETUSER").arg("default").arg(rule).query::<()>(c).unwrap();
+    acl("-hmset", &mut c);
+    let r = admin("POST", &base, "/v1/keys", Some(json!({"tenant": "acme", "plan": "p"})));
+    acl("+hmset", &mut c);
+    assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("store_unavailable")), "{}", r.body);
+    let listed = admin("GET", &base, "/v1/keys?tenant=acme", None);
+    assert_eq!((listed.status, listed.json()), (200, json!([])), "no key record left: {}", listed.body);
+    let (id, raw) = issue(&base);
+    assert_eq!(get(&g.envoy().url("/"), &[("x-api-key", &raw)]).status, 200);
+    assert_eq!(admin("GET", &base, "/v1/keys?tenant=acme", None).json()[0]["key_id"].as_str(), Some(id.as_str()));
+}
+
 /// Two creations of one id at once on one replica: one 201 and one 409, never two 201s where
 /// the second silently replaces the first.
 #[test]

@@ -7,8 +7,9 @@
 //! is compared in constant time and never logged.
 
 use crate::apikey::{self, KeyRecord};
-use crate::control::model::{self, Change, Kind};
+use crate::control::model::{self, Change, Kind, Snapshot};
 use crate::control::{Control, Source};
+use crate::control::source::postgres::Row;
 use crate::control::source::SourceError;
 use crate::decision::unix_now;
 use crate::invalid::{invalid, Invalid};
@@ -214,43 +215,50 @@ enum Expect {
     Any,
 }
 
-/// Check → validate → commit → install → announce.
+/// Check → validate → commit → install → announce. The check and the validation run against the
+/// configuration as stored, inside the write's transaction under a lock every replica's writes
+/// take (`PgSource::write`; decision 157): this replica's copy may lack another's change.
+#[allow(clippy::result_large_err)] // a refusal is the reply itself, as kind_of's
 async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -> Response {
     let Source::Postgres(pg) = &s.control.source else {
         return error(StatusCode::CONFLICT, "read_only_source", None, SourceError::ReadOnly);
     };
-    // validate-then-commit against one snapshot; no reload may install in between
+    // no reload may install between this write's commit and its install
     let serial = s.control.installing.lock().await;
-    let live = s.control.live.get();
     let (kind, id) = match &change {
         Change::Put(k, v) => (*k, v.get("id").and_then(Value::as_str).unwrap_or_default().to_string()),
         Change::Delete(k, id) => (*k, id.clone()),
     };
-    let exists = !id.is_empty() && live.get(kind, &id).is_some();
-    match expect {
-        Expect::Absent if exists => {
-            let what = kind.name();
-            return error(StatusCode::CONFLICT, "exists", Some("id"), format!("{what} '{id}' exists; use PUT to replace it"));
-        }
-        Expect::Present if !exists => return error(StatusCode::NOT_FOUND, "not_found", Some("id"), format!("no {} '{id}'", kind.name())),
-        _ => {}
-    }
-    let next = match live.apply(&change) {
-        Ok(n) => n,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid", Some(&e.field), &e),
+    let written = pg
+        .write(|stored: Snapshot| {
+            let exists = !id.is_empty() && stored.get(kind, &id).is_some();
+            match expect {
+                Expect::Absent if exists => {
+                    let what = kind.name();
+                    return Err(error(StatusCode::CONFLICT, "exists", Some("id"), format!("{what} '{id}' exists; use PUT to replace it")));
+                }
+                Expect::Present if !exists => {
+                    return Err(error(StatusCode::NOT_FOUND, "not_found", Some("id"), format!("no {} '{id}'", kind.name())))
+                }
+                _ => {}
+            }
+            let next = stored.apply(&change).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", Some(&e.field), &e))?;
+            let (row, body) = match &change {
+                Change::Put(..) => {
+                    // store the normalised object (defaults filled in)
+                    let doc = next.get(kind, &id).unwrap_or_else(|| json!({}));
+                    (Row::Put(kind, id.clone(), doc.clone()), doc)
+                }
+                Change::Delete(..) => (Row::Delete(kind, id.clone()), json!({"deleted": id})),
+            };
+            Ok((row, (next, body)))
+        })
+        .await;
+    let (next, body) = match written {
+        Ok(Ok(done)) => done,
+        Ok(Err(refused)) => return refused,
+        Err(e) => return unavailable(e),
     };
-    let (stored, body) = match &change {
-        Change::Put(kind, v) => {
-            let id = v.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-            // store the normalised object (defaults filled in)
-            let doc = next.get(*kind, &id).unwrap_or_else(|| v.clone());
-            (pg.put(*kind, &id, &doc).await, doc)
-        }
-        Change::Delete(kind, id) => (pg.delete(*kind, id).await, json!({"deleted": id})),
-    };
-    if let Err(e) = stored {
-        return unavailable(e);
-    }
     s.control.install(next);
     drop(serial);
     let tenant = model::tenant_of(&change);
@@ -325,6 +333,13 @@ async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
         }
     }
     if let Err(e) = s.control.store.create_key(&issued.hash, &issued.record).await {
+        // The raw key is never shown: PostgreSQL must not keep an active record of it, which
+        // the next start would copy into Redis (a key listed as active that nobody holds).
+        if let Some(pg) = pg {
+            if let Err(undo) = pg.delete_key(&issued.record.key_id).await {
+                tracing::warn!(key_id = %issued.record.key_id, error = %undo, "a key whose creation failed stays in PostgreSQL; revoke it");
+            }
+        }
         return unavailable(format!("the key could not be written to Redis: {e}"));
     }
     let mut body = key_json(&issued.record);

@@ -25,6 +25,16 @@ pub const QUERY_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Any constant: the advisory lock that serialises migrations across replicas.
 const MIGRATION_LOCK: i64 = 0x7011_6a7e;
+/// Another: the one every replica's admin writes take (decision 157).
+const WRITE_LOCK: i64 = 0x7011_6a7f;
+
+/// The row an admin write stores.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Row {
+    /// Insert or replace one object (its normalised document).
+    Put(Kind, String, serde_json::Value),
+    Delete(Kind, String),
+}
 
 pub struct PgSource {
     config: tokio_postgres::Config,
@@ -135,32 +145,49 @@ impl PgSource {
         .await
     }
 
-    /// Writes one object (already validated against the whole snapshot).
-    pub async fn put(&self, kind: Kind, id: &str, doc: &serde_json::Value) -> Result<(), SourceError> {
-        let text = doc.to_string();
-        let table = kind.name();
-        self.with(async |c| {
+    /// An admin write, as one transaction under [`WRITE_LOCK`]: `check` gets the configuration as
+    /// stored now — every write a replica committed before is in it, and none can commit until
+    /// this one ends — and answers the row to store (stored only then) with its own result, or a
+    /// refusal that stores nothing. So two replicas whose copies each lack the other's change
+    /// never store a configuration that fails validation (a plan deleted on one while a route
+    /// naming it is written on the other): the second write is checked against the first.
+    pub async fn write<T, E>(&self, check: impl FnOnce(Snapshot) -> Result<(Row, T), E>) -> Result<Result<T, E>, SourceError> {
+        self.with(async move |c| {
             let tx = c.transaction().await?;
-            let sql = format!(
-                "INSERT INTO {table} (id, doc) VALUES ($1, $2::text::jsonb) ON CONFLICT (id) DO UPDATE SET doc = EXCLUDED.doc, updated_at = now()"
-            );
-            tx.execute(&sql, &[&id, &text]).await?;
-            if kind == Kind::Tenants {
-                tx.execute("DELETE FROM subscriptions WHERE tenant_id = $1", &[&id]).await?;
-                tx.execute(
-                    "INSERT INTO subscriptions (tenant_id, product_id) SELECT $1, jsonb_array_elements_text(doc->'products') FROM tenants WHERE id = $1",
-                    &[&id],
-                )
-                .await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK]).await?;
+            let rows = tx.query(&load_sql(), &[]).await?;
+            let stored = match snapshot_of(&rows) {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(e)),
+            };
+            let (row, answer) = match check(stored) {
+                Ok(r) => r,
+                Err(refused) => return Ok(Ok(Err(refused))),
+            };
+            match &row {
+                Row::Put(kind, id, doc) => {
+                    let table = kind.name();
+                    let sql = format!(
+                        "INSERT INTO {table} (id, doc) VALUES ($1, $2::text::jsonb) ON CONFLICT (id) DO UPDATE SET doc = EXCLUDED.doc, updated_at = now()"
+                    );
+                    tx.execute(&sql, &[id, &doc.to_string()]).await?;
+                    if *kind == Kind::Tenants {
+                        tx.execute("DELETE FROM subscriptions WHERE tenant_id = $1", &[id]).await?;
+                        tx.execute(
+                            "INSERT INTO subscriptions (tenant_id, product_id) SELECT $1, jsonb_array_elements_text(doc->'products') FROM tenants WHERE id = $1",
+                            &[id],
+                        )
+                        .await?;
+                    }
+                }
+                Row::Delete(kind, id) => {
+                    tx.execute(&format!("DELETE FROM {} WHERE id = $1", kind.name()), &[id]).await?;
+                }
             }
-            tx.commit().await
+            tx.commit().await?;
+            Ok(Ok(Ok(answer)))
         })
-        .await
-    }
-
-    pub async fn delete(&self, kind: Kind, id: &str) -> Result<(), SourceError> {
-        let sql = format!("DELETE FROM {} WHERE id = $1", kind.name());
-        self.with(async |c| c.execute(&sql, &[&id]).await.map(|_| ())).await
+        .await?
     }
 
     /// Stores a key record (insert, or replace its mutable fields).
@@ -179,6 +206,12 @@ impl PgSource {
             .map(|_| ())
         })
         .await
+    }
+
+    /// Removes a key record (a key whose creation did not complete: its raw value was never
+    /// shown to anyone).
+    pub async fn delete_key(&self, key_id: &Id) -> Result<(), SourceError> {
+        self.with(async |c| c.execute("DELETE FROM api_keys WHERE key_id = $1", &[&key_id.as_str()]).await.map(|_| ())).await
     }
 
     /// Marks a key revoked; its hash and updated record, or `None` if there is no such key.
@@ -237,45 +270,51 @@ fn key_row(row: &tokio_postgres::Row) -> Result<(KeyHash, KeyRecord), SourceErro
     ))
 }
 
-impl ConfigSource for PgSource {
-    async fn load(&self) -> Result<Snapshot, SourceError> {
-        // One statement over the four tables: one snapshot of them all. Four queries could see a
-        // change made of two writes half done (a tenant still naming a product deleted since),
-        // refuse the whole configuration, and so refuse a start.
-        let sql = Kind::ALL
-            .iter()
-            .enumerate()
-            .map(|(i, kind)| format!("SELECT {i}::int AS kind, id, doc::text FROM {}", kind.name()))
-            .collect::<Vec<_>>()
-            .join(" UNION ALL ")
-            + " ORDER BY kind, id";
-        let rows = self.with(async |c| c.query(&sql, &[]).await).await?;
-        let mut docs = Vec::with_capacity(rows.len());
-        for r in rows {
-            let kind = usize::try_from(r.get::<_, i32>(0)).ok().and_then(|i| Kind::ALL.get(i).copied());
-            let kind = kind.ok_or_else(|| SourceError::Corrupt("a row of no known table".into()))?;
-            docs.push((kind, r.get::<_, String>(1), r.get::<_, String>(2)));
-        }
-        let mut s = Snapshot::default();
-        for (kind, id, doc) in docs {
-            let name = format!("{}.{id}", kind.name());
-            let corrupt = |e: serde_json::Error| SourceError::Corrupt(format!("{name}: {e}"));
-            match kind {
-                Kind::Tenants => {
-                    s.tenants.insert(id, serde_json::from_str::<Tenant>(&doc).map_err(corrupt)?);
-                }
-                Kind::Products => {
-                    s.products.insert(id, serde_json::from_str::<Product>(&doc).map_err(corrupt)?);
-                }
-                Kind::Plans => {
-                    let p: Plan = serde_json::from_str(&doc).map_err(corrupt)?;
-                    s.plans.insert(id, PlanConfig { limits: p.limits });
-                }
-                Kind::Routes => {
-                    s.routes.insert(id, serde_json::from_str::<Route>(&doc).map_err(corrupt)?);
-                }
+/// One statement over the four tables: one snapshot of them all. Four queries could see a change
+/// made of two writes half done (a tenant still naming a product deleted since), refuse the whole
+/// configuration, and so refuse a start. Rows: (table's index in [`Kind::ALL`], id, document).
+fn load_sql() -> String {
+    Kind::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| format!("SELECT {i}::int AS kind, id, doc::text FROM {}", kind.name()))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+        + " ORDER BY kind, id"
+}
+
+/// The configuration the rows of [`load_sql`] hold, not yet validated.
+fn snapshot_of(rows: &[tokio_postgres::Row]) -> Result<Snapshot, SourceError> {
+    let mut s = Snapshot::default();
+    for r in rows {
+        let kind = usize::try_from(r.get::<_, i32>(0)).ok().and_then(|i| Kind::ALL.get(i).copied());
+        let kind = kind.ok_or_else(|| SourceError::Corrupt("a row of no known table".into()))?;
+        let (id, doc) = (r.get::<_, String>(1), r.get::<_, String>(2));
+        let name = format!("{}.{id}", kind.name());
+        let corrupt = |e: serde_json::Error| SourceError::Corrupt(format!("{name}: {e}"));
+        match kind {
+            Kind::Tenants => {
+                s.tenants.insert(id, serde_json::from_str::<Tenant>(&doc).map_err(corrupt)?);
+            }
+            Kind::Products => {
+                s.products.insert(id, serde_json::from_str::<Product>(&doc).map_err(corrupt)?);
+            }
+            Kind::Plans => {
+                let p: Plan = serde_json::from_str(&doc).map_err(corrupt)?;
+                s.plans.insert(id, PlanConfig { limits: p.limits });
+            }
+            Kind::Routes => {
+                s.routes.insert(id, serde_json::from_str::<Route>(&doc).map_err(corrupt)?);
             }
         }
+    }
+    Ok(s)
+}
+
+impl ConfigSource for PgSource {
+    async fn load(&self) -> Result<Snapshot, SourceError> {
+        let rows = self.with(async |c| c.query(&load_sql(), &[]).await).await?;
+        let s = snapshot_of(&rows)?;
         s.validate()?;
         Ok(s)
     }
