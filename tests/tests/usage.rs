@@ -218,6 +218,54 @@ fn a_new_plugin_configuration_first_sends_what_the_old_one_held_and_each_request
     assert!(status.is_some_and(|s| s.success()), "Envoy stops on SIGTERM with events queued: {status:?}");
 }
 
+/// A file even root cannot delete (`chattr +i`, the immutable attribute), made deletable again at
+/// drop.
+struct Undeletable(std::path::PathBuf);
+
+impl Undeletable {
+    fn set(path: &std::path::Path) -> Undeletable {
+        let out = std::process::Command::new("chattr").arg("+i").arg(path).output().expect("chattr");
+        assert!(out.status.success(), "chattr +i (this test needs root on ext4): {}", String::from_utf8_lossy(&out.stderr));
+        Undeletable(path.to_path_buf())
+    }
+}
+
+impl Drop for Undeletable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_shipped_segment_the_disk_will_not_delete_is_not_shipped_again() {
+    // Decision 155: the shipper used to send such a segment again every round (about every
+    // second), filling the topic with duplicates for as long as the disk refused.
+    let s = gateway("");
+    let acme = s.sidecar().create_key("acme", "big", &[]);
+    let delivered = || s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"delivered\"}");
+    s.broker().pause();
+    for _ in 0..10 {
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+    }
+    let sealed = || segments(s.spool_dir()).into_iter().find(|p| p.extension().is_some_and(|x| x == "seg"));
+    poll_until("the 10 events in a sealed segment", Duration::from_secs(30), || {
+        s.sidecar().metric("tollgate_sidecar_usage_events_total{outcome=\"spooled\"}") >= 10 && sealed().is_some()
+    });
+    let _stuck = Undeletable::set(&sealed().unwrap());
+    s.broker().resume();
+    poll_until("the stuck segment shipped", Duration::from_secs(60), || delivered() >= 10);
+    poll_until("its deletion refused", Duration::from_secs(20), || s.sidecar().log_text().contains("cannot delete a shipped segment"));
+    // a later segment ships after it, in order: by then a shipper that sent the stuck one
+    // again would have counted its 10 events once more
+    for _ in 0..5 {
+        assert_eq!(call(s.envoy(), &acme, &[]), 200);
+    }
+    poll_until("the later events shipped", Duration::from_secs(60), || delivered() >= 15);
+    assert_eq!(delivered(), 15, "the stuck segment's events went to Kafka once");
+    let want: HashMap<String, [i64; 6]> = [("acme".to_string(), [15, 15, 0, 0, 0, 0])].into();
+    poll_until("each request billed once", Duration::from_secs(60), || rollup(s.pg()) == want);
+}
+
 /// A real small disk: a tmpfs mounted for the test (the test machine runs as root), unmounted
 /// at drop.
 struct SmallDisk(tempfile::TempDir);
