@@ -109,8 +109,14 @@ local function check(s)
     local h = redis.call('HMGET', key, 'tokens', 'ts')
     local rate = s.limit / s.window -- tokens per ms
     local tokens = s.limit
+    -- The stamp never goes back: a sidecar whose clock is behind another's refills nothing until
+    -- its clock passes the stamp, and so never makes the one ahead refill the same span again
+    -- (alternating sidecars would otherwise add the skew's refill at every turn; decision 158).
+    local stamp = now
     if h[1] then
-      tokens = math.min(s.limit, tonumber(h[1]) + math.max(0, now - tonumber(h[2])) * rate)
+      local last = tonumber(h[2])
+      tokens = math.min(s.limit, tonumber(h[1]) + math.max(0, now - last) * rate)
+      if last > now then stamp = last end
     end
     local ok = tokens >= s.cost
     local reset
@@ -118,7 +124,7 @@ local function check(s)
     s.room = tokens
     s.apply = function()
       s.after = tokens - s.take
-      redis.call('HSET', key, 'tokens', tostring(tokens - s.take), 'ts', now)
+      redis.call('HSET', key, 'tokens', tostring(tokens - s.take), 'ts', stamp)
       redis.call('PEXPIRE', key, 2 * s.window)
     end
     return ok, math.floor(tokens), reset

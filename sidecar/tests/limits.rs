@@ -443,3 +443,39 @@ async fn sidecars_count_each_other_in_redis_and_then_each_keeps_its_share_of_a_l
     assert_eq!(admitted, vec![3, 3], "floor(7 / 2) each, the count discovered before Redis went");
     stop.cancel();
 }
+
+/// Two sidecars whose clocks differ (here by 500 ms, frozen) take turns on one token bucket: the
+/// bucket's stamp never goes back, so the one behind refills nothing and the one ahead never
+/// refills the same span twice. Before, each turn of the one ahead refilled the skew again: a
+/// bucket of 10 a second admitted without bound (decision 158).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bucket_shared_by_sidecars_whose_clocks_differ_never_refills_the_skew_twice() {
+    use std::sync::Arc;
+    use tollgate_sidecar::clock::ManualClock;
+    use tollgate_sidecar::decision::{limits::Plans, Decider};
+    use tollgate_sidecar::{apikey, keys::Id, store::Store};
+    use tollgate_tests::Redis;
+    let toml = "[[plans.b.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"";
+    let redis = Redis::start();
+    let mut cfg = Config::from_toml(toml).unwrap();
+    cfg.redis.url = redis.url();
+    cfg.redis.timeout = Duration::from_millis(500);
+    cfg.redis.decision_timeout = Duration::from_secs(2); // not 20 ms: see common::Lab::start
+    let sidecars: Vec<Decider> = [T0 + 500, T0]
+        .into_iter()
+        .map(|t| Decider::new(Store::new(&cfg.redis).unwrap(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), Arc::new(ManualClock::new(t))))
+        .collect();
+    let store = Store::new(&cfg.redis).unwrap();
+    let issued = apikey::issue(Id::parse("acme").unwrap(), Id::parse("b").unwrap(), 1, None);
+    store.create_key(&issued.hash, &issued.record).await.unwrap();
+    let req = DecideRequest::new(issued.hash.as_str().to_string(), "GET", "api", "/");
+    let mut admitted = 0;
+    for i in 0..100 {
+        match sidecars[i % 2].decide(&req).await.unwrap() {
+            DecideResponse::Allow { .. } => admitted += 1,
+            r => assert_eq!(denial(&r).0, 429),
+        }
+    }
+    // the capacity, and at most the skew's refill (5 tokens) once
+    assert!((10..=15).contains(&admitted), "{admitted} admitted with frozen clocks");
+}

@@ -77,14 +77,16 @@ fn a_token_budget_is_reconciled_with_the_usage_the_upstream_reported() {
     let r = post(&envoy.url("/v1/chat"), &json, r#"{"model":"m","max_tokens":2000}"#);
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(r.json()["error"], "quota_exceeded");
-    // ...while 300 do: the buffered POST goes on to the upstream after the decision.
-    let r = post(&envoy.url("/v1/chat"), &json, r#"{"model":"m","max_tokens":300}"#);
+    // ...while 1 does, but reserves the limit's estimate (400): a client cannot lower its own
+    // reservation, which is the charge of a request whose usage is never read (decision 159).
+    // The buffered POST goes on to the upstream after the decision.
+    let r = post(&envoy.url("/v1/chat"), &json, r#"{"model":"m","max_tokens":1}"#);
     assert_eq!(r.status, 200, "{}", r.body);
-    poll_until("the 300-token reservation to be settled", Duration::from_secs(10), || {
+    poll_until("the 400-token reservation to be settled", Duration::from_secs(10), || {
         let mut c = redis.connection().unwrap();
         let keys: Vec<String> = redis::cmd("KEYS").arg("q:tokens:*").query(&mut c).unwrap();
-        // no usage in that response: the reservation (300) stands as the charge
-        keys.first().map(|k| redis::cmd("GET").arg(k).query::<i64>(&mut c).unwrap()) == Some(300)
+        // no usage in that response: the reservation (400) stands as the charge
+        keys.first().map(|k| redis::cmd("GET").arg(k).query::<i64>(&mut c).unwrap()) == Some(400)
             && redis::cmd("KEYS").arg("q:reserved:*").query::<Vec<String>>(&mut c).unwrap().iter().all(|k| {
                 redis::cmd("GET").arg(k).query::<String>(&mut c).unwrap() == "settled"
             })

@@ -93,7 +93,10 @@ pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
             }
             Algorithm::TokenBudget => {
                 let (period, to_end) = month_of(ctx.now_ms);
-                let estimate = ctx.token_estimate.unwrap_or(l.estimate).max(1);
+                // The request's own estimate may raise the reservation, never lower it below the
+                // limit's: a request whose usage is never read is charged its reservation, and a
+                // client must not choose that charge (decision 159).
+                let estimate = ctx.token_estimate.map_or(l.estimate, |e| e.max(l.estimate)).max(1);
                 let check = Check::Budget {
                     counter: TokenBudgetKey::new(tenant, name, &subject, period),
                     reservation: ReservationKey::new(tenant, name, &subject, ctx.request_id),
