@@ -28,7 +28,7 @@ use crate::flush::{BatchFlusher, Drain, FlushSpec};
 use crate::host::{Host, LogLevel};
 use crate::http::HttpFilter;
 use crate::ids::DecisionIds;
-use crate::jobs::{Every, Job};
+use crate::jobs::{Cadence, Every, Job};
 use crate::lease::renewer::{LeaseRenewer, RenewalQueue};
 use crate::responses::queue::ResponseQueue;
 use crate::routing::{RouteTablePoller, RoutesJob, WorkerRoutes};
@@ -62,6 +62,9 @@ pub const LEASE_TICK: Duration = Duration::from_millis(20);
 /// hold before it drops the rest, counted ([`Worker::end`]; decision 156): a sidecar restart
 /// fits, a usage batch's 5 s deadline several times.
 pub const END_GRACE: Duration = Duration::from_secs(30);
+/// How often an ending worker sends again what the sidecar did not take (the first send is at
+/// its first tick; a batch taken with a whole one waiting sends the next at once).
+pub const END_RETRY: Duration = Duration::from_secs(1);
 
 /// Randomness the adapter draws from the host, once per VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,8 +108,9 @@ pub struct Worker {
     decisions: Rc<RefCell<DecisionBatcher>>,
     /// The bytes of response bodies its requests keep (crate::filter::kept).
     kept: KeptBudget,
-    /// Envoy dropped this configuration ([`Worker::end`]): when its grace ends (host ms).
-    ending: Option<u64>,
+    /// Envoy dropped this configuration ([`Worker::end`]): when its grace ends (host ms), and
+    /// when its queues are sent ([`END_RETRY`]).
+    ending: Option<(u64, Cadence)>,
 }
 
 impl Worker {
@@ -282,7 +286,7 @@ impl Worker {
     /// (decision 156). Nothing is sent from here: Envoy may be stopping, its dispatcher gone.
     pub fn end(&mut self, host: &mut impl Host) -> bool {
         if self.ending.is_none() {
-            self.ending = Some(host.now_ms().saturating_add(END_GRACE.as_millis() as u64));
+            self.ending = Some((host.now_ms().saturating_add(END_GRACE.as_millis() as u64), Cadence::every(END_RETRY)));
             let left = self.left();
             if left > 0 {
                 let what = "usage events, completions, refunds, responses to store";
@@ -305,9 +309,13 @@ impl Worker {
         self.completion_flusher.left() + self.refund_flusher.left() + self.response_flusher.left() + self.usage_flusher.left()
     }
 
-    /// A tick of an ending worker: its queues only.
-    fn drain(&mut self, host: &mut impl Host, until_ms: u64) {
+    /// A tick of an ending worker: its queues only, at once and then every [`END_RETRY`] (a
+    /// sidecar that refuses is not pressed at every tick).
+    fn drain(&mut self, host: &mut impl Host, until_ms: u64, due: bool) {
         if host.now_ms() < until_ms {
+            if !due {
+                return;
+            }
             self.completion_flusher.drain(host);
             self.refund_flusher.drain(host);
             self.response_flusher.drain(host);
@@ -330,8 +338,9 @@ impl Worker {
     /// Returns decision answers for the adapter to deliver: the tick also sends a batch a lost
     /// wake left waiting (crate::batch).
     pub fn on_tick(&mut self, host: &mut impl Host) -> Vec<Delivery> {
-        if let Some(until_ms) = self.ending {
-            self.drain(host, until_ms);
+        if let Some((until_ms, retry)) = self.ending.as_mut() {
+            let (until_ms, due) = (*until_ms, retry.due(host.now_ms()));
+            self.drain(host, until_ms, due);
             return Vec::new();
         }
         let deliveries = self.send_decisions(host);

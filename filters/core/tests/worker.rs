@@ -348,13 +348,14 @@ fn an_ended_worker_sends_what_it_holds_and_drops_it_counted_only_after_its_grace
     w.on_tick(&mut root);
     assert_eq!(root.calls.len(), 2, "an ended worker sends nothing more");
 
-    // a sidecar that never takes them: sent again every tick until the grace is over
+    // a sidecar that never takes them: sent again every second (not every tick) until the
+    // grace is over
     let (mut w, mut root) = worker(config);
     request(&w, &mut root, allow_with_ticket());
     request(&w, &mut root, ALLOW);
     assert!(!w.end(&mut root));
     let grace = tollgate_filter_core::worker::END_GRACE.as_millis() as u64;
-    for (i, now) in [T + 1, T + 100, T + grace - 1].into_iter().enumerate() {
+    for (i, now) in [T + 1, T + 1_001, T + grace - 600].into_iter().enumerate() {
         root.now_ms = now;
         w.on_tick(&mut root);
         assert_eq!(root.calls.len(), 2 * (i + 1), "both batches sent again");
@@ -362,6 +363,9 @@ fn an_ended_worker_sends_what_it_holds_and_drops_it_counted_only_after_its_grace
         answer(&mut w, &mut root, last - 1, Some(503), b"");
         answer(&mut w, &mut root, last, None, b"");
         assert!(!w.has_ended());
+        root.now_ms = now + 500;
+        w.on_tick(&mut root);
+        assert_eq!(root.calls.len(), 2 * (i + 1), "a sidecar that refuses is not pressed at every tick");
     }
     assert_eq!(root.count_of(flush(Stream::Usage, FlushEvent::Dropped)), 0, "nothing dropped within the grace");
     root.now_ms = T + grace;
