@@ -94,14 +94,9 @@ impl Dispatcher {
     }
 
     fn register_callout(&self, token_id: u32) {
-        if self
-            .callouts
-            .borrow_mut()
-            .insert(token_id, self.active_id.get())
-            .is_some()
-        {
-            panic!("duplicate token_id")
-        }
+        // Tollgate (decision 160): a token the host hands out again (its counter wraps after
+        // 2^30 calls) belongs to a call long gone, never to a live one: replaced, not a panic.
+        self.callouts.borrow_mut().insert(token_id, self.active_id.get());
     }
 
     fn register_grpc_stream(&self, token_id: u32) {
@@ -236,6 +231,9 @@ impl Dispatcher {
     }
 
     fn on_delete(&self, context_id: u32) {
+        // Tollgate (decision 160): the host cancels a deleted context's calls without a
+        // callback; their tokens are forgotten with it, or they would stay for the VM's life.
+        self.callouts.borrow_mut().retain(|_, owner| *owner != context_id);
         if !(self.http_streams.borrow_mut().remove(&context_id).is_some()
             || self.streams.borrow_mut().remove(&context_id).is_some()
             || self.roots.borrow_mut().remove(&context_id).is_some())
@@ -406,11 +404,10 @@ impl Dispatcher {
         body_size: usize,
         num_trailers: usize,
     ) {
-        let context_id = self
-            .callouts
-            .borrow_mut()
-            .remove(&token_id)
-            .expect("invalid token_id");
+        // Tollgate (decision 160): an answer to a call nobody waits for is dropped, not a panic.
+        let Some(context_id) = self.callouts.borrow_mut().remove(&token_id) else {
+            return;
+        };
 
         if let Some(http_stream) = self.http_streams.borrow_mut().get_mut(&context_id) {
             self.active_id.set(context_id);
