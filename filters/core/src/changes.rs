@@ -126,8 +126,10 @@ impl ChangesJob {
         (self.config.poll_interval.as_millis() as u64).saturating_mul(10).max(1_000)
     }
 
-    /// Moves this worker's generation to the Envoy's (never back).
-    fn refresh(&self, host: &impl Host) {
+    /// Moves this worker's generation to the Envoy's (never back). Also when the worker is made:
+    /// one made after a change (a new plugin configuration, a reloaded VM) must not trust, until
+    /// its first tick, answers and leases the change made stale.
+    pub fn refresh(&self, host: &impl Host) {
         let Some(rec) = host.shared_get(CHANGES.as_str()).as_deref().and_then(Record::decode) else { return };
         if rec.gen > self.gen.get() {
             self.gen.0.set(rec.gen);

@@ -130,7 +130,9 @@ impl Worker {
         let local_allows: Rc<RefCell<LocalAllows>> = Rc::default();
         let gen = Generation::default();
         let changes = config.changes.enabled.then(|| {
-            ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone())
+            let job = ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone());
+            job.refresh(host);
+            job
         });
         // A batch may wait longer than a decision: it is off the request path.
         let off_path = sidecar.timeout.max(Duration::from_secs(2));

@@ -196,6 +196,22 @@ fn a_change_count_that_moves_drops_cached_answers_and_leases_on_every_worker() {
     assert!(request_of(&w, &mut root, KEY, CACHED));
 }
 
+/// A worker made after a change (a new plugin configuration, a VM reloaded) starts at the Envoy's
+/// generation, not at 0: an answer cached before the change is not reused by it, even before its
+/// first tick.
+#[test]
+fn a_worker_made_after_a_change_does_not_trust_what_it_made_stale() {
+    const CACHED: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":60000}"#;
+    let config = r#"{"changes":{"pollInterval":"50ms"}}"#;
+    let (mut w, mut root) = worker_of(config, SEEDS);
+    poll_changes(&mut w, &mut root, 7, 0);
+    assert!(request_of(&w, &mut root, KEY, CACHED), "the first request asks");
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 7, 1);
+    let fresh = Worker::new(&mut root, Rc::new(FilterConfig::parse(config.as_bytes()).unwrap()), Seeds { changes_owner: 98, ..SEEDS });
+    assert!(request_of(&fresh, &mut root, KEY, CACHED), "the answer cached before the change is asked again");
+}
+
 #[test]
 fn completions_are_flushed_at_their_cadence_and_a_batch_not_taken_is_sent_again() {
     let (mut w, mut root) = worker(r#"{"leases":{"enabled":false}}"#);
