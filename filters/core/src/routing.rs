@@ -92,6 +92,8 @@ pub enum Lookup {
 #[derive(Debug, Default)]
 pub struct WorkerRoutes {
     table: Option<(u32, Rc<RouteTable>)>,
+    /// The request headers the table's rules read (each once).
+    rule_headers: Vec<String>,
 }
 
 impl WorkerRoutes {
@@ -103,8 +105,17 @@ impl WorkerRoutes {
             return;
         }
         if let Ok(t) = serde_json::from_slice::<RouteTable>(&bytes) {
+            let mut names: Vec<String> = t.routes.iter().flat_map(|r| r.headers.iter().map(|h| h.name.clone())).collect();
+            names.sort();
+            names.dedup();
+            self.rule_headers = names;
             self.table = Some((cas, Rc::new(t)));
         }
+    }
+
+    /// The request headers the table's rules read.
+    pub fn rule_headers(&self) -> &[String] {
+        &self.rule_headers
     }
 
     pub fn table(&self) -> Option<&RouteTable> {

@@ -94,6 +94,33 @@ fn a_client_header_in_tollgates_namespace_matches_no_route() {
 }
 
 #[test]
+fn a_header_a_route_reads_sent_twice_or_not_utf8_is_refused() {
+    // `premium` reads x-model; a client sending `x-model: small` and `x-model: gpt-4` matched on
+    // the first value only (the route `standard`) while the upstream may read the other: it
+    // chose a product and plan the upstream does not serve. Now: 400, no call, no upstream.
+    let table = serde_json::json!({"version": 1, "etag": "e", "routes": [
+        {"id": "premium", "pathPrefix": "/", "headers": [{"name": "x-model", "value": "gpt-4"}], "cluster": "llm", "product": "premium"},
+        {"id": "standard", "pathPrefix": "/", "cluster": "llm", "product": "standard"},
+    ]})
+    .to_string();
+    let routes = Rc::default();
+    let twice = host_with_table("/v1/chat", Some(&table)).with_raw_header("x-model", b"small").with_raw_header("x-model", b"gpt-4");
+    let not_utf8 = host_with_table("/v1/chat", Some(&table)).with_raw_header("x-model", b"gpt-4\xff");
+    for mut host in [twice, not_utf8] {
+        assert_eq!(filter(ROUTED, &routes).on_request_headers(&mut host, true), Action::Pause);
+        assert!(host.calls.is_empty(), "no decision asked");
+        let reply = host.reply.clone().expect("a local reply");
+        assert_eq!(reply.status, 400);
+        assert!(String::from_utf8_lossy(&reply.body).contains(r#""error":"invalid_request""#));
+    }
+    // once, as UTF-8: the route it names
+    let mut once = host_with_table("/v1/chat", Some(&table)).with_raw_header("x-model", b"gpt-4");
+    assert_eq!(filter(ROUTED, &routes).on_request_headers(&mut once, true), Action::Pause);
+    let req: DecideRequest = serde_json::from_slice(&once.calls[0].body).unwrap();
+    assert_eq!(req.route.as_deref(), Some("premium"));
+}
+
+#[test]
 fn no_matching_route_is_a_404_without_a_callout() {
     let routes = Rc::default();
     let mut host = host_with_table("/elsewhere", Some(&table_json()));
