@@ -47,12 +47,16 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 const NOTHING_ANSWERS: u32 = 2;
 
 /// Whether a limits call that failed with `e` may still run in Redis: it was sent and not answered
-/// in time. A call refused before it was sent (failing fast, no connection, no budget left) never
-/// runs.
+/// in time, or its connection dropped after it may have been sent (a reset, a killed client, a
+/// failover: Redis may have run it; decision 163). A call refused before it was sent (failing
+/// fast, no connection made, no budget left) never runs. A refund of a script that did not run
+/// finds nothing: erring this way costs a few commands.
 pub fn may_still_run(e: &ScriptError) -> bool {
     match e {
         ScriptError::Store(StoreError::Timeout(d)) => !d.is_zero(),
-        ScriptError::Store(StoreError::Redis(r)) => r.is_timeout(),
+        ScriptError::Store(StoreError::Redis(r)) => {
+            !r.is_connection_refusal() && (r.is_timeout() || r.is_connection_dropped() || r.is_io_error())
+        }
         _ => false,
     }
 }
@@ -123,7 +127,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_call_that_was_sent_and_timed_out_may_still_run() {
+    fn only_a_call_that_may_have_been_sent_and_got_no_answer_may_still_run() {
         assert!(may_still_run(&ScriptError::Store(StoreError::Timeout(Duration::from_millis(20)))));
         // no budget left: the call was never sent
         assert!(!may_still_run(&ScriptError::Store(StoreError::Timeout(Duration::ZERO))));
@@ -132,5 +136,10 @@ mod tests {
         assert!(!may_still_run(&ScriptError::Store(StoreError::Redis(refused))));
         let timed_out = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
         assert!(may_still_run(&ScriptError::Store(StoreError::Redis(timed_out))));
+        // a connection that dropped under the call: Redis may have run it (decision 163)
+        for kind in [std::io::ErrorKind::ConnectionReset, std::io::ErrorKind::BrokenPipe, std::io::ErrorKind::UnexpectedEof] {
+            let dropped = redis::RedisError::from(std::io::Error::from(kind));
+            assert!(may_still_run(&ScriptError::Store(StoreError::Redis(dropped))), "{kind:?}");
+        }
     }
 }

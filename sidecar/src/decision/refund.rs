@@ -47,6 +47,14 @@ impl<S: DecisionStore> Decider<S> {
             Err(e) => return Err(RefundFailed::Store(StoreError::Unreachable(e.to_string()))),
         };
         match self.store.refund(&record.tenant, &id, self.clock.now_ms()).await {
+            Ok(Refunded::Nothing) => {
+                // The decision's script may not have run yet: a Redis slower than the filter's
+                // patience runs it later and takes for a request nobody served. Asked again
+                // behind a barrier, as the sidecar's own late refunds are (decision 163).
+                self.late.refund(&self.store, &self.clock, &record.tenant, &id);
+                count(Refunded::Nothing.as_str());
+                Ok(Refunded::Nothing)
+            }
             Ok(done) => {
                 count(done.as_str());
                 Ok(done)

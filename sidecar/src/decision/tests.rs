@@ -427,3 +427,24 @@ fn a_decision_is_named_by_the_gateway_never_by_the_clients_request_id() {
         assert_eq!(id.as_str().len(), 32);
     }
 }
+
+/// The filter's refund of a decision that left nothing (yet) is asked again behind a barrier, as
+/// the sidecar's own late refunds are (decision 163): a Redis slower than the filter's patience
+/// may run the decision's script after the refund, taking for a request nobody served.
+#[tokio::test]
+async fn a_filter_refund_that_finds_nothing_is_asked_again_after_a_barrier() {
+    let lab = Lab::new(Duration::from_secs(60));
+    let [hash] = lab.active_keys([("kr", "small")]);
+    let abandoned = tollgate_wire::refunds::Abandoned { decision_id: "0123456789abcdef0123456789abcdef".into(), key_hash: hash.as_str().into() };
+    let done = lab.decider.refund(&abandoned).await.unwrap();
+    assert_eq!(done, crate::scripts::refund::Refunded::Nothing);
+    assert_eq!(lab.store.mem().refunds.len(), 1);
+    // the late refund's tries (0.5 s, then 1 s later): two more answers of "nothing" settle it
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while lab.store.mem().refunds.len() < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await; // the poll interval of a deadline-bounded wait
+    }
+    let asked = lab.store.mem().refunds.clone();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert!(asked.iter().all(|(t, d)| t.as_str() == "acme" && d.as_str() == abandoned.decision_id));
+}
