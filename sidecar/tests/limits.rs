@@ -387,6 +387,15 @@ async fn a_route_applies_its_plan_override_and_requires_the_products_subscriptio
     assert_eq!((d.0, d.1.as_str()), (403, "not_subscribed"));
 }
 
+/// Settings of `toml` for deciders of their own on `redis` (no sidecar process).
+fn settings_on(redis: &tollgate_tests::Redis, toml: &str) -> Config {
+    let mut cfg = Config::from_toml(toml).unwrap();
+    cfg.redis.url = redis.url();
+    cfg.redis.timeout = Duration::from_millis(500);
+    cfg.redis.decision_timeout = Duration::from_secs(2); // not 20 ms: see common::Lab::start
+    cfg
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecars_count_each_other_in_redis_and_then_each_keeps_its_share_of_a_local_limit() {
     use std::sync::Arc;
@@ -396,10 +405,7 @@ async fn sidecars_count_each_other_in_redis_and_then_each_keeps_its_share_of_a_l
     use tollgate_tests::Redis;
     let toml = "[[plans.loc.limits]]\nname = \"l\"\nalgorithm = \"fixed_window\"\nlimit = 7\nwindow = \"1h\"\nfailure_mode = \"local\"";
     let redis = Redis::start();
-    let mut cfg = Config::from_toml(toml).unwrap();
-    cfg.redis.url = redis.url();
-    cfg.redis.timeout = Duration::from_millis(500);
-    cfg.redis.decision_timeout = Duration::from_secs(2); // not 20 ms: see common::Lab::start
+    let mut cfg = settings_on(&redis, toml);
     cfg.cache.ttl = Duration::from_secs(600);
     let clock = Arc::new(ManualClock::new(T0));
     let stop = tokio_util::sync::CancellationToken::new();
@@ -457,10 +463,7 @@ async fn a_token_bucket_shared_by_sidecars_whose_clocks_differ_never_refills_the
     use tollgate_tests::Redis;
     let toml = "[[plans.b.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"";
     let redis = Redis::start();
-    let mut cfg = Config::from_toml(toml).unwrap();
-    cfg.redis.url = redis.url();
-    cfg.redis.timeout = Duration::from_millis(500);
-    cfg.redis.decision_timeout = Duration::from_secs(2); // not 20 ms: see common::Lab::start
+    let cfg = settings_on(&redis, toml);
     let sidecars: Vec<Decider> = [T0 + 500, T0]
         .into_iter()
         .map(|t| Decider::new(Store::new(&cfg.redis).unwrap(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), Arc::new(ManualClock::new(t))))
