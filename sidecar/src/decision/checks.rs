@@ -229,7 +229,7 @@ mod tests {
             headers: &hdrs,
             request_id: &r,
             now_ms: 1_764_374_400_000, // 2025-11-29T00:00:00Z
-            token_estimate: Some(50),
+            token_estimate: Some(5_000),
         };
         let limits = [
             Limit::example(Algorithm::FixedWindow, SubjectKind::Key),
@@ -259,10 +259,14 @@ mod tests {
         assert!(keys.iter().all(|k| k.contains("{acme}")));
         assert_eq!(&args[..3], &["1764374400000", "req-1", "6"]);
         assert_eq!(args.len(), 3 + 6 * 6);
-        // the budget takes the request's estimate and reserves for 5 minutes
-        assert_eq!(&args[3 + 4 * 6..3 + 5 * 6], &["budget", "10", "300000", "50", "0", &format!("{TOKEN_BUDGET_TTL_MS}:{}", 2 * 86_400_000)]);
+        // the budget takes the request's estimate (above the limit's 1000) and reserves for 5 minutes
+        assert_eq!(&args[3 + 4 * 6..3 + 5 * 6], &["budget", "10", "300000", "5000", "0", &format!("{TOKEN_BUDGET_TTL_MS}:{}", 2 * 86_400_000)]);
         let t = ticket(&planned.meta, &t, &r).unwrap();
-        assert_eq!(t.budgets, vec![BudgetHold { limit: "l".into(), subject: "k.key_1".into(), period: 202511, reserved: 50 }]);
+        assert_eq!(t.budgets, vec![BudgetHold { limit: "l".into(), subject: "k.key_1".into(), period: 202511, reserved: 5_000 }]);
+        // one below the limit's estimate reserves the limit's (decision 159)
+        let low = checks(&limits, &RequestCtx { token_estimate: Some(50), ..ctx });
+        let low = DecideCall { now_ms: ctx.now_ms, request_id: r.clone(), limits: low.checks, lease: None, lookup: None, record: None };
+        assert_eq!(low.encode().1[3 + 4 * 6 + 3], "1000");
         assert_eq!(t.slots.len(), 1);
     }
 
