@@ -450,10 +450,11 @@ async fn sidecars_count_each_other_in_redis_and_then_each_keeps_its_share_of_a_l
     stop.cancel();
 }
 
-/// Two sidecars whose clocks differ (here by 500 ms, frozen) take turns on one token bucket: the
+/// Two sidecars whose clocks differ (here by 30 s, frozen) take turns on one token bucket: the
 /// bucket's stamp never goes back, so the one behind refills nothing and the one ahead never
 /// refills the same span twice. Before, each turn of the one ahead refilled the skew again: a
-/// bucket of 10 a second admitted without bound (decision 158).
+/// bucket of 10 a minute admitted without bound (decision 158). A minute's window: the bucket's
+/// TTL (two windows of Redis' own time) outlives a slow run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_bucket_shared_by_sidecars_whose_clocks_differ_never_refills_the_skew_twice() {
     use std::sync::Arc;
@@ -461,10 +462,10 @@ async fn a_token_bucket_shared_by_sidecars_whose_clocks_differ_never_refills_the
     use tollgate_sidecar::decision::{limits::Plans, Decider};
     use tollgate_sidecar::{apikey, keys::Id, store::Store};
     use tollgate_tests::Redis;
-    let toml = "[[plans.b.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"";
+    let toml = "[[plans.b.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"60s\"";
     let redis = Redis::start();
     let cfg = settings_on(&redis, toml);
-    let sidecars: Vec<Decider> = [T0 + 500, T0]
+    let sidecars: Vec<Decider> = [T0 + 30_000, T0]
         .into_iter()
         .map(|t| Decider::new(Store::new(&cfg.redis).unwrap(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), Arc::new(ManualClock::new(t))))
         .collect();

@@ -248,13 +248,13 @@ fn a_limits_script_that_runs_after_its_deadline_gives_back_what_it_took() {
     redis.pause();
     let r = call();
     // the refund waits for Redis: operators see it waiting
-    poll_until("the late refund to be shown waiting", Duration::from_secs(10), || sidecar.metric("tollgate_sidecar_late_refunds_pending") == 1);
+    poll_until("the late refund to be shown waiting", Duration::from_secs(10), || sidecar.metric("tollgate_sidecar_late_refunds_pending{source=\"timeout\"}") == 1);
     redis.resume();
     assert_eq!((r.status, r.json()["error"].as_str()), (503, Some("limits_unavailable")), "fail closed while Redis hangs: {}", r.body);
     poll_until("the late script to be refunded", Duration::from_secs(20), || {
-        sidecar.metric("tollgate_sidecar_late_refunds_total{outcome=\"refunded\"}") == 1
+        sidecar.metric("tollgate_sidecar_late_refunds_total{source=\"timeout\",outcome=\"refunded\"}") == 1
     });
-    assert_eq!(sidecar.metric("tollgate_sidecar_late_refunds_pending"), 0, "nothing waits any more");
+    assert_eq!(sidecar.metric("tollgate_sidecar_late_refunds_pending{source=\"timeout\"}"), 0, "nothing waits any more");
     assert_eq!(held(), (0, 0), "the slot and the decision's record are gone");
     let day: Vec<i64> = redis.keys("rl:*day*").iter().map(|k| redis.cmd::<i64>(&["GET", k])).collect();
     assert_eq!(day, vec![1], "the refused request is not counted against the day");
@@ -275,7 +275,7 @@ fn a_limits_script_that_runs_after_its_deadline_gives_back_what_it_took() {
     redis.resume();
     assert_eq!((r.status, r.header("ratelimit-policy")), (200, None), "fail open while Redis hangs: {}", r.body);
     poll_until("the second late script to be refunded", Duration::from_secs(20), || {
-        sidecar.metric("tollgate_sidecar_late_refunds_total{outcome=\"refunded\"}") == 2
+        sidecar.metric("tollgate_sidecar_late_refunds_total{source=\"timeout\",outcome=\"refunded\"}") == 2
     });
     assert_eq!(held(), (0, 0), "no slot left behind");
     let r = call();

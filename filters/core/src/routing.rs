@@ -92,8 +92,6 @@ pub enum Lookup {
 #[derive(Debug, Default)]
 pub struct WorkerRoutes {
     table: Option<(u32, Rc<RouteTable>)>,
-    /// The request headers the table's rules read (each once).
-    rule_headers: Vec<String>,
 }
 
 impl WorkerRoutes {
@@ -105,17 +103,28 @@ impl WorkerRoutes {
             return;
         }
         if let Ok(t) = serde_json::from_slice::<RouteTable>(&bytes) {
-            let mut names: Vec<String> = t.routes.iter().flat_map(|r| r.headers.iter().map(|h| h.name.clone())).collect();
-            names.sort();
-            names.dedup();
-            self.rule_headers = names;
             self.table = Some((cas, Rc::new(t)));
         }
     }
 
-    /// The request headers the table's rules read.
-    pub fn rule_headers(&self) -> &[String] {
-        &self.rule_headers
+    /// The first request header a rule read in finding `req`'s route fails `ambiguous` (sent
+    /// twice, not UTF-8): the rules of the routes whose host, path and method fit, up to the one
+    /// taken. A route `req` could never take reads nothing of it.
+    pub fn ambiguous_rule_header<'a, H: Fn(&str) -> Option<&'a str>>(
+        &self,
+        req: &RequestView<'a, H>,
+        ambiguous: impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        let (_, table) = self.table.as_ref()?;
+        for route in table.routes.iter().filter(|r| r.matches_request_line(req)) {
+            if let Some(h) = route.headers.iter().find(|h| ambiguous(&h.name)) {
+                return Some(h.name.clone());
+            }
+            if route.matches(req) {
+                return None;
+            }
+        }
+        None
     }
 
     pub fn table(&self) -> Option<&RouteTable> {

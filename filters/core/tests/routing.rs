@@ -99,6 +99,7 @@ fn a_header_a_route_reads_sent_twice_or_not_utf8_is_refused() {
     // the first value only (the route `standard`) while the upstream may read the other: it
     // chose a product and plan the upstream does not serve. Now: 400, no call, no upstream.
     let table = serde_json::json!({"version": 1, "etag": "e", "routes": [
+        {"id": "files", "path": "/files", "cluster": "files"},
         {"id": "premium", "pathPrefix": "/", "headers": [{"name": "x-model", "value": "gpt-4"}], "cluster": "llm", "product": "premium"},
         {"id": "standard", "pathPrefix": "/", "cluster": "llm", "product": "standard"},
     ]})
@@ -118,6 +119,11 @@ fn a_header_a_route_reads_sent_twice_or_not_utf8_is_refused() {
     assert_eq!(filter(ROUTED, &routes).on_request_headers(&mut once, true), Action::Pause);
     let req: DecideRequest = serde_json::from_slice(&once.calls[0].body).unwrap();
     assert_eq!(req.route.as_deref(), Some("premium"));
+    // a request no rule reading x-model could take: x-model is the upstream's business
+    let mut files = host_with_table("/files", Some(&table)).with_raw_header("x-model", b"a").with_raw_header("x-model", b"b");
+    assert_eq!(filter(ROUTED, &routes).on_request_headers(&mut files, true), Action::Pause);
+    let req: DecideRequest = serde_json::from_slice(&files.calls[0].body).unwrap();
+    assert_eq!(req.route.as_deref(), Some("files"));
 }
 
 #[test]

@@ -95,6 +95,15 @@ pub struct RequestView<'a, H: Fn(&str) -> Option<&'a str>> {
 impl RouteSpec {
     /// Whether `req` takes this route.
     pub fn matches<'a, H: Fn(&str) -> Option<&'a str>>(&self, req: &RequestView<'a, H>) -> bool {
+        self.matches_request_line(req)
+            && self.headers.iter().all(|h| match (req.header)(&h.name) {
+                Some(v) => h.value.as_ref().is_none_or(|want| want == v),
+                None => false,
+            })
+    }
+
+    /// Whether `req`'s host, path and method fit this route (its header rules aside).
+    pub fn matches_request_line<'a, H: Fn(&str) -> Option<&'a str>>(&self, req: &RequestView<'a, H>) -> bool {
         let path = req.path.split(['?', '#']).next().unwrap_or("");
         let host = match req.authority.rsplit_once(':') {
             Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
@@ -104,10 +113,6 @@ impl RouteSpec {
             && self.path.as_ref().is_none_or(|p| p == path)
             && self.path_prefix.as_ref().is_none_or(|p| path.starts_with(p.as_str()))
             && self.method.as_ref().is_none_or(|m| m == req.method)
-            && self.headers.iter().all(|h| match (req.header)(&h.name) {
-                Some(v) => h.value.as_ref().is_none_or(|want| want == v),
-                None => false,
-            })
     }
 }
 

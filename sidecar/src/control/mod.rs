@@ -225,8 +225,8 @@ impl Live {
     }
     /// After this process's own write announced as `v`: `v` is marked loaded only when it follows
     /// what was loaded, so no change of another replica was missed between them. Otherwise
-    /// the version stays and the next resync reloads everything (a write installs its change
-    /// on this replica's snapshot, which may lack another's; marking `v` would hide that).
+    /// the version stays and the next resync reloads everything (announcements can come in
+    /// another order than commits; marking `v` would hide a change not loaded yet).
     pub fn advance_version(&self, v: u64) -> bool {
         self.version.compare_exchange(v.wrapping_sub(1), v, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }

@@ -61,33 +61,49 @@ pub fn may_still_run(e: &ScriptError) -> bool {
     }
 }
 
-/// The refunds waiting for late scripts.
-#[derive(Debug, Default)]
+/// The refunds waiting for late scripts, in one pool of [`MAX_PENDING`]: the sidecar's own
+/// (`source="timeout"`: a script it gave up on) or the filter's refunds that found nothing
+/// (`source="recheck"`, decision 163) — two pools, so rechecks a client can cause in numbers
+/// (denied decisions reset at once also find nothing) never push out the sidecar's own.
+#[derive(Debug)]
 pub struct LateRefunds {
     pending: AtomicUsize,
+    source: &'static str,
+}
+
+impl Default for LateRefunds {
+    fn default() -> Self {
+        LateRefunds { pending: AtomicUsize::new(0), source: "timeout" }
+    }
 }
 
 impl LateRefunds {
+    /// The pool of the filter's refunds that found nothing.
+    pub fn rechecks() -> LateRefunds {
+        LateRefunds { source: "recheck", ..LateRefunds::default() }
+    }
+
     /// Refunds decision `id` of `tenant` once its late script has run (in the background).
     pub fn refund<S: DecisionStore>(self: &Arc<Self>, store: &S, clock: &Arc<dyn Clock>, tenant: &Id, id: &Id) {
+        let source = self.source;
         if self.pending.fetch_add(1, Ordering::Relaxed) >= MAX_PENDING {
             self.pending.fetch_sub(1, Ordering::Relaxed);
-            count("dropped");
+            count(source, "dropped");
             return;
         }
-        metrics::gauge!(m::LATE_REFUNDS_PENDING).increment(1.0);
+        metrics::gauge!(m::LATE_REFUNDS_PENDING, "source" => source).increment(1.0);
         let (me, store, clock, tenant, id) = (self.clone(), store.clone(), clock.clone(), tenant.clone(), id.clone());
         tokio::spawn(async move {
             let outcome = settle(&store, clock.as_ref(), &tenant, &id).await;
-            count(outcome);
+            count(source, outcome);
             me.pending.fetch_sub(1, Ordering::Relaxed);
-            metrics::gauge!(m::LATE_REFUNDS_PENDING).decrement(1.0);
+            metrics::gauge!(m::LATE_REFUNDS_PENDING, "source" => source).decrement(1.0);
         });
     }
 }
 
-fn count(outcome: &'static str) {
-    metrics::counter!(m::LATE_REFUNDS, "outcome" => outcome).increment(1);
+fn count(source: &'static str, outcome: &'static str) {
+    metrics::counter!(m::LATE_REFUNDS, "source" => source, "outcome" => outcome).increment(1);
 }
 
 /// Tries the refund until it is settled; the outcome's metric label.

@@ -99,6 +99,8 @@ pub struct Decider<S = Store> {
     local: Arc<local::LocalLimits>,
     /// Refunds of limits scripts that may run after their deadline (decision 137).
     late: Arc<late::LateRefunds>,
+    /// The filter's refunds that found nothing, asked again (decision 163): a pool of their own.
+    rechecks: Arc<late::LateRefunds>,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -169,6 +171,7 @@ impl<S: DecisionStore> Decider<S> {
             tickets: tickets::TicketKey::random(),
             local: Arc::default(),
             late: Arc::default(),
+            rechecks: Arc::new(late::LateRefunds::rechecks()),
         }
     }
 

@@ -51,7 +51,7 @@ impl<S: DecisionStore> Decider<S> {
                 // The decision's script may not have run yet: a Redis slower than the filter's
                 // patience runs it later and takes for a request nobody served. Asked again
                 // behind a barrier, as the sidecar's own late refunds are (decision 163).
-                self.late.refund(&self.store, &self.clock, &record.tenant, &id);
+                self.rechecks.refund(&self.store, &self.clock, &record.tenant, &id);
                 count(Refunded::Nothing.as_str());
                 Ok(Refunded::Nothing)
             }

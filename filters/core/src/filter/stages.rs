@@ -98,8 +98,8 @@ pub fn route(
     // A header a route's rule reads, sent twice or not as UTF-8: the rule saw its first UTF-8
     // value (or none), the upstream may read another; a client could pick a route (its product,
     // its plan) the upstream does not serve. Refused, as a repeated Idempotency-Key is.
-    let ambiguous = |n: &&String| headers.all_raw(n).len() > 1 || headers.has_non_utf8(n);
-    if let Some(name) = routes.borrow().rule_headers().iter().find(ambiguous) {
+    let ambiguous = |n: &str| headers.all_raw(n).len() > 1 || headers.has_non_utf8(n);
+    if let Some(name) = routes.borrow().ambiguous_rule_header(&req, ambiguous) {
         let message = format!("the {name} header decides this request's route: send it once, as UTF-8");
         return Err(Denial::local(400, codes::INVALID_REQUEST, message));
     }
