@@ -49,6 +49,10 @@
 --     budget <counter> <reservation> <tokens>      conc <key>
 --     idem <owner> <memo> <claim token> <digest>
 --   Units include a lease granted in the call. Keys never contain spaces or newlines.
+--   Idempotent per decision id: a call that finds its record already there (the same call sent
+--   again, as a Redis Cluster client does after a connection error) takes and writes nothing, and
+--   answers allowed: remaining as left now, granted as recorded, its own idempotency claim
+--   'claimed' (a cache lookup reads again), would_deny 0 (decision 164).
 
 local now = tonumber(ARGV[1])
 local rid = ARGV[2]
@@ -166,21 +170,30 @@ local function check(s)
   return redis.error_reply('unknown limit kind ' .. tostring(s.kind))
 end
 
-local out = { 1, 0 }
-local denied = 0
-for i = 1, n do
-  local s = specs[i]
-  local ok, remaining, reset = check(s)
-  s.ok, s.remaining, s.reset = ok, remaining, reset
-  if not ok and not s.shadow and denied == 0 then denied = i end
-end
-
--- The response lookup (issue 7). An idempotency key held by another operation, or still in
--- flight, answers without taking from any limit (the request does no work).
 local a = 7 + n * 6
 local lookup = ARGV[a]
 local outcome, value = nil, ''
 local record_ttl = tonumber(ARGV[a + ((lookup == 'idem') and 5 or 1)] or '0')
+
+-- The same decision again (decision 164): its record exists, so a call with this decision id has
+-- already taken. A Redis Cluster client sends a script again after a connection error, and the
+-- first run may have taken before the connection dropped. Take nothing again: answer allowed
+-- with what is left now (the first run's take included), the lease the record shows, and the
+-- lookup as the first run left it (its own idempotency claim is 'claimed' again, not in flight).
+local again = record_ttl > 0 and redis.call('EXISTS', KEYS[#KEYS]) == 1
+
+local out = { 1, 0 }
+local denied = 0
+for i = 1, n do
+  local s = specs[i]
+  if again then s.cost, s.take = 0, 0 end
+  local ok, remaining, reset = check(s)
+  s.ok, s.remaining, s.reset = ok or again, remaining, reset
+  if not s.ok and not s.shadow and denied == 0 then denied = i end
+end
+
+-- The response lookup (issue 7). An idempotency key held by another operation, or still in
+-- flight, answers without taking from any limit (the request does no work).
 if denied == 0 and lookup == 'idem' then
   local owner_key, memo_key = KEYS[k], KEYS[k + 1]
   local digest = ARGV[a + 1]
@@ -189,7 +202,9 @@ if denied == 0 and lookup == 'idem' then
     outcome = 'conflict'
   else
     local memo = redis.call('GET', memo_key)
-    if memo and string.sub(memo, 1, 9) == 'inflight:' then
+    if again and memo == 'inflight:' .. ARGV[a + 2] then
+      outcome = 'claimed'
+    elseif memo and string.sub(memo, 1, 9) == 'inflight:' then
       outcome = 'in_flight'
     elseif memo then
       outcome, value = 'replay', memo
@@ -219,7 +234,18 @@ end
 -- The lease: the largest grant every limit can give (at most 1/share of what it has left after
 -- this request), only for fixed windows and buckets, only when the request is allowed.
 local granted = 0
-if denied == 0 and lease_want > 0 then
+if again then
+  -- the lease the first run took: its units on a fixed or bucket line, less the request's own
+  local rec = redis.call('GET', KEYS[#KEYS])
+  for i = 1, n do
+    local s = specs[i]
+    local units = string.match(rec, '\n' .. s.kind .. ' ' .. string.gsub(KEYS[s.k], '%p', '%%%0') .. ' (%S+)')
+    if units and (s.kind == 'fixed' or s.kind == 'bucket') and s.unit > 0 then
+      granted = math.max(0, math.floor((tonumber(units) - s.unit) / s.unit))
+      break
+    end
+  end
+elseif denied == 0 and lease_want > 0 then
   granted = lease_want
   for i = 1, n do
     local s = specs[i]
@@ -248,7 +274,7 @@ local function took(s)
 end
 
 -- Phase 2: take from every limit, only when nothing (non-shadow) denied.
-if denied == 0 and not (renewal and granted == 0) then
+if denied == 0 and not again and not (renewal and granted == 0) then
   local rec = { 'v1 ' .. num(now) }
   for i = 1, n do
     local s = specs[i]

@@ -7,8 +7,18 @@
 
 use crate::common::{Lab, T0};
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tollgate_sidecar::apikey::KeyRecord;
+use tollgate_sidecar::config::Config;
+use tollgate_sidecar::decision::limits::Plans;
+use tollgate_sidecar::decision::{Decider, DecisionStore};
+use tollgate_sidecar::keys::{Id, KeyHash};
+use tollgate_sidecar::scripts::complete::{CompleteCall, Settled};
+use tollgate_sidecar::scripts::decide::{DecideCall, DecideReply};
 use tollgate_sidecar::scripts::refund::Refunded;
+use tollgate_sidecar::scripts::ScriptError;
+use tollgate_sidecar::store::{Store, StoreError};
 use tollgate_tests::fixtures::limit_toml;
 use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::responses::IdempotencyRequest;
@@ -23,13 +33,29 @@ async fn lab(limits: &str) -> Lab {
 }
 
 impl Lab {
-    /// A decision the filter named; returns its id and the answer.
-    async fn decide_with(&mut self, f: impl FnOnce(DecideRequest) -> DecideRequest) -> (String, DecideResponse) {
+    /// The next request of a decision the filter named, and its id.
+    fn named(&mut self, f: impl FnOnce(DecideRequest) -> DecideRequest) -> (String, DecideRequest) {
         self.n += 1;
         let id = format!("{:032x}", 0xdec0_0000u64 + u64::from(self.n));
         let req = DecideRequest { decision_id: Some(id.clone()), client_ip: Some("10.0.0.1".into()), ..DecideRequest::new(self.key_hash.clone(), "POST", "api", "/") };
-        let answer = self.decider.decide(&f(req)).await.unwrap();
+        (id, f(req))
+    }
+
+    /// A decision the filter named; returns its id and the answer.
+    async fn decide_with(&mut self, f: impl FnOnce(DecideRequest) -> DecideRequest) -> (String, DecideResponse) {
+        let (id, req) = self.named(f);
+        let answer = self.decider.decide(&req).await.unwrap();
         (id, answer)
+    }
+
+    /// A decider over the lab's Redis, clock and plans (`limits`, as the lab was started with)
+    /// whose store sends every `decide.lua` call twice, and the replies it got.
+    fn sent_twice(&self, limits: &str) -> (Decider<SentTwice>, Arc<Mutex<Vec<DecideReply>>>) {
+        let mut cfg = Config::from_toml(limits).unwrap();
+        cfg.cache.ttl = Duration::from_secs(600);
+        let store = SentTwice { store: self.store.clone(), replies: Arc::default() };
+        let replies = store.replies.clone();
+        (Decider::new(store, &cfg.cache, Plans::compile(&cfg.plans).unwrap(), self.clock.clone()), replies)
     }
 
     async fn decide(&mut self) -> (String, DecideResponse) {
@@ -232,4 +258,93 @@ async fn a_refund_waits_for_a_redis_slower_than_a_decisions_deadline() {
     assert_eq!(lab.refund(&format!("{:032x}", 7)).await, Refunded::Nothing);
     let _: () = lab.redis.cmd(&["CLIENT", "PAUSE", "400", "ALL"]);
     assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 1 }, "answered once Redis is, within the refund's 1 s");
+}
+
+/// A store that sends every `decide.lua` call twice — as a Redis Cluster client sends a script
+/// again after a connection error, when the first run may have taken before the connection
+/// dropped — and keeps both replies; everything else goes to the real store.
+#[derive(Clone)]
+struct SentTwice {
+    store: Store,
+    replies: Arc<Mutex<Vec<DecideReply>>>,
+}
+
+impl DecisionStore for SentTwice {
+    fn decision_timeout(&self) -> Duration {
+        DecisionStore::decision_timeout(&self.store)
+    }
+
+    async fn key_record(&self, hash: &KeyHash, left: Duration, off_path: bool) -> Result<Option<KeyRecord>, StoreError> {
+        DecisionStore::key_record(&self.store, hash, left, off_path).await
+    }
+
+    async fn decide(&self, call: &DecideCall, left: Duration) -> Result<DecideReply, ScriptError> {
+        let first = DecisionStore::decide(&self.store, call, left).await?;
+        let second = DecisionStore::decide(&self.store, call, left).await?;
+        self.replies.lock().unwrap().extend([first, second.clone()]);
+        Ok(second)
+    }
+
+    async fn complete(&self, call: &CompleteCall) -> Result<(i64, Settled), StoreError> {
+        DecisionStore::complete(&self.store, call).await
+    }
+
+    async fn refund(&self, tenant: &Id, decision_id: &Id, now_ms: u64) -> Result<Refunded, ScriptError> {
+        DecisionStore::refund(&self.store, tenant, decision_id, now_ms).await
+    }
+
+    async fn claim_audit(&self, key_id: &Id) -> Result<bool, StoreError> {
+        DecisionStore::claim_audit(&self.store, key_id).await
+    }
+
+    async fn barrier(&self) -> bool {
+        DecisionStore::barrier(&self.store).await
+    }
+}
+
+/// Decision 164: a decision whose script runs twice (sent again after a connection error) takes
+/// once and answers as its first run did — its idempotency claim is its own, not "in flight", and
+/// one refund gives back everything it took. Before, the second run took every limit again (and
+/// overwrote the record, so a refund left the first take behind) and answered 409 in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_whose_script_runs_twice_takes_once_and_answers_as_the_first_run() {
+    let all = [
+        limit("fw", "fixed_window", 5, ""),
+        limit("sw", "sliding_window", 5, ""),
+        limit("tb", "token_bucket", 5, ""),
+        limit("log", "sliding_log", 5, "cost = 2"),
+        limit("bud", "token_budget", 100_000, "estimate = 700"),
+        limit("conc", "concurrency", 5, ""),
+    ]
+    .concat();
+    let mut lab = lab(&all).await;
+    lab.decide().await; // a decision that stays: the state has something in it
+    let before = lab.state();
+    let (twice, replies) = lab.sent_twice(&all);
+    let idem = IdempotencyRequest { key: "order-1".into(), digest: "0a".repeat(16) };
+    let (id, req) = lab.named(|req| DecideRequest { idempotency: Some(idem), ..req });
+    let r = twice.decide(&req).await.unwrap();
+    let DecideResponse::Allow { store: Some(_), .. } = &r else { panic!("its own claim, not in flight: {r:?}") };
+    let replies = replies.lock().unwrap().clone();
+    assert_eq!(replies.len(), 2);
+    assert_eq!(replies[1], replies[0], "the second run answers as the first");
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 7 });
+    assert_eq!(lab.state(), before, "taken once: one refund gives it all back");
+}
+
+/// Decision 164 for a leased grant: the second run grants what the first took, and takes nothing
+/// more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_grant_whose_script_runs_twice_is_taken_once() {
+    let leased = limit("fw", "fixed_window", 100, "mode = \"leased\"");
+    let mut lab = lab(&leased).await;
+    let (twice, replies) = lab.sent_twice(&leased);
+    let (_, req) = lab.named(|req| DecideRequest { lease: Some(LeaseAsk { want: 20, renewal: false }), ..req });
+    let r = twice.decide(&req).await.unwrap();
+    let DecideResponse::Allow { lease: Some(l), .. } = &r else { panic!("no lease: {r:?}") };
+    let replies = replies.lock().unwrap().clone();
+    assert_eq!(replies[1], replies[0]);
+    assert_eq!(replies[0].granted, l.units);
+    let counter = lab.redis.keys("rl:{acme}:fw:*");
+    assert_eq!(lab.redis.cmd::<u64>(&["GET", &counter[0]]), 1 + l.units, "the request and its lease, once");
 }
