@@ -92,6 +92,8 @@ pub enum Lookup {
 #[derive(Debug, Default)]
 pub struct WorkerRoutes {
     table: Option<(u32, Rc<RouteTable>)>,
+    /// Some route of the table has a header rule (else no request's headers are looked at).
+    header_rules: bool,
 }
 
 impl WorkerRoutes {
@@ -103,6 +105,7 @@ impl WorkerRoutes {
             return;
         }
         if let Ok(t) = serde_json::from_slice::<RouteTable>(&bytes) {
+            self.header_rules = t.routes.iter().any(|r| !r.headers.is_empty());
             self.table = Some((cas, Rc::new(t)));
         }
     }
@@ -115,7 +118,7 @@ impl WorkerRoutes {
         req: &RequestView<'a, H>,
         ambiguous: impl Fn(&str) -> bool,
     ) -> Option<String> {
-        let (_, table) = self.table.as_ref()?;
+        let (_, table) = self.table.as_ref().filter(|_| self.header_rules)?;
         for route in table.routes.iter().filter(|r| r.matches_request_line(req)) {
             if let Some(h) = route.headers.iter().find(|h| ambiguous(&h.name)) {
                 return Some(h.name.clone());
