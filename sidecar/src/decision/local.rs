@@ -17,7 +17,11 @@
 //! Token budgets and concurrency caps cannot be `local` (refused at config load: their
 //! reservations and slots are settled in Redis by the completion path).
 //!
-//! Bounded: at most `local_max_entries` counters; a new one beyond that drops the oldest created.
+//! Bounded: at most `local_max_entries` counters. When full, counters that no longer hold
+//! anything (their window over, their bucket full again) go first, swept at most once a second;
+//! while every counter still holds something, a new subject is counted in its tenant's and
+//! limit's shared overflow counter instead — a live counter is never dropped, so a tenant
+//! rotating subjects during an outage cannot reset another's (decision 165).
 //! One decision checks all its local limits, then takes from all only if all pass (as
 //! `decide.lua` does). Pure apart from the mutex: time is passed in.
 
@@ -28,7 +32,7 @@ use crate::apikey::KeyRecord;
 use crate::metrics as m;
 use crate::scripts::decide::LimitState;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use tollgate_wire::DecideResponse;
@@ -40,7 +44,8 @@ pub struct LocalConfig {
     /// How many sidecars share each limit (one per Envoy). Unset: the count discovered in Redis
     /// while it answered, else 1. Set: this, always (it wins over the discovered count).
     pub local_replicas: Option<u32>,
-    /// The most local counters kept (tenant × limit × subject); beyond it the oldest is dropped.
+    /// The most local counters kept (tenant × limit × subject); beyond it, new subjects share an
+    /// overflow counter per tenant and limit.
     pub local_max_entries: usize,
 }
 
@@ -73,10 +78,19 @@ enum Counter {
 
 #[derive(Debug, Default)]
 struct State {
-    counters: HashMap<String, Counter>,
-    /// Keys in creation order (the oldest is dropped first when full).
-    order: VecDeque<String>,
+    /// Each counter, and when it holds nothing any more (ms: the window after the next one
+    /// starts, the bucket is full again): from then on it is as if it never was.
+    counters: HashMap<String, (Counter, u64)>,
+    /// When a full table was last swept of such counters.
+    swept_ms: Option<u64>,
 }
+
+/// How often at most a full table is swept of counters that hold nothing.
+const SWEEP_EVERY_MS: u64 = 1_000;
+
+/// The subject of the counter new subjects share while the table is full (a newline: no
+/// subject holds one).
+const OVERFLOW: &str = "\n";
 
 /// What a local decision found.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,37 +167,56 @@ impl LocalLimits {
         let mut denied = None;
         for &i in which {
             let m = &meta[i];
-            let key = format!("{tenant}/{}/{}/{:?}", m.name, m.subject, m.algorithm);
+            let mut key = format!("{tenant}/{}/{}/{:?}", m.name, m.subject, m.algorithm);
+            if !st.counters.contains_key(&key) && !self.room(&mut st, now_ms) {
+                key = format!("{tenant}/{}/{OVERFLOW}/{:?}", m.name, m.algorithm);
+            }
             let share = self.share(m.limit);
-            let (counter, state) = check(st.counters.get(&key).copied(), m, share, now_ms);
+            let held = st.counters.get(&key).map(|(c, _)| *c);
+            let (counter, state) = check(held, m, share, now_ms);
             if state.would_deny && denied.is_none() {
                 denied = Some(i);
             }
-            next.push((i, key, counter, state));
+            next.push((i, key, (counter, holds_until(counter, m, share)), state));
         }
         if denied.is_none() {
-            for (_, key, counter, _) in &next {
-                self.put(&mut st, key, *counter);
+            for (_, key, counter, _) in next.iter_mut() {
+                st.counters.insert(std::mem::take(key), *counter);
             }
         }
         Verdict { states: next.into_iter().map(|(i, _, _, s)| (i, s)).collect(), denied }
     }
 
-    fn put(&self, st: &mut State, key: &str, counter: Counter) {
-        if let Some(c) = st.counters.get_mut(key) {
-            *c = counter;
-            return;
+    /// Whether a new counter fits: below the bound, or after a sweep (at most once a second) of
+    /// the counters that hold nothing any more. The overflow counters are not bounded by it (at
+    /// most one per tenant and limit).
+    fn room(&self, st: &mut State, now_ms: u64) -> bool {
+        if st.counters.len() < self.max_entries {
+            return true;
         }
-        while st.counters.len() >= self.max_entries {
-            match st.order.pop_front() {
-                Some(old) => {
-                    st.counters.remove(&old);
-                }
-                None => break,
-            }
+        if st.swept_ms.is_some_and(|at| now_ms < at.saturating_add(SWEEP_EVERY_MS)) {
+            return false;
         }
-        st.counters.insert(key.to_string(), counter);
-        st.order.push_back(key.to_string());
+        st.swept_ms = Some(now_ms);
+        st.counters.retain(|_, (_, until)| *until > now_ms);
+        st.counters.len() < self.max_entries
+    }
+}
+
+/// When `counter` holds nothing any more: the fixed or sliding window after the next one starts
+/// (neither its count nor its previous one is read then); the bucket is full again.
+fn holds_until(counter: Counter, m: &Meta, share: u64) -> u64 {
+    let w = m.window_ms.max(1);
+    match counter {
+        Counter::Window { bucket, .. } => bucket.saturating_add(2).saturating_mul(w),
+        Counter::Bucket { scaled, at_ms } => {
+            let missing = (u128::from(share) * u128::from(w)).saturating_sub(scaled);
+            let ms = match share {
+                0 => 0,
+                s => missing.div_ceil(u128::from(s)).min(u128::from(u64::MAX)) as u64,
+            };
+            at_ms.saturating_add(ms)
+        }
     }
 }
 
@@ -367,14 +400,43 @@ mod tests {
     }
 
     #[test]
-    fn at_most_max_entries_counters_the_oldest_dropped() {
+    fn a_full_table_keeps_every_live_counter_and_counts_new_subjects_together() {
+        let l = LocalLimits::new(&LocalConfig { local_replicas: Some(1), local_max_entries: 3 });
+        let m = meta(Algorithm::FixedWindow, 2, 60_000);
+        let with = |subject: &str| Meta { subject: subject.into(), ..m.clone() };
+        // the victim spends its limit; then a client rotates subjects past the bound
+        assert_eq!(admit(&l, &m, 5, 0), 2);
+        let rotated: usize = (0..50).map(|i| admit(&l, &with(&format!("k.r{i}")), 1, 10)).sum();
+        assert_eq!(rotated, 1 + 1 + 2, "two subjects with counters of their own, the other 48 sharing one");
+        assert_eq!(l.counters(), 4, "three, and the overflow counter of (acme, l)");
+        assert_eq!(admit(&l, &m, 5, 20), 0, "the victim's counter was never dropped");
+        // another tenant's new subjects overflow into a counter of their own, not acme's
+        assert_eq!(l.decide("other", std::slice::from_ref(&m), &[0], 30).denied, None);
+    }
+
+    #[test]
+    fn a_full_table_first_drops_the_counters_that_hold_nothing() {
         let l = LocalLimits::new(&LocalConfig { local_replicas: Some(1), local_max_entries: 3 });
         let m = meta(Algorithm::FixedWindow, 1, 60_000);
-        for t in ["a", "b", "c", "d"] {
+        let bucket = meta(Algorithm::TokenBucket, 1, 60_000);
+        for t in ["a", "b"] {
             assert_eq!(l.decide(t, std::slice::from_ref(&m), &[0], 0).denied, None);
         }
-        assert_eq!(l.counters(), 3);
-        assert_eq!(l.decide("a", std::slice::from_ref(&m), &[0], 0).denied, None, "a's counter was dropped");
-        assert_eq!(l.decide("d", std::slice::from_ref(&m), &[0], 0).denied, Some(0), "d's is kept");
+        assert_eq!(l.decide("c", std::slice::from_ref(&bucket), &[0], 0).denied, None);
+        // half a window on: every counter still holds something (c's bucket is full again at
+        // 60 s; a window's count is read through the next window, by the sliding kinds)
+        assert_eq!(l.decide("d", std::slice::from_ref(&m), &[0], 30_000).denied, None);
+        assert_eq!(l.counters(), 4, "d counted in its overflow counter");
+        // two windows on: the windows hold nothing and the bucket is full; a new subject sweeps
+        // them, and has a counter of its own
+        assert_eq!(l.decide("e", std::slice::from_ref(&m), &[0], 120_000).denied, None);
+        assert_eq!(l.counters(), 1);
+        assert_eq!(l.decide("e", std::slice::from_ref(&m), &[0], 120_001).denied, Some(0));
+        // a table full of live counters is swept at most once a second
+        for t in ["f", "g"] {
+            assert_eq!(l.decide(t, std::slice::from_ref(&m), &[0], 120_002).denied, None);
+        }
+        assert_eq!(l.decide("h", std::slice::from_ref(&m), &[0], 120_003).denied, None);
+        assert_eq!(l.counters(), 4, "h overflowed: nothing to sweep");
     }
 }
