@@ -308,6 +308,43 @@ fn idempotency_key_replays_refuses_in_flight_and_reused_keys_and_releases_failur
     g.redis().assert_no_raw_keys(&[&k.acme, &k.beta]);
 }
 
+/// Decision 166: a request whose operation may have run — here its client leaves while the
+/// upstream works on it — keeps its claim: a retry gets 409 until the claim expires, never a
+/// second run beside the first. (Before, the end of the request released the claim and the retry
+/// ran the operation again.) An upstream's own failure still releases it (the test above).
+#[test]
+fn an_idempotent_request_whose_outcome_is_unknown_keeps_its_claim() {
+    use std::io::Write;
+    let (g, k) = start();
+    let url = g.envoy().url("/orders");
+    let h = [("x-api-key", k.acme.as_str()), ("content-type", "application/json"), ("idempotency-key", "\"order-9\"")];
+    let before = g.upstream().calls();
+    let body = r#"{"item":"kettle"}"#;
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", g.envoy().port)).unwrap();
+    let mut request = format!("POST /orders HTTP/1.1\r\nhost: gw\r\ncontent-length: {}\r\nx-echo-delay-ms: 5000\r\n", body.len());
+    for (n, v) in h {
+        request.push_str(&format!("{n}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    client.write_all(request.as_bytes()).unwrap();
+    poll_until("the request at the upstream", Duration::from_secs(20), || g.upstream().calls() > before);
+    drop(client);
+    assert_eq!(g.envoy().counter_reaching("wasmcustom.tollgate.idempotency.outcome_unknown", 1), 1);
+    // a response stored after that request's end: the filter's queue is sent in order, so a
+    // release queued then (what ended such a claim before) has reached Redis too
+    let fill = get(&g.envoy().url("/cached/after"), &[("x-api-key", k.acme.as_str()), ("x-user", "u1")]);
+    assert_eq!(fill.header("x-tollgate-cache"), Some("miss"), "{}", fill.body);
+    await_cached(&g, "acme", 1);
+    let calls = g.upstream().calls();
+    let retry = post(&url, &h, body);
+    assert_eq!(retry.status, 409, "{}", retry.body);
+    assert_eq!(retry.json()["error"], "idempotency_in_flight");
+    assert_eq!(g.upstream().calls(), calls, "not run a second time");
+    assert_eq!(g.redis().keys("idem:api:{acme}:*").len(), 1, "the in-flight marker stays");
+    g.redis().assert_ttl_invariant();
+}
+
 #[test]
 fn redis_stopped_requests_are_still_served() {
     let (mut g, k) = start();

@@ -24,6 +24,10 @@ pub enum Metric {
     CacheMiss,
     /// Answered with the stored response of an earlier request with the same Idempotency-Key.
     IdempotentReplay,
+    /// An Idempotency-Key's request ended without a 2xx and without knowing whether its
+    /// operation ran (a gateway timeout, a reset after it went out, the client gone first): its
+    /// claim is kept in flight until it expires, not released (decision 166).
+    IdempotencyOutcomeUnknown,
     /// Allowed from this Envoy's lease of a leased limit, without a call (crate::lease).
     LeaseHit,
     /// Lease renewals sent by a root context (off the request path).
@@ -114,6 +118,7 @@ impl Metric {
             Metric::CacheHit,
             Metric::CacheMiss,
             Metric::IdempotentReplay,
+            Metric::IdempotencyOutcomeUnknown,
             Metric::LeaseHit,
             Metric::LeaseRenewal,
             Metric::TokensClamped,
@@ -152,6 +157,7 @@ impl Metric {
             Metric::CacheHit => "tollgate.cache.hits".into(),
             Metric::CacheMiss => "tollgate.cache.misses".into(),
             Metric::IdempotentReplay => "tollgate.idempotency.replays".into(),
+            Metric::IdempotencyOutcomeUnknown => "tollgate.idempotency.outcome_unknown".into(),
             Metric::LeaseHit => "tollgate.leases.hits".into(),
             Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
             Metric::TokensClamped => "tollgate.tokens.clamped".into(),

@@ -257,6 +257,57 @@ fn an_idempotency_key_carries_the_seed_digest_and_its_outcome_is_stored_or_relea
     }
 }
 
+/// Decision 166: a claim is released only when its operation is known undone — the upstream
+/// answered (a non-2xx), or the request never reached one. A gateway timeout, a reset after the
+/// request went out, a client gone before any answer: the operation may have run or still be
+/// running, so nothing is sent and the claim stays in flight until it expires (a retry gets 409,
+/// never a second run).
+#[test]
+fn a_claim_is_released_only_when_its_operation_is_known_undone() {
+    let upstream_address = ("upstream.address", "127.0.0.1:8080");
+    // (status, code details, an upstream was chosen, released)
+    let cases: [(Option<&str>, Option<&str>, bool, bool); 7] = [
+        (Some("503"), Some("via_upstream"), true, true),
+        (Some("503"), Some("upstream_reset_before_response_started{remote_connection_failure}"), true, true),
+        (Some("503"), Some("no_healthy_upstream"), true, true),
+        (Some("503"), None, false, true),
+        (Some("504"), Some("upstream_response_timeout"), true, false),
+        (Some("503"), Some("upstream_reset_before_response_started{connection_termination}"), true, false),
+        (None, Some("downstream_remote_disconnect"), true, false),
+    ];
+    for (status, details, chosen, released) in cases {
+        let rig = Rig::new();
+        let mut h = host("POST", "/orders").with_header("idempotency-key", "\"order-1\"");
+        if let Some(d) = details {
+            h = h.with_property("response.code_details", d);
+        }
+        if chosen {
+            h = h.with_property(upstream_address.0, upstream_address.1);
+        }
+        let mut f = rig.request(&mut h);
+        f.on_sidecar_response(&mut h, 1, Some(200), CLAIMED);
+        let what = format!("{status:?} {details:?}");
+        if let Some(status) = status {
+            upstream(&mut h, status, &[]);
+            assert_eq!(f.on_response_headers(&mut h, true), if released { Action::Pause } else { Action::Continue }, "{what}");
+        }
+        if released {
+            assert_eq!(h.calls.len(), 2, "{what}: the release is sent at the response's end");
+            let batch: StoreBatch = serde_json::from_slice(&h.calls[1].body).unwrap();
+            assert!(batch.responses[0].response.is_none(), "{what}");
+        }
+        f.on_log(&mut h);
+        let queued = rig.stored().responses;
+        if released {
+            assert_eq!(queued.len(), 1, "{what}: the call died with the stream, its batch sends it");
+        } else {
+            assert_eq!(h.calls.len(), 1, "{what}: no outcome call");
+            assert!(queued.is_empty(), "{what}: nothing queued, the claim stays in flight");
+            assert_eq!(h.metrics.get(&Metric::IdempotencyOutcomeUnknown), Some(&1), "{what}");
+        }
+    }
+}
+
 #[test]
 fn the_last_byte_of_a_sized_response_waits_for_its_outcome() {
     // A client reading a content-length body is done at its last byte: that chunk is held with

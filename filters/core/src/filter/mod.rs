@@ -520,7 +520,7 @@ impl AuthFilter {
     /// so a retry the client sends once it has the answer finds the outcome, never the claim
     /// (a 409). A call that cannot be sent, or fails, leaves the item to the worker's batch.
     fn store_outcome(&mut self, host: &mut impl Host) -> Action {
-        let Some(item) = self.response.take_idempotency_outcome(host.now_ms()) else { return Action::Continue };
+        let Some(item) = self.response.take_idempotency_outcome(host) else { return Action::Continue };
         let batch = StoreBatch { responses: vec![item] };
         let sent = serde_json::to_vec(&batch).map_err(|e| e.to_string()).and_then(|body| {
             host.dispatch(self.config.sidecar.post_json(RESPONSES_PATH, body, outcome_timeout(&self.config)))

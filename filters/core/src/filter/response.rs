@@ -199,12 +199,40 @@ impl ResponseSide {
     /// The response is complete (its end is about to go to the client): the outcome of an
     /// idempotency claim to store now, before the client can retry (the body stays kept for
     /// token usage). `None` for anything else (cache fills wait for the request's end).
-    pub fn take_idempotency_outcome(&mut self, now_ms: u64) -> Option<StoreItem> {
+    pub fn take_idempotency_outcome(&mut self, host: &mut impl Host) -> Option<StoreItem> {
         if !self.pending_store.as_ref().is_some_and(|p| p.is_idempotency() && p.complete) {
             return None;
         }
         let p = self.pending_store.take()?;
-        store_item(p, self.body.clone(), now_ms)
+        let body = self.body.clone();
+        self.settle(host, p, body)
+    }
+
+    /// What to store of `p` ([`store_item`]), unless it is an idempotency claim whose request
+    /// ended without a 2xx and without knowing whether its operation ran: then nothing is sent,
+    /// and the claim stays in flight until it expires (decision 166).
+    fn settle(&self, host: &mut impl Host, p: PendingStore, body: Option<Vec<u8>>) -> Option<StoreItem> {
+        if p.is_idempotency() && !p.storable && !self.outcome_known(host) {
+            host.count(Metric::IdempotencyOutcomeUnknown);
+            return None;
+        }
+        store_item(p, body, host.now_ms())
+    }
+
+    /// Whether a request that ended without a 2xx is known to have left its operation undone,
+    /// so that a retry may run it: the gateway answered it itself (nothing went upstream), the
+    /// upstream answered (its non-2xx is its word), or it never reached an upstream (no host
+    /// selected, no connection, no route, a full pool). A gateway timeout, a reset after the
+    /// request went out, a client gone before the answer: not known.
+    fn outcome_known(&self, host: &impl Host) -> bool {
+        if self.no_upstream {
+            return true;
+        }
+        let details = host.property(&["response", "code_details"]).unwrap_or_default();
+        let details = String::from_utf8_lossy(&details);
+        details == "via_upstream"
+            || NEVER_SENT.iter().any(|s| details.contains(s))
+            || host.property(&["upstream", "address"]).is_none()
     }
 
     /// The request ended: the tokens its response used (when they were to be read) and what to
@@ -222,11 +250,17 @@ impl ResponseSide {
         // reply says and whether or not responses are read for usage (`tokenUsage`)
         let budgeted = self.ticket.as_ref().is_some_and(|t| !t.budgets.is_empty());
         let tokens = if self.no_upstream && budgeted { Some(0) } else { tokens };
-        // the clock (a host call) only for a store
-        let store = self.pending_store.take().and_then(|p| store_item(p, body, host.now_ms()));
+        let store = match self.pending_store.take() {
+            Some(p) => self.settle(host, p, body),
+            None => None,
+        };
         (tokens, store)
     }
 }
+
+/// Envoy's response code details that say the request never went to an upstream: no
+/// connection, no healthy host, no route or cluster, a full connection pool.
+const NEVER_SENT: [&str; 6] = ["connection_failure", "no_healthy_upstream", "overflow", "route_not_found", "cluster_not_found", "maintenance_mode"];
 
 /// What to store of a finished request's response, if anything: a complete cacheable
 /// response; an idempotency claim's 2xx outcome (without its body when it was too large or
