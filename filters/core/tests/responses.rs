@@ -147,6 +147,26 @@ fn responses_that_must_not_be_cached_are_not_queued() {
     }
 }
 
+/// A chunk of body Envoy would not give (its read failed): nothing is kept of that response, so
+/// neither the cache nor an idempotency outcome ever stores it with bytes missing.
+#[test]
+fn a_body_with_a_chunk_that_could_not_be_read_is_not_stored() {
+    let rig = Rig::new();
+    let mut h = host("GET", "/v1/chat");
+    let mut f = rig.request(&mut h);
+    f.on_sidecar_response(&mut h, 1, Some(200), MISS);
+    upstream(&mut h, "200", &[("content-type", "application/json")]);
+    f.on_response_headers(&mut h, false);
+    h.response_chunk = br#"{"a":"#.to_vec();
+    f.on_response_body(&mut h, 5, false);
+    h.response_chunk = Vec::new(); // Envoy presents 4 bytes it then cannot give
+    f.on_response_body(&mut h, 4, false);
+    h.response_chunk = b"2}".to_vec();
+    f.on_response_body(&mut h, 2, true);
+    f.on_log(&mut h);
+    assert!(rig.stored().responses.is_empty(), "{:?}", rig.stored());
+}
+
 #[test]
 fn a_hit_is_a_local_reply_that_still_counts() {
     let rig = Rig::new();

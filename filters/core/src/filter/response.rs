@@ -144,8 +144,14 @@ impl ResponseSide {
                 self.body = None;
                 self.kept.release();
             } else if chunk_size > 0 {
-                if let Some(chunk) = host.response_body(offset, chunk_size) {
-                    body.extend_from_slice(&chunk);
+                match host.response_body(offset, chunk_size) {
+                    Some(chunk) => body.extend_from_slice(&chunk),
+                    // a chunk Envoy would not give: what is kept has a hole, so nothing is kept
+                    // (never a body stored or read with bytes missing)
+                    None => {
+                        self.body = None;
+                        self.kept.release();
+                    }
                 }
             }
         }
