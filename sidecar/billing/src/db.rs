@@ -11,8 +11,9 @@
 //!   tenant's events of one second combined by the gateway): the deduplication set of aggregates,
 //!   with their per-key rows as the audit trail; pruned like `usage_events`. An aggregate moves
 //!   the rollup by its per-key sums exactly as its events would have one by one.
-//! - `usage_rejects` — messages that were neither events nor valid aggregates, with where they
-//!   were read.
+//! - `usage_rejects` — messages that were neither valid events nor valid aggregates
+//!   (`tollgate_shared::events`), or that PostgreSQL refused on their own, with where they were
+//!   read and why (their text with NUL and bytes that are not UTF-8 replaced).
 
 use crate::Consumed;
 use std::collections::BTreeMap;
@@ -95,6 +96,33 @@ pub fn tokens_i64(n: u64) -> i64 {
     i64::try_from(n.min(tollgate_wire::usage::MAX_TOKENS)).unwrap_or(i64::MAX)
 }
 
+async fn insert_reject(c: &impl tokio_postgres::GenericClient, topic: &str, m: &Consumed, reason: &str) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "INSERT INTO usage_rejects (topic, \"partition\", \"offset\", payload, reason) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT DO NOTHING",
+        &[&topic, &m.partition, &m.offset, &storable_text(&m.payload), &storable_text(reason.as_bytes())],
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Whether PostgreSQL refused a statement for a value it will never take (SQLSTATE class 22,
+/// data exception; 54, a program limit), not for being unreachable or busy.
+pub fn is_data_error(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("54"))
+}
+
+/// Text PostgreSQL takes whatever a message held: not UTF-8 replaced (U+FFFD), NUL too (`text`
+/// refuses it), so a rejected message is always kept.
+pub fn storable_text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
+}
+
+/// A count as PostgreSQL's `int8`, saturated (a message's counts are bounded, their sums may not be).
+fn count_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 fn class_index(c: UsageClass) -> usize {
     UsageClass::ALL.iter().position(|x| *x == c).unwrap_or(0)
 }
@@ -107,8 +135,8 @@ pub fn rollup<'a>(events: impl IntoIterator<Item = &'a UsageEvent>) -> BTreeMap<
         let r = out.entry((e.day().iso(), e.tenant.clone(), e.key_id.clone())).or_default();
         r.by_class[class_index(e.class())] += 1;
         r.tokens = r.tokens.saturating_add(tokens_i64(e.tokens.unwrap_or(0)));
-        r.request_bytes += e.request_bytes.unwrap_or(0) as i64;
-        r.response_bytes += e.response_bytes.unwrap_or(0) as i64;
+        r.request_bytes = r.request_bytes.saturating_add(count_i64(e.request_bytes.unwrap_or(0)));
+        r.response_bytes = r.response_bytes.saturating_add(count_i64(e.response_bytes.unwrap_or(0)));
     }
     out
 }
@@ -120,11 +148,11 @@ pub fn rollup_aggregates<'a>(out: &mut BTreeMap<(String, String, String), Rollup
         for k in &a.keys {
             let r = out.entry((day.clone(), a.tenant.clone(), k.key_id.clone())).or_default();
             for (i, class) in UsageClass::ALL.iter().enumerate() {
-                r.by_class[i] += k.requests.get(*class) as i64;
+                r.by_class[i] = r.by_class[i].saturating_add(count_i64(k.requests.get(*class)));
             }
             r.tokens = r.tokens.saturating_add(tokens_i64(k.tokens));
-            r.request_bytes += k.request_bytes as i64;
-            r.response_bytes += k.response_bytes as i64;
+            r.request_bytes = r.request_bytes.saturating_add(count_i64(k.request_bytes));
+            r.response_bytes = r.response_bytes.saturating_add(count_i64(k.response_bytes));
         }
     }
 }
@@ -166,12 +194,14 @@ pub fn decode(batch: &[Consumed]) -> Decoded<'_> {
             continue;
         }
         match serde_json::from_slice::<UsageEvent>(&m.payload) {
-            Ok(e) if e.id.is_empty() || e.tenant.is_empty() => out.rejects.push((m, "no id or tenant".to_string())),
-            Ok(e) => {
-                if seen.insert(e.id.clone()) {
-                    out.events.push(e);
+            Ok(e) => match tollgate_shared::events::invalid_reason(&e) {
+                Some(why) => out.rejects.push((m, format!("invalid event: {why}"))),
+                None => {
+                    if seen.insert(e.id.clone()) {
+                        out.events.push(e);
+                    }
                 }
-            }
+            },
             Err(err) => out.rejects.push((m, err.to_string())),
         }
     }
@@ -188,6 +218,16 @@ pub struct Stored {
     pub requests: u64,
     pub duplicates: u64,
     pub rejected: u64,
+}
+
+impl std::ops::AddAssign for Stored {
+    fn add_assign(&mut self, o: Stored) {
+        self.inserted += o.inserted;
+        self.aggregates += o.aggregates;
+        self.requests += o.requests;
+        self.duplicates += o.duplicates;
+        self.rejected += o.rejected;
+    }
 }
 
 pub struct Db {
@@ -357,26 +397,21 @@ impl Db {
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
                              $9::int8[], $10::int8[], $11::int8[]) AS u(day, tenant, key_id, ok, c4, c5, dn, ab, tk, rq, rs)
                  ON CONFLICT (day, tenant, key_id) DO UPDATE SET
-                     requests_ok = d.requests_ok + EXCLUDED.requests_ok,
-                     requests_4xx = d.requests_4xx + EXCLUDED.requests_4xx,
-                     requests_5xx = d.requests_5xx + EXCLUDED.requests_5xx,
-                     requests_denied = d.requests_denied + EXCLUDED.requests_denied,
-                     requests_aborted = d.requests_aborted + EXCLUDED.requests_aborted,
+                     requests_ok = LEAST(d.requests_ok::numeric + EXCLUDED.requests_ok, 9223372036854775807)::int8,
+                     requests_4xx = LEAST(d.requests_4xx::numeric + EXCLUDED.requests_4xx, 9223372036854775807)::int8,
+                     requests_5xx = LEAST(d.requests_5xx::numeric + EXCLUDED.requests_5xx, 9223372036854775807)::int8,
+                     requests_denied = LEAST(d.requests_denied::numeric + EXCLUDED.requests_denied, 9223372036854775807)::int8,
+                     requests_aborted = LEAST(d.requests_aborted::numeric + EXCLUDED.requests_aborted, 9223372036854775807)::int8,
                      tokens = LEAST(d.tokens::numeric + EXCLUDED.tokens, 9223372036854775807)::int8,
-                     request_bytes = d.request_bytes + EXCLUDED.request_bytes,
-                     response_bytes = d.response_bytes + EXCLUDED.response_bytes,
+                     request_bytes = LEAST(d.request_bytes::numeric + EXCLUDED.request_bytes, 9223372036854775807)::int8,
+                     response_bytes = LEAST(d.response_bytes::numeric + EXCLUDED.response_bytes, 9223372036854775807)::int8,
                      updated_at = now()",
                 &[&d, &t, &k, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5], &cols[6], &cols[7]],
             )
             .await?;
         }
         for (m, reason) in &rejects {
-            tx.execute(
-                "INSERT INTO usage_rejects (topic, \"partition\", \"offset\", payload, reason) VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT DO NOTHING",
-                &[&topic, &m.partition, &m.offset, &String::from_utf8_lossy(&m.payload).into_owned(), reason],
-            )
-            .await?;
+            insert_reject(&tx, topic, m, reason).await?;
         }
         tx.commit().await?;
         let requests = inserted.len() as u64
@@ -389,6 +424,11 @@ impl Db {
             duplicates: (batch.len() as u64).saturating_sub(inserted + rejects.len() as u64),
             rejected: rejects.len() as u64,
         })
+    }
+
+    /// Keeps one message PostgreSQL refused on its own in `usage_rejects`, with `reason`.
+    pub async fn reject(&self, topic: &str, m: &Consumed, reason: &str) -> Result<(), tokio_postgres::Error> {
+        insert_reject(&self.client, topic, m, reason).await
     }
 
     /// Deletes event and aggregate ids stored longer ago than `retention` (the rollup keeps their counts).
@@ -477,7 +517,7 @@ mod tests {
 
     #[test]
     fn decoding_keeps_the_first_of_an_id_and_rejects_what_is_not_an_event() {
-        let e = serde_json::to_vec(&ev("a", "k", 200, 1, None)).unwrap();
+        let e = serde_json::to_vec(&ev("0123456789abcdef", "k", 200, 1, None)).unwrap();
         let batch = vec![
             Consumed { partition: 0, offset: 0, payload: e.clone(), schema: None },
             Consumed { partition: 0, offset: 1, payload: e, schema: Some("tollgate.usage.v1".into()) },

@@ -10,8 +10,10 @@
 //! NOTHING`, and add to the rollup only those actually inserted. Kafka
 //! offsets are committed only after that transaction committed, so a crash re-reads a batch and
 //! the event ids make the second pass a no-op. A batch PostgreSQL cannot take is retried (with
-//! backoff) until it can: nothing is skipped. Messages that are not events go to `usage_rejects`
-//! in the same transaction (kept, never dropped).
+//! backoff) until it can: nothing is skipped. Messages that are not valid events or aggregates go
+//! to `usage_rejects` in the same transaction (kept, never dropped); a batch PostgreSQL refuses
+//! for a value in it (a data exception) is stored one message at a time, the refused ones into
+//! `usage_rejects` ([`store_apart`], decision 167).
 //!
 //! Ordering and locks: events are keyed by tenant, so one tenant's events are in one partition
 //! and only one consumer of the group writes a tenant's rollup rows (no cross-consumer deadlocks).
@@ -136,7 +138,10 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
             let Some(d) = db.as_mut() else { continue };
             // A PostgreSQL gone mid-query fails the query within about a minute, not hours: the
             // connection's keepalives and TCP user timeout (db::Db::connect).
-            let stored = d.store(&config.kafka.topic, &batch).await;
+            let stored = match d.store(&config.kafka.topic, &batch).await {
+                Err(e) if db::is_data_error(&e) => store_apart(d, &config.kafka.topic, &batch, &e).await,
+                other => other,
+            };
             match stored {
                 Ok(stored) => {
                     use std::sync::atomic::Ordering::Relaxed;
@@ -255,4 +260,25 @@ async fn collect(consumer: &StreamConsumer, max: usize, wait: Duration) -> Vec<C
         }
     }
     out
+}
+
+/// Stores a batch PostgreSQL refused for a value it will never take (`refused`: a data error no
+/// validation foresaw), one message at a time: a message refused on its own is kept in
+/// `usage_rejects` with PostgreSQL's reason, every other one is stored. Retrying the whole batch
+/// would stop billing for every partition in it, for good (decision 167).
+async fn store_apart(d: &mut db::Db, topic: &str, batch: &[Consumed], refused: &tokio_postgres::Error) -> Result<db::Stored, tokio_postgres::Error> {
+    tracing::warn!(error = %refused, messages = batch.len(), "billing: postgres refused a value in the batch; storing its messages one by one");
+    let mut total = db::Stored::default();
+    for m in batch {
+        total += match d.store(topic, std::slice::from_ref(m)).await {
+            Err(e) if db::is_data_error(&e) => {
+                let why = e.as_db_error().map_or_else(|| e.to_string(), |d| format!("{} {}", d.code().code(), d.message()));
+                tracing::warn!(partition = m.partition, offset = m.offset, error = %why, "billing: a message postgres will not take is kept in usage_rejects");
+                d.reject(topic, m, &format!("postgres refused it: {why}")).await?;
+                db::Stored { rejected: 1, ..db::Stored::default() }
+            }
+            other => other?,
+        };
+    }
+    Ok(total)
 }

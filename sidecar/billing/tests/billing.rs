@@ -104,6 +104,54 @@ fn each_event_is_counted_once_through_duplicates_outages_and_crashes() {
     assert_eq!(psql_i64(&pg, "SELECT count(*) FROM usage_events"), 151);
 }
 
+/// Decision 167: a message PostgreSQL will never take stops nothing. Before, one such message
+/// failed its whole batch at every retry, and billing stopped for every partition of the batch
+/// (until the topic's retention deleted the events unread): a payload with a NUL byte (kept as a
+/// reject, which `text` refused), an event with a NUL in its path, a time past PostgreSQL's
+/// `date`, an aggregate with a NUL in a key id. Each is now kept in `usage_rejects`, and a value
+/// PostgreSQL refuses that no check foresaw (here a trigger raising a data exception) sets only
+/// its own message aside.
+#[test]
+fn a_message_postgres_will_not_take_never_stops_billing() {
+    use tollgate_shared::aggregate::{ClassCounts, KeyUsage, UsageAggregate};
+    let (broker, pg) = (Broker::start(), Postgres::start());
+    create_topic(&broker.brokers(), "usage_p", 2);
+    let _billing = Billing::start(&broker.brokers(), "usage_p", "billing-p", &pg, &[]);
+    poll_until("the schema", Duration::from_secs(60), || {
+        psql(&pg, "SELECT to_regclass('usage_events') IS NOT NULL").is_some_and(|r| r == ["t"])
+    });
+    let trigger = "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                   IF NEW.tenant = 'refused' THEN RAISE EXCEPTION 'not this one' USING ERRCODE = '22023'; END IF; RETURN NEW; END $$; \
+                   CREATE TRIGGER refuse BEFORE INSERT ON usage_events FOR EACH ROW EXECUTE FUNCTION refuse();";
+    assert!(psql(&pg, trigger).is_some(), "the trigger");
+
+    let good: Vec<UsageEvent> = (0..10).map(|n| event("acme", n)).collect();
+    let mut msgs = messages(&good[..5]);
+    msgs.push(("acme".into(), b"\x00\x00not an event".to_vec()));
+    let mut nul_path = event("acme", 100);
+    nul_path.path = "/v1/\u{0}chat".into();
+    let mut far = event("acme", 101);
+    far.start_ms = u64::MAX;
+    let refused = event("refused", 102);
+    msgs.extend(messages(&[nul_path, far, refused]));
+    let requests = ClassCounts { ok: 1, ..ClassCounts::default() };
+    let key = KeyUsage { key_id: "key_\u{0}".into(), plan: "gold".into(), count: 1, requests, tokens: 0, request_bytes: 0, response_bytes: 0 };
+    let aggregate = UsageAggregate { id: format!("agg_{}", "ab".repeat(16)), tenant: "acme".into(), second_ms: DAY, count: 1, keys: vec![key] };
+    msgs.push(("acme".into(), serde_json::to_vec(&aggregate).unwrap()));
+    msgs.extend(messages(&good[5..]));
+    produce(&broker.brokers(), "usage_p", &msgs);
+
+    poll_until("every good event counted, every other kept", Duration::from_secs(60), || {
+        totals(&pg, "acme").map(|t| t.0) == Some(10) && psql_i64(&pg, "SELECT count(*) FROM usage_rejects") == 5
+    });
+    let reasons = psql(&pg, "SELECT reason FROM usage_rejects ORDER BY reason").unwrap_or_default();
+    assert!(reasons.iter().any(|r| r.contains("postgres refused it") && r.contains("not this one")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("invalid event: path")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("invalid event: startMs")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("invalid aggregate: keys")), "{reasons:?}");
+    assert_eq!(totals(&pg, "refused"), Some((0, 0, 0, 0, 0)));
+}
+
 #[test]
 fn the_monthly_quota_reads_the_larger_of_meter_and_rollup_and_survives_a_wiped_redis() {
     let (broker, pg, redis) = (Broker::start(), Postgres::start(), Redis::start());

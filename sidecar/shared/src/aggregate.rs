@@ -81,7 +81,7 @@ impl ClassCounts {
         }
     }
     pub fn total(&self) -> u64 {
-        UsageClass::ALL.iter().map(|c| self.get(*c)).sum()
+        UsageClass::ALL.iter().fold(0u64, |sum, c| sum.saturating_add(self.get(*c)))
     }
 }
 
@@ -128,13 +128,23 @@ impl UsageAggregate {
         if !self.id.starts_with("agg_") || !(8..=64).contains(&self.id.len()) {
             return Some("id");
         }
-        if self.tenant.is_empty() {
+        if crate::keys::Id::parse(&self.tenant).is_none() {
             return Some("tenant");
         }
-        if self.keys.is_empty() || self.keys.iter().any(|k| k.key_id.is_empty() || k.count != k.requests.total()) {
+        let key_ok = |k: &KeyUsage| {
+            crate::keys::Id::parse(&k.key_id).is_some() && crate::keys::Id::parse(&k.plan).is_some() && k.count == k.requests.total()
+        };
+        if self.keys.is_empty() || !self.keys.iter().all(key_ok) {
             return Some("keys");
         }
-        if self.keys.iter().map(|k| k.count).sum::<u64>() != self.count {
+        let big = |n: u64| n > crate::events::MAX_COUNT;
+        if big(self.count) || self.keys.iter().any(|k| big(k.tokens) || big(k.request_bytes) || big(k.response_bytes)) {
+            return Some("counts");
+        }
+        if self.second_ms > crate::events::MAX_TIME_MS {
+            return Some("secondMs");
+        }
+        if self.keys.iter().fold(0u64, |sum, k| sum.saturating_add(k.count)) != self.count {
             return Some("count");
         }
         if !self.second_ms.is_multiple_of(1000) {

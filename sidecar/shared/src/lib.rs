@@ -2,11 +2,12 @@
 //! keys ([`keys`], the only place a key name is built), the usage aggregate message format
 //! ([`aggregate`], how a spool segment's marked events become `tollgate.usage.aggregate.v1`
 //! messages with content-derived ids) and how a librdkafka client's properties are put together
-//! ([`kafka`]), and how both binaries read their configuration ([`settings`]: defaults, file,
+//! ([`kafka`]), what a usage event must be to be counted ([`events`]), and how both binaries read their configuration ([`settings`]: defaults, file,
 //! environment). No runtime, and no I/O but reading a configuration file: billing depends on
 //! this crate instead of the whole sidecar (axum, rdkafka, the Redis client).
 
 pub mod aggregate;
+pub mod events;
 pub mod kafka;
 pub mod keys;
 pub mod settings;

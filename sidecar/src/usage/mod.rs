@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+pub use tollgate_shared::events::invalid_reason;
 use tollgate_wire::usage::{event_path, UsageEvent, MAX_PATH};
 
 /// `[usage]` of the sidecar configuration.
@@ -116,47 +117,6 @@ pub fn normalize(e: &mut UsageEvent) -> bool {
     }
 }
 
-/// Why an event was refused (never retried: the sender cannot fix it).
-pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
-    let id_ok = (8..=64).contains(&e.id.len()) && e.id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
-    if !id_ok {
-        return Some("id");
-    }
-    if Id::parse(&e.tenant).is_none() {
-        return Some("tenant");
-    }
-    if Id::parse(&e.key_id).is_none() {
-        return Some("keyId");
-    }
-    if Id::parse(&e.plan).is_none() {
-        return Some("plan");
-    }
-    if e.method.is_empty() || e.method.len() > 16 || !e.method.bytes().all(|b| b.is_ascii_alphabetic()) {
-        return Some("method");
-    }
-    if e.authority.len() > 255 || e.authority.bytes().any(|b| b.is_ascii_control()) {
-        return Some("authority");
-    }
-    if e.path.len() > MAX_PATH || e.path.contains(['?', '#']) || e.path.bytes().any(|b| b.is_ascii_control()) {
-        return Some("path");
-    }
-    if e.start_ms == 0 || e.status > 999 {
-        return Some("startMs/status");
-    }
-    if e.route.as_deref().is_some_and(|r| Id::parse(r).is_none()) {
-        return Some("route");
-    }
-    if e.product.as_deref().is_some_and(|p| Id::parse(p).is_none()) {
-        return Some("product");
-    }
-    // a deny code: what the gateway answers is `snake_case`, never long (an unbounded one would
-    // make a spool line the broker refuses, and hold back every event after it)
-    let code_ok = |d: &str| (1..=64).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if e.denied.as_deref().is_some_and(|d| !code_ok(d)) {
-        return Some("denied");
-    }
-    None
-}
 
 /// Event ids remembered at intake when aggregation is on (≈ 10 MB of ids, and up to 16 MB of
 /// their order; at 10 000 events/s, the last
@@ -478,6 +438,10 @@ mod tests {
             (Box::new(|e| e.path = "/a?key=x".into()), "path"),
             (Box::new(|e| e.authority = "a\nb".into()), "authority"),
             (Box::new(|e| e.start_ms = 0), "startMs/status"),
+            (Box::new(|e| e.start_ms = u64::MAX), "startMs/status"),
+            (Box::new(|e| e.path = "/a\0b".into()), "path"),
+            (Box::new(|e| e.request_bytes = Some((1 << 53) + 1)), "counts"),
+            (Box::new(|e| e.duration_ms = u64::MAX), "counts"),
             (Box::new(|e| e.denied = Some("x".repeat(1 << 20))), "denied"),
             (Box::new(|e| e.denied = Some("Rate limited".into())), "denied"),
             (Box::new(|e| e.route = Some("r".repeat(65))), "route"),
