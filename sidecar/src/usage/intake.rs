@@ -134,11 +134,22 @@ impl RecentIds {
         }
         // The window is the last `capacity` ids remembered: room is made before this one comes.
         // Stale insertions leave with the live ones before them (and take no room: at most as
-        // many again are kept, so the order holds at most twice the window).
-        while self.set.len() >= self.capacity || self.order.len() >= 2 * self.capacity {
+        // many again are kept, so the order holds at most twice the window). An id whose write
+        // is not answered yet is never dropped (its batch sent again must get 503, not be
+        // spooled twice): it goes to the back, and the window holds more for as long as such
+        // ids fill it (they are bounded by the writes in flight).
+        let mut looked = 0;
+        while (self.set.len() >= self.capacity || self.order.len() >= 2 * self.capacity) && looked < self.order.len() {
             let Some((old, m)) = self.order.pop_front() else { break };
-            if self.set.get(&old).is_some_and(|(_, at)| *at == m) {
-                self.set.remove(&old);
+            match self.set.get(&old) {
+                Some((false, at)) if *at == m => {
+                    self.order.push_back((old, m));
+                    looked += 1;
+                }
+                Some((true, at)) if *at == m => {
+                    self.set.remove(&old);
+                }
+                _ => {}
             }
         }
         let n = self.next;
@@ -267,9 +278,26 @@ mod tests {
         assert!(r.insert_pending("x"));
         assert!(r.insert("y"));
         assert!(r.in_flight("x"), "its write is not answered yet");
-        // the window moves on as before
+        // the window moves on past the ids whose writes are answered; x stays while in flight
         assert!(r.insert("z"));
-        assert!(!r.in_flight("x") && r.insert("x"), "x left the window of 2");
+        assert!(r.in_flight("x"), "never dropped while its write is out");
+        r.confirm("x");
+        assert!(r.insert("w"));
+        assert!(!r.in_flight("x") && r.insert("x"), "x left the window of 2 once durable");
+    }
+
+    #[test]
+    fn an_id_whose_write_is_out_outlasts_the_window() {
+        // a disk slower than the window: the batch sent again while its first write is out must
+        // get 503 (in flight), never be spooled a second time because its ids were dropped
+        let mut r = RecentIds::new(3);
+        assert!(r.insert_pending("a"));
+        for id in ["b", "c", "d", "e", "f"] {
+            assert!(r.insert(id));
+        }
+        assert!(r.in_flight("a"));
+        assert_eq!(r.len(), 3, "a and the last two");
+        assert!(r.insert("b"), "b left the window");
     }
 
     #[test]
