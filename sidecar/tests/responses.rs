@@ -31,8 +31,9 @@ struct Lab {
 impl Lab {
     async fn new() -> Lab {
         let redis = Redis::start();
-        let toml = "[[plans.p.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\n";
-        let mut cfg = Config::from_toml(toml).unwrap();
+        let plan = |p: &str| format!("[[plans.{p}.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\n");
+        let toml = plan("p") + &plan("q");
+        let mut cfg = Config::from_toml(&toml).unwrap();
         cfg.redis.url = redis.url();
         cfg.redis.timeout = Duration::from_millis(500);
         // not the default 20 ms: a first call connects and loads its script, which can take
@@ -51,8 +52,9 @@ impl Lab {
         decider.set_routing(Routing::of(&s, 1));
         let admin = Store::new(&RedisConfig { url: redis.url(), ..Default::default() }).unwrap();
         let mut keys = Vec::new();
-        for tenant in ["acme", "beta"] {
-            let issued = apikey::issue(Id::parse(tenant).unwrap(), Id::parse("p").unwrap(), 1, None);
+        // keys 0 and 1: acme and beta on plan p; key 2: acme on plan q
+        for (tenant, plan) in [("acme", "p"), ("beta", "p"), ("acme", "q")] {
+            let issued = apikey::issue(Id::parse(tenant).unwrap(), Id::parse(plan).unwrap(), 1, None);
             admin.create_key(&issued.hash, &issued.record).await.unwrap();
             keys.push(issued.hash.as_str().to_string());
         }
@@ -116,6 +118,24 @@ fn ok(body: &str) -> StoredResponse {
     StoredResponse::new(200, vec![tollgate_wire::Header::new("content-type", "application/json")], body.as_bytes().to_vec(), T0)
 }
 
+/// Decision 169: the upstream sees the plan a request was decided on (`x-tollgate-plan`) and may
+/// answer by it; a response stored for one plan is never replayed to a key of another plan of
+/// the same tenant (before, the namespace was the tenant and route: a free key got the answer
+/// made for a premium one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_response_is_its_plans_own() {
+    let lab = Lab::new().await;
+    let (_, ticket, _) = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+    let ack = lab.store(ticket.expect("a miss"), Some(ok(r#"{"for":"p"}"#))).await;
+    assert_eq!(ack.stored, 1, "{ack:?}");
+    let (replay, ticket, _) = allowed(lab.decider.decide(&lab.req(2, "chat")).await.unwrap());
+    assert!(replay.is_none(), "plan q does not read plan p's response: {replay:?}");
+    let Some(StoreTicket::Cache { plan, .. }) = ticket else { panic!("a miss of its own: {ticket:?}") };
+    assert_eq!(plan, "q");
+    let (replay, _, _) = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+    assert!(replay.is_some(), "plan p still does");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     let lab = Lab::new().await;
@@ -124,7 +144,7 @@ async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     let ticket = ticket.expect("a miss carries a store ticket");
     let ack = lab.store(ticket.clone(), Some(ok(r#"{"answer":42}"#))).await;
     assert_eq!(ack.stored, 1, "{ack:?}");
-    let key = format!("cache:exact:{{acme}}:chat:{}", "ab".repeat(32));
+    let key = format!("cache:exact:{{acme}}:p:chat:{}", "ab".repeat(32));
     let ttl: i64 = lab.cmd(&["PTTL", &key]);
     assert!(ttl > 29_000 && ttl <= 30_000, "the route's TTL: {ttl}");
 
@@ -149,17 +169,17 @@ async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     assert!(replay.is_none() && t.is_none());
 
     // the store refuses what it must: unknown route, no TTL, a failure status, a forged tenant
-    let bad_route = lab.sealed(StoreTicket::Cache { tenant: "acme".into(), route: "nocache".into(), hash: "cd".repeat(32), seal: Default::default() });
+    let bad_route = lab.sealed(StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "nocache".into(), hash: "cd".repeat(32), seal: Default::default() });
     assert_eq!(lab.store(bad_route, Some(ok("x"))).await.refused, 1);
     let status = StoredResponse::new(500, vec![], b"x".to_vec(), T0);
     assert_eq!(lab.store(ticket.clone(), Some(status)).await.refused, 1);
-    let forged = lab.sealed(StoreTicket::Cache { tenant: "a}b".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
+    let forged = lab.sealed(StoreTicket::Cache { tenant: "a}b".into(), plan: "p".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
     assert_eq!(lab.store(forged, Some(ok("x"))).await.refused, 1);
 
     // tickets: an unsealed one, one moved to another tenant, and the settled one replayed with
     // another body are refused; the entry is unchanged
     let entry: String = lab.cmd(&["GET", &key]);
-    let unsealed = StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() };
+    let unsealed = StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() };
     assert_eq!(lab.store(unsealed, Some(ok("poison"))).await.refused, 1);
     let mut moved = ticket.clone();
     if let StoreTicket::Cache { tenant, .. } = &mut moved {

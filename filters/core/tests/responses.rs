@@ -77,7 +77,7 @@ fn decision(host: &MockHost) -> DecideRequest {
 
 const MISS: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p",
   "responseHeaders":[{"name":"ratelimit","value":"\"pm\";r=9;t=60"}],
-  "store":{"kind":"cache","tenant":"acme","route":"chat","hash":"h","id":"d1","expiresAtMs":99,"mac":"5eal"}}"#;
+  "store":{"kind":"cache","tenant":"acme","plan":"p","route":"chat","hash":"h","id":"d1","expiresAtMs":99,"mac":"5eal"}}"#;
 
 fn upstream(host: &mut MockHost, status: &str, headers: &[(&str, &str)]) {
     host.upstream_response = vec![(":status".into(), status.into())];
@@ -117,7 +117,7 @@ fn a_cacheable_request_carries_its_key_and_a_complete_success_is_queued() {
     let item = &batch.responses[0];
     // the ticket is echoed as the sidecar sealed it (opaque: the filter checks no MAC)
     let seal = tollgate_wire::responses::Seal { id: "d1".into(), expires_at_ms: 99, mac: "5eal".into() };
-    assert_eq!(item.ticket, StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "h".into(), seal });
+    assert_eq!(item.ticket, StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "h".into(), seal });
     let r = item.response.as_ref().unwrap();
     assert_eq!((r.status, r.body.as_str(), r.stored_at_ms), (200, r#"{"answer":42}"#, 10_000));
     assert_eq!(r.headers, vec![tollgate_wire::Header::new("content-type", "application/json")], "no date, no gateway headers");

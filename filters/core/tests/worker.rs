@@ -395,7 +395,7 @@ fn an_ended_worker_sends_what_it_holds_and_drops_it_counted_only_after_its_grace
 
 fn store_item(hash: &str) -> StoreItem {
     StoreItem {
-        ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: hash.into(), seal: Default::default() },
+        ticket: StoreTicket::Cache { tenant: "t".into(), plan: "p".into(), route: "r".into(), hash: hash.into(), seal: Default::default() },
         response: Some(StoredResponse::new(200, vec![], b"{}".to_vec(), 0)),
     }
 }

@@ -133,6 +133,10 @@ pub enum StoreTicket {
     #[serde(rename_all = "camelCase")]
     Cache {
         tenant: String,
+        /// The plan the request was decided on: a plan's responses are its own (decision 169).
+        /// Absent from a ticket of an older sidecar: such a ticket stores nothing.
+        #[serde(default)]
+        plan: String,
         route: String,
         hash: String,
         #[serde(flatten)]
@@ -291,16 +295,17 @@ mod tests {
 
     #[test]
     fn tickets_are_tagged_by_kind() {
-        let t = StoreTicket::Cache { tenant: "acme".into(), route: "r".into(), hash: "ab".into(), seal: Seal::default() };
-        assert_eq!(serde_json::to_string(&t).unwrap(), r#"{"kind":"cache","tenant":"acme","route":"r","hash":"ab"}"#);
+        let t = StoreTicket::Cache { tenant: "acme".into(), plan: "gold".into(), route: "r".into(), hash: "ab".into(), seal: Seal::default() };
+        assert_eq!(serde_json::to_string(&t).unwrap(), r#"{"kind":"cache","tenant":"acme","plan":"gold","route":"r","hash":"ab"}"#);
         let sealed = StoreTicket::Cache {
             tenant: "acme".into(),
+            plan: "gold".into(),
             route: "r".into(),
             hash: "ab".into(),
             seal: Seal { id: "d".into(), expires_at_ms: 7, mac: "m".into() },
         };
         let s = serde_json::to_string(&sealed).unwrap();
-        assert_eq!(s, r#"{"kind":"cache","tenant":"acme","route":"r","hash":"ab","id":"d","expiresAtMs":7,"mac":"m"}"#);
+        assert_eq!(s, r#"{"kind":"cache","tenant":"acme","plan":"gold","route":"r","hash":"ab","id":"d","expiresAtMs":7,"mac":"m"}"#);
         assert_eq!(serde_json::from_str::<StoreTicket>(&s).unwrap(), sealed);
         let i = StoreItem {
             ticket: StoreTicket::Idempotency {

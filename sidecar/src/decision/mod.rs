@@ -231,7 +231,7 @@ impl<S: DecisionStore> Decider<S> {
             let plan = plan_override.unwrap_or(r.plan.as_str());
             let limits = plans.limits(plan);
             let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
-            let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, route_cache);
+            let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, plan, route_cache);
             if !limits.is_empty() || lookup.is_some() {
                 response = self.limit(&cx, r, limits, lookup).await;
             } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {

@@ -47,11 +47,11 @@ pub enum Lookup {
 }
 
 impl Lookup {
-    /// The lookup `req` asks for, for the key's `tenant` and `key_id`: an idempotency claim when
-    /// it carries a valid key and digest, else a cache lookup when it carries a valid hash and
-    /// its route caches (`route_cache`: the route's id, when its TTL is set). Invalid inputs ask
-    /// for nothing (the request is then simply forwarded).
-    pub fn of(req: &DecideRequest, tenant: &Id, key_id: &Id, route_cache: Option<&Id>) -> Option<Lookup> {
+    /// The lookup `req` asks for, for the key's `tenant` and `key_id`, decided on `plan`: an
+    /// idempotency claim when it carries a valid key and digest, else a cache lookup when it
+    /// carries a valid hash and its route caches (`route_cache`: the route's id, when its TTL is
+    /// set). Invalid inputs ask for nothing (the request is then simply forwarded).
+    pub fn of(req: &DecideRequest, tenant: &Id, key_id: &Id, plan: &str, route_cache: Option<&Id>) -> Option<Lookup> {
         if let Some(i) = &req.idempotency {
             let (Some(idem), Some(digest)) = (IdemKey::parse(&i.key), RequestDigest::parse(&i.digest)) else {
                 return None;
@@ -74,10 +74,12 @@ impl Lookup {
         }
         let route = route_cache?;
         let hash = CacheHash::parse(req.cache_key.as_deref()?)?;
+        let plan = Id::parse(plan)?;
         Some(Lookup::Cache {
-            key: ResponseCacheKey::new(tenant, route, &hash),
+            key: ResponseCacheKey::new(tenant, &plan, route, &hash),
             ticket: StoreTicket::Cache {
                 tenant: tenant.to_string(),
+                plan: plan.to_string(),
                 route: route.to_string(),
                 hash: hash.as_str().to_string(),
                 seal: Default::default(),
@@ -152,10 +154,10 @@ fn idempotent_outcome(r: &StoredResponse) -> Option<std::borrow::Cow<'_, StoredR
 /// Where a cache ticket's response goes and for how long, after validating every field.
 /// `route_ttl_ms` gives the TTL of a route id in the configuration in force (none: not caching).
 pub fn cache_target(ticket: &StoreTicket, route_ttl_ms: impl Fn(&str) -> Option<u64>) -> Option<(ResponseCacheKey, u64)> {
-    let StoreTicket::Cache { tenant, route, hash, .. } = ticket else { return None };
-    let (tenant, route_id, hash) = (Id::parse(tenant)?, Id::parse(route)?, CacheHash::parse(hash)?);
+    let StoreTicket::Cache { tenant, plan, route, hash, .. } = ticket else { return None };
+    let (tenant, plan, route_id, hash) = (Id::parse(tenant)?, Id::parse(plan)?, Id::parse(route)?, CacheHash::parse(hash)?);
     let ttl = route_ttl_ms(route)?;
-    Some((ResponseCacheKey::new(&tenant, &route_id, &hash), ttl))
+    Some((ResponseCacheKey::new(&tenant, &plan, &route_id, &hash), ttl))
 }
 
 /// The keys, digest and token of an idempotency ticket, after validating every field.
@@ -304,12 +306,12 @@ mod tests {
     #[test]
     fn a_cache_lookup_needs_a_caching_route_and_a_valid_hash() {
         let (t, k, r) = (Id::parse("acme").unwrap(), Id::parse("key_1").unwrap(), Id::parse("chat").unwrap());
-        let l = Lookup::of(&req(), &t, &k, Some(&r)).unwrap();
+        let l = Lookup::of(&req(), &t, &k, "p", Some(&r)).unwrap();
         let ScriptLookup::Cache { key } = l.script_lookup() else { panic!("{l:?}") };
-        assert_eq!(key.as_str(), format!("cache:exact:{{acme}}:chat:{}", "cd".repeat(32)));
-        assert_eq!(l.ticket(), StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
-        assert_eq!(Lookup::of(&req(), &t, &k, None), None, "the route does not cache");
-        assert_eq!(Lookup::of(&DecideRequest { cache_key: Some("xyz".into()), ..req() }, &t, &k, Some(&r)), None);
+        assert_eq!(key.as_str(), format!("cache:exact:{{acme}}:p:chat:{}", "cd".repeat(32)));
+        assert_eq!(l.ticket(), StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
+        assert_eq!(Lookup::of(&req(), &t, &k, "p", None), None, "the route does not cache");
+        assert_eq!(Lookup::of(&DecideRequest { cache_key: Some("xyz".into()), ..req() }, &t, &k, "p", Some(&r)), None);
     }
 
     #[test]
@@ -319,7 +321,7 @@ mod tests {
             idempotency: Some(IdempotencyRequest { key: key.into(), digest: digest.into() }),
             ..req()
         };
-        let l = Lookup::of(&with("k-1", &"0a".repeat(16)), &t, &k, Some(&Id::parse("chat").unwrap())).unwrap();
+        let l = Lookup::of(&with("k-1", &"0a".repeat(16)), &t, &k, "p", Some(&Id::parse("chat").unwrap())).unwrap();
         assert!(l.is_idempotency());
         let ScriptLookup::Idempotency { owner, memo, token: sent, in_flight_ttl_ms, owner_ttl_ms, .. } = l.script_lookup() else { panic!("{l:?}") };
         assert_eq!((owner.as_str(), memo.as_str()), ("idem:key:{acme}:key_1:k-1", format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16)).as_str()));
@@ -327,19 +329,19 @@ mod tests {
         let StoreTicket::Idempotency { token, .. } = l.ticket() else { panic!() };
         assert_eq!(sent, token);
         assert!(idempotency_target(&l.ticket()).is_some());
-        assert_eq!(Lookup::of(&with("", &"0a".repeat(16)), &t, &k, None), None);
-        assert_eq!(Lookup::of(&with("k", "short"), &t, &k, None), None);
+        assert_eq!(Lookup::of(&with("", &"0a".repeat(16)), &t, &k, "p", None), None);
+        assert_eq!(Lookup::of(&with("k", "short"), &t, &k, "p", None), None);
     }
 
     #[test]
     fn cache_tickets_are_validated_and_take_the_routes_ttl() {
-        let ok = StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() };
+        let ok = StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() };
         let ttl = |r: &str| (r == "chat").then_some(60_000);
         let (key, t) = cache_target(&ok, ttl).unwrap();
-        assert_eq!((key.as_str().starts_with("cache:exact:{acme}:chat:"), t), (true, 60_000));
-        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), route: "other".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
-        assert!(cache_target(&StoreTicket::Cache { tenant: "a{b}".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
-        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".into(), seal: Default::default() }, ttl).is_none());
+        assert_eq!((key.as_str().starts_with("cache:exact:{acme}:p:chat:"), t), (true, 60_000));
+        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "other".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
+        assert!(cache_target(&StoreTicket::Cache { tenant: "a{b}".into(), plan: "p".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
+        assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "ab".into(), seal: Default::default() }, ttl).is_none());
     }
 
     #[test]

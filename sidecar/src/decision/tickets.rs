@@ -117,9 +117,9 @@ fn completion_canon(t: &Ticket) -> Canon {
 fn store_canon(t: &StoreTicket) -> Canon {
     let seal = t.seal();
     let mut c = match t {
-        StoreTicket::Cache { tenant, route, hash, .. } => {
+        StoreTicket::Cache { tenant, plan, route, hash, .. } => {
             let mut c = Canon::new("cache");
-            c.str(tenant).str(route).str(hash);
+            c.str(tenant).str(plan).str(route).str(hash);
             c
         }
         StoreTicket::Idempotency { tenant, key_id, digest, key, token, .. } => {
@@ -273,7 +273,7 @@ mod tests {
     #[test]
     fn a_store_ticket_is_refused_when_forged_altered_or_expired() {
         let key = TicketKey::random();
-        let mut c = StoreTicket::Cache { tenant: "acme".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Seal::default() };
+        let mut c = StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Seal::default() };
         key.seal_store(&mut c, "d1", 5_000);
         assert_eq!(key.verify_store(&c, 5_000), Ok(()));
         assert_eq!(key.verify_store(&c, 5_001), Err(Refused::Expired));

@@ -325,9 +325,9 @@ mod tests {
     #[test]
     fn a_lookup_follows_the_lease_arguments_present_or_not() {
         let (t, k) = (id("acme"), id("key_1"));
-        let cache = Lookup::Cache { key: ResponseCacheKey::new(&t, &id("chat"), &CacheHash::parse(&"cd".repeat(32)).unwrap()) };
+        let cache = Lookup::Cache { key: ResponseCacheKey::new(&t, &id("gold"), &id("chat"), &CacheHash::parse(&"cd".repeat(32)).unwrap()) };
         let (keys, args) = DecideCall { lookup: Some(cache), ..call(vec![fixed(5)]) }.encode();
-        assert_eq!(keys[1], format!("cache:exact:{{acme}}:chat:{}", "cd".repeat(32)));
+        assert_eq!(keys[1], format!("cache:exact:{{acme}}:gold:chat:{}", "cd".repeat(32)));
         assert_eq!(&args[9..], ["0", "0", "2", "cache"], "a = 7 + 6n: the lease's place is filled");
 
         let lease = Lease { want: 40, renewal: true, share: 3 };

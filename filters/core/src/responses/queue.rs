@@ -158,7 +158,7 @@ mod tests {
 
     fn item(n: usize, body: usize) -> StoreItem {
         StoreItem {
-            ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: n.to_string(), seal: Default::default() },
+            ticket: StoreTicket::Cache { tenant: "t".into(), plan: "p".into(), route: "r".into(), hash: n.to_string(), seal: Default::default() },
             response: Some(StoredResponse::new(200, vec![], vec![b'a'; body], 0)),
         }
     }
@@ -193,7 +193,7 @@ mod tests {
     fn heavy(n: usize, body: Vec<u8>) -> StoreItem {
         let headers = (0..20).map(|i| Header::new(format!("x-h{i}"), "v\"\\".repeat(50))).collect();
         StoreItem {
-            ticket: StoreTicket::Cache { tenant: "t".into(), route: "r".into(), hash: n.to_string(), seal: Default::default() },
+            ticket: StoreTicket::Cache { tenant: "t".into(), plan: "p".into(), route: "r".into(), hash: n.to_string(), seal: Default::default() },
             response: Some(StoredResponse::new(200, headers, body, 0)),
         }
     }

@@ -59,17 +59,18 @@ impl IdemKey {
 }
 
 redis_key!(
-    /// `cache:exact:{tenant}:{route}:{hash}` — string: JSON of a stored response
+    /// `cache:exact:{tenant}:{plan}:{route}:{hash}` — string: JSON of a stored response
     /// (`tollgate_wire::responses::StoredResponse`), TTL = the route's `cache_ttl` (`SET … PX`).
-    /// Seed 000's `cache:exact:{ns}:{hash}` with ns = `{tenant}:{route}`: one tenant never reads
-    /// another's responses, and a route's responses stay its own. Read by `decide.lua` (GET, with
+    /// Seed 000's `cache:exact:{ns}:{hash}` with ns = `{tenant}:{plan}:{route}`: one tenant never
+    /// reads another's responses, a route's responses stay its own, and a plan's too (the
+    /// upstream sees `x-tollgate-plan` and may answer by it: decision 169). Read by `decide.lua` (GET, with
     /// the limits), written off the request path by `POST /v1/responses`.
     ResponseCacheKey
 );
 
 impl ResponseCacheKey {
-    pub fn new(tenant: &Id, route: &Id, hash: &CacheHash) -> Self {
-        Self(format!("cache:exact:{}:{route}:{}", tag(tenant), hash.as_str()))
+    pub fn new(tenant: &Id, plan: &Id, route: &Id, hash: &CacheHash) -> Self {
+        Self(format!("cache:exact:{}:{plan}:{route}:{}", tag(tenant), hash.as_str()))
     }
 }
 
@@ -119,8 +120,8 @@ mod response_key_tests {
         let d = RequestDigest::parse(&"0f".repeat(16)).unwrap();
         let i = IdemKey::parse("8e03978e-40d5-43e8-bc93-6894a57f9324").unwrap();
         assert_eq!(
-            ResponseCacheKey::new(&t, &Id::parse("chat").unwrap(), &h).as_str(),
-            format!("cache:exact:{{acme}}:chat:{}", "ab".repeat(32))
+            ResponseCacheKey::new(&t, &Id::parse("gold").unwrap(), &Id::parse("chat").unwrap(), &h).as_str(),
+            format!("cache:exact:{{acme}}:gold:chat:{}", "ab".repeat(32))
         );
         assert_eq!(
             IdempotencyMemoKey::new(&t, &k, &d, &i).as_str(),
