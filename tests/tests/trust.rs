@@ -231,7 +231,7 @@ fn tickets_forged_altered_or_replayed_are_refused_and_change_nothing() {
         let settled = !reserved.is_empty() && reserved.iter().all(|k| redis.cmd::<Option<String>>(&["GET", k]).as_deref() == Some("settled"));
         let memo = redis.keys("idem:api:{acme}:*");
         let stored = memo.len() == 1 && redis.cmd::<Option<String>>(&["GET", &memo[0]]).is_some_and(|v| !v.starts_with("inflight:"));
-        settled && stored && redis.keys("cache:exact:{acme}:cached:*").len() == 1
+        settled && stored && redis.keys("cache:exact:{acme}:p:cached:*").len() == 1
     });
     assert_eq!(sidecar.metric("tollgate_sidecar_tickets_refused_total"), 0, "no ticket of the filter was refused");
 
@@ -285,10 +285,11 @@ fn tickets_forged_altered_or_replayed_are_refused_and_change_nothing() {
         let a = complete(t, 0);
         assert_eq!((a["settled"].as_u64(), a["refused"].as_u64()), (Some(0), Some(1)), "{t}: {a}");
     }
-    // Altered store tickets: another tenant (cache poisoning), another route, another hash, a
-    // longer life, no MAC.
+    // Altered store tickets: another tenant (cache poisoning), another plan (decision 169),
+    // another route, another hash, a longer life, no MAC.
     let forged_stores = [
         altered(&store, "/tenant", json!("beta")),
+        altered(&store, "/plan", json!("gold")),
         altered(&store, "/route", json!("plain")),
         altered(&store, "/hash", json!("cd".repeat(32))),
         altered(&store, "/expiresAtMs", json!(store["expiresAtMs"].as_u64().unwrap() + 3_600_000)),
@@ -300,7 +301,7 @@ fn tickets_forged_altered_or_replayed_are_refused_and_change_nothing() {
     }
     assert_eq!(state(redis), before, "a forged or altered ticket changed Redis");
     assert!(sidecar.metric("tollgate_sidecar_tickets_refused_total{kind=\"completion\",reason=\"mac\"}") >= 7);
-    assert!(sidecar.metric("tollgate_sidecar_tickets_refused_total{kind=\"cache\",reason=\"mac\"}") >= 5);
+    assert!(sidecar.metric("tollgate_sidecar_tickets_refused_total{kind=\"cache\",reason=\"mac\"}") >= 6);
 
     // The real tickets are taken once; replayed after settlement they change nothing.
     assert_eq!(complete(&ticket, 100)["settled"].as_u64(), Some(1));
