@@ -139,18 +139,23 @@ fn a_token_budget_reads_an_event_stream_and_charges_the_reservation_for_a_body_i
     assert_eq!((r.status, r.header("content-type")), (200, Some("text/event-stream")), "{}", r.body);
     assert!(r.body.ends_with("data: [DONE]\n\n"), "the stream reached the client whole");
     poll_until("the stream's usage charged", Duration::from_secs(10), || counter() == Some(123));
+    // a stream longer than the 1 MiB a JSON body is read up to (~2.5 MB, 40 000 frames): its
+    // usage is read from its tail (decision 170), not charged the reservation
+    let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-sse", "77"), ("x-echo-sse-events", "40000")]);
+    assert!(r.status == 200 && r.body.len() > 2 << 20 && r.body.ends_with("data: [DONE]\n\n"), "{} {}", r.status, r.body.len());
+    poll_until("the long stream's usage charged", Duration::from_secs(10), || counter() == Some(123 + 77));
     // a JSON body over 1 MiB that reports 50 tokens at its end: not read, the reservation stands
     let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-pad", "600000"), ("x-echo-usage", "50")]);
     assert!(r.status == 200 && r.body.len() > 1 << 20 && r.body.contains("\"total_tokens\":50"), "{} {}", r.status, r.body.len());
-    poll_until("the reservation charged", Duration::from_secs(10), || counter() == Some(123 + 400));
+    poll_until("the reservation charged", Duration::from_secs(10), || counter() == Some(200 + 400));
     // the same usage in a small body is read (the control)
     let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-pad", "10"), ("x-echo-usage", "50")]);
     assert_eq!(r.status, 200);
-    poll_until("the small body's usage charged", Duration::from_secs(10), || counter() == Some(123 + 400 + 50));
+    poll_until("the small body's usage charged", Duration::from_secs(10), || counter() == Some(200 + 400 + 50));
     // a total_tokens outside the response's usage object (here a tool call's input, which the
     // client's prompt chose) is not read: the reservation stands. Before decision 134 it was
     // read, and the client chose its own charge (0).
     let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-tool-input", r#"{"total_tokens":0}"#)]);
     assert!(r.status == 200 && r.body.contains(r#""input":{"total_tokens":0}"#), "{} {}", r.status, r.body);
-    poll_until("the reservation charged, not the tool input's count", Duration::from_secs(10), || counter() == Some(123 + 400 + 50 + 400));
+    poll_until("the reservation charged, not the tool input's count", Duration::from_secs(10), || counter() == Some(200 + 400 + 50 + 400));
 }

@@ -157,6 +157,28 @@ fn tokens_of_a_streamed_response_are_read_without_holding_it() {
     assert_eq!(events(&m)[0].tokens, Some(7));
 }
 
+/// Decision 170: an event stream longer than the body bound (1 MiB: ~4 000 tokens of an
+/// LLM's chunks) still has its usage read — only its tail is kept. Before, the kept body was
+/// dropped past 1 MiB and the request was metered with no tokens.
+#[test]
+fn the_usage_of_an_event_stream_longer_than_the_body_bound_is_read() {
+    let m = meter();
+    let (mut f, mut host) = with_key(metered(METERED, &m));
+    f.on_sidecar_response(&mut host, 1, Some(200), allow());
+    host.upstream_response = vec![(":status".into(), "200".into()), ("content-type".into(), "text/event-stream".into())];
+    f.on_response_headers(&mut host, false);
+    let frame = b"data: {\"choices\":[{\"delta\":{\"content\":\"word \"}}]}\n\n".repeat(1000);
+    for _ in 0..60 {
+        host.response_chunk = frame.clone(); // 60 x ~49 KB: ~2.9 MB
+        assert_eq!(f.on_response_body(&mut host, frame.len(), false), Action::Continue);
+    }
+    let last = b"data: {\"choices\":[],\"usage\":{\"total_tokens\":4321}}\n\ndata: [DONE]\n\n";
+    host.response_chunk = last.to_vec();
+    f.on_response_body(&mut host, last.len(), true);
+    f.on_log(&mut host);
+    assert_eq!(events(&m)[0].tokens, Some(4321));
+}
+
 #[test]
 fn a_full_queue_drops_the_oldest_and_counts_them() {
     let m = Rc::new(RefCell::new(Meter::new(2, 1)));

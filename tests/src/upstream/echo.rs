@@ -94,7 +94,9 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     let sse: Option<u64> = req.headers().get("x-echo-sse").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let body = match sse {
         Some(n) => {
-            let mut text: String = (0..20).map(|i| format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"word{i} \"}}}}]}}\n\n")).collect();
+            // `x-echo-sse-events: K`: K content events before the usage (20 by default)
+            let k: u64 = req.headers().get("x-echo-sse-events").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(20);
+            let mut text: String = (0..k.min(1_000_000)).map(|i| format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"word{i} \"}}}}]}}\n\n")).collect();
             text.push_str(&format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{},\"total_tokens\":{n}}}}}\n\n", n.saturating_sub(1)));
             text.push_str("data: [DONE]\n\n");
             text.into_bytes()

@@ -52,6 +52,15 @@ impl Kept {
         true
     }
 
+    /// Gives back `n` of the bytes this request holds (what it no longer keeps).
+    pub fn give_back(&mut self, n: usize) {
+        let n = n.min(self.held);
+        if let Some(b) = &self.budget {
+            b.0.set(b.0.get() + n);
+        }
+        self.held -= n;
+    }
+
     /// Gives back everything this request holds.
     pub fn release(&mut self) {
         if let Some(b) = &self.budget {

@@ -138,7 +138,15 @@ impl ResponseSide {
         if self.replayed {
             return;
         }
+        // An event stream read for token usage only: its usage comes in its last frames, so only
+        // its last SSE_TAIL bytes are kept, however long it streams (decision 170).
+        let tail = self.event_stream && self.want_tokens && !self.pending_store.as_ref().is_some_and(|p| p.storable);
         if let Some(body) = &mut self.body {
+            let cut = if tail { (body.len() + chunk_size).saturating_sub(SSE_TAIL).min(body.len()) } else { 0 };
+            if cut > 0 {
+                body.drain(..cut);
+                self.kept.give_back(cut);
+            }
             // over its own bound, or the worker's: not kept (as a body too large to keep)
             if body.len() + chunk_size > self.body_limit || !self.kept.take(chunk_size) {
                 self.body = None;
@@ -263,6 +271,10 @@ impl ResponseSide {
         (tokens, store)
     }
 }
+
+/// The bytes of an event stream kept to read its token usage from: its last frames (the usage
+/// frame is one of the last, well under this).
+pub const SSE_TAIL: usize = 64 << 10;
 
 /// Envoy's response code details that say the request never went to an upstream: no
 /// connection, no healthy host, no route or cluster, a full connection pool.
