@@ -302,15 +302,22 @@ pub fn storable_headers(headers: &[(String, String)]) -> Vec<Header> {
     headers.iter().filter(|(n, _)| stored_header(n)).map(|(n, v)| Header::new(n.as_str(), v.as_str())).collect()
 }
 
-/// Whether a response may enter the shared cache of a route keyed by `key_headers`.
+/// Whether a response may enter the shared cache of a route keyed by `key_headers`. The request
+/// of a response to store went upstream without `Accept-Encoding` (the filter removes it), so
+/// `Vary: Accept-Encoding` (nginx's default) names the one variant every client takes — as long
+/// as the response is not encoded anyway, which is never stored (decision 171).
 pub fn cacheable_response(status: u16, headers: &[(String, String)], key_headers: &[String]) -> bool {
     if !(200..=299).contains(&status) || status == 206 {
         return false;
     }
+    let varies_only_by_key = |v: &str| {
+        v.split(',').map(|x| x.trim().to_ascii_lowercase()).all(|x| x.is_empty() || x == "accept-encoding" || key_headers.contains(&x))
+    };
     headers.iter().all(|(n, v)| match n.as_str() {
         "cache-control" => !forbids_caching(v),
         "set-cookie" => false,
-        "vary" => v.split(',').map(|x| x.trim().to_ascii_lowercase()).all(|x| x.is_empty() || key_headers.contains(&x)),
+        "vary" => varies_only_by_key(v),
+        "content-encoding" => v.trim().eq_ignore_ascii_case("identity"),
         _ => true,
     })
 }
@@ -427,6 +434,11 @@ mod tests {
         assert!(!cacheable_response(200, &h(&[("set-cookie", "a=b")]), &keys));
         assert!(!cacheable_response(200, &h(&[("vary", "accept-language")]), &keys));
         assert!(!cacheable_response(200, &h(&[("vary", "*")]), &keys));
+        // decision 171: the request went without Accept-Encoding, so the variant is the identity
+        // one every client takes; an encoded response anyway is not stored
+        assert!(cacheable_response(200, &h(&[("vary", "Accept-Encoding, x-user")]), &keys));
+        assert!(!cacheable_response(200, &h(&[("vary", "Accept-Encoding"), ("content-encoding", "gzip")]), &keys));
+        assert!(!cacheable_response(200, &h(&[("content-encoding", "br")]), &keys));
         let kept = storable_headers(&h(&[
             (":status", "200"),
             ("content-type", "application/json"),
