@@ -270,12 +270,15 @@ pub fn forbids_caching(cache_control: &str) -> bool {
     })
 }
 
-/// Headers never stored: hop-by-hop, per-response, per-caller or the gateway's own.
+/// Headers never stored: hop-by-hop, per-response, per-caller or the gateway's own — a request's
+/// id and trace context, and an upstream's own rate-limit state for the caller it answered, are
+/// not another caller's to see on a replay.
 fn stored_header(name: &str) -> bool {
     !(name.starts_with(':')
         || name.starts_with("x-tollgate-")
         || name.starts_with("x-envoy-")
         || name.starts_with("proxy-")
+        || name.starts_with("x-ratelimit-")
         || matches!(
             name,
             "connection"
@@ -294,6 +297,10 @@ fn stored_header(name: &str) -> bool {
                 | "ratelimit-policy"
                 | "retry-after"
                 | "idempotent-replayed"
+                | "x-request-id"
+                | "request-id"
+                | "traceparent"
+                | "tracestate"
         ))
 }
 
@@ -448,6 +455,9 @@ mod tests {
             ("x-tollgate-target", "t"),
             ("ratelimit", "r"),
             ("etag", "\"1\""),
+            ("x-request-id", "another caller's"),
+            ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            ("x-ratelimit-remaining-tokens", "9"),
         ]));
         assert_eq!(kept, vec![Header::new("content-type", "application/json"), Header::new("etag", "\"1\"")]);
     }
