@@ -176,13 +176,27 @@ pub enum SetupError {
     CreateTopic(String, RDKafkaErrorCode),
 }
 
+/// The configuration of a topic this sidecar creates: its retention, and with replicas, an
+/// acknowledgement (`acks=all`) only once two of them have an event — with the broker's usual
+/// default of one, a spool segment acknowledged by the leader alone is deleted and the events
+/// are lost with that broker (decision 172).
+pub fn new_topic_config(k: &KafkaConfig) -> Vec<(&'static str, String)> {
+    let mut c = vec![("retention.ms", k.retention.as_millis().to_string())];
+    if k.replication_factor >= 2 {
+        c.push(("min.insync.replicas", "2".to_string()));
+    }
+    c
+}
+
 /// Creates the topic if it does not exist (an existing one is left as it is).
 pub async fn ensure_topic(k: &KafkaConfig) -> Result<(), SetupError> {
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", &k.brokers).set("socket.connection.setup.timeout.ms", "5000").create()?;
-    let retention = k.retention.as_millis().to_string();
-    let topic = NewTopic::new(&k.topic, k.partitions, TopicReplication::Fixed(k.replication_factor))
-        .set("retention.ms", &retention);
+    let config = new_topic_config(k);
+    let mut topic = NewTopic::new(&k.topic, k.partitions, TopicReplication::Fixed(k.replication_factor));
+    for (key, value) in &config {
+        topic = topic.set(key, value);
+    }
     let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
     let results = admin.create_topics([&topic], &opts).await?;
     for r in results {
@@ -422,6 +436,14 @@ mod tests {
         assert_eq!(k.validate().unwrap_err().field, "usage.kafka.topic");
         let k = KafkaConfig { brokers: " ".into(), ..Default::default() };
         assert!(k.validate().is_err());
+    }
+
+    #[test]
+    fn a_replicated_topic_is_created_acknowledging_only_what_two_replicas_hold() {
+        let k = KafkaConfig { retention: Duration::from_secs(60), ..Default::default() };
+        assert_eq!(new_topic_config(&k), [("retention.ms", "60000".to_string())], "one replica: the broker's own rule");
+        let k = KafkaConfig { replication_factor: 3, ..k };
+        assert!(new_topic_config(&k).contains(&("min.insync.replicas", "2".to_string())));
     }
 
     #[test]
