@@ -60,6 +60,9 @@ pub trait Host {
     /// for a request that has them.
     fn request_trailer_names(&self) -> Vec<String>;
     fn remove_request_trailer(&mut self, name: &str);
+    /// A response trailer's value (`None`: absent or not UTF-8). Read only for a response that
+    /// ends with trailers and may be stored.
+    fn response_trailer(&self, name: &str) -> Option<String>;
     fn add_response_header(&mut self, name: &str, value: &str);
     /// The downstream peer's IP address as Envoy saw it.
     fn client_ip(&self) -> Option<String>;

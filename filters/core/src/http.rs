@@ -81,6 +81,11 @@ impl HttpFilter {
         self.filter.on_response_body(host, body_size, end_of_stream)
     }
 
+    /// The response's trailers: they end it (see [`AuthFilter::on_response_trailers`]).
+    pub fn on_response_trailers(&mut self, host: &mut impl Host) -> Action {
+        self.filter.on_response_trailers(host)
+    }
+
     /// Whether the adapter must resume the response now (its end waited for an idempotency
     /// outcome to be stored).
     pub fn take_resume_response(&mut self) -> bool {

@@ -30,6 +30,8 @@ pub struct MockHost {
     pub request_body: Vec<u8>,
     /// The request's trailers.
     pub request_trailers: Vec<(String, Vec<u8>)>,
+    /// The upstream response's trailers.
+    pub response_trailers: Vec<(String, String)>,
     /// CAS token of each shared-data value: bumped on every write, like Envoy's.
     pub cas: HashMap<String, u32>,
     /// Writes "another worker" makes just before this host's next CAS write (each one makes that
@@ -135,6 +137,9 @@ impl Host for MockHost {
     }
     fn remove_request_trailer(&mut self, name: &str) {
         self.request_trailers.retain(|(n, _)| n != name);
+    }
+    fn response_trailer(&self, name: &str) -> Option<String> {
+        self.response_trailers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     }
     fn add_response_header(&mut self, name: &str, value: &str) {
         self.response_headers.push((name.to_string(), value.to_string()));

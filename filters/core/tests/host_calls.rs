@@ -57,6 +57,10 @@ impl Host for Counting<'_> {
         self.n("request_trailer_names");
         self.inner.request_trailer_names()
     }
+    fn response_trailer(&self, name: &str) -> Option<String> {
+        self.n("response_trailer");
+        self.inner.response_trailer(name)
+    }
     fn remove_request_trailer(&mut self, name: &str) {
         self.n("remove_request_trailer");
         self.inner.remove_request_trailer(name)

@@ -318,6 +318,12 @@ impl HttpContext for Http {
         self.step(|filter, host| filter.on_response_body(host, body_size, end_of_stream))
     }
 
+    /// Trailers end the response (HTTP/2, gRPC): not the SDK's default `Continue`, which would
+    /// let the end of an idempotent response reach the client before its outcome is stored.
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> WasmAction {
+        self.step(|filter, host| filter.on_response_trailers(host))
+    }
+
     fn on_log(&mut self) {
         let mut host = self.host();
         self.filter.borrow_mut().on_log(&mut host);
@@ -357,6 +363,9 @@ impl Host for EnvoyHost<'_> {
     }
     fn remove_request_trailer(&mut self, name: &str) {
         let _ = hostcalls::set_map_value(MapType::HttpRequestTrailers, name, None);
+    }
+    fn response_trailer(&self, name: &str) -> Option<String> {
+        raw::map_value(MapType::HttpResponseTrailers, name).and_then(|v| String::from_utf8(v).ok())
     }
     fn add_response_header(&mut self, name: &str, value: &str) {
         let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);

@@ -12,6 +12,7 @@
 //! The breaker guard runs after an allow; [`crate::http::HttpFilter`] wires the two.
 
 mod call;
+mod outcome;
 pub mod decision;
 pub mod hold;
 pub mod kept;
@@ -26,7 +27,7 @@ use crate::breaker::guard::CLUSTER_HEADER;
 use crate::completions::CompletionQueue;
 use crate::config::FilterConfig;
 use crate::headers::{RequestHeaders, INTERNAL_HEADER_PREFIX};
-use crate::host::{Action, Host, LogLevel};
+use crate::host::{Action, Host};
 use crate::ids::DecisionIds;
 use crate::lease::renewer::RenewalQueue;
 use crate::refunds::RefundQueue;
@@ -43,7 +44,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 use tollgate_wire::refunds::Abandoned;
-use tollgate_wire::responses::{StoreBatch, StoreItem, StoreTicket, RESPONSES_PATH};
+use tollgate_wire::responses::{StoreItem, StoreTicket};
 use tollgate_wire::routes::RouteSpec;
 use tollgate_wire::{codes, Completion, DecideRequest, DecideResponse};
 
@@ -91,12 +92,6 @@ struct WorkerParts {
     refunds: Option<Rc<RefCell<RefundQueue>>>,
     /// The worker's decision batches, and this request's context id (crate::batch).
     batcher: Option<(Rc<RefCell<DecisionBatcher>>, u32)>,
-}
-
-/// How long the end of an idempotent response waits for its outcome to be stored.
-fn outcome_timeout(config: &FilterConfig) -> std::time::Duration {
-    let store = std::time::Duration::from_millis(tollgate_wire::responses::OUTCOME_STORE_DEADLINE_MS);
-    config.sidecar.timeout.max(store)
 }
 
 /// One request's filter.
@@ -513,52 +508,6 @@ impl AuthFilter {
         } else {
             Action::Continue
         }
-    }
-
-    /// The response to an idempotency claim is complete: its outcome (the 2xx to replay, or the
-    /// claim's release) is sent to the sidecar now, and the response's end waits for the answer,
-    /// so a retry the client sends once it has the answer finds the outcome, never the claim
-    /// (a 409). A call that cannot be sent, or fails, leaves the item to the worker's batch.
-    fn store_outcome(&mut self, host: &mut impl Host) -> Action {
-        let Some(item) = self.response.take_idempotency_outcome(host) else { return Action::Continue };
-        let batch = StoreBatch { responses: vec![item] };
-        let sent = serde_json::to_vec(&batch).map_err(|e| e.to_string()).and_then(|body| {
-            host.dispatch(self.config.sidecar.post_json(RESPONSES_PATH, body, outcome_timeout(&self.config)))
-        });
-        let item = batch.responses.into_iter().next();
-        match (sent, item) {
-            (Ok(token), Some(item)) => {
-                self.outcome_call = Some((token, item));
-                Action::Pause
-            }
-            (Err(e), Some(item)) => {
-                host.log(LogLevel::Debug, &format!("tollgate: cannot store an idempotency outcome now: {e}"));
-                self.queue_store(item);
-                Action::Continue
-            }
-            (_, None) => Action::Continue,
-        }
-    }
-
-    /// The outcome call is answered (any 200 means the sidecar read the batch and stored it).
-    fn outcome_stored(&mut self, status: Option<u16>) {
-        if let Some((_, item)) = self.outcome_call.take() {
-            if status != Some(200) {
-                self.queue_store(item);
-            }
-        }
-        self.resume_response = true;
-    }
-
-    fn queue_store(&self, item: StoreItem) {
-        if let Some(queue) = &self.worker.responses {
-            queue.borrow_mut().push(item);
-        }
-    }
-
-    /// Whether the adapter must resume the response now (once per held response end).
-    pub fn take_resume_response(&mut self) -> bool {
-        std::mem::take(&mut self.resume_response)
     }
 
     /// The request is over (response sent, or the client went away): report what it held, store

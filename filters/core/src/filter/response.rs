@@ -93,11 +93,14 @@ impl ResponseSide {
             let headers: Vec<(String, String)> =
                 raw.into_iter().filter_map(|(n, v)| String::from_utf8(v).ok().map(|v| (n, v))).collect();
             p.status = status;
-            p.storable = if p.is_idempotency() {
-                (200..=299).contains(&status)
-            } else {
-                all_utf8 && cacheable_response(status, &headers, key_headers)
-            };
+            // a gRPC failure answered in the headers alone (trailers-only) is no success
+            let grpc_ok = headers.iter().all(|(n, v)| n != "grpc-status" || v.trim() == "0");
+            p.storable = grpc_ok
+                && if p.is_idempotency() {
+                    (200..=299).contains(&status)
+                } else {
+                    all_utf8 && cacheable_response(status, &headers, key_headers)
+                };
             p.complete = end_of_stream;
             if p.storable {
                 p.headers = storable_headers(&headers);
