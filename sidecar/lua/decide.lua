@@ -49,8 +49,9 @@
 --     budget <counter> <reservation> <tokens>      conc <key>
 --     idem <owner> <memo> <claim token> <digest>
 --   Units include a lease granted in the call. Keys never contain spaces or newlines.
---   Idempotent per decision id: a call that finds its record already there (the same call sent
---   again, as a Redis Cluster client does after a connection error) takes and writes nothing, and
+--   Idempotent per call: a call that finds its record already there, taken at its own now_ms
+--   (the same call sent again, as a Redis Cluster client does after a connection error; a reused
+--   decision id at another time is a new decision), takes and writes nothing, and
 --   answers allowed: remaining as left now, granted as recorded, its own idempotency claim
 --   'claimed' (a cache lookup reads again), would_deny 0 (decision 164).
 
@@ -180,7 +181,15 @@ local record_ttl = tonumber(ARGV[a + ((lookup == 'idem') and 5 or 1)] or '0')
 -- first run may have taken before the connection dropped. Take nothing again: answer allowed
 -- with what is left now (the first run's take included), the lease the record shows, and the
 -- lookup as the first run left it (its own idempotency claim is 'claimed' again, not in flight).
-local again = record_ttl > 0 and redis.call('EXISTS', KEYS[#KEYS]) == 1
+-- The same call, not another decision under a reused id: its record was taken at this call's
+-- own clock reading (the first line, 'v1 <now_ms>').
+local function num(x) return string.format('%.17g', x) end
+local again = false
+if record_ttl > 0 then
+  local rec = redis.call('GET', KEYS[#KEYS])
+  local first = 'v1 ' .. num(now) .. '\n'
+  again = rec ~= false and string.sub(rec, 1, #first) == first
+end
 
 local out = { 1, 0 }
 local denied = 0
@@ -260,7 +269,6 @@ elseif denied == 0 and lease_want > 0 then
 end
 
 -- What one limit took, as a line of the decision record (see the contract).
-local function num(x) return string.format('%.17g', x) end
 local function took(s)
   local key = KEYS[s.k]
   if s.kind == 'fixed' then return 'fixed ' .. key .. ' ' .. num(s.take)

@@ -332,6 +332,22 @@ async fn a_decision_whose_script_runs_twice_takes_once_and_answers_as_the_first_
     assert_eq!(lab.state(), before, "taken once: one refund gives it all back");
 }
 
+/// Decision 164 recognises the same call (the same decision id at the same clock reading), not a
+/// decision id used again: a later decision under a reused id is decided and takes as any other
+/// (it must never be admitted for free on the strength of an earlier record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_id_used_again_later_is_a_new_decision() {
+    let mut lab = lab(&limit("fw", "fixed_window", 2, "window = \"60s\"")).await;
+    let (_, req) = lab.named(|r| r);
+    for (i, want) in [(0, true), (1, true), (2, false)] {
+        lab.clock.advance(1);
+        let r = lab.decider.decide(&req).await.unwrap();
+        assert_eq!(allowed(&r), want, "decision {i} under the same id: {r:?}");
+    }
+    let counter = lab.redis.keys("rl:{acme}:fw:*");
+    assert_eq!(lab.redis.cmd::<u64>(&["GET", &counter[0]]), 2, "each took its unit");
+}
+
 /// Decision 164 for a leased grant: the second run grants what the first took, and takes nothing
 /// more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

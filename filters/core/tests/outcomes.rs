@@ -1,12 +1,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! How a response to an idempotency claim or a cache miss ends, through a mock host: a claim is
 //! released only when its operation is known undone (decision 166); trailers end a response, and
-//! a gRPC failure is never stored as a success (decision 173).
+//! a gRPC failure is never stored as a success (decision 173); an event stream to store that
+//! outgrows its bound is read for its usage from its tail, never stored in part (decision 170).
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-use crate::responses::{host, upstream, Rig, CLAIMED, MISS};
+use crate::responses::{host, upstream, Rig, CLAIMED, CONFIG, MISS};
+use std::cell::RefCell;
+use std::rc::Rc;
+use tollgate_filter_core::completions::CompletionQueue;
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::filter::AuthFilter;
+use tollgate_filter_core::filter::kept::KeptBudget;
+use tollgate_filter_core::filter::response::SSE_TAIL;
 use tollgate_filter_core::host::Action;
 use tollgate_filter_core::stats::Metric;
 use tollgate_wire::responses::StoreBatch;
@@ -20,9 +28,11 @@ use tollgate_wire::responses::StoreBatch;
 fn a_claim_is_released_only_when_its_operation_is_known_undone() {
     let upstream_address = ("upstream.address", "127.0.0.1:8080");
     // (status, code details, an upstream was chosen, released)
-    let cases: [(Option<&str>, Option<&str>, bool, bool); 7] = [
+    let cases: [(Option<&str>, Option<&str>, bool, bool); 9] = [
         (Some("503"), Some("via_upstream"), true, true),
         (Some("503"), Some("upstream_reset_before_response_started{remote_connection_failure}"), true, true),
+        (Some("503"), Some("upstream_reset_before_response_started{connection_timeout}"), true, true),
+        (Some("503"), Some("upstream_reset_before_response_started{remote_refused_stream_reset}"), true, true),
         (Some("503"), Some("no_healthy_upstream"), true, true),
         (Some("503"), None, false, true),
         (Some("504"), Some("upstream_response_timeout"), true, false),
@@ -106,4 +116,46 @@ fn trailers_end_a_response_and_a_grpc_failure_is_not_a_success() {
         f.on_log(&mut h);
         assert_eq!(rig.stored().responses.len(), usize::from(!failed), "{grpc_status}");
     }
+}
+
+/// Decision 170 for a response that may be stored: an idempotent event stream with a token
+/// budget is kept whole up to its bound; past it, only its tail is kept (for its usage, the
+/// rest given back to the worker's budget), and its outcome is stored without a body — never a
+/// body with its front cut off.
+#[test]
+fn a_stored_event_stream_past_its_bound_keeps_only_its_tail_and_is_stored_without_its_body() {
+    const CLAIMED_WITH_BUDGET: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p",
+      "ticket":{"tenant":"acme","requestId":"r1","budgets":[{"limit":"tokens","subject":"k.k1","period":202611,"reserved":1000}],"expiresAtMs":1,"mac":"0f"},
+      "store":{"kind":"idempotency","tenant":"acme","keyId":"k1","digest":"d","key":"order-1","token":"t"}}"#;
+    let rig = Rig::new();
+    let total = 4 << 20;
+    let budget = KeptBudget::new(total);
+    let mut h = host("POST", "/orders").with_header("idempotency-key", "\"order-1\"").with_property("response.code_details", "via_upstream");
+    let completions = Rc::new(RefCell::new(CompletionQueue::new(10)));
+    let config = Rc::new(FilterConfig::parse(CONFIG.as_bytes()).unwrap());
+    let mut f = AuthFilter::new(config, completions.clone())
+        .with_routes(rig.routes.clone())
+        .with_responses(rig.queue.clone())
+        .with_kept_budget(budget.clone());
+    f.on_request_headers(&mut h, true);
+    f.on_sidecar_response(&mut h, 1, Some(200), CLAIMED_WITH_BUDGET);
+    upstream(&mut h, "200", &[("content-type", "text/event-stream")]);
+    assert_eq!(f.on_response_headers(&mut h, false), Action::Continue);
+    let frame = b"data: {\"choices\":[{\"delta\":{\"content\":\"word \"}}]}\n\n".repeat(1000);
+    for _ in 0..60 {
+        h.response_chunk = frame.clone(); // ~2.9 MB in all
+        f.on_response_body(&mut h, frame.len(), false);
+    }
+    assert!(total - budget.left() <= SSE_TAIL + frame.len(), "only the tail is kept: {} bytes", total - budget.left());
+    let last = b"data: {\"choices\":[],\"usage\":{\"total_tokens\":4321}}\n\ndata: [DONE]\n\n";
+    h.response_chunk = last.to_vec();
+    assert_eq!(f.on_response_body(&mut h, last.len(), true), Action::Pause, "the outcome is stored first");
+    let batch: StoreBatch = serde_json::from_slice(&h.calls[1].body).unwrap();
+    let r = batch.responses[0].response.as_ref().expect("a 2xx outcome: the operation ran");
+    assert!(r.truncated && r.body.is_empty(), "never a body with its front cut off: {} bytes", r.body.len());
+    f.on_sidecar_response(&mut h, 2, Some(200), br#"{"stored":1}"#);
+    f.on_log(&mut h);
+    let batch = completions.borrow_mut().begin_flush(100).expect("the completion report");
+    let reports: tollgate_wire::CompletionBatch = serde_json::from_slice(&batch).unwrap();
+    assert_eq!(reports.completions[0].tokens, Some(4321), "the usage read from the tail");
 }

@@ -24,7 +24,7 @@ use tollgate_wire::responses::{StoreBatch, StoreTicket};
 use tollgate_wire::DecideRequest;
 
 const KEY: &str = "tg_cache_key_1";
-const CONFIG: &str = r#"{"routing":{"enabled":true},"idempotency":{"enabled":true},"responseCache":{"maxBodyBytes":64}}"#;
+pub(crate) const CONFIG: &str = r#"{"routing":{"enabled":true},"idempotency":{"enabled":true},"responseCache":{"maxBodyBytes":64}}"#;
 
 fn table() -> String {
     serde_json::json!({"version": 1, "etag": "e", "routes": [
@@ -35,15 +35,15 @@ fn table() -> String {
 }
 
 pub(crate) struct Rig {
-    routes: Rc<RefCell<WorkerRoutes>>,
-    queue: Rc<RefCell<ResponseQueue>>,
+    pub(crate) routes: Rc<RefCell<WorkerRoutes>>,
+    pub(crate) queue: Rc<RefCell<ResponseQueue>>,
 }
 
 impl Rig {
     pub(crate) fn new() -> Rig {
         Rig { routes: Rc::default(), queue: Rc::new(RefCell::new(ResponseQueue::new(100, 1 << 20))) }
     }
-    fn filter(&self) -> AuthFilter {
+    pub(crate) fn filter(&self) -> AuthFilter {
         let config = Rc::new(FilterConfig::parse(CONFIG.as_bytes()).unwrap());
         AuthFilter::new(config, Rc::new(RefCell::new(CompletionQueue::new(10))))
             .with_routes(self.routes.clone())

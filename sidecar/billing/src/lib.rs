@@ -139,7 +139,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
             // A PostgreSQL gone mid-query fails the query within about a minute, not hours: the
             // connection's keepalives and TCP user timeout (db::Db::connect).
             let stored = match d.store(&config.kafka.topic, &batch).await {
-                Err(e) if db::is_data_error(&e) => store_apart(d, &config.kafka.topic, &batch, &e).await,
+                Err(e) if db::is_data_error(&e) => store_apart(d, &config.kafka.topic, &batch, e).await,
                 other => other,
             };
             match stored {
@@ -266,19 +266,29 @@ async fn collect(consumer: &StreamConsumer, max: usize, wait: Duration) -> Vec<C
 /// validation foresaw), one message at a time: a message refused on its own is kept in
 /// `usage_rejects` with PostgreSQL's reason, every other one is stored. Retrying the whole batch
 /// would stop billing for every partition in it, for good (decision 167).
-async fn store_apart(d: &mut db::Db, topic: &str, batch: &[Consumed], refused: &tokio_postgres::Error) -> Result<db::Stored, tokio_postgres::Error> {
+/// When PostgreSQL refuses every message of a batch of several on its own, the cause is not in
+/// the messages (a database encoding, a trigger, a schema): the batch waits as in an outage,
+/// nothing is set aside.
+async fn store_apart(d: &mut db::Db, topic: &str, batch: &[Consumed], refused: tokio_postgres::Error) -> Result<db::Stored, tokio_postgres::Error> {
     tracing::warn!(error = %refused, messages = batch.len(), "billing: postgres refused a value in the batch; storing its messages one by one");
     let mut total = db::Stored::default();
+    let mut set_aside = Vec::new();
     for m in batch {
-        total += match d.store(topic, std::slice::from_ref(m)).await {
+        match d.store(topic, std::slice::from_ref(m)).await {
             Err(e) if db::is_data_error(&e) => {
                 let why = e.as_db_error().map_or_else(|| e.to_string(), |d| format!("{} {}", d.code().code(), d.message()));
-                tracing::warn!(partition = m.partition, offset = m.offset, error = %why, "billing: a message postgres will not take is kept in usage_rejects");
-                d.reject(topic, m, &format!("postgres refused it: {why}")).await?;
-                db::Stored { rejected: 1, ..db::Stored::default() }
+                set_aside.push((m, why));
             }
-            other => other?,
-        };
+            other => total += other?,
+        }
+    }
+    if batch.len() > 1 && set_aside.len() == batch.len() {
+        return Err(refused);
+    }
+    for (m, why) in set_aside {
+        tracing::warn!(partition = m.partition, offset = m.offset, error = %why, "billing: a message postgres will not take is kept in usage_rejects");
+        d.reject(topic, m, &format!("postgres refused it: {why}")).await?;
+        total += db::Stored { rejected: 1, ..db::Stored::default() };
     }
     Ok(total)
 }

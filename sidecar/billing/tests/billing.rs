@@ -152,6 +152,35 @@ fn a_message_postgres_will_not_take_never_stops_billing() {
     assert_eq!(totals(&pg, "refused"), Some((0, 0, 0, 0, 0)));
 }
 
+/// Decision 167's other side: when PostgreSQL refuses every message of a batch on its own, the
+/// cause is not in the messages (here a trigger refusing every row, as a wrong database
+/// encoding or schema would): the batch waits as in an outage, nothing goes to `usage_rejects`,
+/// and it is stored once the cause is gone.
+#[test]
+fn a_refusal_of_every_message_waits_like_an_outage() {
+    let (broker, pg) = (Broker::start(), Postgres::start());
+    create_topic(&broker.brokers(), "usage_r", 1);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async { tollgate_billing::db::Db::connect(&pg.url()).await.unwrap().migrate().await.unwrap() });
+    let refuse = |tenant: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.tenant LIKE '{tenant}' THEN RAISE EXCEPTION 'not now' USING ERRCODE = '22023'; END IF; RETURN NEW; END $$;"
+        )
+    };
+    assert!(psql(&pg, &refuse("%")).is_some());
+    assert!(psql(&pg, "CREATE TRIGGER refuse BEFORE INSERT ON usage_events FOR EACH ROW EXECUTE FUNCTION refuse();").is_some());
+    let events: Vec<UsageEvent> = (0..3).map(|n| event("acme", n)).collect();
+    produce(&broker.brokers(), "usage_r", &messages(&events));
+    let billing = Billing::start(&broker.brokers(), "usage_r", "billing-r", &pg, &[]);
+    poll_until("the batch refused message by message", Duration::from_secs(60), || billing.log_text().contains("storing its messages one by one"));
+    poll_until("the consumer to retry it", Duration::from_secs(60), || billing.log_text().contains("postgres cannot take the batch"));
+    assert_eq!(psql_i64(&pg, "SELECT count(*) FROM usage_rejects"), 0, "nothing set aside");
+    assert!(psql(&pg, &refuse("nobody")).is_some());
+    poll_until("the batch stored once the cause is gone", Duration::from_secs(60), || totals(&pg, "acme").map(|t| t.0) == Some(3));
+    assert_eq!(psql_i64(&pg, "SELECT count(*) FROM usage_rejects"), 0);
+}
+
 #[test]
 fn the_monthly_quota_reads_the_larger_of_meter_and_rollup_and_survives_a_wiped_redis() {
     let (broker, pg, redis) = (Broker::start(), Postgres::start(), Redis::start());

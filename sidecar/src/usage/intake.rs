@@ -136,15 +136,14 @@ impl RecentIds {
         // Stale insertions leave with the live ones before them (and take no room: at most as
         // many again are kept, so the order holds at most twice the window). An id whose write
         // is not answered yet is never dropped (its batch sent again must get 503, not be
-        // spooled twice): it goes to the back, and the window holds more for as long as such
-        // ids fill it (they are bounded by the writes in flight).
-        let mut looked = 0;
-        while (self.set.len() >= self.capacity || self.order.len() >= 2 * self.capacity) && looked < self.order.len() {
+        // spooled twice): while the oldest id is such a one, the window grows instead, and
+        // shrinks back once its write is answered (in flight: the writes of a few batches).
+        while self.set.len() >= self.capacity || self.order.len() >= 2 * self.capacity {
             let Some((old, m)) = self.order.pop_front() else { break };
             match self.set.get(&old) {
                 Some((false, at)) if *at == m => {
-                    self.order.push_back((old, m));
-                    looked += 1;
+                    self.order.push_front((old, m));
+                    break;
                 }
                 Some((true, at)) if *at == m => {
                     self.set.remove(&old);
@@ -296,8 +295,11 @@ mod tests {
             assert!(r.insert(id));
         }
         assert!(r.in_flight("a"));
-        assert_eq!(r.len(), 3, "a and the last two");
-        assert!(r.insert("b"), "b left the window");
+        assert_eq!(r.len(), 6, "the window grows while its oldest id's write is out");
+        r.confirm("a");
+        assert!(r.insert("g"));
+        assert_eq!(r.len(), 3, "and shrinks back once it is answered");
+        assert!(!r.insert("f") && r.insert("b"), "f in the window, b out of it");
     }
 
     #[test]

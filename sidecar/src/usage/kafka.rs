@@ -176,13 +176,14 @@ pub enum SetupError {
     CreateTopic(String, RDKafkaErrorCode),
 }
 
-/// The configuration of a topic this sidecar creates: its retention, and with replicas, an
-/// acknowledgement (`acks=all`) only once two of them have an event — with the broker's usual
-/// default of one, a spool segment acknowledged by the leader alone is deleted and the events
-/// are lost with that broker (decision 172).
+/// The configuration of a topic this sidecar creates: its retention, and with three replicas or
+/// more, an acknowledgement (`acks=all`) only once two of them have an event — with the
+/// broker's usual default of one, a spool segment acknowledged by the leader alone is deleted
+/// and the events are lost with that broker (decision 172). With two replicas the broker's
+/// default stays: requiring both would stop every delivery while one broker restarts.
 pub fn new_topic_config(k: &KafkaConfig) -> Vec<(&'static str, String)> {
     let mut c = vec![("retention.ms", k.retention.as_millis().to_string())];
-    if k.replication_factor >= 2 {
+    if k.replication_factor >= 3 {
         c.push(("min.insync.replicas", "2".to_string()));
     }
     c
@@ -442,6 +443,8 @@ mod tests {
     fn a_replicated_topic_is_created_acknowledging_only_what_two_replicas_hold() {
         let k = KafkaConfig { retention: Duration::from_secs(60), ..Default::default() };
         assert_eq!(new_topic_config(&k), [("retention.ms", "60000".to_string())], "one replica: the broker's own rule");
+        let two = KafkaConfig { replication_factor: 2, ..k.clone() };
+        assert_eq!(new_topic_config(&two).len(), 1, "two replicas: both required would stop delivery while one restarts");
         let k = KafkaConfig { replication_factor: 3, ..k };
         assert!(new_topic_config(&k).contains(&("min.insync.replicas", "2".to_string())));
     }

@@ -44,6 +44,8 @@ pub struct ResponseSide {
     pub pending_store: Option<PendingStore>,
     /// The kept body's bytes, taken from the worker's budget (super::kept).
     pub kept: Kept,
+    /// The kept body lost its front (an event stream kept only for its usage): never stored.
+    cut: bool,
 }
 
 impl Default for ResponseSide {
@@ -62,6 +64,7 @@ impl Default for ResponseSide {
             body_limit: MAX_USAGE_BODY,
             pending_store: None,
             kept: Kept::default(),
+            cut: false,
         }
     }
 }
@@ -141,10 +144,17 @@ impl ResponseSide {
         if self.replayed {
             return;
         }
-        // An event stream read for token usage only: its usage comes in its last frames, so only
-        // its last SSE_TAIL bytes are kept, however long it streams (decision 170).
-        let tail = self.event_stream && self.want_tokens && !self.pending_store.as_ref().is_some_and(|p| p.storable);
+        // An event stream read for token usage: its usage comes in its last frames, so only its
+        // last SSE_TAIL bytes are kept, however long it streams (decision 170). One that may be
+        // stored is kept whole up to its bound, then given up as a stored body (`cut`) and read
+        // from its tail like the others.
+        let tailable = self.event_stream && self.want_tokens;
+        let storing = self.pending_store.as_ref().is_some_and(|p| p.storable) && !self.cut;
         if let Some(body) = &mut self.body {
+            if tailable && storing && body.len() + chunk_size > self.body_limit {
+                self.cut = true;
+            }
+            let tail = tailable && (self.cut || !storing);
             let cut = if tail { (body.len() + chunk_size).saturating_sub(SSE_TAIL).min(body.len()) } else { 0 };
             if cut > 0 {
                 body.drain(..cut);
@@ -221,7 +231,7 @@ impl ResponseSide {
             return None;
         }
         let p = self.pending_store.take()?;
-        let body = self.body.clone();
+        let body = self.body.clone().filter(|_| !self.cut);
         self.settle(host, p, body)
     }
 
@@ -268,7 +278,7 @@ impl ResponseSide {
         let budgeted = self.ticket.as_ref().is_some_and(|t| !t.budgets.is_empty());
         let tokens = if self.no_upstream && budgeted { Some(0) } else { tokens };
         let store = match self.pending_store.take() {
-            Some(p) => self.settle(host, p, body),
+            Some(p) => self.settle(host, p, body.filter(|_| !self.cut)),
             None => None,
         };
         (tokens, store)
@@ -280,8 +290,18 @@ impl ResponseSide {
 pub const SSE_TAIL: usize = 64 << 10;
 
 /// Envoy's response code details that say the request never went to an upstream: no
-/// connection, no healthy host, no route or cluster, a full connection pool.
-const NEVER_SENT: [&str; 6] = ["connection_failure", "no_healthy_upstream", "overflow", "route_not_found", "cluster_not_found", "maintenance_mode"];
+/// connection (failed, or timed out), no healthy host, no route or cluster, a full connection
+/// pool, a stream the upstream refused before reading it (HTTP/2 `REFUSED_STREAM`).
+const NEVER_SENT: [&str; 8] = [
+    "connection_failure",
+    "connection_timeout",
+    "refused_stream_reset",
+    "no_healthy_upstream",
+    "overflow",
+    "route_not_found",
+    "cluster_not_found",
+    "maintenance_mode",
+];
 
 /// What to store of a finished request's response, if anything: a complete cacheable
 /// response; an idempotency claim's 2xx outcome (without its body when it was too large or

@@ -279,6 +279,9 @@ fn stored_header(name: &str) -> bool {
         || name.starts_with("x-envoy-")
         || name.starts_with("proxy-")
         || name.starts_with("x-ratelimit-")
+        || name.starts_with("anthropic-ratelimit-")
+        || name.starts_with("x-b3-")
+        || name.starts_with("x-amzn-")
         || matches!(
             name,
             "connection"
@@ -301,6 +304,10 @@ fn stored_header(name: &str) -> bool {
                 | "request-id"
                 | "traceparent"
                 | "tracestate"
+                | "b3"
+                | "ratelimit-limit"
+                | "ratelimit-remaining"
+                | "ratelimit-reset"
         ))
 }
 
@@ -458,6 +465,9 @@ mod tests {
             ("x-request-id", "another caller's"),
             ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
             ("x-ratelimit-remaining-tokens", "9"),
+            ("anthropic-ratelimit-requests-remaining", "9"),
+            ("x-b3-traceid", "1"),
+            ("x-amzn-requestid", "1"),
         ]));
         assert_eq!(kept, vec![Header::new("content-type", "application/json"), Header::new("etag", "\"1\"")]);
     }
