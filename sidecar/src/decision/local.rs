@@ -81,9 +81,15 @@ struct State {
     /// Each counter, and when it holds nothing any more (ms: the window after the next one
     /// starts, the bucket is full again): from then on it is as if it never was.
     counters: HashMap<String, (Counter, u64)>,
+    /// Counters held per tenant (the part of a key before its first `/`).
+    per_tenant: HashMap<String, usize>,
     /// When a full table was last swept of such counters.
     swept_ms: Option<u64>,
 }
+
+/// The share of the table one tenant may hold: a quarter, so one tenant rotating subjects
+/// overflows into its own counter while the others still find room.
+const TENANT_SHARE: usize = 4;
 
 /// How often at most a full table is swept of counters that hold nothing.
 const SWEEP_EVERY_MS: u64 = 1_000;
@@ -168,7 +174,7 @@ impl LocalLimits {
         for &i in which {
             let m = &meta[i];
             let mut key = format!("{tenant}/{}/{}/{:?}", m.name, m.subject, m.algorithm);
-            if !st.counters.contains_key(&key) && !self.room(&mut st, now_ms) {
+            if !st.counters.contains_key(&key) && !self.room(&mut st, tenant, now_ms) {
                 key = format!("{tenant}/{}/{OVERFLOW}/{:?}", m.name, m.algorithm);
             }
             let share = self.share(m.limit);
@@ -181,17 +187,22 @@ impl LocalLimits {
         }
         if denied.is_none() {
             for (_, key, counter, _) in next.iter_mut() {
-                st.counters.insert(std::mem::take(key), *counter);
+                if st.counters.insert(std::mem::take(key), *counter).is_none() {
+                    *st.per_tenant.entry(tenant.to_string()).or_default() += 1;
+                }
             }
         }
         Verdict { states: next.into_iter().map(|(i, _, _, s)| (i, s)).collect(), denied }
     }
 
-    /// Whether a new counter fits: below the bound, or after a sweep (at most once a second) of
-    /// the counters that hold nothing any more. The overflow counters are not bounded by it (at
-    /// most one per tenant and limit).
-    fn room(&self, st: &mut State, now_ms: u64) -> bool {
-        if st.counters.len() < self.max_entries {
+    /// Whether a new counter of `tenant` fits: below the bound and below the tenant's share of
+    /// it ([`TENANT_SHARE`]), or so after a sweep (at most once a second) of the counters that
+    /// hold nothing any more. The overflow counters are not bounded by it (at most one per
+    /// tenant and limit).
+    fn room(&self, st: &mut State, tenant: &str, now_ms: u64) -> bool {
+        let tenant_cap = (self.max_entries / TENANT_SHARE).max(1);
+        let fits = |st: &State| st.counters.len() < self.max_entries && st.per_tenant.get(tenant).copied().unwrap_or(0) < tenant_cap;
+        if fits(st) {
             return true;
         }
         if st.swept_ms.is_some_and(|at| now_ms < at.saturating_add(SWEEP_EVERY_MS)) {
@@ -199,7 +210,12 @@ impl LocalLimits {
         }
         st.swept_ms = Some(now_ms);
         st.counters.retain(|_, (_, until)| *until > now_ms);
-        st.counters.len() < self.max_entries
+        let mut per_tenant: HashMap<String, usize> = HashMap::new();
+        for key in st.counters.keys() {
+            *per_tenant.entry(key.split('/').next().unwrap_or_default().to_string()).or_default() += 1;
+        }
+        st.per_tenant = per_tenant;
+        fits(st)
     }
 }
 
@@ -400,18 +416,20 @@ mod tests {
     }
 
     #[test]
-    fn a_full_table_keeps_every_live_counter_and_counts_new_subjects_together() {
-        let l = LocalLimits::new(&LocalConfig { local_replicas: Some(1), local_max_entries: 3 });
+    fn a_tenant_rotating_subjects_shares_one_counter_and_drops_no_one_elses() {
+        // a table of 8: a tenant may hold 2 counters of its own
+        let l = LocalLimits::new(&LocalConfig { local_replicas: Some(1), local_max_entries: 8 });
         let m = meta(Algorithm::FixedWindow, 2, 60_000);
         let with = |subject: &str| Meta { subject: subject.into(), ..m.clone() };
-        // the victim spends its limit; then a client rotates subjects past the bound
-        assert_eq!(admit(&l, &m, 5, 0), 2);
-        let rotated: usize = (0..50).map(|i| admit(&l, &with(&format!("k.r{i}")), 1, 10)).sum();
+        let admit_as = |tenant: &str, m: &Meta, n: usize| (0..n).filter(|_| l.decide(tenant, std::slice::from_ref(m), &[0], 10).denied.is_none()).count();
+        // another tenant spends its limit; then acme rotates subjects
+        assert_eq!(admit_as("beta", &m, 5), 2);
+        let rotated: usize = (0..50).map(|i| admit_as("acme", &with(&format!("k.r{i}")), 1)).sum();
         assert_eq!(rotated, 1 + 1 + 2, "two subjects with counters of their own, the other 48 sharing one");
-        assert_eq!(l.counters(), 4, "three, and the overflow counter of (acme, l)");
-        assert_eq!(admit(&l, &m, 5, 20), 0, "the victim's counter was never dropped");
-        // another tenant's new subjects overflow into a counter of their own, not acme's
-        assert_eq!(l.decide("other", std::slice::from_ref(&m), &[0], 30).denied, None);
+        assert_eq!(l.counters(), 4, "beta's, acme's two and acme's overflow counter");
+        assert_eq!(admit_as("beta", &m, 5), 0, "beta's counter was never dropped");
+        // beta's new subjects still get counters of their own
+        assert_eq!(admit_as("beta", &with("k.new"), 5), 2);
     }
 
     #[test]
