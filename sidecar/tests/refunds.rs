@@ -94,6 +94,20 @@ fn limit(name: &str, algorithm: &str, limit: u64, extra: &str) -> String {
     limit_toml("p", name, algorithm, limit, extra)
 }
 
+/// A plan with a limit of every kind (two token budgets, per key and per tenant): 7 limits.
+fn every_kind() -> String {
+    [
+        limit("fw", "fixed_window", 5, ""),
+        limit("sw", "sliding_window", 5, ""),
+        limit("tb", "token_bucket", 5, ""),
+        limit("log", "sliding_log", 5, ""),
+        limit("bud", "token_budget", 100_000, ""),
+        limit("bud2", "token_budget", 100_000, "subject = \"tenant\""),
+        limit("conc", "concurrency", 5, ""),
+    ]
+    .concat()
+}
+
 /// Decide (allowed) → refund → Redis as before the decision; refunding again, or a denied or
 /// unknown decision, changes nothing.
 async fn refunded_as_if_it_never_came(limits: &str, lines: u64) {
@@ -123,17 +137,7 @@ async fn every_algorithm_is_given_back_exactly_once() {
     refunded_as_if_it_never_came(&limit("bud", "token_budget", 100_000, "estimate = 700"), 1).await;
     refunded_as_if_it_never_came(&limit("conc", "concurrency", 5, ""), 1).await;
     // every kind in one decision, one record, one refund
-    let all = [
-        limit("fw", "fixed_window", 5, ""),
-        limit("sw", "sliding_window", 5, ""),
-        limit("tb", "token_bucket", 5, ""),
-        limit("log", "sliding_log", 5, ""),
-        limit("bud", "token_budget", 100_000, ""),
-        limit("bud2", "token_budget", 100_000, "subject = \"tenant\""),
-        limit("conc", "concurrency", 5, ""),
-    ]
-    .concat();
-    refunded_as_if_it_never_came(&all, 7).await;
+    refunded_as_if_it_never_came(&every_kind(), 7).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,15 +312,7 @@ impl DecisionStore for SentTwice {
 /// overwrote the record, so a refund left the first take behind) and answered 409 in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_whose_script_runs_twice_takes_once_and_answers_as_the_first_run() {
-    let all = [
-        limit("fw", "fixed_window", 5, ""),
-        limit("sw", "sliding_window", 5, ""),
-        limit("tb", "token_bucket", 5, ""),
-        limit("log", "sliding_log", 5, "cost = 2"),
-        limit("bud", "token_budget", 100_000, "estimate = 700"),
-        limit("conc", "concurrency", 5, ""),
-    ]
-    .concat();
+    let all = every_kind();
     let mut lab = lab(&all).await;
     lab.decide().await; // a decision that stays: the state has something in it
     let before = lab.state();
@@ -328,7 +324,7 @@ async fn a_decision_whose_script_runs_twice_takes_once_and_answers_as_the_first_
     let replies = replies.lock().unwrap().clone();
     assert_eq!(replies.len(), 2);
     assert_eq!(replies[1], replies[0], "the second run answers as the first");
-    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 7 });
+    assert_eq!(lab.refund(&id).await, Refunded::Done { lines: 8 });
     assert_eq!(lab.state(), before, "taken once: one refund gives it all back");
 }
 
