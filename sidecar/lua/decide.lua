@@ -176,20 +176,20 @@ local lookup = ARGV[a]
 local outcome, value = nil, ''
 local record_ttl = tonumber(ARGV[a + ((lookup == 'idem') and 5 or 1)] or '0')
 
--- The same decision again (decision 164): its record exists, so a call with this decision id has
--- already taken. A Redis Cluster client sends a script again after a connection error, and the
--- first run may have taken before the connection dropped. Take nothing again: answer allowed
--- with what is left now (the first run's take included), the lease the record shows, and the
--- lookup as the first run left it (its own idempotency claim is 'claimed' again, not in flight).
--- The same call, not another decision under a reused id: its record was taken at this call's
--- own clock reading (the first line, 'v1 <now_ms>').
+-- The same call again (decision 164): its record exists and was taken at this call's own clock
+-- reading (its first line, 'v1 <now_ms>'; a decision id reused at another time is a new
+-- decision). A Redis Cluster client sends a script again after a connection error, and the first
+-- run may have taken before the connection dropped. Take nothing again: answer allowed with what
+-- is left now (the first run's take included), the lease the record shows, and the lookup as the
+-- first run left it (its own idempotency claim is 'claimed' again, not in flight).
 local function num(x) return string.format('%.17g', x) end
-local again = false
+local taken = nil -- the record, when this call is the same call again
 if record_ttl > 0 then
   local rec = redis.call('GET', KEYS[#KEYS])
   local first = 'v1 ' .. num(now) .. '\n'
-  again = rec ~= false and string.sub(rec, 1, #first) == first
+  if rec and string.sub(rec, 1, #first) == first then taken = rec end
 end
+local again = taken ~= nil
 
 local out = { 1, 0 }
 local denied = 0
@@ -245,10 +245,9 @@ end
 local granted = 0
 if again then
   -- the lease the first run took: its units on a fixed or bucket line, less the request's own
-  local rec = redis.call('GET', KEYS[#KEYS])
   for i = 1, n do
     local s = specs[i]
-    local units = string.match(rec, '\n' .. s.kind .. ' ' .. string.gsub(KEYS[s.k], '%p', '%%%0') .. ' (%S+)')
+    local units = string.match(taken, '\n' .. s.kind .. ' ' .. string.gsub(KEYS[s.k], '%p', '%%%0') .. ' (%S+)')
     if units and (s.kind == 'fixed' or s.kind == 'bucket') and s.unit > 0 then
       granted = math.max(0, math.floor((tonumber(units) - s.unit) / s.unit))
       break
