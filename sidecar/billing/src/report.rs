@@ -19,7 +19,7 @@ impl DayUsage {
     /// Requests that count against a quota and on the bill: ok + 4xx (seed 004). Gateway denials,
     /// 5xx and aborted requests do not.
     pub fn billable(&self) -> i64 {
-        self.by_class[0] + self.by_class[1]
+        self.by_class[0].saturating_add(self.by_class[1])
     }
 
     /// The larger of two readings, field by field.
@@ -58,9 +58,10 @@ pub fn month_total(days: &BTreeMap<String, DayUsage>) -> DayUsage {
     let mut t = DayUsage::default();
     for d in days.values() {
         for i in 0..5 {
-            t.by_class[i] += d.by_class[i];
+            t.by_class[i] = t.by_class[i].saturating_add(d.by_class[i]);
         }
-        t.tokens += d.tokens;
+        // a day saturates at i64::MAX (decision 167): so does the month, never wrapping
+        t.tokens = t.tokens.saturating_add(d.tokens);
     }
     t
 }
@@ -169,6 +170,14 @@ mod tests {
         assert_eq!((month.billable(), month.tokens), (21, 107));
         // Redis wiped: the quota falls back to the rollup, never to zero
         assert_eq!(month_total(&merge(&rollup, &BTreeMap::new())).billable(), 17);
+    }
+
+    #[test]
+    fn a_month_of_saturated_days_saturates_and_never_wraps() {
+        let full = DayUsage { by_class: [i64::MAX, i64::MAX, 0, 0, 0], tokens: i64::MAX };
+        let days: BTreeMap<String, DayUsage> = [("2025-11-01".to_string(), full), ("2025-11-02".to_string(), d(1, 1, 1))].into();
+        let month = month_total(&days);
+        assert_eq!((month.by_class[0], month.tokens, month.billable()), (i64::MAX, i64::MAX, i64::MAX));
     }
 
     #[test]
