@@ -108,10 +108,11 @@ pub fn run() {
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
         &format!(
-            "{limited_plan}{leased_plan}[[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n"
+            "[plans.bench]\n{limited_plan}{leased_plan}[[plans.budget.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000000000000\nestimate = 10\n"
         ),
         &[("TOLLGATE_SIDECAR_LOG__LEVEL", "warn")],
     );
+    // "bench": a plan without limits (auth only)
     let key = sidecar.create_key("bench", "bench", &[]);
     let limited_key = sidecar.create_key("bench", "limited", &[]);
     // "leased": the same limit with mode = "leased" (issue 8): requests spend this Envoy's lease.

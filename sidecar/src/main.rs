@@ -1,12 +1,13 @@
 //! `tollgate-sidecar`: run the sidecar, check a configuration, or manage API keys.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use tollgate_shared::settings;
 use tollgate_sidecar::apikey::{self, KeyRecord};
 use tollgate_sidecar::config::{Config, LogFormat};
 use tollgate_sidecar::control::keys::{expiry, issued_text, KeyCommand};
+use tollgate_sidecar::control::model::Snapshot;
 use tollgate_sidecar::control::source::{postgres::PgSource, SourceKind};
 use tollgate_sidecar::decision::unix_now;
 use tollgate_sidecar::keys::Id;
@@ -116,11 +117,28 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
             let plan = parse_id("plan", &plan)?;
             let now = unix_now();
             let expires_at = expiry(expires_in.as_deref(), now).with_context(|| format!("--expires-in '{}'", expires_in.unwrap_or_default()))?;
-            let issued = apikey::issue(tenant, plan, now, expires_at);
-            if let Some(pg) = store_of_record(config).await? {
-                pg.put_key(&issued.hash, &issued.record).await.context("storing the key in PostgreSQL")?;
+            let pg = store_of_record(config).await?;
+            if pg.is_none() {
+                // the file source: the plan must be one of the file's (an unknown plan has no
+                // limits, decision 12); PostgreSQL checks both under its write lock below
+                let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes).context("the configuration file")?;
+                if !s.plans.contains_key(plan.as_str()) {
+                    bail!("--plan '{plan}': no such plan in the configuration");
+                }
             }
-            store.create_key(&issued.hash, &issued.record).await.context("storing the key in Redis")?;
+            let issued = apikey::issue(tenant, plan, now, expires_at);
+            if let Some(pg) = &pg {
+                pg.create_key(&issued.hash, &issued.record).await.context("storing the key in PostgreSQL")?;
+            }
+            if let Err(e) = store.create_key(&issued.hash, &issued.record).await {
+                // its raw value is never shown: no active record of it may stay (decision 157)
+                if let Some(pg) = &pg {
+                    if let Err(undo) = pg.delete_key(&issued.record.key_id).await {
+                        eprintln!("warning: key {} stays in PostgreSQL: revoke it ({undo})", issued.record.key_id);
+                    }
+                }
+                return Err(anyhow::Error::new(e).context("storing the key in Redis"));
+            }
             let r = &issued.record;
             println!("{}", issued_text(r.key_id.as_str(), r.tenant.as_str(), r.plan.as_str(), Some(&fmt_time(r.expires_at)), &issued.raw));
         }

@@ -74,7 +74,7 @@ impl Sidecar {
     pub fn start_with_config(redis_url: &str, toml: &str, extra: &[(&str, &str)]) -> Sidecar {
         let dir = tempfile::tempdir().expect("tempdir");
         let config_path = dir.path().join("sidecar.toml");
-        fs::write(&config_path, toml).expect("write sidecar.toml");
+        fs::write(&config_path, with_unlimited_plans(toml)).expect("write sidecar.toml");
         let port = free_port();
         let socket = dir.path().join("sidecar.sock");
         let env = vec![
@@ -175,6 +175,22 @@ impl Sidecar {
         let out: Output = self.cli(&["keys", "revoke", id]);
         assert!(out.status.success(), "keys revoke failed: {}", String::from_utf8_lossy(&out.stderr));
     }
+}
+
+/// Plans tests name for keys that need no limits. A key is made only for a plan the
+/// configuration defines (decision 174), so a test deployment declares these, without limits,
+/// unless the test's own TOML defines them.
+const UNLIMITED_PLANS: [&str; 4] = ["gold", "free", "two", "ip"];
+
+/// `toml` with an empty `[plans.<name>]` for each of [`UNLIMITED_PLANS`] it does not define.
+fn with_unlimited_plans(toml: &str) -> String {
+    let mut out = toml.to_string();
+    for plan in UNLIMITED_PLANS {
+        if !toml.contains(&format!("plans.{plan}]")) && !toml.contains(&format!("plans.{plan}.")) {
+            out.push_str(&format!("\n[plans.{plan}]\n"));
+        }
+    }
+    out
 }
 
 /// (key id, raw key) of a `keys create` output (the sidecar's CLI and `tollgate`'s alike): the

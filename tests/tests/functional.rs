@@ -17,6 +17,7 @@ mod hostile;
 mod leases;
 mod limits;
 mod observability;
+mod plan_refs;
 mod postgres_harness;
 mod refunds;
 mod revocation;

@@ -257,6 +257,7 @@ async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -
     let (next, body) = match written {
         Ok(Ok(done)) => done,
         Ok(Err(refused)) => return refused,
+        Err(e @ SourceError::InUse(_)) => return error(StatusCode::CONFLICT, "in_use", Some("id"), e),
         Err(e) => return unavailable(e),
     };
     s.control.install(next);
@@ -328,8 +329,11 @@ async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
     };
     let issued = apikey::issue(tenant, plan, now, expires_at);
     if let Some(pg) = pg {
-        if let Err(e) = pg.put_key(&issued.hash, &issued.record).await {
-            return unavailable(e);
+        match pg.create_key(&issued.hash, &issued.record).await {
+            Ok(()) => {}
+            // deleted since this replica's copy said it was there (decision 174)
+            Err(SourceError::Missing(field, m)) => return bad(field, m),
+            Err(e) => return unavailable(e),
         }
     }
     if let Err(e) = s.control.store.create_key(&issued.hash, &issued.record).await {

@@ -23,6 +23,12 @@ pub enum SourceError {
     Corrupt(String),
     #[error("the file source is read-only: change the TOML file and restart, or use the PostgreSQL source")]
     ReadOnly,
+    /// A delete refused: keys still name the object (decision 174).
+    #[error("{0}")]
+    InUse(String),
+    /// A key refused: the object it names (`tenant`, `plan`) is not stored.
+    #[error("{1}")]
+    Missing(&'static str, String),
 }
 
 /// A source of configuration snapshots.

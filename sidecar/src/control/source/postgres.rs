@@ -16,7 +16,10 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
 
 /// The migrations, in order: (version, SQL).
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../migrations/config/0001_init.sql"))];
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../../../migrations/config/0001_init.sql")),
+    (2, include_str!("../../../migrations/config/0002_api_keys_plan.sql")),
+];
 
 /// How long one use of the connection (a query, a transaction) may wait for the server: a
 /// PostgreSQL that hangs (stopped, a lock held elsewhere) fails admin writes and reloads with a
@@ -181,6 +184,17 @@ impl PgSource {
                     }
                 }
                 Row::Delete(kind, id) => {
+                    // A key names its tenant and plan: one of them deleted would leave live keys
+                    // with no tenant, or no limits at all (an unknown plan has none, decision 12).
+                    if let Some(column) = key_column(*kind) {
+                        let held = keys_holding(&tx, column, id).await?;
+                        if held > 0 {
+                            return Ok(Err(SourceError::InUse(format!(
+                                "{} '{id}' is held by {held} active key(s); revoke them first (`tollgate keys list`)",
+                                kind.name().trim_end_matches('s')
+                            ))));
+                        }
+                    }
                     tx.execute(&format!("DELETE FROM {} WHERE id = $1", kind.name()), &[id]).await?;
                 }
             }
@@ -190,22 +204,38 @@ impl PgSource {
         .await?
     }
 
-    /// Stores a key record (insert, or replace its mutable fields).
-    pub async fn put_key(&self, hash: &KeyHash, r: &KeyRecord) -> Result<(), SourceError> {
+    /// Stores a new key record, under [`WRITE_LOCK`] and only while its tenant and plan are
+    /// stored: a delete of either (on any replica) is then either before this, and the key is
+    /// refused, or after it, and refused itself while the key is active. The key's checks in
+    /// this replica's copy alone would let the two cross (decision 174).
+    pub async fn create_key(&self, hash: &KeyHash, r: &KeyRecord) -> Result<(), SourceError> {
         let to_i = |v: Option<u64>| v.map(|x| x as i64);
         let (created, expires, revoked) = (r.created_at as i64, to_i(r.expires_at), to_i(r.revoked_at));
         self.with(async |c| {
-            c.execute(
+            let tx = c.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK]).await?;
+            let found = tx
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1), EXISTS (SELECT 1 FROM plans WHERE id = $2)",
+                    &[&r.tenant.as_str(), &r.plan.as_str()],
+                )
+                .await?;
+            if !found.get::<_, bool>(0) {
+                return Ok(Err(SourceError::Missing("tenant", format!("no tenant '{}'", r.tenant))));
+            }
+            if !found.get::<_, bool>(1) {
+                return Ok(Err(SourceError::Missing("plan", format!("no plan '{}'", r.plan))));
+            }
+            tx.execute(
                 "INSERT INTO api_keys (key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (key_id) DO UPDATE SET status = EXCLUDED.status, plan_id = EXCLUDED.plan_id, \
-                 expires_at = EXCLUDED.expires_at, revoked_at = EXCLUDED.revoked_at",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
                 &[&r.key_id.as_str(), &hash.as_str(), &r.tenant.as_str(), &r.plan.as_str(), &r.status.as_str(), &created, &expires, &revoked],
             )
-            .await
-            .map(|_| ())
+            .await?;
+            tx.commit().await?;
+            Ok(Ok(()))
         })
-        .await
+        .await?
     }
 
     /// Removes a key record (a key whose creation did not complete: its raw value was never
@@ -244,6 +274,22 @@ impl PgSource {
             .await?;
         rows.iter().map(key_row).collect()
     }
+}
+
+/// The `api_keys` column naming an object of `kind`, for kinds a key names.
+fn key_column(kind: Kind) -> Option<&'static str> {
+    match kind {
+        Kind::Plans => Some("plan_id"),
+        Kind::Tenants => Some("tenant_id"),
+        Kind::Products | Kind::Routes => None,
+    }
+}
+
+/// How many keys that still authenticate (active, not expired) name `id` in `column`.
+async fn keys_holding(tx: &tokio_postgres::Transaction<'_>, column: &str, id: &str) -> Result<i64, tokio_postgres::Error> {
+    let now = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)) as i64;
+    let sql = format!("SELECT count(*) FROM api_keys WHERE {column} = $1 AND status = 'active' AND (expires_at IS NULL OR expires_at > $2)");
+    Ok(tx.query_one(&sql, &[&id, &now]).await?.get(0))
 }
 
 fn key_row(row: &tokio_postgres::Row) -> Result<(KeyHash, KeyRecord), SourceError> {
