@@ -4,7 +4,7 @@
 
 use serde_json::json;
 use std::time::Duration;
-use tollgate_tests::{get, keyed_burst, poll_until, post, Gateway};
+use tollgate_tests::{get, keyed_burst, poll_until, post, Gateway, Upstream};
 
 #[test]
 fn a_rate_limit_answers_429_with_retry_after_and_ratelimit_headers() {
@@ -158,4 +158,29 @@ fn a_token_budget_reads_an_event_stream_and_charges_the_reservation_for_a_body_i
     let r = get(&url, &[("x-api-key", key.raw.as_str()), ("x-echo-tool-input", r#"{"total_tokens":0}"#)]);
     assert!(r.status == 200 && r.body.contains(r#""input":{"total_tokens":0}"#), "{} {}", r.status, r.body);
     poll_until("the reservation charged, not the tool input's count", Duration::from_secs(10), || counter() == Some(200 + 400 + 50 + 400));
+}
+
+/// Decision 175: a request Envoy answered itself because it reached no upstream (a dead port:
+/// connection failures) used no tokens, and its budget's reservation is settled at 0. Before,
+/// each such 503 was charged the reservation: retries against a down upstream spent the month's
+/// budget with no work done (here the third would have been refused).
+#[test]
+fn a_request_that_reached_no_upstream_charges_its_budget_nothing() {
+    let g = Gateway::builder()
+        .sidecar_toml("[[plans.llm.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 1000\nestimate = 400\n")
+        .plugin(json!({"sidecar": {"timeout": "2s"}}))
+        .upstream(Upstream::Dead)
+        .build();
+    let key = g.sidecar().create_key("acme", "llm", &[]);
+    let settled = || {
+        let reservations = g.redis().keys("q:reserved:*");
+        let all = reservations.iter().all(|k| g.redis().cmd::<Option<String>>(&["GET", k]).as_deref() == Some("settled"));
+        let charged = g.redis().keys("q:tokens:*").first().map_or(0, |k| g.redis().cmd::<Option<i64>>(&["GET", k]).unwrap_or(0));
+        (reservations.len(), all, charged)
+    };
+    for n in 1..=4 {
+        let r = get(&g.envoy().url("/v1/chat"), &[("x-api-key", key.raw.as_str())]);
+        assert_eq!(r.status, 503, "request {n}: {}", r.body);
+        poll_until("the reservation settled at 0", Duration::from_secs(10), || settled() == (n, true, 0));
+    }
 }

@@ -348,19 +348,31 @@ fn sse_frames_are_read_for_a_budget_only_from_an_event_stream() {
     }
 }
 
-/// A request the gateway answered itself after its allow (an open breaker) used no tokens: its
-/// budget's reservation is settled at 0 even where responses are not read for usage.
+/// A request the gateway answered itself after its allow (an open breaker), or Envoy answered
+/// finding nothing to send it to (decision 175), used no tokens: its budget's reservation is
+/// settled at 0 even where responses are not read for usage. A reset after it went out is not.
 #[test]
-fn a_request_refused_before_its_upstream_settles_its_reservation_at_0() {
+fn a_request_that_never_reached_its_upstream_settles_its_reservation_at_0() {
+    let reset = "upstream_reset_before_response_started{";
+    let cases = [("breaker", Some(0)), ("no_healthy_upstream", Some(0)), ("connection_failure}", Some(0)), ("connection_termination}", None)];
     for config in [r#"{}"#, r#"{"tokenUsage":"none"}"#] {
-        let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
-        let (mut f, mut host) = with_key(filter_with_queue(config, queue.clone()));
-        assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
-        f.refused_before_upstream();
-        f.on_log(&mut host);
-        let sent = queue.borrow_mut().begin_flush(10).unwrap();
-        let batch: tollgate_wire::CompletionBatch = serde_json::from_slice(&sent).unwrap();
-        assert_eq!(batch.completions[0].tokens, Some(0), "{config}");
+        for (end, tokens) in cases {
+            let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
+            let (mut f, mut host) = with_key(filter_with_queue(config, queue.clone()));
+            assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
+            if end == "breaker" {
+                f.refused_before_upstream();
+            } else {
+                let details = if end.ends_with('}') { format!("{reset}{end}") } else { end.to_string() };
+                host.properties.insert("response.code_details".into(), details.into_bytes());
+                host.upstream_response = vec![(":status".into(), "503".into())];
+                f.on_response_headers(&mut host, true);
+            }
+            f.on_log(&mut host);
+            let sent = queue.borrow_mut().begin_flush(10).unwrap();
+            let batch: tollgate_wire::CompletionBatch = serde_json::from_slice(&sent).unwrap();
+            assert_eq!(batch.completions[0].tokens, tokens, "{config} {end}");
+        }
     }
 }
 

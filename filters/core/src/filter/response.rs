@@ -256,10 +256,7 @@ impl ResponseSide {
             return true;
         }
         let details = host.property(&["response", "code_details"]).unwrap_or_default();
-        let details = String::from_utf8_lossy(&details);
-        details == "via_upstream"
-            || NEVER_SENT.iter().any(|s| details.contains(s))
-            || host.property(&["upstream", "address"]).is_none()
+        details == b"via_upstream" || never_sent(&details) || host.property(&["upstream", "address"]).is_none()
     }
 
     /// The request ended: the tokens its response used (when they were to be read) and what to
@@ -274,9 +271,13 @@ impl ResponseSide {
         }
         let tokens = tokens.map(|t| t.count);
         // nothing went upstream: a budget's reservation used none, whatever the gateway's own
-        // reply says and whether or not responses are read for usage (`tokenUsage`)
+        // reply says and whether or not responses are read for usage (`tokenUsage`) — also when
+        // Envoy answered itself, finding no upstream to send it to (decision 175)
         let budgeted = self.ticket.as_ref().is_some_and(|t| !t.budgets.is_empty());
-        let tokens = if self.no_upstream && budgeted { Some(0) } else { tokens };
+        let untouched = budgeted
+            && (self.no_upstream
+                || (tokens.is_none() && never_sent(&host.property(&["response", "code_details"]).unwrap_or_default())));
+        let tokens = if untouched { Some(0) } else { tokens };
         let store = match self.pending_store.take() {
             Some(p) => self.settle(host, p, body.filter(|_| !self.cut)),
             None => None,
@@ -302,6 +303,13 @@ const NEVER_SENT: [&str; 8] = [
     "cluster_not_found",
     "maintenance_mode",
 ];
+
+/// Whether Envoy's response code `details` say the request never reached an upstream
+/// ([`NEVER_SENT`]).
+fn never_sent(details: &[u8]) -> bool {
+    let details = String::from_utf8_lossy(details);
+    NEVER_SENT.iter().any(|s| details.contains(s))
+}
 
 /// What to store of a finished request's response, if anything: a complete cacheable
 /// response; an idempotency claim's 2xx outcome (without its body when it was too large or
