@@ -94,7 +94,7 @@ fn breaker_benches(c: &mut Criterion) {
     let mut state = State::default();
     for i in 0..200u64 {
         let outcome = if i % 50 == 0 { Outcome::Failure } else { Outcome::Success };
-        state.record(&policy, now_ms + i * 40, false, outcome);
+        state.record(&policy, now_ms + i * 40, None, outcome);
     }
     assert_eq!(state.phase, Phase::Closed, "fixture must stay closed");
     let closed = state.encode();
@@ -123,7 +123,7 @@ fn breaker_benches(c: &mut Criterion) {
     g.bench_function("record_success_encode", |b| {
         b.iter(|| {
             let mut s = State::decode(black_box(&closed)).unwrap_or_default();
-            let (changed, _) = s.record(&policy, black_box(now_ms + 9_000), false, Outcome::Success);
+            let (changed, _) = s.record(&policy, black_box(now_ms + 9_000), None, Outcome::Success);
             (changed, s.encode())
         })
     });

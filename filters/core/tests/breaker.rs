@@ -34,17 +34,17 @@ fn opens_after_consecutive_failures_and_rejects_until_the_open_time_is_over() {
     let p = policy();
     let mut s = State::default();
     assert_eq!(s.admit(&p, 0), (Admission::Pass, false, None), "closed admission writes nothing");
-    assert_eq!(s.record(&p, 10, false, Outcome::Failure), (true, None));
-    assert_eq!(s.record(&p, 20, false, Outcome::Success), (true, None), "a success resets the run");
-    assert_eq!(s.record(&p, 30, false, Outcome::Failure), (true, None));
-    assert_eq!(s.record(&p, 40, false, Outcome::Failure), (true, None));
-    assert_eq!(s.record(&p, 50, false, Outcome::Failure), (true, Some(Transition::Opened)));
+    assert_eq!(s.record(&p, 10, None, Outcome::Failure), (true, None));
+    assert_eq!(s.record(&p, 20, None, Outcome::Success), (true, None), "a success resets the run");
+    assert_eq!(s.record(&p, 30, None, Outcome::Failure), (true, None));
+    assert_eq!(s.record(&p, 40, None, Outcome::Failure), (true, None));
+    assert_eq!(s.record(&p, 50, None, Outcome::Failure), (true, Some(Transition::Opened)));
     assert_eq!(s.phase, Phase::Open { until_ms: 1_050 });
     assert_eq!(s.publish, 50, "a local open is to be reported");
     assert_eq!(s.admit(&p, 600).0, Admission::Reject { retry_after_ms: 450 });
     assert_eq!(s.admit(&p, 1_049).0, Admission::Reject { retry_after_ms: 1 });
     // Late results of requests admitted before the open are no evidence.
-    assert_eq!(s.record(&p, 700, false, Outcome::Success), (false, None));
+    assert_eq!(s.record(&p, 700, None, Outcome::Success), (false, None));
     assert_eq!(s.phase, Phase::Open { until_ms: 1_050 });
 }
 
@@ -53,20 +53,20 @@ fn half_open_bounds_trials_success_closes_failure_reopens() {
     let p = Policy { half_open_trials: 2, ..policy() };
     let mut s = State::default();
     for t in 0..3 {
-        s.record(&p, t, false, Outcome::Failure);
+        s.record(&p, t, None, Outcome::Failure);
     }
     assert_eq!(s.admit(&p, 1_002), (Admission::Trial, true, Some(Transition::HalfOpened)));
     assert_eq!(s.admit(&p, 1_003), (Admission::Trial, true, None));
     assert_eq!(s.admit(&p, 1_004).0, Admission::Reject { retry_after_ms: 1_000 }, "third trial over the bound");
     // A non-trial result does not decide.
-    assert_eq!(s.record(&p, 1_005, false, Outcome::Success), (false, None));
+    assert_eq!(s.record(&p, 1_005, None, Outcome::Success), (false, None));
     // A failed trial re-opens for another full period.
-    assert_eq!(s.record(&p, 1_010, true, Outcome::Failure), (true, Some(Transition::Reopened)));
+    assert_eq!(s.record(&p, 1_010, Some(1_002), Outcome::Failure), (true, Some(Transition::Reopened)));
     assert_eq!(s.phase, Phase::Open { until_ms: 2_010 });
     assert_eq!(s.publish, 1_010);
     // Then a successful trial closes.
     assert_eq!(s.admit(&p, 2_010).0, Admission::Trial);
-    assert_eq!(s.record(&p, 2_020, true, Outcome::Success), (true, Some(Transition::Closed)));
+    assert_eq!(s.record(&p, 2_020, Some(2_010), Outcome::Success), (true, Some(Transition::Closed)));
     assert_eq!(s.phase, Phase::Closed);
     assert_eq!(s.consecutive, 0);
 }
@@ -77,11 +77,37 @@ fn lost_trials_free_their_slot_by_release_or_timeout() {
     let mut s = State::with_phase(Phase::Open { until_ms: 0 });
     assert_eq!(s.admit(&p, 10).0, Admission::Trial);
     assert!(matches!(s.admit(&p, 11).0, Admission::Reject { .. }));
-    assert!(s.release_trial());
+    assert!(s.release_trial(10));
     assert_eq!(s.admit(&p, 12).0, Admission::Trial);
     // Never released: after trial_timeout the slot is given again.
     assert!(matches!(s.admit(&p, 4_000).0, Admission::Reject { .. }));
     assert_eq!(s.admit(&p, 5_012), (Admission::Trial, true, None));
+}
+
+/// A trial's release and result count only in its own half-open period. Before, the trial
+/// timeout ran from the period's start, not the trial's, and a stale trial's release freed a
+/// slot a newer trial held: a client dropping its own requests kept several trials in flight on
+/// a failing upstream (`halfOpenTrials` 1), and a late result decided a later period.
+#[test]
+fn trials_of_an_earlier_half_open_period_neither_free_slots_nor_decide() {
+    let p = Policy { trial_timeout_ms: 10_000, ..policy() };
+    let mut s = State::with_phase(Phase::Open { until_ms: 0 });
+    assert_eq!(s.admit(&p, 0).0, Admission::Trial);
+    let a = s.trial_period().unwrap();
+    assert!(s.release_trial(a), "A's client left at 9 s");
+    assert_eq!(s.admit(&p, 9_500).0, Admission::Trial);
+    let b = s.trial_period().unwrap();
+    assert_eq!(b, 9_500, "with none in flight, B starts the period again");
+    assert!(matches!(s.admit(&p, 10_000).0, Admission::Reject { .. }), "B is 0.5 s old: its slot is not overdue");
+    assert!(!s.release_trial(a), "A's slot was given back already");
+    // B overdue: C takes the slot in a new period; B's late release frees nothing of it
+    assert_eq!(s.admit(&p, 19_500).0, Admission::Trial);
+    let c = s.trial_period().unwrap();
+    assert!(!s.release_trial(b));
+    assert!(matches!(s.admit(&p, 19_600).0, Admission::Reject { .. }), "D waits: C is in flight");
+    // B's late failure does not re-open C's period; C's success closes it
+    assert_eq!(s.record(&p, 19_700, Some(b), Outcome::Failure), (false, None));
+    assert_eq!(s.record(&p, 19_800, Some(c), Outcome::Success), (true, Some(Transition::Closed)));
 }
 
 #[test]
@@ -91,25 +117,25 @@ fn failure_ratio_over_the_window_needs_the_minimum_count() {
     // 4 failures, 5 successes, interleaved: ratio 0.44, then the 10th result a failure: 0.5.
     for i in 0..9u64 {
         let o = if i % 2 == 0 { Outcome::Success } else { Outcome::Failure };
-        assert_eq!(s.record(&p, 100 + i, false, o).1, None);
+        assert_eq!(s.record(&p, 100 + i, None, o).1, None);
     }
     assert_eq!(s.window(&p, 108), (5, 4));
-    assert_eq!(s.record(&p, 109, false, Outcome::Failure).1, Some(Transition::Opened));
+    assert_eq!(s.record(&p, 109, None, Outcome::Failure).1, Some(Transition::Opened));
 
     // Old results leave the window: 9 failures long ago do not count now.
     let mut s = State::default();
     for i in 0..9 {
-        s.record(&p, i, false, Outcome::Failure);
+        s.record(&p, i, None, Outcome::Failure);
     }
     assert_eq!(s.window(&p, 5_000), (0, 0));
-    assert_eq!(s.record(&p, 5_000, false, Outcome::Failure).1, None);
+    assert_eq!(s.record(&p, 5_000, None, Outcome::Failure).1, None);
 }
 
 #[test]
 fn state_encoding_round_trips_and_rejects_garbage() {
     let p = policy();
     let mut s = State::default();
-    s.record(&p, 12_345, false, Outcome::Failure);
+    s.record(&p, 12_345, None, Outcome::Failure);
     s.hint_seen = 77;
     for phase in [Phase::Closed, Phase::Open { until_ms: u64::MAX }, Phase::HalfOpen { since_ms: 9, in_flight: 3 }] {
         s.phase = phase;
@@ -146,7 +172,7 @@ fn hints_only_ever_open_a_closed_breaker_once() {
     assert_eq!(s.apply_hint(&p, 100, fp).0, HintEffect::Ignored);
     assert_eq!(s.phase, Phase::HalfOpen { since_ms: 5, in_flight: 1 });
     // The breaker closes on its own trial; the same hint, still live, does not re-open it.
-    assert_eq!(s.record(&p, 200, true, Outcome::Success).1, Some(Transition::Closed));
+    assert_eq!(s.record(&p, 200, Some(5), Outcome::Success).1, Some(Transition::Closed));
     assert_eq!(s.apply_hint(&p, 300, fp), (HintEffect::Known, false));
     assert_eq!(s.phase, Phase::Closed);
     // A newer hint (a new open elsewhere) does.
@@ -161,13 +187,13 @@ fn updates_retry_on_cas_mismatch_and_give_up_when_always_contended() {
     let p = policy();
     // Another worker records two failures between our read and our write.
     let mut other = State::default();
-    other.record(&p, 1, false, Outcome::Failure);
-    other.record(&p, 2, false, Outcome::Failure);
+    other.record(&p, 1, None, Outcome::Failure);
+    other.record(&p, 2, None, Outcome::Failure);
     host.interfere.push((key.as_str().to_string(), other.encode()));
     let mut attempts = 0;
     let t = breaker::update(&mut host, &key, |s| {
         attempts += 1;
-        let (changed, t) = s.record(&p, 3, false, Outcome::Failure);
+        let (changed, t) = s.record(&p, 3, None, Outcome::Failure);
         (t, changed)
     })
     .unwrap();
@@ -180,7 +206,7 @@ fn updates_retry_on_cas_mismatch_and_give_up_when_always_contended() {
     for _ in 0..breaker::MAX_CAS_ATTEMPTS {
         host.interfere.push((key.as_str().to_string(), State::default().encode()));
     }
-    let r = breaker::update(&mut host, &key, |s| ((), s.record(&p, 3, false, Outcome::Failure).0));
+    let r = breaker::update(&mut host, &key, |s| ((), s.record(&p, 3, None, Outcome::Failure).0));
     assert_eq!(r, Err(UpdateError::Contended));
 
     // init never overwrites.
@@ -482,7 +508,7 @@ fn tallied_successes_land_in_the_bucket_of_the_tick() {
     assert!(!s.add_successes(&p, 5_000, 0), "nothing to add");
     assert_eq!(s.window(&p, 5_000), (7, 0));
     assert_eq!(s.window(&p, 5_000 + p.window_ms), (0, 0), "out of the window later");
-    s.record(&p, 5_100, false, Outcome::Failure);
+    s.record(&p, 5_100, None, Outcome::Failure);
     assert!(s.add_successes(&p, 5_200, 1));
     assert_eq!(s.consecutive, 1, "tallied successes leave the streak alone");
     s.phase = Phase::Open { until_ms: 9_000 };

@@ -43,8 +43,9 @@ pub const BREAKER_OPEN: &str = "upstream_unavailable";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GuardState {
     Idle,
-    /// `clean`: admitted on a closed breaker with no failure streak.
-    Admitted { target: usize, trial: bool, clean: bool },
+    /// `clean`: admitted on a closed breaker with no failure streak; `trial`: the half-open
+    /// period of a trial.
+    Admitted { target: usize, trial: Option<u64>, clean: bool },
     Done,
 }
 
@@ -128,34 +129,35 @@ impl BreakerGuard {
         for idx in candidates {
             let Some(target) = b.targets.get(idx) else { continue };
             if self.worker.as_ref().is_some_and(|w| w.borrow_mut().admit_locally(idx)) {
-                self.admitted(host, idx, primary, Admission::Pass, true);
+                self.admitted(host, idx, primary, None, true);
                 return Action::Continue;
             }
             let result = update(host, &shared_keys::breaker(&target.name), |s| {
                 let clean = is_clean(s);
                 let (admission, changed, transition) = s.admit(&b.policy, now);
-                ((admission, transition, clean), changed)
+                let trial = (admission == Admission::Trial).then(|| s.trial_period()).flatten();
+                ((admission, transition, clean, trial), changed)
             });
-            if let (Some(w), Ok((_, _, clean))) = (&self.worker, &result) {
+            if let (Some(w), Ok((_, _, clean, _))) = (&self.worker, &result) {
                 w.borrow_mut().saw(idx, *clean);
             }
-            let (admission, clean) = match result {
-                Ok((admission, transition, clean)) => {
+            let (admission, clean, trial) = match result {
+                Ok((admission, transition, clean, trial)) => {
                     if let Some(t) = transition {
                         report(host, target, t, "open time over: letting trials through");
                     }
-                    (admission, clean)
+                    (admission, clean, trial)
                 }
                 Err(e) => {
                     // Only a breaker that is not closed writes on admission; under that much
                     // contention, keep the trial bound rather than the request.
                     host.log(LogLevel::Debug, &format!("tollgate: breaker {}: admission not recorded: {e:?}", target.name));
-                    (Admission::Reject { retry_after_ms: 1_000 }, false)
+                    (Admission::Reject { retry_after_ms: 1_000 }, false, None)
                 }
             };
             match admission {
                 Admission::Pass | Admission::Trial => {
-                    self.admitted(host, idx, primary, admission, clean);
+                    self.admitted(host, idx, primary, trial, clean);
                     return Action::Continue;
                 }
                 Admission::Reject { retry_after_ms: r } => {
@@ -172,8 +174,9 @@ impl BreakerGuard {
         Action::Pause
     }
 
-    /// The request goes to target `idx` (a fallback of `primary` if they differ).
-    fn admitted(&mut self, host: &mut impl Host, idx: usize, primary: usize, admission: Admission, clean: bool) {
+    /// The request goes to target `idx` (a fallback of `primary` if they differ); `trial`: the
+    /// half-open period it is a trial of.
+    fn admitted(&mut self, host: &mut impl Host, idx: usize, primary: usize, trial: Option<u64>, clean: bool) {
         let b = &self.config;
         if idx != primary {
             if let Some(target) = b.targets.get(idx) {
@@ -183,7 +186,7 @@ impl BreakerGuard {
                 host.count_named(&p.stat("fallback"));
             }
         }
-        self.state = GuardState::Admitted { target: idx, trial: admission == Admission::Trial, clean };
+        self.state = GuardState::Admitted { target: idx, trial, clean };
     }
 
     /// Records the outcome of an admitted request and names the target that served it.
@@ -201,7 +204,7 @@ impl BreakerGuard {
         };
         let outcome = classify(b, status, details.as_deref());
         host.add_response_header(TARGET_HEADER, &target.name);
-        if let (Some(w), Outcome::Success, true) = (&self.worker, outcome, clean && !trial) {
+        if let (Some(w), Outcome::Success, true) = (&self.worker, outcome, clean && trial.is_none()) {
             w.borrow_mut().add_success(idx);
             return Action::Continue;
         }
@@ -240,11 +243,9 @@ impl BreakerGuard {
     pub fn on_done(&mut self, host: &mut impl Host) {
         let GuardState::Admitted { target: idx, trial, .. } = self.state else { return };
         self.state = GuardState::Done;
-        if !trial {
-            return;
-        }
+        let Some(period) = trial else { return };
         if let Some(target) = self.config.targets.get(idx) {
-            let _ = update(host, &shared_keys::breaker(&target.name), |s| ((), s.release_trial()));
+            let _ = update(host, &shared_keys::breaker(&target.name), |s| ((), s.release_trial(period)));
         }
     }
 }

@@ -180,6 +180,10 @@ impl State {
                     self.phase = Phase::HalfOpen { since_ms: now_ms, in_flight: 1 };
                     (Admission::Trial, true, None)
                 } else if in_flight < p.half_open_trials {
+                    // With no trial in flight (each released), a new one starts the period
+                    // again: its timeout counts from it, and no earlier trial's late release or
+                    // result counts in it.
+                    let since_ms = if in_flight == 0 { now_ms } else { since_ms };
                     self.phase = Phase::HalfOpen { since_ms, in_flight: in_flight + 1 };
                     (Admission::Trial, true, None)
                 } else {
@@ -190,9 +194,19 @@ impl State {
         }
     }
 
-    /// Records the result of a request admitted with `admission` ([`Admission::Pass`] or
-    /// [`Admission::Trial`]). Returns whether the state changed and a transition if one happened.
-    pub fn record(&mut self, p: &Policy, now_ms: u64, trial: bool, outcome: Outcome) -> (bool, Option<Transition>) {
+    /// The half-open period a trial admitted now belongs to (the period's start), `None` in
+    /// another phase. A trial's result and its release count only in its own period.
+    pub fn trial_period(&self) -> Option<u64> {
+        match self.phase {
+            Phase::HalfOpen { since_ms, .. } => Some(since_ms),
+            _ => None,
+        }
+    }
+
+    /// Records the result of a request admitted with [`Admission::Pass`] (`trial` `None`) or
+    /// [`Admission::Trial`] in the half-open period `trial` ([`State::trial_period`]). Returns
+    /// whether the state changed and a transition if one happened.
+    pub fn record(&mut self, p: &Policy, now_ms: u64, trial: Option<u64>, outcome: Outcome) -> (bool, Option<Transition>) {
         match self.phase {
             Phase::Closed => {
                 self.count(p, now_ms, outcome);
@@ -203,7 +217,7 @@ impl State {
                 }
                 (true, None)
             }
-            Phase::HalfOpen { .. } if trial => match outcome {
+            Phase::HalfOpen { since_ms, .. } if trial == Some(since_ms) => match outcome {
                 Outcome::Success => {
                     self.phase = Phase::Closed;
                     self.reset_counts();
@@ -221,10 +235,11 @@ impl State {
         }
     }
 
-    /// Frees the slot of a trial that ended without a result (e.g. the client went away).
-    pub fn release_trial(&mut self) -> bool {
+    /// Frees the slot of a trial of half-open period `period` that ended without a result (e.g.
+    /// the client went away). A trial of an earlier period holds no slot of this one.
+    pub fn release_trial(&mut self, period: u64) -> bool {
         match self.phase {
-            Phase::HalfOpen { since_ms, in_flight } if in_flight > 0 => {
+            Phase::HalfOpen { since_ms, in_flight } if in_flight > 0 && since_ms == period => {
                 self.phase = Phase::HalfOpen { since_ms, in_flight: in_flight - 1 };
                 true
             }
