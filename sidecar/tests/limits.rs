@@ -304,6 +304,28 @@ async fn an_unreconciled_reservation_stays_charged() {
     }
 }
 
+/// Decision 177: a token budget's limit may be any u64 (here i64::MAX, as much as TOML holds), and its counter may be pushed to Redis's
+/// i64 bound by overruns. Before, `limit - used` above 2^63 came back from the script as 0 (the
+/// RateLimit header said the budget was spent from the first request), and a counter near the
+/// bound made the script's INCRBY fail: every decision of the plan fell to its failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_of_any_size_or_a_counter_at_its_bound_still_decides() {
+    let limits = "name = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"60s\"\n\
+                  [[plans.p.limits]]\nname = \"tokens\"\nalgorithm = \"token_budget\"\nlimit = 9223372036854775807\nestimate = 400";
+    let mut lab = lab(&plan(limits)).key("p").await;
+    let r = lab.call().await;
+    assert!(allowed(&r), "{r:?}");
+    // the nearest limit is the window's (999 left), not a budget that reads as spent
+    assert!(header(&r, "ratelimit").is_some_and(|h| h.starts_with("\"pm\";r=999")), "{:?}", header(&r, "ratelimit"));
+    let counter = lab.keys("q:tokens:{acme}:tokens:*")[0].clone();
+    let _: () = lab.cmd(&["SET", &counter, &(i64::MAX - 10).to_string()]);
+    let r = lab.call().await;
+    assert_eq!(denial(&r).1, "quota_exceeded", "a spent budget, not the failure mode");
+    let window = lab.keys("rl:{acme}:pm:*")[0].clone();
+    let taken: i64 = lab.cmd(&["GET", &window]);
+    assert_eq!(taken, 1, "the denied request took nothing");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_slots_free_on_completion_or_by_themselves() {
     let mut lab = lab(&plan("name = \"conc\"\nalgorithm = \"concurrency\"\nlimit = 2\nwindow = \"30s\"")).key("p").await;

@@ -15,6 +15,10 @@ use std::net::IpAddr;
 use tollgate_wire::usage::Day;
 use tollgate_wire::{codes, BudgetHold, Header, SlotHold, Ticket};
 
+/// The largest token budget `decide.lua` is given: a month's counter is an i64 in Redis, and a
+/// limit above this (up to any u64) behaves as this one, which no month reaches (decision 177).
+pub const BUDGET_LIMIT_IN_SCRIPT: u64 = 1 << 62;
+
 /// What one request is, for its limits.
 #[derive(Debug, Clone)]
 pub struct RequestCtx<'a> {
@@ -108,11 +112,15 @@ pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
             }
             Algorithm::Concurrency => (Check::Concurrency { key: ConcurrencyKey::new(tenant, name, &subject), slot_timeout_ms: w }, 1, None),
         };
-        checks.push(LimitCheck { limit: l.limit, cost, shadow: l.shadow, kind });
+        // A budget's limit may be any u64 (one no month reaches); the script sees at most
+        // 2^62, so that `limit - used` and the counter's INCRBY stay within Redis's i64
+        // (decision 177)
+        let limit = if budget.is_some() { l.limit.min(BUDGET_LIMIT_IN_SCRIPT) } else { l.limit };
+        checks.push(LimitCheck { limit, cost, shadow: l.shadow, kind });
         meta.push(Meta {
             name: l.name.to_string(),
             algorithm: l.algorithm,
-            limit: l.limit,
+            limit,
             window_ms: w,
             cost,
             shadow: l.shadow,
