@@ -213,6 +213,11 @@ impl Plans {
                 if l.cost == 0 {
                     return Err(invalid(format!("{at}.cost"), "must be at least 1"));
                 }
+                // a request holds one slot; a cost that meant "holds N" would admit N times the
+                // intended load (decision 178)
+                if l.algorithm == Algorithm::Concurrency && l.cost != 1 {
+                    return Err(invalid(format!("{at}.cost"), "a concurrency limit counts requests in flight, one slot each: cost must be 1"));
+                }
                 // Redis's Lua numbers are doubles: above 2^53 they are no longer exact.
                 // (a token budget's month counter adds with saturation and is tested past 2^53:
                 // its limit may be any u64, e.g. one no month reaches)
@@ -389,6 +394,7 @@ mod tests {
             ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncost = 6", "cost: must be at most the limit (5)"),
             ("name = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1000000000", "use sliding_window"),
             ("name = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 50000\ncost = 2000", "use sliding_window"),
+            ("name = \"a\"\nalgorithm = \"concurrency\"\nlimit = 10\ncost = 5", "cost must be 1"),
         ] {
             refused(&format!("[[plans.p.limits]]\n{bad}"), needle);
         }
