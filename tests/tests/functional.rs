@@ -6,6 +6,7 @@
 //! each other: the load-sensitive ones (leases, exactness) never run beside another area's
 //! heavy one. Run one area with `cargo test --release -p tollgate-tests --test functional -- <area>::`.
 
+mod admin_faults;
 mod auth;
 mod batching;
 mod breaker;

@@ -150,7 +150,16 @@ impl Api {
             ("PUT", b) => self.agent.put(&url).header("authorization", &auth).header("content-type", "application/json").send(b.unwrap_or(json!({})).to_string()),
             (_, b) => self.agent.post(&url).header("authorization", &auth).header("content-type", "application/json").send(b.unwrap_or(json!({})).to_string()),
         };
-        let mut resp = resp.with_context(|| format!("cannot reach the admin API at {}", self.base))?;
+        let mut resp = match resp {
+            Ok(r) => r,
+            // the server got the request: a write goes on to its end there (decision 179)
+            Err(ureq::Error::Timeout(_)) if method != "GET" => bail!(
+                "no answer from the admin API at {} within {}s: the change may still take effect; check it (e.g. `tollgate keys list`) before retrying",
+                self.base,
+                CLIENT_TIMEOUT.as_secs()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("cannot reach the admin API at {}", self.base)),
+        };
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -243,11 +252,16 @@ fn admin_token(token: Option<String>, file: Option<&std::path::Path>) -> Result<
     Ok(t.to_string())
 }
 
+/// How long the CLI waits for an answer: longer than the server's own worst case (10 s for
+/// PostgreSQL's connection, 10 s for its query, 5 s for Redis), so a slow write is answered
+/// rather than abandoned.
+const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(45);
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
     let base = cli.admin_url.context("no admin URL: pass --admin-url or set TOLLGATE_ADMIN_URL")?;
     let token = admin_token(cli.token, cli.token_file.as_deref())?;
-    let agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(std::time::Duration::from_secs(15))).build().into();
+    let agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(CLIENT_TIMEOUT)).build().into();
     let api = Api { base, token, agent };
     let j = cli.json;
     const TENANT: &[&str] = &["id", "name", "products"];

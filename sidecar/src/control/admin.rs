@@ -84,6 +84,7 @@ pub fn router(control: Arc<Control>, token: Secret) -> Router {
         .route("/v1/keys/{id}/revoke", post(revoke_key))
         .route("/v1/{kind}", get(list).post(create))
         .route("/v1/{kind}/{id}", get(get_one).put(put).delete(delete))
+        .route_layer(middleware::from_fn(detached))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state);
     // Every error answer JSON, the framework's own included (413 over the body limit, 404, 405).
@@ -96,6 +97,20 @@ pub fn router(control: Arc<Control>, token: Secret) -> Router {
 pub async fn run(listener: tokio::net::TcpListener, router: Router, deadlines: crate::conn::Deadlines, shutdown: CancellationToken) {
     tracing::info!(addr = ?listener.local_addr().ok(), "admin API listening");
     crate::conn::serve(listener, router, deadlines, shutdown).await
+}
+
+/// Runs a write to its end whatever its client does: a write's steps (PostgreSQL, then Redis,
+/// then the announcement, or a revocation's completion on failure) must not stop half-way
+/// because the client gave up and the connection's handler was dropped — PostgreSQL would hold
+/// a revocation Redis never took (decision 179). Reads stay on the connection.
+async fn detached(req: axum::extract::Request, next: middleware::Next) -> Response {
+    if req.method() == axum::http::Method::GET {
+        return next.run(req).await;
+    }
+    match tokio::spawn(next.run(req)).await {
+        Ok(r) => r,
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", None, format!("the write's task ended: {e}")),
+    }
 }
 
 fn reply(status: StatusCode, body: Value) -> Response {
