@@ -180,7 +180,7 @@ impl Sidecar {
 /// Plans tests name for keys that need no limits. A key is made only for a plan the
 /// configuration defines (decision 174), so a test deployment declares these, without limits,
 /// unless the test's own TOML defines them.
-const UNLIMITED_PLANS: [&str; 4] = ["gold", "free", "two", "ip"];
+const UNLIMITED_PLANS: [&str; 6] = ["gold", "free", "two", "ip", "open", "big"];
 
 /// `toml` with an empty `[plans.<name>]` for each of [`UNLIMITED_PLANS`] it does not define.
 fn with_unlimited_plans(toml: &str) -> String {
