@@ -7,7 +7,7 @@
 --
 -- KEYS: the limits' keys, in order. Per kind: fixed 1 (counter), sliding 2 (current, previous
 --       bucket), bucket 1 (hash tokens/ts), log 1 (zset), budget 2 (month counter, reservation),
---       conc 1 (zset of in-flight request ids scored by start ms).
+--       conc 1 (zset of in-flight request ids scored by the ms each slot frees itself).
 -- ARGV[1] now_ms (the sidecar's clock, so tests can drive time)
 -- ARGV[2] request id (log/conc member, reservation value owner)
 -- ARGV[3] n, the number of limits
@@ -159,12 +159,15 @@ local function check(s)
     end
     return used + s.cost <= s.limit, s.limit - used, reset
   elseif s.kind == 'conc' then
-    -- crash-safe: slots of requests that never completed free themselves after the timeout
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - s.window)
+    -- crash-safe: slots of requests that never completed free themselves after the timeout.
+    -- A slot is scored by that moment (its start + this limit's window), so limits of one name
+    -- with two windows (two plans, a route's override) share the set without either freeing
+    -- the other's slots early; the set lives as long as its longest slot (decision 180).
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     local count = redis.call('ZCARD', key)
     s.apply = function()
-      redis.call('ZADD', key, now, rid)
-      redis.call('PEXPIRE', key, s.window)
+      redis.call('ZADD', key, now + s.window, rid)
+      if redis.call('PTTL', key) < s.window then redis.call('PEXPIRE', key, s.window) end
     end
     return count + 1 <= s.limit, s.limit - count, 1000
   end

@@ -124,7 +124,7 @@ async fn token_buckets_lease_what_they_hold_and_refill_after() {
     let lab = lab("[[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 20\nwindow = \"10s\"\nmode = \"leased\"\n").await;
     let l = lease(&lab.ask(100).await).unwrap();
     assert_eq!((l.units, l.ttl_ms), (9, LEASE_MAX_TTL_MS)); // (20 - 1) / 2
-    let bucket = format!("q:rps:{{acme}}:b:k.{}", lab.key_id());
+    let bucket = format!("q:rps:{{acme}}:b:k.{}:20/10000", lab.key_id());
     let tokens: String = lab.cmd(&["HGET", &bucket, "tokens"]);
     assert_eq!(tokens.parse::<f64>().unwrap(), 10.0);
     lab.clock.advance(10_000); // refilled

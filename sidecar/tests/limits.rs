@@ -409,6 +409,48 @@ async fn a_route_applies_its_plan_override_and_requires_the_products_subscriptio
     assert_eq!((d.0, d.1.as_str()), (403, "not_subscribed"));
 }
 
+/// Decision 180: limits of one name in two plans (a key's plan and a route's override) keep
+/// their own state. Before, a concurrency cap's set was pruned by the window of whichever plan
+/// the request had (the 300 s plan freed the 3600 s plan's live slots: a third and a fourth
+/// admitted under a cap of 2), and a token bucket refilled at whichever plan's rate came last
+/// (the 3-an-hour bucket read the 1000-a-second one's tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_of_one_name_in_two_plans_keep_their_own_state() {
+    use serde_json::json;
+    use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
+    let toml = "[[plans.p.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 2\nwindow = \"300s\"\n\
+                [[plans.p.limits]]\nname = \"rate\"\nalgorithm = \"token_bucket\"\nlimit = 1000\nwindow = \"1s\"\n\
+                [[plans.long.limits]]\nname = \"inflight\"\nalgorithm = \"concurrency\"\nlimit = 2\nwindow = \"3600s\"\n\
+                [[plans.long.limits]]\nname = \"rate\"\nalgorithm = \"token_bucket\"\nlimit = 3\nwindow = \"3600s\"\n";
+    let mut lab = lab(toml).key("p").await;
+    let cfg = Config::from_toml(toml).unwrap();
+    let mut s = Snapshot { plans: cfg.plans.clone(), ..Snapshot::default() };
+    for change in [
+        Change::Put(Kind::Products, json!({"id": "jobs"})),
+        Change::Put(Kind::Tenants, json!({"id": "acme", "products": ["jobs"]})),
+        Change::Put(Kind::Routes, json!({"id": "r_long", "cluster": "a", "product": "jobs", "plan": "long"})),
+    ] {
+        s = s.apply(&change).unwrap();
+    }
+    lab.decider.set_routing(tollgate_sidecar::decision::Routing::of(&s, 1));
+
+    // two long jobs start; 301 s later both still run: the key has two in flight, whichever plan
+    let jobs = [ticket_of(&lab.call_on(Some("r_long")).await), ticket_of(&lab.call_on(Some("r_long")).await)];
+    lab.clock.advance(301_000);
+    assert_eq!(denial(&lab.call_on(None).await).1, "concurrency_limited");
+    assert_eq!(denial(&lab.call_on(Some("r_long")).await).1, "concurrency_limited");
+    for ticket in jobs {
+        lab.decider.complete(&Completion { ticket, status: 200, tokens: None }).await.unwrap();
+    }
+    // the long plan's bucket kept its own tokens (3 - 2, plus 301 s of 3 an hour): one more
+    let fast = lab.call_on(None).await;
+    lab.decider.complete(&Completion { ticket: ticket_of(&fast), status: 200, tokens: None }).await.unwrap();
+    let one = lab.call_on(Some("r_long")).await;
+    lab.decider.complete(&Completion { ticket: ticket_of(&one), status: 200, tokens: None }).await.unwrap();
+    let d = denial(&lab.call_on(Some("r_long")).await);
+    assert_eq!((d.1.as_str(), d.2.as_deref()), ("rate_limited", Some("rate")), "{d:?}");
+}
+
 /// Settings of `toml` for deciders of their own on `redis` (no sidecar process).
 fn settings_on(redis: &tollgate_tests::Redis, toml: &str) -> Config {
     let mut cfg = Config::from_toml(toml).unwrap();

@@ -91,9 +91,9 @@ pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
                 let previous = SlidingWindowKey::new(tenant, name, &subject, bucket.saturating_sub(1));
                 (Check::Sliding { current, previous, window_ms: w }, l.cost, None)
             }
-            Algorithm::TokenBucket => (Check::Bucket { key: TokenBucketKey::new(tenant, name, &subject), refill_ms: w }, l.cost, None),
+            Algorithm::TokenBucket => (Check::Bucket { key: TokenBucketKey::new(tenant, name, &subject, l.limit, w), refill_ms: w }, l.cost, None),
             Algorithm::SlidingLog => {
-                (Check::Log { key: SlidingLogKey::new(l.auth_class, tenant, name, &subject), window_ms: w }, l.cost, None)
+                (Check::Log { key: SlidingLogKey::new(l.auth_class, tenant, name, &subject, w), window_ms: w }, l.cost, None)
             }
             Algorithm::TokenBudget => {
                 let (period, to_end) = month_of(ctx.now_ms);
@@ -257,8 +257,8 @@ mod tests {
                 format!("rl:{{acme}}:l:k.key_1:{bucket}"),
                 format!("rate:{{acme}}:l:t:{bucket}"),
                 format!("rate:{{acme}}:l:t:{}", bucket - 1),
-                "q:rps:{acme}:l:ip.10.0.0.9".to_string(),
-                "rl:api:{acme}:l:h.x-user.bob".to_string(),
+                "q:rps:{acme}:l:ip.10.0.0.9:10/60000".to_string(),
+                "rl:api:{acme}:l:h.x-user.bob:60000".to_string(),
                 "q:tokens:{acme}:l:k.key_1:202511".to_string(),
                 "q:reserved:{acme}:l:k.key_1:req-1".to_string(),
                 "q:conc:{acme}:l:k.key_1".to_string(),

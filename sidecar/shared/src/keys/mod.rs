@@ -112,11 +112,13 @@ redis_key!(
     SlidingWindowKey
 );
 redis_key!(
-    /// `q:rps:{tenant}:{limit}:{subject}` — token bucket hash.
+    /// `q:rps:{tenant}:{limit}:{subject}:{capacity}/{refill_ms}` — token bucket hash, one per
+    /// definition: two plans' buckets of one name never share their tokens (decision 180).
     TokenBucketKey
 );
 redis_key!(
-    /// `rl:api:{tenant}:{limit}:{subject}` or `rl:auth:…` — sliding log zset.
+    /// `rl:api:{tenant}:{limit}:{subject}:{window_ms}` or `rl:auth:…` — sliding log zset, one per
+    /// window: a shorter window never prunes a longer one's entries (decision 180).
     SlidingLogKey
 );
 redis_key!(
@@ -129,7 +131,9 @@ redis_key!(
     ReservationKey
 );
 redis_key!(
-    /// `q:conc:{tenant}:{limit}:{subject}` — in-flight request ids scored by start time.
+    /// `q:conc:{tenant}:{limit}:{subject}` — in-flight request ids scored by when each frees itself
+    /// (its start + its limit's window): limits of one name with two windows share the set and
+    /// neither frees the other's slots (decision 180).
     ConcurrencyKey
 );
 
@@ -201,16 +205,16 @@ impl SlidingWindowKey {
 }
 
 impl TokenBucketKey {
-    pub fn new(tenant: &Id, limit: &Id, subject: &Subject) -> Self {
-        Self(format!("q:rps:{}:{limit}:{}", tag(tenant), subject.as_str()))
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, capacity: u64, refill_ms: u64) -> Self {
+        Self(format!("q:rps:{}:{limit}:{}:{capacity}/{refill_ms}", tag(tenant), subject.as_str()))
     }
 }
 
 impl SlidingLogKey {
     /// `auth_class`: the credential-route bucket (`rl:auth:`) instead of `rl:api:`.
-    pub fn new(auth_class: bool, tenant: &Id, limit: &Id, subject: &Subject) -> Self {
+    pub fn new(auth_class: bool, tenant: &Id, limit: &Id, subject: &Subject, window_ms: u64) -> Self {
         let class = if auth_class { "auth" } else { "api" };
-        Self(format!("rl:{class}:{}:{limit}:{}", tag(tenant), subject.as_str()))
+        Self(format!("rl:{class}:{}:{limit}:{}:{window_ms}", tag(tenant), subject.as_str()))
     }
 }
 
@@ -310,9 +314,9 @@ mod tests {
         let k = Subject::key(&Id::parse("key_1").unwrap());
         assert_eq!(FixedWindowKey::new(&t, &l, &k, 29_000_000).as_str(), "rl:{acme}:per-min:k.key_1:29000000");
         assert_eq!(SlidingWindowKey::new(&t, &l, &Subject::tenant(), 7).as_str(), "rate:{acme}:per-min:t:7");
-        assert_eq!(TokenBucketKey::new(&t, &l, &k).as_str(), "q:rps:{acme}:per-min:k.key_1");
-        assert_eq!(SlidingLogKey::new(false, &t, &l, &Subject::ip("10.0.0.1".parse().unwrap())).as_str(), "rl:api:{acme}:per-min:ip.10.0.0.1");
-        assert_eq!(SlidingLogKey::new(true, &t, &l, &k).as_str(), "rl:auth:{acme}:per-min:k.key_1");
+        assert_eq!(TokenBucketKey::new(&t, &l, &k, 10, 60_000).as_str(), "q:rps:{acme}:per-min:k.key_1:10/60000");
+        assert_eq!(SlidingLogKey::new(false, &t, &l, &Subject::ip("10.0.0.1".parse().unwrap()), 60_000).as_str(), "rl:api:{acme}:per-min:ip.10.0.0.1:60000");
+        assert_eq!(SlidingLogKey::new(true, &t, &l, &k, 60_000).as_str(), "rl:auth:{acme}:per-min:k.key_1:60000");
         assert_eq!(TokenBudgetKey::new(&t, &l, &k, 202611).as_str(), "q:tokens:{acme}:per-min:k.key_1:202611");
         assert_eq!(ReservationKey::new(&t, &l, &k, &Id::parse("req-1").unwrap()).as_str(), "q:reserved:{acme}:per-min:k.key_1:req-1");
         assert_eq!(ConcurrencyKey::new(&t, &l, &k).as_str(), "q:conc:{acme}:per-min:k.key_1");
