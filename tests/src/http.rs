@@ -40,6 +40,18 @@ pub fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Resp {
     send("POST", url, headers, Some(body))
 }
 
+/// An admin API call: `method` on `base` + `path` with `token` as bearer, and `body` as JSON for
+/// a POST or PUT (`null` when none is given; GET and DELETE carry none).
+pub fn admin_call(method: &str, base: &str, token: &str, path: &str, body: Option<serde_json::Value>) -> Resp {
+    let auth = format!("Bearer {token}");
+    let mut headers = vec![("authorization", auth.as_str())];
+    let body = matches!(method, "POST" | "PUT").then(|| body.unwrap_or_default().to_string());
+    if body.is_some() {
+        headers.push(("content-type", "application/json"));
+    }
+    send(method, &format!("{base}{path}"), &headers, body.as_deref())
+}
+
 /// `method` (GET, POST, PUT, DELETE, …) on `url` with `headers`, and `body` if any; connection
 /// failures come back as status 0.
 pub fn send(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Resp {

@@ -6,18 +6,12 @@
 use serde_json::json;
 use std::io::{Read, Write};
 use std::time::Duration;
-use tollgate_tests::{get, poll_until, send, Gateway, Resp};
+use tollgate_tests::{admin_call, get, poll_until, Gateway, Resp};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
 fn admin(method: &str, base: &str, path: &str, body: Option<serde_json::Value>) -> Resp {
-    let auth = format!("Bearer {TOKEN}");
-    let mut headers = vec![("authorization", auth.as_str())];
-    let body = matches!(method, "POST" | "PUT").then(|| body.unwrap_or_default().to_string());
-    if body.is_some() {
-        headers.push(("content-type", "application/json"));
-    }
-    send(method, &format!("{base}{path}"), &headers, body.as_deref())
+    admin_call(method, base, TOKEN, path, body)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! offline CLI checks the file's plans the same way.
 
 use serde_json::json;
-use tollgate_tests::{get, send, Gateway, GatewayBuilder, Resp};
+use tollgate_tests::{admin_call, get, Gateway, GatewayBuilder, Resp};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -14,13 +14,7 @@ fn pg_gateway() -> GatewayBuilder {
 }
 
 fn admin(method: &str, base: &str, path: &str, body: Option<serde_json::Value>) -> Resp {
-    let auth = format!("Bearer {TOKEN}");
-    let mut headers = vec![("authorization", auth.as_str())];
-    let body = matches!(method, "POST" | "PUT").then(|| body.unwrap_or_default().to_string());
-    if body.is_some() {
-        headers.push(("content-type", "application/json"));
-    }
-    send(method, &format!("{base}{path}"), &headers, body.as_deref())
+    admin_call(method, base, TOKEN, path, body)
 }
 
 /// Tenant `acme` and plan `p` (a limit of 2 a minute), stored through `base`.
