@@ -17,10 +17,11 @@ fn admin(method: &str, base: &str, path: &str, body: Option<serde_json::Value>) 
     admin_call(method, base, TOKEN, path, body)
 }
 
-/// Tenant `acme` and plan `p` (a limit of 2 a minute), stored through `base`.
+/// Tenant `acme` and plan `p` (a token bucket of 2 an hour: no window boundary to cross
+/// mid-test), stored through `base`.
 fn seed(base: &str) {
     assert_eq!(admin("POST", base, "/v1/tenants", Some(json!({"id": "acme"}))).status, 201);
-    let plan = json!({"id": "p", "limits": [{"name": "pm", "algorithm": "fixed_window", "limit": 2, "window": "60s"}]});
+    let plan = json!({"id": "p", "limits": [{"name": "ph", "algorithm": "token_bucket", "limit": 2, "window": "1h"}]});
     assert_eq!(admin("POST", base, "/v1/plans", Some(plan)).status, 201);
 }
 

@@ -453,8 +453,10 @@ impl Db {
         let rows = self
             .client
             .query(
-                "SELECT day::text, sum(requests_ok)::int8, sum(requests_4xx)::int8, sum(requests_5xx)::int8,
-                        sum(requests_denied)::int8, sum(requests_aborted)::int8, sum(tokens)::int8
+                // each key's day saturates at int8's bound (decision 167): so does their sum
+                "SELECT day::text, LEAST(sum(requests_ok), 9223372036854775807)::int8, LEAST(sum(requests_4xx), 9223372036854775807)::int8,
+                        LEAST(sum(requests_5xx), 9223372036854775807)::int8, LEAST(sum(requests_denied), 9223372036854775807)::int8,
+                        LEAST(sum(requests_aborted), 9223372036854775807)::int8, LEAST(sum(tokens), 9223372036854775807)::int8
                  FROM usage_daily WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date
                  GROUP BY day ORDER BY day",
                 &[&tenant, &from, &to],

@@ -153,7 +153,7 @@ impl Api {
         let mut resp = match resp {
             Ok(r) => r,
             // the server got the request: a write goes on to its end there (decision 179)
-            Err(ureq::Error::Timeout(_)) if method != "GET" => bail!(
+            Err(ureq::Error::Timeout(t)) if method != "GET" && !matches!(t, ureq::Timeout::Connect | ureq::Timeout::Resolve) => bail!(
                 "no answer from the admin API at {} within {}s: the change may still take effect; check it (e.g. `tollgate keys list`) before retrying",
                 self.base,
                 CLIENT_TIMEOUT.as_secs()
@@ -261,7 +261,7 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     let base = cli.admin_url.context("no admin URL: pass --admin-url or set TOLLGATE_ADMIN_URL")?;
     let token = admin_token(cli.token, cli.token_file.as_deref())?;
-    let agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(CLIENT_TIMEOUT)).build().into();
+    let agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(CLIENT_TIMEOUT)).timeout_connect(Some(std::time::Duration::from_secs(5))).build().into();
     let api = Api { base, token, agent };
     let j = cli.json;
     const TENANT: &[&str] = &["id", "name", "products"];

@@ -15,6 +15,7 @@ use crate::decision::unix_now;
 use crate::invalid::{invalid, Invalid};
 use crate::keys::{Id, KeyHash};
 use crate::secret::Secret;
+use tokio_util::task::TaskTracker;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::Uri;
@@ -76,7 +77,10 @@ pub struct AdminState {
     token: Secret,
 }
 
-pub fn router(control: Arc<Control>, token: Secret) -> Router {
+/// The admin API's routes, and the writes under way in tasks of their own (`detached`), which
+/// [`run`] waits for before it returns.
+pub fn router(control: Arc<Control>, token: Secret) -> (Router, TaskTracker) {
+    let writes = TaskTracker::new();
     let state = Arc::new(AdminState { control, token });
     let api = Router::new()
         .route("/v1/version", get(version))
@@ -84,30 +88,40 @@ pub fn router(control: Arc<Control>, token: Secret) -> Router {
         .route("/v1/keys/{id}/revoke", post(revoke_key))
         .route("/v1/{kind}", get(list).post(create))
         .route("/v1/{kind}/{id}", get(get_one).put(put).delete(delete))
-        .route_layer(middleware::from_fn(detached))
+        .route_layer(middleware::from_fn_with_state(writes.clone(), detached))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state);
     // Every error answer JSON, the framework's own included (413 over the body limit, 404, 405).
-    Router::new().route("/openapi.json", get(openapi)).merge(api).layer(middleware::map_response(crate::errors::json_errors))
+    let router = Router::new().route("/openapi.json", get(openapi)).merge(api).layer(middleware::map_response(crate::errors::json_errors));
+    (router, writes)
 }
+
+/// How long a stopping sidecar waits for admin writes under way (each is bounded by its own
+/// deadlines: PostgreSQL's 10 s twice, Redis's).
+const WRITES_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serves the admin API until `shutdown`, then drains, with the filter port's connection
 /// deadlines (crate::conn): a client that sends nothing, or half a request head, is cut off and
 /// never holds a shutdown (`axum::serve` sets no deadline).
-pub async fn run(listener: tokio::net::TcpListener, router: Router, deadlines: crate::conn::Deadlines, shutdown: CancellationToken) {
+pub async fn run(listener: tokio::net::TcpListener, (router, writes): (Router, TaskTracker), deadlines: crate::conn::Deadlines, shutdown: CancellationToken) {
     tracing::info!(addr = ?listener.local_addr().ok(), "admin API listening");
-    crate::conn::serve(listener, router, deadlines, shutdown).await
+    crate::conn::serve(listener, router, deadlines, shutdown).await;
+    // a write whose client left goes on in its task: it ends before the sidecar does
+    writes.close();
+    if tokio::time::timeout(WRITES_GRACE, writes.wait()).await.is_err() {
+        tracing::warn!(left = writes.len(), "admin writes still under way at shutdown were cut off");
+    }
 }
 
 /// Runs a write to its end whatever its client does: a write's steps (PostgreSQL, then Redis,
 /// then the announcement, or a revocation's completion on failure) must not stop half-way
 /// because the client gave up and the connection's handler was dropped — PostgreSQL would hold
 /// a revocation Redis never took (decision 179). Reads stay on the connection.
-async fn detached(req: axum::extract::Request, next: middleware::Next) -> Response {
+async fn detached(State(writes): State<TaskTracker>, req: axum::extract::Request, next: middleware::Next) -> Response {
     if req.method() == axum::http::Method::GET {
         return next.run(req).await;
     }
-    match tokio::spawn(next.run(req)).await {
+    match writes.spawn(next.run(req)).await {
         Ok(r) => r,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", None, format!("the write's task ended: {e}")),
     }

@@ -173,9 +173,12 @@ impl LocalLimits {
         let mut denied = None;
         for &i in which {
             let m = &meta[i];
-            let mut key = format!("{tenant}/{}/{}/{:?}", m.name, m.subject, m.algorithm);
+            // one counter per definition, as in Redis (decision 180): two plans' limits of one
+            // name never reset or refill each other's
+            let def = format!("{:?}/{}/{}", m.algorithm, m.window_ms, m.limit);
+            let mut key = format!("{tenant}/{}/{}/{def}", m.name, m.subject);
             if !st.counters.contains_key(&key) && !self.room(&mut st, tenant, now_ms) {
-                key = format!("{tenant}/{}/{OVERFLOW}/{:?}", m.name, m.algorithm);
+                key = format!("{tenant}/{}/{OVERFLOW}/{def}", m.name);
             }
             let share = self.share(m.limit);
             let held = st.counters.get(&key).map(|(c, _)| *c);
@@ -355,6 +358,19 @@ mod tests {
         assert_eq!(v.states[0].1, LimitState { remaining: 0, reset_ms: 1, would_deny: true });
         assert_eq!(admit(&l, &m, 20, 120_000), 5, "a new window");
         assert_eq!(admit(&l, &m, 20, 120_000), 0);
+    }
+
+    /// Decision 180: limits of one name with two definitions (two plans) count apart. Before,
+    /// they shared one counter, and each plan's window reset the other's count at every switch.
+    #[test]
+    fn limits_of_one_name_in_two_plans_count_apart() {
+        let l = local(1);
+        let (minute, hour) = (meta(Algorithm::FixedWindow, 2, 60_000), meta(Algorithm::FixedWindow, 2, 3_600_000));
+        let mut admitted = 0;
+        for _ in 0..4 {
+            admitted += admit(&l, &minute, 1, 10_000) + admit(&l, &hour, 1, 10_000);
+        }
+        assert_eq!(admitted, 4, "two of each");
     }
 
     #[test]

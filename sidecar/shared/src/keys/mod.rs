@@ -15,13 +15,16 @@
 //! `{keyId}`-style placeholders become `{tenant}:…` here (docs/redis-keys.md says so per row).
 //! - `rl:{tenant}:{limit}:{subject}:{bucket}` — fixed window counter, TTL 2 × window (seed 004).
 //! - `rate:{tenant}:{limit}:{subject}:{bucket}` — sliding-window counter, TTL 2 × window (seed 003).
-//! - `q:rps:{tenant}:{limit}:{subject}` — token bucket hash (tokens, ts), TTL 2 × refill time (seed 000).
-//! - `rl:api|auth:{tenant}:{limit}:{subject}` — sliding log zset, PEXPIRE window (seed 002).
+//! - `q:rps:{tenant}:{limit}:{subject}:{capacity}/{refill_ms}` — token bucket hash (tokens, ts), TTL
+//!   2 × refill time (seed 000, with the bucket's definition after it: decision 180).
+//! - `rl:api|auth:{tenant}:{limit}:{subject}:{window_ms}` — sliding log zset, PEXPIRE window (seed
+//!   002, with the window after it: decision 180).
 //! - `q:tokens:{tenant}:{limit}:{subject}:{yyyyMM}` — monthly token counter, 40 days (seed 000).
 //! - `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — one budget's token reservation by one
 //!   decision, 5 minutes (seed 000). Per budget: each budget of a request settles on its own.
-//! - `q:conc:{tenant}:{limit}:{subject}` — in-flight zset scored by start ms, PEXPIRE slot timeout
-//!   (seed 000 has a Set; a scored zset lets the script prune slots whose completion never came).
+//! - `q:conc:{tenant}:{limit}:{subject}` — in-flight zset scored by the ms each slot frees itself
+//!   (start + its slot timeout; decision 180), PEXPIRE the longest slot timeout (seed 000 has a
+//!   Set; a scored zset lets the script prune slots whose completion never came).
 //! - `dec:{tenant}:{decisionId}` — string, what one allowed decision took (decide.lua writes it in
 //!   the same call), so a decision the filter abandoned can be refunded (refund.lua); 60 s.
 
