@@ -304,6 +304,10 @@ impl DecisionStore for SentTwice {
     async fn barrier(&self) -> bool {
         DecisionStore::barrier(&self.store).await
     }
+
+    async fn replaced_since(&self, t: std::time::Instant) -> bool {
+        DecisionStore::replaced_since(&self.store, t).await
+    }
 }
 
 /// Decision 164: a decision whose script runs twice (sent again after a connection error) takes

@@ -16,7 +16,10 @@
 //! (0.5 s, doubling, at most 10 s apart) until it gives something back, or Redis has answered
 //! twice that there is no record, or five minutes passed. "No record" is trusted only after a
 //! PING on the decisions' own connection was answered ([`DecisionStore::barrier`]): the script,
-//! sent on that connection before it, has run by then — the refund itself goes on the off-path
+//! sent on that connection before it, has run by then — unless that connection was replaced
+//! since the script may have been sent (Cluster, Sentinel: a timed-out connection is replaced in
+//! the background, and the old socket may still deliver it), when "no record" is not trusted
+//! and the refund is tried until [`GIVE_UP_AFTER`] (decision 181) — the refund itself goes on the off-path
 //! connection (decision 141), where a busy request path could be overtaken. A refund is
 //! idempotent (the record is deleted), so trying again never gives back twice.
 //!
@@ -45,6 +48,10 @@ const MAX_WAIT: Duration = Duration::from_secs(10);
 const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 /// Answers of "no record" that settle it: the script did not run.
 const NOTHING_ANSWERS: u32 = 2;
+/// How long before its refund is asked a script may have been sent (the sidecar's own: its
+/// decision deadline; the filter's recheck: its call's timeout, seconds at most): a connection
+/// replaced since then may still hold it (decision 181).
+const SENT_WITHIN: Duration = Duration::from_secs(30);
 
 /// Whether a limits call that failed with `e` may still run in Redis: it was sent and not answered
 /// in time, or its connection dropped after it may have been sent (a reset, a killed client, a
@@ -109,6 +116,7 @@ fn count(source: &'static str, outcome: &'static str) {
 /// Tries the refund until it is settled; the outcome's metric label.
 async fn settle<S: DecisionStore>(store: &S, clock: &dyn Clock, tenant: &Id, id: &Id) -> &'static str {
     let started = Instant::now();
+    let sent_from = started.checked_sub(SENT_WITHIN).unwrap_or(started);
     let (mut wait, mut nothing) = (FIRST_WAIT, 0);
     while started.elapsed() < GIVE_UP_AFTER {
         tokio::time::sleep(wait).await;
@@ -119,6 +127,12 @@ async fn settle<S: DecisionStore>(store: &S, clock: &dyn Clock, tenant: &Id, id:
         }
         match store.refund(tenant, id, clock.now_ms()).await {
             Ok(Refunded::Nothing) => {
+                // the barrier ran on a connection made since the script may have been sent: the
+                // one it went on may still deliver it, so "nothing" settles nothing; tried on
+                // until it gives something back or GIVE_UP_AFTER (decision 181)
+                if store.replaced_since(sent_from).await {
+                    continue;
+                }
                 nothing += 1;
                 if nothing >= NOTHING_ANSWERS {
                     return "nothing";

@@ -11,7 +11,7 @@ use crate::scripts::refund::{self, Refunded};
 use crate::scripts::ScriptError;
 use crate::store::{Store, StoreError};
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The decision path's port to its store. `left` is what remains of the decision's Redis budget
 /// ([`DecisionStore::decision_timeout`]): one deadline for the whole decision, not one per call.
@@ -39,6 +39,11 @@ pub trait DecisionStore: Clone + Send + Sync + 'static {
     /// Whether a command sent now on the decisions' connection is answered: every limits script
     /// sent on it before has run (a late refund trusts "no record" only after it: super::late).
     fn barrier(&self) -> impl Future<Output = bool> + Send;
+
+    /// Whether the decisions' connection in use now was made after `t`: a script sent before on
+    /// the one it replaced may still reach Redis from that connection's socket, and a barrier on
+    /// this one says nothing of it (decision 181).
+    fn replaced_since(&self, t: Instant) -> impl Future<Output = bool> + Send;
 }
 
 impl DecisionStore for Store {
@@ -68,5 +73,9 @@ impl DecisionStore for Store {
 
     async fn barrier(&self) -> bool {
         self.request_path_barrier().await
+    }
+
+    async fn replaced_since(&self, t: Instant) -> bool {
+        self.request_path_made().await.is_some_and(|made| made > t)
     }
 }

@@ -448,3 +448,21 @@ async fn a_filter_refund_that_finds_nothing_is_asked_again_after_a_barrier() {
     assert_eq!(asked.len(), 3, "{asked:?}");
     assert!(asked.iter().all(|(t, d)| t.as_str() == "acme" && d.as_str() == abandoned.decision_id));
 }
+
+/// Decision 181: when the decisions' connection was replaced since the script may have been
+/// sent, two answers of "nothing" settle nothing: the replaced connection's socket may still
+/// deliver the script. The refund is asked again past them (before, the third ask was the last).
+#[tokio::test]
+async fn a_late_refund_keeps_asking_when_the_connection_was_replaced() {
+    let lab = Lab::new(Duration::from_secs(60));
+    let [hash] = lab.active_keys([("kr", "small")]);
+    lab.store.mem().replaced = true;
+    let abandoned = tollgate_wire::refunds::Abandoned { decision_id: "0123456789abcdef0123456789abcdef".into(), key_hash: hash.as_str().into() };
+    assert_eq!(lab.decider.refund(&abandoned).await.unwrap(), crate::scripts::refund::Refunded::Nothing);
+    // the tries come 0.5, 1, 2 and 4 s apart: a fourth ask past two answers of "nothing"
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while lab.store.mem().refunds.len() < 4 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await; // the poll interval of a deadline-bounded wait
+    }
+    assert_eq!(lab.store.mem().refunds.len(), 4, "asked again past two answers of nothing");
+}

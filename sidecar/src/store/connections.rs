@@ -57,6 +57,12 @@ impl Store {
         }
     }
 
+    /// When the request path's connection in use now was made (`None`: none yet). Single mode's
+    /// connection reconnects within itself, unseen here.
+    pub async fn request_path_made(&self) -> Option<Instant> {
+        self.slot(Path::Request).lock().await.made
+    }
+
     /// The state of `path`'s connection.
     pub(super) fn slot(&self, path: Path) -> &Arc<Mutex<ConnState>> {
         match path {

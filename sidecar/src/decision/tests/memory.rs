@@ -35,6 +35,8 @@ pub struct Mem {
     pub completions: Vec<CompleteCall>,
     /// Every refund asked: (tenant, decision id).
     pub refunds: Vec<(Id, Id)>,
+    /// The decisions' connection was replaced (`replaced_since` answers this).
+    pub replaced: bool,
 }
 
 #[derive(Clone, Default)]
@@ -196,5 +198,9 @@ impl DecisionStore for MemoryStore {
 
     async fn barrier(&self) -> bool {
         true
+    }
+
+    async fn replaced_since(&self, _t: std::time::Instant) -> bool {
+        self.mem().replaced
     }
 }
