@@ -76,6 +76,6 @@ impl DecisionStore for Store {
     }
 
     async fn replaced_since(&self, t: Instant) -> bool {
-        self.request_path_made().await.is_some_and(|made| made > t)
+        self.request_path_replaced_at().await.is_some_and(|at| at > t)
     }
 }

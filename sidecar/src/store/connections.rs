@@ -57,10 +57,11 @@ impl Store {
         }
     }
 
-    /// When the request path's connection in use now was made (`None`: none yet). Single mode's
-    /// connection reconnects within itself, unseen here.
-    pub async fn request_path_made(&self) -> Option<Instant> {
-        self.slot(Path::Request).lock().await.made
+    /// When the request path's connection in use now was made, if it replaced another (`None`:
+    /// the first, or none yet). Single mode's connection reconnects within itself, unseen here.
+    pub async fn request_path_replaced_at(&self) -> Option<Instant> {
+        let state = self.slot(Path::Request).lock().await;
+        state.made.filter(|_| state.generation > 1)
     }
 
     /// The state of `path`'s connection.
