@@ -58,16 +58,25 @@ pub fn free_port() -> u16 {
 
 /// Polls `ready` until it returns true or `deadline` passes (then panics naming `what`).
 /// The short pause between polls is the poll interval, not a wait for readiness.
-pub fn poll_until(what: &str, deadline: Duration, mut ready: impl FnMut() -> bool) {
+pub fn poll_until(what: &str, deadline: Duration, ready: impl FnMut() -> bool) {
+    if !poll_for(deadline, ready) {
+        panic!("timed out after {deadline:?} waiting for {what}");
+    }
+}
+
+/// Polls `ready` until it returns true (→ true) or `deadline` passes (→ false), for a caller
+/// that reports what was missing itself.
+pub fn poll_for(deadline: Duration, mut ready: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     let mut pause = Duration::from_millis(2);
     while !ready() {
         if start.elapsed() > deadline {
-            panic!("timed out after {deadline:?} waiting for {what}");
+            return false;
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(50));
     }
+    true
 }
 
 /// A child process that is killed on drop and whose log is printed if the test failed.

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use tollgate_tests::billing::Billing;
 use tollgate_tests::prometheus::{Job, Prometheus};
-use tollgate_tests::{free_port, get, poll_until, root, Gateway, IssuedKey};
+use tollgate_tests::{free_port, get, poll_for, poll_until, root, Gateway, IssuedKey};
 
 fn gateway() -> Gateway {
     Gateway::builder()
@@ -120,33 +120,39 @@ fn prometheus_counts_every_tenants_requests_by_outcome_and_every_dashboard_panel
     let dash: Value = serde_json::from_str(&text).expect("dashboard JSON");
     let panels = dash["panels"].as_array().expect("panels");
     assert!(panels.len() >= 10);
-    let mut empty = vec![];
+    let mut exprs = vec![];
     for panel in panels {
         for target in panel["targets"].as_array().expect("targets") {
             let expr = target["expr"].as_str().expect("expr").replace("$__rate_interval", "2m").replace("$tenant", ".*");
             if expr.contains("tollgate_breaker_") {
                 continue; // no breaker in this gateway (tests/tests/breaker.rs has them)
             }
-            let series = prom.query(&expr);
-            if series.is_empty() {
-                empty.push(expr.clone());
-                continue;
-            }
-            let grouped: BTreeSet<&str> = expr
-                .split("by (")
-                .skip(1)
-                .filter_map(|s| s.split(')').next())
-                .flat_map(|s| s.split(',').map(str::trim))
-                .filter(|l| *l != "le")
-                .collect();
-            for s in &series {
-                for l in &grouped {
-                    assert!(s["metric"].get(*l).is_some(), "panel {:?}: {expr} returned a series without `{l}`: {s}", panel["title"]);
-                }
+            exprs.push((panel["title"].clone(), expr));
+        }
+    }
+    // a `rate()` needs two scrapes of a series: the counters above may have been seen in their
+    // first scrape only, so wait (bounded) for every panel to have data
+    let mut empty = vec![];
+    poll_for(Duration::from_secs(30), || {
+        empty = exprs.iter().filter(|(_, e)| prom.query(e).is_empty()).map(|(_, e)| e.clone()).collect::<Vec<_>>();
+        empty.is_empty()
+    });
+    assert!(empty.is_empty(), "dashboard queries without data: {empty:#?}\n{}", prom.log_text());
+    for (title, expr) in &exprs {
+        let series = prom.query(expr);
+        let grouped: BTreeSet<&str> = expr
+            .split("by (")
+            .skip(1)
+            .filter_map(|s| s.split(')').next())
+            .flat_map(|s| s.split(',').map(str::trim))
+            .filter(|l| *l != "le")
+            .collect();
+        for s in &series {
+            for l in &grouped {
+                assert!(s["metric"].get(*l).is_some(), "panel {title:?}: {expr} returned a series without `{l}`: {s}");
             }
         }
     }
-    assert!(empty.is_empty(), "dashboard queries without data: {empty:#?}\n{}", prom.log_text());
 }
 
 /// Traces (issue 17.6): a request carrying a sampled W3C `traceparent` gets exactly one decision
