@@ -132,6 +132,21 @@ async fn copies_never_undo_a_revocation(store: &Store) {
     assert_eq!(store.lookup(&other.hash).await.unwrap().map(|r| r.status), Some(KeyStatus::Revoked));
 }
 
+/// Every key is listed, whichever node holds it (decision 182): a `SCAN` reaches one node of a
+/// Cluster, so the listing scans every primary.
+async fn every_key_is_listed(store: &Store) {
+    let before = store.list_keys(None).await.unwrap().len();
+    let mut made = std::collections::BTreeSet::new();
+    for n in 0..30 {
+        let key = apikey::issue(Id::parse(&format!("t{}", n % 5)).unwrap(), Id::parse("all").unwrap(), 1, None);
+        store.create_key(&key.hash, &key.record).await.unwrap();
+        made.insert(key.record.key_id);
+    }
+    let listed: std::collections::BTreeSet<_> = store.list_keys(None).await.unwrap().into_iter().map(|r| r.key_id).collect();
+    assert!(made.is_subset(&listed), "{} of 30 listed", made.intersection(&listed).count());
+    assert_eq!(listed.len(), before + 30);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scripts_run_unchanged_on_a_three_master_cluster() {
     let cluster = RedisCluster::start();
@@ -139,6 +154,7 @@ async fn the_scripts_run_unchanged_on_a_three_master_cluster() {
     exercise(&decider, &store).await;
     exercise_lookups(&decider, &store).await;
     copies_never_undo_a_revocation(&store).await;
+    every_key_is_listed(&store).await;
 }
 
 /// A store of `mode` on `nodes` with a 50 ms `redis.timeout` sends an off-path command (a refund's

@@ -112,9 +112,11 @@ impl Store {
         KeyRecord::from_fields(&map).map_err(|e| StoreError::Malformed(e.to_string()))
     }
 
-    /// The records of one tenant's keys, or of every key, sorted by creation time.
+    /// The records of one tenant's keys, or of every key, sorted by creation time. Every key
+    /// is a `SCAN` of the whole keyspace in steps (on every primary of a Cluster), each its own
+    /// command; records are read [`Self::READS_IN_FLIGHT`] at a time.
     pub async fn list_keys(&self, tenant: Option<&Id>) -> Result<Vec<KeyRecord>, StoreError> {
-        let ids: Vec<Id> = match tenant {
+        let mut ids: Vec<Id> = match tenant {
             Some(t) => {
                 let idx = ApiKeyIndexKey::new(t);
                 let members: Vec<String> =
@@ -122,37 +124,32 @@ impl Store {
                 members.iter().filter_map(|m| Id::parse(m)).collect()
             }
             None => {
-                let names: Vec<String> = self
-                    .run_with_deadline("scan", Self::ADMIN_DEADLINE, |mut c| async move {
-                        let mut it = c.scan_match::<_, String>(API_KEY_ID_PATTERN).await?;
-                        let mut out = Vec::new();
-                        while let Some(n) = futures_next(&mut it).await {
-                            out.push(n);
-                        }
-                        Ok(out)
-                    })
-                    .await?;
+                let names = self.scan_names("scan", API_KEY_ID_PATTERN, Self::ADMIN_DEADLINE).await?;
                 names.iter().filter_map(|n| ApiKeyIdKey::key_id_of(n)).collect()
             }
         };
+        // a SCAN may return a name twice
+        ids.sort();
+        ids.dedup();
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let hash = self.hash_of(&id).await?;
-            if let Some(r) = self.lookup_admin(&hash).await? {
-                out.push(r);
+        for chunk in ids.chunks(Self::READS_IN_FLIGHT) {
+            for r in futures::future::join_all(chunk.iter().map(|id| self.record_of(id))).await {
+                out.extend(r?);
             }
         }
         out.sort_by(|a, b| (a.created_at, &a.key_id).cmp(&(b.created_at, &b.key_id)));
         Ok(out)
     }
-}
 
-async fn futures_next<T: redis::FromRedisValue + Unpin + Send>(it: &mut redis::AsyncIter<'_, T>) -> Option<T> {
-    loop {
-        match it.next_item().await {
-            Some(Ok(v)) => return Some(v),
-            Some(Err(_)) => continue,
-            None => return None,
+    /// Records read at once by a listing (each two commands, on the admin connection).
+    const READS_IN_FLIGHT: usize = 64;
+
+    /// The record a listed key id maps to; `None` when the mapping or the record is gone.
+    async fn record_of(&self, id: &Id) -> Result<Option<KeyRecord>, StoreError> {
+        match self.hash_of(id).await {
+            Ok(hash) => self.lookup_admin(&hash).await,
+            Err(StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 }

@@ -22,6 +22,7 @@
 
 mod apikeys;
 mod connections;
+mod scan;
 
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
