@@ -23,6 +23,7 @@ pub fn usage_event(tenant: &str, seq: u64) -> UsageEvent {
         start_ms: DAY + seq,
         duration_ms: 3,
         tokens: Some(seq),
+        tokens_unread: false,
         request_bytes: Some(100),
         response_bytes: Some(200),
         ..UsageEvent::default()

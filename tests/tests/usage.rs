@@ -126,6 +126,26 @@ fn every_request_becomes_one_event_and_the_rollup_matches_the_traffic() {
     assert_eq!(s.envoy().counter("wasmcustom.tollgate.usage.dropped"), 0);
 }
 
+/// Decision 183: a response too large to read for its usage (a 1.2 MB JSON document) is billed
+/// as unread, apart from one read and holding no tokens; before, both were 0 tokens alike.
+#[test]
+fn a_response_whose_usage_could_not_be_read_is_billed_as_unread() {
+    let s = gateway("");
+    let key = s.sidecar().create_key("acme", "big", &[]);
+    assert_eq!(call(s.envoy(), &key, &[("x-echo-usage", "7")]), 200);
+    assert_eq!(call(s.envoy(), &key, &[("x-echo-usage", "9"), ("x-echo-pad", "600000")]), 200);
+    assert_eq!(call(s.envoy(), &key, &[]), 200);
+    let unread = "SELECT coalesce(sum(requests_tokens_unread), 0) FROM usage_daily WHERE tenant = 'acme'";
+    poll_until("the rollup", Duration::from_secs(60), || rollup(s.pg()).get("acme").map(|r| r[0]) == Some(3));
+    assert_eq!(rollup(s.pg())["acme"][5], 7);
+    assert_eq!(psql_i64(s.pg(), unread), 1);
+    let got = read_topic(&s.broker().brokers(), "usage_events", 3, Duration::from_secs(30));
+    let mut said: Vec<(Option<u64>, bool)> =
+        got.iter().map(|(_, v)| serde_json::from_str::<UsageEvent>(v).unwrap()).map(|e| (e.tokens, e.tokens_unread)).collect();
+    said.sort();
+    assert_eq!(said, [(None, false), (None, true), (Some(7), false)]);
+}
+
 #[test]
 fn a_broker_outage_during_traffic_loses_nothing_and_counts_nothing_twice() {
     let mut s = gateway("");

@@ -358,6 +358,7 @@ pub(crate) mod tests {
                 start_ms: 1,
                 duration_ms: 0,
                 tokens: None,
+                tokens_unread: false,
                 request_bytes: None,
                 response_bytes: None,
                 denied: None,

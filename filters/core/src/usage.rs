@@ -192,6 +192,15 @@ impl RequestInfo {
     }
 }
 
+/// What a request's response said of its token usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUse {
+    /// The tokens it used, when known.
+    pub count: Option<u64>,
+    /// It was to be read and could not be (`UsageEvent::tokens_unread`).
+    pub unread: bool,
+}
+
 impl Meter {
     /// Records the usage event of a request that ended with `status`.
     pub fn record_request(
@@ -200,7 +209,7 @@ impl Meter {
         request: RequestInfo,
         who: Identity,
         status: u16,
-        tokens: Option<u64>,
+        tokens: TokenUse,
         route: Option<&RouteSpec>,
     ) {
         let event = UsageEvent {
@@ -214,7 +223,8 @@ impl Meter {
             status,
             start_ms: request.start_ms,
             duration_ms: host.now_ms().saturating_sub(request.start_ms),
-            tokens,
+            tokens: tokens.count,
+            tokens_unread: tokens.unread,
             request_bytes: int_property(host.property(&["request", "total_size"])),
             response_bytes: int_property(host.property(&["response", "total_size"])),
             denied: None,

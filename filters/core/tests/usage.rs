@@ -179,6 +179,39 @@ fn the_usage_of_an_event_stream_longer_than_the_body_bound_is_read() {
     assert_eq!(events(&m)[0].tokens, Some(4321));
 }
 
+/// Decision 183: a response whose usage could not be read says so on its event — a JSON
+/// document over the body bound, an event stream the client left before its end — and one read
+/// and holding no usage (an upstream's error) does not. Before, all three were metered alike,
+/// with no tokens.
+#[test]
+fn an_event_says_when_its_token_usage_could_not_be_read() {
+    let m = meter();
+    let (mut f, mut host) = with_key(metered(METERED, &m));
+    f.on_sidecar_response(&mut host, 1, Some(200), allow());
+    let big = format!(r#"{{"pad":"{}","usage":{{"total_tokens":9}}}}"#, "x".repeat(1100 << 10));
+    respond(&mut f, &mut host, "200", "application/json", big.as_bytes());
+    f.on_log(&mut host);
+    // an error without `usage`, read whole
+    let mut host = MockHost::next_request(&host).with_header("x-api-key", KEY);
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    respond(&mut f, &mut host, "400", "application/json", br#"{"error":{"message":"bad"}}"#);
+    f.on_log(&mut host);
+    // a stream the client left before its last frame
+    let mut host = MockHost::next_request(&host).with_header("x-api-key", KEY);
+    let mut f = metered(METERED, &m);
+    f.on_request_headers(&mut host, true);
+    host.upstream_response = vec![(":status".into(), "200".into()), ("content-type".into(), "text/event-stream".into())];
+    f.on_response_headers(&mut host, false);
+    let frame = b"data: {\"choices\":[]}\n\n";
+    host.response_chunk = frame.to_vec();
+    f.on_response_body(&mut host, frame.len(), false);
+    f.on_log(&mut host);
+    let e = events(&m);
+    let said: Vec<(u16, Option<u64>, bool)> = e.iter().map(|e| (e.status, e.tokens, e.tokens_unread)).collect();
+    assert_eq!(said, [(200, None, true), (400, None, false), (200, None, true)]);
+}
+
 #[test]
 fn a_full_queue_drops_the_oldest_and_counts_them() {
     let m = Rc::new(RefCell::new(Meter::new(2, 1)));

@@ -70,6 +70,12 @@ pub struct UsageEvent {
     /// Tokens used (`usage.total_tokens` of an LLM response), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
+    /// The response was to be read for its token usage and could not be (a JSON document over
+    /// the filter's bound, a stream the client left before its end, a chunk Envoy would not
+    /// give): `tokens` is absent for that reason, not because the upstream reported none
+    /// (decision 183). A token budget was charged its reservation for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tokens_unread: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -264,12 +270,23 @@ mod tests {
             start_ms: 1_764_460_800_000,
             duration_ms: 12,
             tokens: Some(42),
+            tokens_unread: false,
             request_bytes: None,
             response_bytes: Some(300),
             denied: None,
             route: None,
             product: None,
         }
+    }
+
+    #[test]
+    fn unread_tokens_are_said_only_when_so() {
+        let unread = UsageEvent { tokens: None, tokens_unread: true, ..event() };
+        let s = serde_json::to_string(&unread).unwrap();
+        assert!(s.contains(r#""tokensUnread":true"#), "{s}");
+        assert_eq!(serde_json::from_str::<UsageEvent>(&s).unwrap(), unread);
+        // absent: read (an event of an older gateway, too)
+        assert!(!serde_json::to_string(&event()).unwrap().contains("tokensUnread"));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - `usage_events` — one row per event id (primary key): the deduplication set and the audit
 //!   trail, pruned after `events_retention`.
 //! - `usage_daily` — `(day, tenant, key_id)` → `requests_ok`, `requests_4xx`, `requests_5xx`,
-//!   `requests_denied`, `requests_aborted`, `tokens`, `request_bytes`, `response_bytes`. Billing
+//!   `requests_denied`, `requests_aborted`, `tokens`, `request_bytes`, `response_bytes`,
+//!   `requests_tokens_unread` (decision 183: added to an older table by `migrate`). Billing
 //!   reads this (seed 004's `usage_daily`; billable requests are ok + 4xx).
 //! - `usage_aggregates` — one row per aggregate id (`tollgate.usage.aggregate.v1`: a high-rate
 //!   tenant's events of one second combined by the gateway): the deduplication set of aggregates,
@@ -43,6 +44,7 @@ CREATE TABLE IF NOT EXISTS usage_events (
     response_bytes bigint,
     received_at    timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE usage_events ADD COLUMN IF NOT EXISTS tokens_unread boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS usage_events_received ON usage_events (received_at);
 CREATE TABLE IF NOT EXISTS usage_daily (
     day              date NOT NULL,
@@ -59,6 +61,7 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (day, tenant, key_id)
 );
+ALTER TABLE usage_daily ADD COLUMN IF NOT EXISTS requests_tokens_unread bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS usage_aggregates (
     aggregate_id text PRIMARY KEY,
     day          date NOT NULL,
@@ -85,6 +88,8 @@ CREATE TABLE IF NOT EXISTS usage_rejects (
 pub struct Rollup {
     pub by_class: [i64; 5],
     pub tokens: i64,
+    /// Requests whose token usage could not be read (decision 183): not in `tokens`.
+    pub tokens_unread: i64,
     pub request_bytes: i64,
     pub response_bytes: i64,
 }
@@ -135,6 +140,7 @@ pub fn rollup<'a>(events: impl IntoIterator<Item = &'a UsageEvent>) -> BTreeMap<
         let r = out.entry((e.day().iso(), e.tenant.clone(), e.key_id.clone())).or_default();
         r.by_class[class_index(e.class())] += 1;
         r.tokens = r.tokens.saturating_add(tokens_i64(e.tokens.unwrap_or(0)));
+        r.tokens_unread += i64::from(e.tokens_unread);
         r.request_bytes = r.request_bytes.saturating_add(count_i64(e.request_bytes.unwrap_or(0)));
         r.response_bytes = r.response_bytes.saturating_add(count_i64(e.response_bytes.unwrap_or(0)));
     }
@@ -151,6 +157,7 @@ pub fn rollup_aggregates<'a>(out: &mut BTreeMap<(String, String, String), Rollup
                 r.by_class[i] = r.by_class[i].saturating_add(count_i64(k.requests.get(*class)));
             }
             r.tokens = r.tokens.saturating_add(tokens_i64(k.tokens));
+            r.tokens_unread = r.tokens_unread.saturating_add(count_i64(k.tokens_unread));
             r.request_bytes = r.request_bytes.saturating_add(count_i64(k.request_bytes));
             r.response_bytes = r.response_bytes.saturating_add(count_i64(k.response_bytes));
         }
@@ -312,6 +319,7 @@ impl Db {
         let (mut day, mut tenant, mut key_id, mut plan, mut class) = (vec![], vec![], vec![], vec![], vec![]);
         let (mut status, mut denied, mut method, mut authority, mut path) = (vec![], vec![], vec![], vec![], vec![]);
         let (mut start, mut duration, mut tokens, mut req_b, mut resp_b) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut unread = vec![];
         for e in &events {
             ids.push(e.id.clone());
             day.push(e.day().iso());
@@ -327,24 +335,26 @@ impl Db {
             start.push(e.start_ms as i64);
             duration.push(e.duration_ms as i64);
             tokens.push(e.tokens.map(tokens_i64));
+            unread.push(e.tokens_unread);
             req_b.push(e.request_bytes.map(|n| n as i64));
             resp_b.push(e.response_bytes.map(|n| n as i64));
         }
         let rows = tx
             .query(
                 "INSERT INTO usage_events (event_id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
-                                           start_ms, duration_ms, tokens, request_bytes, response_bytes)
+                                           start_ms, duration_ms, tokens, request_bytes, response_bytes, tokens_unread)
                  SELECT u.id, u.day::date, u.tenant, u.key_id, u.plan, u.class, u.status, u.denied, u.method, u.authority,
-                        u.path, u.start_ms, u.duration_ms, u.tokens, u.req_b, u.resp_b
+                        u.path, u.start_ms, u.duration_ms, u.tokens, u.req_b, u.resp_b, u.unread
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int4[], $8::text[],
-                             $9::text[], $10::text[], $11::text[], $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::int8[])
+                             $9::text[], $10::text[], $11::text[], $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::int8[],
+                             $17::bool[])
                       AS u(id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
-                           start_ms, duration_ms, tokens, req_b, resp_b)
+                           start_ms, duration_ms, tokens, req_b, resp_b, unread)
                  ON CONFLICT (event_id) DO NOTHING
                  RETURNING event_id",
                 &[
                     &ids, &day, &tenant, &key_id, &plan, &class, &status, &denied, &method, &authority, &path, &start,
-                    &duration, &tokens, &req_b, &resp_b,
+                    &duration, &tokens, &req_b, &resp_b, &unread,
                 ],
             )
             .await?;
@@ -378,7 +388,7 @@ impl Db {
         }
         if !increments.is_empty() {
             let (mut d, mut t, mut k) = (vec![], vec![], vec![]);
-            let mut cols: [Vec<i64>; 8] = Default::default();
+            let mut cols: [Vec<i64>; 9] = Default::default();
             for ((day, tenant, key), r) in &increments {
                 d.push(day.clone());
                 t.push(tenant.clone());
@@ -389,13 +399,14 @@ impl Db {
                 cols[5].push(r.tokens);
                 cols[6].push(r.request_bytes);
                 cols[7].push(r.response_bytes);
+                cols[8].push(r.tokens_unread);
             }
             tx.execute(
                 "INSERT INTO usage_daily AS d (day, tenant, key_id, requests_ok, requests_4xx, requests_5xx, requests_denied,
-                                               requests_aborted, tokens, request_bytes, response_bytes)
-                 SELECT u.day::date, u.tenant, u.key_id, u.ok, u.c4, u.c5, u.dn, u.ab, u.tk, u.rq, u.rs
+                                               requests_aborted, tokens, request_bytes, response_bytes, requests_tokens_unread)
+                 SELECT u.day::date, u.tenant, u.key_id, u.ok, u.c4, u.c5, u.dn, u.ab, u.tk, u.rq, u.rs, u.tu
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
-                             $9::int8[], $10::int8[], $11::int8[]) AS u(day, tenant, key_id, ok, c4, c5, dn, ab, tk, rq, rs)
+                             $9::int8[], $10::int8[], $11::int8[], $12::int8[]) AS u(day, tenant, key_id, ok, c4, c5, dn, ab, tk, rq, rs, tu)
                  ON CONFLICT (day, tenant, key_id) DO UPDATE SET
                      requests_ok = LEAST(d.requests_ok::numeric + EXCLUDED.requests_ok, 9223372036854775807)::int8,
                      requests_4xx = LEAST(d.requests_4xx::numeric + EXCLUDED.requests_4xx, 9223372036854775807)::int8,
@@ -405,8 +416,9 @@ impl Db {
                      tokens = LEAST(d.tokens::numeric + EXCLUDED.tokens, 9223372036854775807)::int8,
                      request_bytes = LEAST(d.request_bytes::numeric + EXCLUDED.request_bytes, 9223372036854775807)::int8,
                      response_bytes = LEAST(d.response_bytes::numeric + EXCLUDED.response_bytes, 9223372036854775807)::int8,
+                     requests_tokens_unread = LEAST(d.requests_tokens_unread::numeric + EXCLUDED.requests_tokens_unread, 9223372036854775807)::int8,
                      updated_at = now()",
-                &[&d, &t, &k, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5], &cols[6], &cols[7]],
+                &[&d, &t, &k, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5], &cols[6], &cols[7], &cols[8]],
             )
             .await?;
         }
@@ -448,15 +460,16 @@ impl Db {
     }
 
     /// The rollup of one tenant, per day (summed over keys), from `from` to `to` (`yyyy-MM-dd`,
-    /// inclusive): `(day, [ok, 4xx, 5xx, denied, aborted], tokens)`.
-    pub async fn daily(&self, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5], i64)>, tokio_postgres::Error> {
+    /// inclusive): `(day, [ok, 4xx, 5xx, denied, aborted], tokens, requests whose tokens were unread)`.
+    pub async fn daily(&self, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5], i64, i64)>, tokio_postgres::Error> {
         let rows = self
             .client
             .query(
                 // each key's day saturates at int8's bound (decision 167): so does their sum
                 "SELECT day::text, LEAST(sum(requests_ok), 9223372036854775807)::int8, LEAST(sum(requests_4xx), 9223372036854775807)::int8,
                         LEAST(sum(requests_5xx), 9223372036854775807)::int8, LEAST(sum(requests_denied), 9223372036854775807)::int8,
-                        LEAST(sum(requests_aborted), 9223372036854775807)::int8, LEAST(sum(tokens), 9223372036854775807)::int8
+                        LEAST(sum(requests_aborted), 9223372036854775807)::int8, LEAST(sum(tokens), 9223372036854775807)::int8,
+                        LEAST(sum(requests_tokens_unread), 9223372036854775807)::int8
                  FROM usage_daily WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date
                  GROUP BY day ORDER BY day",
                 &[&tenant, &from, &to],
@@ -464,7 +477,7 @@ impl Db {
             .await?;
         Ok(rows
             .iter()
-            .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)], r.get(6)))
+            .map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)], r.get(6), r.get(7)))
             .collect())
     }
 }
@@ -486,6 +499,7 @@ mod tests {
             start_ms: ms,
             duration_ms: 0,
             tokens,
+            tokens_unread: false,
             request_bytes: Some(10),
             response_bytes: None,
             denied: None,

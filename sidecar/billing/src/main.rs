@@ -94,5 +94,8 @@ async fn usage(config: &Config, tenant: &str, day: Option<String>, month: Option
     let c = t.by_class;
     println!("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}", "TOTAL", c[0], c[1], c[2], c[3], c[4], t.tokens);
     println!("billable requests (ok + 4xx): {}", t.billable());
+    if t.tokens_unread > 0 {
+        println!("requests whose token usage could not be read (not in TOKENS): {}", t.tokens_unread);
+    }
     Ok(())
 }

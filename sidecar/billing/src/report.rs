@@ -13,6 +13,9 @@ use tollgate_wire::usage::{Day, UsageClass};
 pub struct DayUsage {
     pub by_class: [i64; 5],
     pub tokens: i64,
+    /// Requests whose token usage could not be read (decision 183; the rollup's alone: the
+    /// Redis meter does not count them).
+    pub tokens_unread: i64,
 }
 
 impl DayUsage {
@@ -29,6 +32,7 @@ impl DayUsage {
             out.by_class[i] = out.by_class[i].max(other.by_class[i]);
         }
         out.tokens = out.tokens.max(other.tokens);
+        out.tokens_unread = out.tokens_unread.max(other.tokens_unread);
         out
     }
 
@@ -62,6 +66,7 @@ pub fn month_total(days: &BTreeMap<String, DayUsage>) -> DayUsage {
         }
         // a day saturates at i64::MAX (decision 167): so does the month, never wrapping
         t.tokens = t.tokens.saturating_add(d.tokens);
+        t.tokens_unread = t.tokens_unread.saturating_add(d.tokens_unread);
     }
     t
 }
@@ -122,7 +127,7 @@ pub async fn usage(
         .daily(tenant, from, to)
         .await?
         .into_iter()
-        .map(|(d, c, t)| (d, DayUsage { by_class: c, tokens: t }))
+        .map(|(d, c, t, u)| (d, DayUsage { by_class: c, tokens: t, tokens_unread: u }))
         .collect();
     let mut meter = BTreeMap::new();
     if let Some(conn) = redis {
@@ -144,7 +149,7 @@ mod tests {
     use super::*;
 
     fn d(ok: i64, c4: i64, tokens: i64) -> DayUsage {
-        DayUsage { by_class: [ok, c4, 0, 0, 0], tokens }
+        DayUsage { by_class: [ok, c4, 0, 0, 0], tokens, tokens_unread: 0 }
     }
 
     #[test]
@@ -174,7 +179,7 @@ mod tests {
 
     #[test]
     fn a_month_of_saturated_days_saturates_and_never_wraps() {
-        let full = DayUsage { by_class: [i64::MAX, i64::MAX, 0, 0, 0], tokens: i64::MAX };
+        let full = DayUsage { by_class: [i64::MAX, i64::MAX, 0, 0, 0], tokens: i64::MAX, tokens_unread: 0 };
         let days: BTreeMap<String, DayUsage> = [("2025-11-01".to_string(), full), ("2025-11-02".to_string(), d(1, 1, 1))].into();
         let month = month_total(&days);
         assert_eq!((month.by_class[0], month.tokens, month.billable()), (i64::MAX, i64::MAX, i64::MAX));
@@ -183,6 +188,6 @@ mod tests {
     #[test]
     fn meter_hashes_are_read_by_class_name() {
         let m: HashMap<String, i64> = [("ok".into(), 4), ("5xx".into(), 1), ("tokens".into(), 9)].into();
-        assert_eq!(DayUsage::from_meter(&m), DayUsage { by_class: [4, 0, 1, 0, 0], tokens: 9 });
+        assert_eq!(DayUsage::from_meter(&m), DayUsage { by_class: [4, 0, 1, 0, 0], tokens: 9, tokens_unread: 0 });
     }
 }

@@ -31,6 +31,7 @@ fn event(tenant: &str, n: u64) -> UsageEvent {
         start_ms: DAY + n * 1000,
         duration_ms: 2,
         tokens: Some(10),
+        tokens_unread: false,
         request_bytes: Some(50),
         response_bytes: Some(70),
         denied: None,
@@ -135,7 +136,7 @@ fn a_message_postgres_will_not_take_never_stops_billing() {
     let refused = event("refused", 102);
     msgs.extend(messages(&[nul_path, far, refused]));
     let requests = ClassCounts { ok: 1, ..ClassCounts::default() };
-    let key = KeyUsage { key_id: "key_\u{0}".into(), plan: "gold".into(), count: 1, requests, tokens: 0, request_bytes: 0, response_bytes: 0 };
+    let key = KeyUsage { key_id: "key_\u{0}".into(), plan: "gold".into(), count: 1, requests, tokens: 0, tokens_unread: 0, request_bytes: 0, response_bytes: 0 };
     let aggregate = UsageAggregate { id: format!("agg_{}", "ab".repeat(16)), tenant: "acme".into(), second_ms: DAY, count: 1, keys: vec![key] };
     msgs.push(("acme".into(), serde_json::to_vec(&aggregate).unwrap()));
     msgs.extend(messages(&good[5..]));
@@ -225,4 +226,36 @@ fn the_monthly_quota_reads_the_larger_of_meter_and_rollup_and_survives_a_wiped_r
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("2025-11-29") && text.contains("2025-11-30"), "{text}");
     assert!(text.contains("billable requests (ok + 4xx): 28"), "{text}");
+}
+
+/// Decision 183: requests whose token usage the gateway could not read are counted apart, from
+/// events and from aggregates alike, on a database made before the count existed (the consumer
+/// adds its columns), and the usage report says how many there were. Before, they were summed
+/// as 0 tokens with nothing to tell them apart.
+#[test]
+fn requests_whose_token_usage_was_unread_are_counted_apart() {
+    use tollgate_shared::aggregate::{ClassCounts, KeyUsage, UsageAggregate};
+    let (broker, pg) = (Broker::start(), Postgres::start());
+    create_topic(&broker.brokers(), "usage_u", 1);
+    // the schema as an older consumer made it
+    let old: String = tollgate_billing::db::SCHEMA.lines().filter(|l| !l.starts_with("ALTER TABLE")).collect::<Vec<_>>().join("\n");
+    assert!(psql(&pg, &old).is_some(), "the old schema");
+    let mut events: Vec<UsageEvent> = (0..3).map(|n| event("acme", n + 2)).collect();
+    events[1].tokens = None;
+    events[1].tokens_unread = true;
+    let mut msgs = messages(&events);
+    let requests = ClassCounts { ok: 3, ..ClassCounts::default() };
+    let key = KeyUsage { key_id: "key_1".into(), plan: "gold".into(), count: 3, requests, tokens: 20, tokens_unread: 2, request_bytes: 0, response_bytes: 0 };
+    let aggregate = UsageAggregate { id: format!("agg_{}", "cd".repeat(16)), tenant: "acme".into(), second_ms: DAY, count: 3, keys: vec![key] };
+    msgs.push(("acme".into(), serde_json::to_vec(&aggregate).unwrap()));
+    produce(&broker.brokers(), "usage_u", &msgs);
+    let billing = Billing::start(&broker.brokers(), "usage_u", "billing-u", &pg, &[]);
+    poll_until("the rollup", Duration::from_secs(60), || totals(&pg, "acme").map(|t| t.0) == Some(6));
+    assert_eq!(totals(&pg, "acme").unwrap().4, 10 + 10 + 20, "unread ones add no tokens");
+    assert_eq!(psql_i64(&pg, "SELECT sum(requests_tokens_unread) FROM usage_daily WHERE tenant = 'acme'"), 3);
+    assert_eq!(psql_i64(&pg, "SELECT count(*) FROM usage_events WHERE tokens_unread"), 1);
+    let out = billing.cli(&["usage", "--tenant", "acme", "--month", "2025-11"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("requests whose token usage could not be read (not in TOKENS): 3"), "{text}");
 }

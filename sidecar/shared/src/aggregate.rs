@@ -96,6 +96,10 @@ pub struct KeyUsage {
     pub requests: ClassCounts,
     #[serde(default)]
     pub tokens: u64,
+    /// Events whose token usage could not be read (`UsageEvent::tokens_unread`, decision 183);
+    /// absent: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_unread: u64,
     #[serde(default)]
     pub request_bytes: u64,
     #[serde(default)]
@@ -133,6 +137,7 @@ impl UsageAggregate {
         }
         let key_ok = |k: &KeyUsage| {
             crate::keys::Id::parse(&k.key_id).is_some() && crate::keys::Id::parse(&k.plan).is_some() && k.count == k.requests.total()
+                && k.tokens_unread <= k.count
         };
         if self.keys.is_empty() || !self.keys.iter().all(key_ok) {
             return Some("keys");
@@ -213,6 +218,8 @@ struct Line<'a> {
     #[serde(default)]
     tokens: Option<u64>,
     #[serde(default)]
+    tokens_unread: bool,
+    #[serde(default)]
     request_bytes: Option<u64>,
     #[serde(default)]
     response_bytes: Option<u64>,
@@ -239,6 +246,7 @@ struct Row<'a> {
     count: u64,
     requests: ClassCounts,
     tokens: u64,
+    tokens_unread: u64,
     request_bytes: u64,
     response_bytes: u64,
     /// The ids of the row's events, in segment order.
@@ -297,6 +305,7 @@ pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
                 count: 0,
                 requests: ClassCounts::default(),
                 tokens: 0,
+                tokens_unread: 0,
                 request_bytes: 0,
                 response_bytes: 0,
                 ids: Sha256::new(),
@@ -309,6 +318,7 @@ pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
         // saturating, and tokens clamped: a spool line is bytes from disk, its numbers are not
         // trusted to sum within u64 (found by fuzzing, `spool_lines`; a wrapped sum would bill too little)
         row.tokens = row.tokens.saturating_add(line.tokens.unwrap_or(0).min(tollgate_wire::usage::MAX_TOKENS));
+        row.tokens_unread += u64::from(line.tokens_unread);
         row.request_bytes = row.request_bytes.saturating_add(line.request_bytes.unwrap_or(0));
         row.response_bytes = row.response_bytes.saturating_add(line.response_bytes.unwrap_or(0));
         row.ids.update(line.id.as_bytes());
@@ -332,6 +342,7 @@ pub fn plan_segment(lines: &[Vec<u8>]) -> SegmentPlan {
                             count: r.count,
                             requests: r.requests,
                             tokens: r.tokens,
+                            tokens_unread: r.tokens_unread,
                             request_bytes: r.request_bytes,
                             response_bytes: r.response_bytes,
                         };
@@ -375,6 +386,10 @@ pub fn aggregate_id(tenant: &str, second_ms: u64, row_digests: &[[u8; 32]]) -> S
         out.push_str(&format!("{b:02x}"));
     }
     out
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]
@@ -547,11 +562,30 @@ mod tests {
             (Box::new(|a| a.id = "e0000001".into()), "id"),
             (Box::new(|a| a.tenant.clear()), "tenant"),
             (Box::new(|a| a.second_ms += 1), "secondMs"),
+            (Box::new(|a| a.keys[0].tokens_unread = a.keys[0].count + 1), "keys"),
         ];
         for (change, reason) in cases {
             let mut a = good.clone();
             change(&mut a);
             assert_eq!(a.invalid_reason(), Some(reason));
         }
+    }
+
+    /// Decision 183: the events whose token usage could not be read are counted per key, and an
+    /// aggregate without any says nothing of them (its bytes as before).
+    #[test]
+    fn unread_token_usage_is_counted_per_key() {
+        let mut events: Vec<UsageEvent> = (0..4).map(|i| ev(&format!("e{i:07}"), "hot", "k", 200, SEC)).collect();
+        for e in &mut events[1..3] {
+            e.tokens = None;
+            e.tokens_unread = true;
+        }
+        let Outgoing::Aggregate(a) = plan_segment(&lines(&events, &[true; 4])).messages.remove(0) else { panic!() };
+        assert_eq!((a.keys[0].count, a.keys[0].tokens, a.keys[0].tokens_unread), (4, 6, 2));
+        assert_eq!(a.invalid_reason(), None);
+        let back: UsageAggregate = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back, a);
+        let Outgoing::Aggregate(none) = plan_segment(&lines(&events[..1], &[true])).messages.remove(0) else { panic!() };
+        assert!(!serde_json::to_string(&none).unwrap().contains("tokensUnread"));
     }
 }

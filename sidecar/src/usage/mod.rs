@@ -355,6 +355,7 @@ pub fn denial_event(
         start_ms: now_ms,
         duration_ms: 0,
         tokens: None,
+        tokens_unread: false,
         request_bytes: None,
         response_bytes: None,
         denied: Some(code.into()),

@@ -36,7 +36,7 @@ use crate::responses::LookupPlan;
 use crate::routing::{Routed, WorkerRoutes};
 use crate::shared_keys::{self, SharedKey};
 use crate::stats::{DenyReason, Metric};
-use crate::usage::{Identity, Meter, RequestInfo};
+use crate::usage::{Identity, Meter, RequestInfo, TokenUse};
 use decision::{Decision, Denial, Grant, Source};
 use hold::EndHold;
 use response::ResponseSide;
@@ -530,6 +530,7 @@ impl AuthFilter {
             self.worker.completions.borrow_mut().push(Completion { ticket, status, tokens });
         }
         if let (Some(meter), Some(request), Some(who)) = (&self.worker.meter, self.request.take(), self.response.identity.take()) {
+            let tokens = TokenUse { count: tokens, unread: self.response.tokens_unread };
             meter.borrow_mut().record_request(host, request, who, status, tokens, self.route());
         }
     }

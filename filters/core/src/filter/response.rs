@@ -46,6 +46,11 @@ pub struct ResponseSide {
     pub kept: Kept,
     /// The kept body lost its front (an event stream kept only for its usage): never stored.
     cut: bool,
+    /// The response's end went by (its last body chunk, headers that end it, a replay).
+    ended: bool,
+    /// Set by [`ResponseSide::finish`]: token usage was to be read and could not be (the body
+    /// not kept whole, or the response cut short), as opposed to read and absent.
+    pub tokens_unread: bool,
 }
 
 impl Default for ResponseSide {
@@ -65,6 +70,8 @@ impl Default for ResponseSide {
             pending_store: None,
             kept: Kept::default(),
             cut: false,
+            ended: false,
+            tokens_unread: false,
         }
     }
 }
@@ -86,6 +93,7 @@ impl ResponseSide {
             // our own local reply: its headers are complete already
             return;
         }
+        self.ended |= end_of_stream;
         if let Some(p) = &mut self.pending_store {
             let status = host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
             // An upstream may send any byte in a header value (Latin-1, say). Such a response is
@@ -144,6 +152,7 @@ impl ResponseSide {
         if self.replayed {
             return;
         }
+        self.ended |= end_of_stream;
         // An event stream read for token usage: its usage comes in its last frames, so only its
         // last SSE_TAIL bytes are kept, however long it streams (decision 170). One that may be
         // stored is kept whole up to its bound, then given up as a stored body (`cut`) and read
@@ -205,6 +214,7 @@ impl ResponseSide {
         }
         self.status = r.status;
         self.replayed = true;
+        self.ended = true;
         let age = (host.now_ms().saturating_sub(r.stored_at_ms) / 1000).to_string();
         let mut headers: Vec<(&str, &str)> = r.headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
         headers.extend(response_headers.iter().map(|h| (h.name.as_str(), h.value.as_str())));
@@ -278,6 +288,8 @@ impl ResponseSide {
             && (self.no_upstream
                 || (tokens.is_none() && never_sent(&host.property(&["response", "code_details"]).unwrap_or_default())));
         let tokens = if untouched { Some(0) } else { tokens };
+        // not read, as opposed to read and holding none (an error's JSON without `usage`)
+        self.tokens_unread = self.want_tokens && tokens.is_none() && (body.is_none() || !self.ended);
         let store = match self.pending_store.take() {
             Some(p) => self.settle(host, p, body.filter(|_| !self.cut)),
             None => None,
