@@ -36,8 +36,12 @@ fn events(meter: &Rc<RefCell<Meter>>) -> Vec<UsageEvent> {
 }
 
 /// `f` through the headers phase of a request with the key: its call to the sidecar is out.
-fn with_key(mut f: AuthFilter) -> (AuthFilter, MockHost) {
-    let mut host = MockHost::new().with_header("x-api-key", KEY);
+fn with_key(f: AuthFilter) -> (AuthFilter, MockHost) {
+    with_key_on(f, MockHost::new().with_header("x-api-key", KEY))
+}
+
+/// [`with_key`] on `host` (which carries the key).
+fn with_key_on(mut f: AuthFilter, mut host: MockHost) -> (AuthFilter, MockHost) {
     f.on_request_headers(&mut host, true);
     (f, host)
 }
@@ -210,6 +214,44 @@ fn an_event_says_when_its_token_usage_could_not_be_read() {
     let e = events(&m);
     let said: Vec<(u16, Option<u64>, bool)> = e.iter().map(|e| (e.status, e.tokens, e.tokens_unread)).collect();
     assert_eq!(said, [(200, None, true), (400, None, false), (200, None, true)]);
+}
+
+/// Decision 183's edges, with a token budget (which reads any response): unread is said for
+/// Envoy's own reply after the request went upstream (what the upstream spent is unknown), and
+/// not for a response that ended with trailers, a client gone before any response (`aborted`
+/// says it), or a large body of a type that carries no usage.
+#[test]
+fn unread_is_said_for_envoys_reply_after_sending_and_not_for_trailers_or_other_types() {
+    const BUDGETED: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold",
+      "ticket":{"tenant":"acme","requestId":"r1","budgets":[{"limit":"tokens","subject":"k.k1","period":202611,"reserved":1000}],"expiresAtMs":1,"mac":"0f"}}"#;
+    let m = meter();
+    let start = |m: &Rc<RefCell<Meter>>, details: &str| {
+        let host = MockHost::new().with_header("x-api-key", KEY).with_property("response.code_details", details);
+        let (mut f, mut host) = with_key_on(metered(METERED, m), host);
+        f.on_sidecar_response(&mut host, 1, Some(200), BUDGETED);
+        (f, host)
+    };
+    // Envoy's 504 after the request went upstream: its JSON has no usage, the upstream's is unknown
+    let (mut f, mut host) = start(&m, "upstream_response_timeout");
+    respond(&mut f, &mut host, "504", "application/json", br#"{"error":"upstream_timeout"}"#);
+    f.on_log(&mut host);
+    // a JSON answer whose end came with trailers (HTTP/2)
+    let (mut f, mut host) = start(&m, "via_upstream");
+    host.upstream_response = vec![(":status".into(), "200".into()), ("content-type".into(), "application/json".into())];
+    f.on_response_headers(&mut host, false);
+    host.response_chunk = br#"{"ok":true}"#.to_vec();
+    f.on_response_body(&mut host, 11, false);
+    f.on_response_trailers(&mut host);
+    f.on_log(&mut host);
+    // the client left before the response headers
+    let (mut f, mut host) = start(&m, "downstream_remote_disconnect");
+    f.on_log(&mut host);
+    // an image over the body bound
+    let (mut f, mut host) = start(&m, "via_upstream");
+    respond(&mut f, &mut host, "200", "image/png", &vec![0u8; 1100 << 10]);
+    f.on_log(&mut host);
+    let said: Vec<(u16, bool)> = events(&m).iter().map(|e| (e.status, e.tokens_unread)).collect();
+    assert_eq!(said, [(504, true), (200, false), (0, false), (200, false)]);
 }
 
 #[test]

@@ -44,7 +44,6 @@ CREATE TABLE IF NOT EXISTS usage_events (
     response_bytes bigint,
     received_at    timestamptz NOT NULL DEFAULT now()
 );
-ALTER TABLE usage_events ADD COLUMN IF NOT EXISTS tokens_unread boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS usage_events_received ON usage_events (received_at);
 CREATE TABLE IF NOT EXISTS usage_daily (
     day              date NOT NULL,
@@ -61,7 +60,6 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (day, tenant, key_id)
 );
-ALTER TABLE usage_daily ADD COLUMN IF NOT EXISTS requests_tokens_unread bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS usage_aggregates (
     aggregate_id text PRIMARY KEY,
     day          date NOT NULL,
@@ -82,6 +80,14 @@ CREATE TABLE IF NOT EXISTS usage_rejects (
     PRIMARY KEY (topic, "partition", "offset")
 );
 "#;
+
+/// Columns added since the first schema (decision 183), by [`Db::migrate`] where missing after a
+/// look in `information_schema`: an `ALTER TABLE` takes its table's exclusive lock even when the
+/// column is there, and would queue every insert behind a long reader at each start.
+const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+    ("usage_events", "tokens_unread", "boolean NOT NULL DEFAULT false"),
+    ("usage_daily", "requests_tokens_unread", "bigint NOT NULL DEFAULT 0"),
+];
 
 /// One rollup row's increments.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -307,7 +313,25 @@ impl Db {
     }
 
     pub async fn migrate(&self) -> Result<(), tokio_postgres::Error> {
-        self.client.batch_execute(SCHEMA).await
+        self.client.batch_execute(SCHEMA).await?;
+        for (table, column, definition) in ADDED_COLUMNS {
+            if !self.has_column(table, column).await? {
+                self.client.batch_execute(&format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition}")).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn has_column(&self, table: &str, column: &str) -> Result<bool, tokio_postgres::Error> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM information_schema.columns
+                                WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2)",
+                &[&table, &column],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Stores one consumed batch in one transaction. Events and aggregates already stored (same
@@ -462,16 +486,18 @@ impl Db {
     /// The rollup of one tenant, per day (summed over keys), from `from` to `to` (`yyyy-MM-dd`,
     /// inclusive): `(day, [ok, 4xx, 5xx, denied, aborted], tokens, requests whose tokens were unread)`.
     pub async fn daily(&self, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5], i64, i64)>, tokio_postgres::Error> {
+        // a database no consumer of decision 183 has migrated yet: none counted
+        let unread = if self.has_column("usage_daily", "requests_tokens_unread").await? { "requests_tokens_unread" } else { "0" };
         let rows = self
             .client
             .query(
                 // each key's day saturates at int8's bound (decision 167): so does their sum
-                "SELECT day::text, LEAST(sum(requests_ok), 9223372036854775807)::int8, LEAST(sum(requests_4xx), 9223372036854775807)::int8,
+                &format!("SELECT day::text, LEAST(sum(requests_ok), 9223372036854775807)::int8, LEAST(sum(requests_4xx), 9223372036854775807)::int8,
                         LEAST(sum(requests_5xx), 9223372036854775807)::int8, LEAST(sum(requests_denied), 9223372036854775807)::int8,
                         LEAST(sum(requests_aborted), 9223372036854775807)::int8, LEAST(sum(tokens), 9223372036854775807)::int8,
-                        LEAST(sum(requests_tokens_unread), 9223372036854775807)::int8
+                        LEAST(sum({unread}), 9223372036854775807)::int8
                  FROM usage_daily WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date
-                 GROUP BY day ORDER BY day",
+                 GROUP BY day ORDER BY day"),
                 &[&tenant, &from, &to],
             )
             .await?;

@@ -237,9 +237,18 @@ fn requests_whose_token_usage_was_unread_are_counted_apart() {
     use tollgate_shared::aggregate::{ClassCounts, KeyUsage, UsageAggregate};
     let (broker, pg) = (Broker::start(), Postgres::start());
     create_topic(&broker.brokers(), "usage_u", 1);
-    // the schema as an older consumer made it
-    let old: String = tollgate_billing::db::SCHEMA.lines().filter(|l| !l.starts_with("ALTER TABLE")).collect::<Vec<_>>().join("\n");
-    assert!(psql(&pg, &old).is_some(), "the old schema");
+    // the schema as an older consumer made it (the added columns come on top of it)
+    assert!(psql(&pg, tollgate_billing::db::SCHEMA).is_some(), "the old schema");
+    // the usage report before any new consumer migrated: it reads, counting none unread
+    let report = std::process::Command::new(tollgate_tests::billing::billing_bin())
+        .args(["usage", "--tenant", "acme", "--month", "2025-11"])
+        .env("TOLLGATE_BILLING_POSTGRES__URL", pg.url())
+        .env("TOLLGATE_BILLING_KAFKA__BROKERS", broker.brokers())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success() && text.contains("TOTAL"), "{text}{}", String::from_utf8_lossy(&report.stderr));
+    assert!(!text.contains("could not be read"), "{text}");
     let mut events: Vec<UsageEvent> = (0..3).map(|n| event("acme", n + 2)).collect();
     events[1].tokens = None;
     events[1].tokens_unread = true;

@@ -20,6 +20,7 @@ impl AuthFilter {
     /// reach the client, and a cache fill may be stored. A gRPC status other than 0 in them is a
     /// failure, whatever the HTTP status said: never stored as a success (decision 173).
     pub fn on_response_trailers(&mut self, host: &mut impl Host) -> Action {
+        self.response.end();
         if self.response.replayed || self.response.pending_store.is_none() {
             return Action::Continue;
         }

@@ -46,8 +46,11 @@ pub struct ResponseSide {
     pub kept: Kept,
     /// The kept body lost its front (an event stream kept only for its usage): never stored.
     cut: bool,
-    /// The response's end went by (its last body chunk, headers that end it, a replay).
+    /// The response's end went by (its last body chunk, headers or trailers that end it, a
+    /// replay).
     ended: bool,
+    /// The response's content type can carry token usage (JSON, an event stream).
+    usage_type: bool,
     /// Set by [`ResponseSide::finish`]: token usage was to be read and could not be (the body
     /// not kept whole, or the response cut short), as opposed to read and absent.
     pub tokens_unread: bool,
@@ -71,6 +74,7 @@ impl Default for ResponseSide {
             kept: Kept::default(),
             cut: false,
             ended: false,
+            usage_type: false,
             tokens_unread: false,
         }
     }
@@ -133,16 +137,24 @@ impl ResponseSide {
             if content_type.contains("json") || content_type.contains("event-stream") {
                 self.body.get_or_insert_with(Vec::new);
                 self.want_tokens = true;
+                self.usage_type = true;
                 self.event_stream = is_event_stream(&content_type);
             }
         } else if self.want_tokens {
             // a token budget reads the body whatever its type; its frames only from a stream
-            self.event_stream = host.response_header("content-type").is_some_and(|c| is_event_stream(&c));
+            let content_type = host.response_header("content-type").unwrap_or_default();
+            self.usage_type = content_type.contains("json") || content_type.contains("event-stream");
+            self.event_stream = is_event_stream(&content_type);
         }
         self.body_limit = match (&self.pending_store, self.want_tokens) {
             (Some(p), false) if p.storable => p.max_body,
             _ => MAX_USAGE_BODY,
         };
+    }
+
+    /// The response ended with its trailers.
+    pub fn end(&mut self) {
+        self.ended = true;
     }
 
     /// Keeps a chunk of the response body (bounded) when token usage must be read from it or the
@@ -288,13 +300,31 @@ impl ResponseSide {
             && (self.no_upstream
                 || (tokens.is_none() && never_sent(&host.property(&["response", "code_details"]).unwrap_or_default())));
         let tokens = if untouched { Some(0) } else { tokens };
-        // not read, as opposed to read and holding none (an error's JSON without `usage`)
-        self.tokens_unread = self.want_tokens && tokens.is_none() && (body.is_none() || !self.ended);
+        self.tokens_unread = !untouched && self.unread(host, tokens, body.is_some());
         let store = match self.pending_store.take() {
             Some(p) => self.settle(host, p, body.filter(|_| !self.cut)),
             None => None,
         };
         (tokens, store)
+    }
+}
+
+impl ResponseSide {
+    /// The response was to be read for token usage and was not (decision 183), as opposed to
+    /// read and holding none (an upstream's error JSON): a body of a type that carries usage
+    /// not kept whole, a response cut short, or Envoy's own reply after the request went
+    /// upstream (a timeout, a reset: what the upstream spent is unknown). Not for a response that
+    /// never came (the client left first: `aborted` says it; the type is learnt from the
+    /// headers), a replay or the gateway's own answer.
+    fn unread(&self, host: &impl Host, tokens: Option<u64>, kept: bool) -> bool {
+        if !self.want_tokens || tokens.is_some() || !self.usage_type || self.replayed || self.no_upstream {
+            return false;
+        }
+        if !kept || !self.ended {
+            return true;
+        }
+        let details = host.property(&["response", "code_details"]).unwrap_or_default();
+        !details.is_empty() && details != b"via_upstream" && !never_sent(&details)
     }
 }
 
