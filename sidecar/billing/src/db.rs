@@ -17,12 +17,12 @@
 //!   read and why (their text with NUL and bytes that are not UTF-8 replaced).
 
 use crate::Consumed;
-use std::collections::BTreeMap;
+pub use crate::rollup::{rollup, rollup_aggregates, tokens_i64, Rollup};
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;
 use tollgate_shared::aggregate::{UsageAggregate, SCHEMA as AGGREGATE_SCHEMA};
-use tollgate_wire::usage::{UsageClass, UsageEvent};
+use tollgate_wire::usage::UsageEvent;
 
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS usage_events (
@@ -89,24 +89,6 @@ const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
     ("usage_daily", "requests_tokens_unread", "bigint NOT NULL DEFAULT 0"),
 ];
 
-/// One rollup row's increments.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Rollup {
-    pub by_class: [i64; 5],
-    pub tokens: i64,
-    /// Requests whose token usage could not be read (decision 183): not in `tokens`.
-    pub tokens_unread: i64,
-    pub request_bytes: i64,
-    pub response_bytes: i64,
-}
-
-/// A token count as PostgreSQL keeps it: at most 2^53 per event (an upstream's impossible number
-/// is clamped, never wrapped negative). Sums saturate, in Rust and in SQL (`LEAST(…)`), so a
-/// batch never fails on an overflow and is never retried forever.
-pub fn tokens_i64(n: u64) -> i64 {
-    i64::try_from(n.min(tollgate_wire::usage::MAX_TOKENS)).unwrap_or(i64::MAX)
-}
-
 async fn insert_reject(c: &impl tokio_postgres::GenericClient, topic: &str, m: &Consumed, reason: &str) -> Result<(), tokio_postgres::Error> {
     c.execute(
         "INSERT INTO usage_rejects (topic, \"partition\", \"offset\", payload, reason) VALUES ($1, $2, $3, $4, $5)
@@ -127,47 +109,6 @@ pub fn is_data_error(e: &tokio_postgres::Error) -> bool {
 /// refuses it), so a rejected message is always kept.
 pub fn storable_text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
-}
-
-/// A count as PostgreSQL's `int8`, saturated (a message's counts are bounded, their sums may not be).
-fn count_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-fn class_index(c: UsageClass) -> usize {
-    UsageClass::ALL.iter().position(|x| *x == c).unwrap_or(0)
-}
-
-/// The rollup increments of `events`, per `(yyyy-MM-dd, tenant, key_id)`, in key order (the
-/// order rows are locked in).
-pub fn rollup<'a>(events: impl IntoIterator<Item = &'a UsageEvent>) -> BTreeMap<(String, String, String), Rollup> {
-    let mut out: BTreeMap<(String, String, String), Rollup> = BTreeMap::new();
-    for e in events {
-        let r = out.entry((e.day().iso(), e.tenant.clone(), e.key_id.clone())).or_default();
-        r.by_class[class_index(e.class())] += 1;
-        r.tokens = r.tokens.saturating_add(tokens_i64(e.tokens.unwrap_or(0)));
-        r.tokens_unread += i64::from(e.tokens_unread);
-        r.request_bytes = r.request_bytes.saturating_add(count_i64(e.request_bytes.unwrap_or(0)));
-        r.response_bytes = r.response_bytes.saturating_add(count_i64(e.response_bytes.unwrap_or(0)));
-    }
-    out
-}
-
-/// Adds the per-key sums of `aggregates` to `out` (the same rows [`rollup`] makes).
-pub fn rollup_aggregates<'a>(out: &mut BTreeMap<(String, String, String), Rollup>, aggregates: impl IntoIterator<Item = &'a UsageAggregate>) {
-    for a in aggregates {
-        let day = a.day().iso();
-        for k in &a.keys {
-            let r = out.entry((day.clone(), a.tenant.clone(), k.key_id.clone())).or_default();
-            for (i, class) in UsageClass::ALL.iter().enumerate() {
-                r.by_class[i] = r.by_class[i].saturating_add(count_i64(k.requests.get(*class)));
-            }
-            r.tokens = r.tokens.saturating_add(tokens_i64(k.tokens));
-            r.tokens_unread = r.tokens_unread.saturating_add(count_i64(k.tokens_unread));
-            r.request_bytes = r.request_bytes.saturating_add(count_i64(k.request_bytes));
-            r.response_bytes = r.response_bytes.saturating_add(count_i64(k.response_bytes));
-        }
-    }
 }
 
 /// A batch, decoded.
@@ -594,7 +535,7 @@ mod tests {
         events[7].denied = Some("rate_limited".into());
         events[9].status = 0;
         let a = aggregate(&events);
-        let mut from_aggregate = BTreeMap::new();
+        let mut from_aggregate = std::collections::BTreeMap::new();
         rollup_aggregates(&mut from_aggregate, [&a]);
         assert_eq!(from_aggregate, rollup(&events));
         assert_eq!(a.count, 30);

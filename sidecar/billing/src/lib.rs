@@ -22,6 +22,7 @@ pub mod config;
 pub mod db;
 pub mod metrics;
 pub mod report;
+pub mod rollup;
 
 use config::Config;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
