@@ -219,7 +219,7 @@ fn an_event_says_when_its_token_usage_could_not_be_read() {
 /// Decision 183's edges, with a token budget (which reads any response): unread is said for
 /// Envoy's own reply after the request went upstream (what the upstream spent is unknown), and
 /// not for a response that ended with trailers, a client gone before any response (`aborted`
-/// says it), or a large body of a type that carries no usage.
+/// says it), or a large body of a type that carries no usage; and for a body encoded anyway.
 #[test]
 fn unread_is_said_for_envoys_reply_after_sending_and_not_for_trailers_or_other_types() {
     const BUDGETED: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold",
@@ -250,8 +250,19 @@ fn unread_is_said_for_envoys_reply_after_sending_and_not_for_trailers_or_other_t
     let (mut f, mut host) = start(&m, "via_upstream");
     respond(&mut f, &mut host, "200", "image/png", &vec![0u8; 1100 << 10]);
     f.on_log(&mut host);
+    // JSON the upstream compressed though the filter asked for it plain
+    let (mut f, mut host) = start(&m, "via_upstream");
+    host.upstream_response = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "application/json".into()),
+        ("content-encoding".into(), "gzip".into()),
+    ];
+    f.on_response_headers(&mut host, false);
+    host.response_chunk = vec![0x1f, 0x8b, 8, 0];
+    f.on_response_body(&mut host, 4, true);
+    f.on_log(&mut host);
     let said: Vec<(u16, bool)> = events(&m).iter().map(|e| (e.status, e.tokens_unread)).collect();
-    assert_eq!(said, [(504, true), (200, false), (0, false), (200, false)]);
+    assert_eq!(said, [(504, true), (200, false), (0, false), (200, false), (200, true)]);
 }
 
 #[test]

@@ -51,6 +51,9 @@ pub struct ResponseSide {
     ended: bool,
     /// The response's content type can carry token usage (JSON, an event stream).
     usage_type: bool,
+    /// The response came encoded (`content-encoding` other than `identity`): its bytes cannot be
+    /// read for usage.
+    encoded: bool,
     /// Set by [`ResponseSide::finish`]: token usage was to be read and could not be (the body
     /// not kept whole, or the response cut short), as opposed to read and absent.
     pub tokens_unread: bool,
@@ -75,6 +78,7 @@ impl Default for ResponseSide {
             cut: false,
             ended: false,
             usage_type: false,
+            encoded: false,
             tokens_unread: false,
         }
     }
@@ -145,6 +149,9 @@ impl ResponseSide {
             let content_type = host.response_header("content-type").unwrap_or_default();
             self.usage_type = content_type.contains("json") || content_type.contains("event-stream");
             self.event_stream = is_event_stream(&content_type);
+        }
+        if self.usage_type {
+            self.encoded = host.response_header("content-encoding").is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
         }
         self.body_limit = match (&self.pending_store, self.want_tokens) {
             (Some(p), false) if p.storable => p.max_body,
@@ -312,7 +319,7 @@ impl ResponseSide {
 impl ResponseSide {
     /// The response was to be read for token usage and was not (decision 183), as opposed to
     /// read and holding none (an upstream's error JSON): a body of a type that carries usage
-    /// not kept whole, a response cut short, or Envoy's own reply after the request went
+    /// not kept whole or encoded anyway, a response cut short, or Envoy's own reply after the request went
     /// upstream (a timeout, a reset: what the upstream spent is unknown). Not for a response that
     /// never came (the client left first: `aborted` says it; the type is learnt from the
     /// headers), a replay or the gateway's own answer.
@@ -320,7 +327,7 @@ impl ResponseSide {
         if !self.want_tokens || tokens.is_some() || !self.usage_type || self.replayed || self.no_upstream {
             return false;
         }
-        if !kept || !self.ended {
+        if !kept || !self.ended || self.encoded {
             return true;
         }
         let details = host.property(&["response", "code_details"]).unwrap_or_default();
