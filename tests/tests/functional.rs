@@ -15,6 +15,7 @@ mod config;
 mod exactness;
 mod faults;
 mod hostile;
+mod key_pages;
 mod leases;
 mod limits;
 mod observability;

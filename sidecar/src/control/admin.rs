@@ -15,6 +15,7 @@ use crate::decision::unix_now;
 use crate::invalid::{invalid, Invalid};
 use crate::keys::{Id, KeyHash};
 use crate::secret::Secret;
+use crate::store::KeyPage;
 use tokio_util::task::TaskTracker;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
@@ -423,39 +424,81 @@ async fn revoke_in_redis(s: &Arc<AdminState>, key_id: &Id, now: u64) -> Response
     }
 }
 
-/// `?tenant=<id>` (ids need no percent-decoding: they are plain ASCII); other parameters refused.
-fn tenant_param(uri: &Uri) -> Result<Option<&str>, String> {
-    let mut tenant = None;
-    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("tenant", v)) => tenant = Some(v),
-            _ => return Err(format!("unknown query parameter '{pair}'")),
-        }
-    }
-    Ok(tenant)
+/// `GET /v1/keys`' query: `tenant=<id>`, and a page (`limit`, 1..=10 000; `after=<key id>`,
+/// only with a limit). Ids need no percent-decoding: they are plain ASCII. Other parameters, a
+/// parameter twice, or a value out of its bounds are refused, naming the field.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ListQuery {
+    tenant: Option<Id>,
+    page: Option<KeyPage>,
 }
 
-async fn list_keys(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
-    let param = match tenant_param(&uri) {
-        Ok(t) => t,
-        Err(m) => return error(StatusCode::BAD_REQUEST, "invalid", Some("query"), m),
-    };
-    let tenant = match param.map(Id::parse) {
+fn list_query(uri: &Uri) -> Result<ListQuery, (&'static str, String)> {
+    let (mut tenant, mut limit, mut after) = (None, None, None);
+    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (slot, field) = match name {
+            "tenant" => (&mut tenant, "tenant"),
+            "limit" => (&mut limit, "limit"),
+            "after" => (&mut after, "after"),
+            _ => return Err(("query", format!("unknown query parameter '{pair}'"))),
+        };
+        if slot.replace(value).is_some() {
+            return Err((field, format!("'{field}' given twice")));
+        }
+    }
+    let tenant = tenant.map(|t| Id::parse(t).ok_or(("tenant", "not a tenant id".to_string()))).transpose()?;
+    let after = after.map(|a| Id::parse(a).ok_or(("after", "not a key id".to_string()))).transpose()?;
+    let page = match limit {
+        None if after.is_some() => return Err(("after", "'after' pages a listing: give 'limit' too".into())),
         None => None,
-        Some(Some(t)) => Some(t),
-        Some(None) => return error(StatusCode::BAD_REQUEST, "invalid", Some("tenant"), "not a tenant id"),
+        Some(l) => match l.parse::<usize>() {
+            Ok(limit @ 1..=KeyPage::MAX_LIMIT) => Some(KeyPage { after, limit }),
+            _ => return Err(("limit", format!("a page is 1 to {} keys", KeyPage::MAX_LIMIT))),
+        },
     };
-    let records: Vec<KeyRecord> = match &s.control.source {
-        Source::Postgres(pg) => match pg.keys(tenant.as_ref()).await {
-            Ok(k) => k.into_iter().map(|(_, r)| r).collect(),
+    Ok(ListQuery { tenant, page })
+}
+
+/// Every key (of a tenant), by creation time; or, with `limit`, one page in key-id order, with a
+/// `Link: <…>; rel="next"` header while more follow (decision 184).
+async fn list_keys(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
+    let q = match list_query(&uri) {
+        Ok(q) => q,
+        Err((field, m)) => return error(StatusCode::BAD_REQUEST, "invalid", Some(field), m),
+    };
+    let Some(page) = &q.page else {
+        let records: Vec<KeyRecord> = match &s.control.source {
+            Source::Postgres(pg) => match pg.keys(q.tenant.as_ref()).await {
+                Ok(k) => k.into_iter().map(|(_, r)| r).collect(),
+                Err(e) => return unavailable(e),
+            },
+            Source::File(_) => match s.control.store.list_keys(q.tenant.as_ref()).await {
+                Ok(r) => r,
+                Err(e) => return unavailable(e),
+            },
+        };
+        return reply(StatusCode::OK, Value::Array(records.iter().map(key_json).collect()));
+    };
+    let (records, more): (Vec<KeyRecord>, bool) = match &s.control.source {
+        Source::Postgres(pg) => match pg.keys_page(q.tenant.as_ref(), page).await {
+            Ok((k, more)) => (k.into_iter().map(|(_, r)| r).collect(), more),
             Err(e) => return unavailable(e),
         },
-        Source::File(_) => match s.control.store.list_keys(tenant.as_ref()).await {
+        Source::File(_) => match s.control.store.list_keys_page(q.tenant.as_ref(), page).await {
             Ok(r) => r,
             Err(e) => return unavailable(e),
         },
     };
-    reply(StatusCode::OK, Value::Array(records.iter().map(key_json).collect()))
+    let mut response = reply(StatusCode::OK, Value::Array(records.iter().map(key_json).collect()));
+    if let (true, Some(last)) = (more, records.last()) {
+        let tenant = q.tenant.map(|t| format!("&tenant={t}")).unwrap_or_default();
+        let link = format!("</v1/keys?limit={}&after={}{tenant}>; rel=\"next\"", page.limit, last.key_id);
+        if let Ok(v) = header::HeaderValue::from_str(&link) {
+            response.headers_mut().insert(header::LINK, v);
+        }
+    }
+    response
 }
 
 #[cfg(test)]
@@ -479,6 +522,29 @@ mod tests {
         assert!(!authorized(&h, &t("secret-secret-secret")));
         h.insert(header::AUTHORIZATION, "Bearersecret-secret-secret".parse().unwrap());
         assert!(!authorized(&h, &t("secret-secret-secret")));
+    }
+
+    #[test]
+    fn a_key_listings_query_is_checked_field_by_field() {
+        let q = |s: &str| list_query(&format!("/v1/keys{s}").parse::<Uri>().unwrap());
+        assert_eq!(q(""), Ok(ListQuery::default()));
+        let page = q("?tenant=acme&limit=2&after=key_b").unwrap();
+        assert_eq!(page.tenant, Id::parse("acme"));
+        assert_eq!(page.page, Some(KeyPage { after: Id::parse("key_b"), limit: 2 }));
+        for (query, field) in [
+            ("?limit=0", "limit"),
+            ("?limit=10001", "limit"),
+            ("?limit=-1", "limit"),
+            ("?limit=x", "limit"),
+            ("?after=key_a", "after"),
+            ("?limit=5&after=a%20b", "after"),
+            ("?tenant=a&tenant=b", "tenant"),
+            ("?limit=1&limit=2", "limit"),
+            ("?tenant=%00", "tenant"),
+            ("?page=2", "query"),
+        ] {
+            assert_eq!(q(query).map_err(|e| e.0), Err(field), "{query}");
+        }
     }
 
     #[test]

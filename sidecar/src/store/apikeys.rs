@@ -116,6 +116,27 @@ impl Store {
     /// is a `SCAN` of the whole keyspace in steps (on every primary of a Cluster), each its own
     /// command; records are read [`Self::READS_IN_FLIGHT`] at a time.
     pub async fn list_keys(&self, tenant: Option<&Id>) -> Result<Vec<KeyRecord>, StoreError> {
+        let ids = self.key_ids(tenant).await?;
+        let mut out = self.records_of(&ids).await?;
+        out.sort_by(|a, b| (a.created_at, &a.key_id).cmp(&(b.created_at, &b.key_id)));
+        Ok(out)
+    }
+
+    /// One page of [`Store::list_keys`] in key-id order (decision 184): the records of the first
+    /// `page.limit` ids after `page.after`, and whether more ids follow. The scan reads every
+    /// name still (names are cheap); only the page's records are read.
+    pub async fn list_keys_page(&self, tenant: Option<&Id>, page: &KeyPage) -> Result<(Vec<KeyRecord>, bool), StoreError> {
+        let mut ids = self.key_ids(tenant).await?;
+        ids.retain(|id| page.after.as_ref().is_none_or(|after| id > after));
+        let more = ids.len() > page.limit;
+        ids.truncate(page.limit);
+        let mut out = self.records_of(&ids).await?;
+        out.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+        Ok((out, more))
+    }
+
+    /// The ids of one tenant's keys (its index), or of every key (a scan), sorted, each once.
+    async fn key_ids(&self, tenant: Option<&Id>) -> Result<Vec<Id>, StoreError> {
         let mut ids: Vec<Id> = match tenant {
             Some(t) => {
                 let idx = ApiKeyIndexKey::new(t);
@@ -131,13 +152,17 @@ impl Store {
         // a SCAN may return a name twice
         ids.sort();
         ids.dedup();
+        Ok(ids)
+    }
+
+    /// The records `ids` map to (an id whose mapping or record is gone is left out).
+    async fn records_of(&self, ids: &[Id]) -> Result<Vec<KeyRecord>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(Self::READS_IN_FLIGHT) {
             for r in futures::future::join_all(chunk.iter().map(|id| self.record_of(id))).await {
                 out.extend(r?);
             }
         }
-        out.sort_by(|a, b| (a.created_at, &a.key_id).cmp(&(b.created_at, &b.key_id)));
         Ok(out)
     }
 
@@ -152,4 +177,16 @@ impl Store {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A page of a key listing (decision 184): at most `limit` keys whose ids sort after `after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPage {
+    pub after: Option<Id>,
+    pub limit: usize,
+}
+
+impl KeyPage {
+    /// The most keys one page may ask for.
+    pub const MAX_LIMIT: usize = 10_000;
 }

@@ -274,6 +274,28 @@ impl PgSource {
             .await?;
         rows.iter().map(key_row).collect()
     }
+
+    /// One page of [`PgSource::keys`] in key-id order (byte order, as the file source's; decision
+    /// 184), and whether more follow.
+    pub async fn keys_page(&self, tenant: Option<&Id>, page: &crate::store::KeyPage) -> Result<(Vec<(KeyHash, KeyRecord)>, bool), SourceError> {
+        let t = tenant.map(|t| t.to_string());
+        let after = page.after.as_ref().map(|a| a.to_string());
+        let limit = i64::try_from(page.limit).unwrap_or(i64::MAX).saturating_add(1);
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
+                     WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR key_id COLLATE \"C\" > $2) \
+                     ORDER BY key_id COLLATE \"C\" LIMIT $3",
+                    &[&t, &after, &limit],
+                )
+                .await
+            })
+            .await?;
+        let more = rows.len() > page.limit;
+        let keys: Result<Vec<_>, _> = rows.iter().take(page.limit).map(key_row).collect();
+        Ok((keys?, more))
+    }
 }
 
 /// The `api_keys` column naming an object of `kind`, for kinds a key names.
