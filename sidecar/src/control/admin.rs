@@ -453,8 +453,8 @@ fn list_query(uri: &Uri) -> Result<ListQuery, (&'static str, String)> {
         None if after.is_some() => return Err(("after", "'after' pages a listing: give 'limit' too".into())),
         None => None,
         Some(l) => match l.parse::<usize>() {
-            Ok(limit @ 1..=KeyPage::MAX_LIMIT) => Some(KeyPage { after, limit }),
-            _ => return Err(("limit", format!("a page is 1 to {} keys", KeyPage::MAX_LIMIT))),
+            Ok(limit @ 1..=KeyPage::MAX_LIMIT) if l.bytes().all(|b| b.is_ascii_digit()) => Some(KeyPage { after, limit }),
+            _ => return Err(("limit", format!("a page is 1 to {} keys (digits only)", KeyPage::MAX_LIMIT))),
         },
     };
     Ok(ListQuery { tenant, page })
@@ -480,9 +480,13 @@ async fn list_keys(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
         };
         return reply(StatusCode::OK, Value::Array(records.iter().map(key_json).collect()));
     };
-    let (records, more): (Vec<KeyRecord>, bool) = match &s.control.source {
+    // the id the next page starts after, when more follow
+    let (records, next): (Vec<KeyRecord>, Option<Id>) = match &s.control.source {
         Source::Postgres(pg) => match pg.keys_page(q.tenant.as_ref(), page).await {
-            Ok((k, more)) => (k.into_iter().map(|(_, r)| r).collect(), more),
+            Ok((k, more)) => {
+                let next = k.last().map(|(_, r)| r.key_id.clone()).filter(|_| more);
+                (k.into_iter().map(|(_, r)| r).collect(), next)
+            }
             Err(e) => return unavailable(e),
         },
         Source::File(_) => match s.control.store.list_keys_page(q.tenant.as_ref(), page).await {
@@ -491,9 +495,9 @@ async fn list_keys(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
         },
     };
     let mut response = reply(StatusCode::OK, Value::Array(records.iter().map(key_json).collect()));
-    if let (true, Some(last)) = (more, records.last()) {
+    if let Some(last) = next {
         let tenant = q.tenant.map(|t| format!("&tenant={t}")).unwrap_or_default();
-        let link = format!("</v1/keys?limit={}&after={}{tenant}>; rel=\"next\"", page.limit, last.key_id);
+        let link = format!("</v1/keys?limit={}&after={last}{tenant}>; rel=\"next\"", page.limit);
         if let Ok(v) = header::HeaderValue::from_str(&link) {
             response.headers_mut().insert(header::LINK, v);
         }
@@ -536,6 +540,7 @@ mod tests {
             ("?limit=10001", "limit"),
             ("?limit=-1", "limit"),
             ("?limit=x", "limit"),
+            ("?limit=+5", "limit"),
             ("?after=key_a", "after"),
             ("?limit=5&after=a%20b", "after"),
             ("?tenant=a&tenant=b", "tenant"),

@@ -123,16 +123,18 @@ impl Store {
     }
 
     /// One page of [`Store::list_keys`] in key-id order (decision 184): the records of the first
-    /// `page.limit` ids after `page.after`, and whether more ids follow. The scan reads every
-    /// name still (names are cheap); only the page's records are read.
-    pub async fn list_keys_page(&self, tenant: Option<&Id>, page: &KeyPage) -> Result<(Vec<KeyRecord>, bool), StoreError> {
+    /// `page.limit` ids after `page.after`, and, when more ids follow, the id the next page
+    /// starts after — the page's last id, whether or not its record is still there (an id whose
+    /// record is gone leaves a page short, never ends the listing). The scan reads every name
+    /// still (names are cheap); only the page's records are read.
+    pub async fn list_keys_page(&self, tenant: Option<&Id>, page: &KeyPage) -> Result<(Vec<KeyRecord>, Option<Id>), StoreError> {
         let mut ids = self.key_ids(tenant).await?;
         ids.retain(|id| page.after.as_ref().is_none_or(|after| id > after));
         let more = ids.len() > page.limit;
         ids.truncate(page.limit);
         let mut out = self.records_of(&ids).await?;
         out.sort_by(|a, b| a.key_id.cmp(&b.key_id));
-        Ok((out, more))
+        Ok((out, ids.pop().filter(|_| more)))
     }
 
     /// The ids of one tenant's keys (its index), or of every key (a scan), sorted, each once.

@@ -19,6 +19,7 @@ use tokio_postgres::{Client, NoTls};
 pub const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../../../migrations/config/0001_init.sql")),
     (2, include_str!("../../../migrations/config/0002_api_keys_plan.sql")),
+    (3, include_str!("../../../migrations/config/0003_api_keys_id_order.sql")),
 ];
 
 /// How long one use of the connection (a query, a transaction) may wait for the server: a
