@@ -149,6 +149,18 @@ pub fn hash_raw_key(raw: &str) -> KeyHash {
     KeyHash::parse(&hex).unwrap_or_else(|| unreachable!("sha256 hex is 64 lowercase hex chars"))
 }
 
+/// A page of a key listing (decision 184): at most `limit` keys whose ids sort after `after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPage {
+    pub after: Option<Id>,
+    pub limit: usize,
+}
+
+impl KeyPage {
+    /// The most keys one page may ask for.
+    pub const MAX_LIMIT: usize = 10_000;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

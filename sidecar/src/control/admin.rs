@@ -6,7 +6,7 @@
 //! `INCR cfg:routing:version` + `PUBLISH config_changed:{tenant}` (crate::control::propagation). The token
 //! is compared in constant time and never logged.
 
-use crate::apikey::{self, KeyRecord};
+use crate::apikey::{self, KeyPage, KeyRecord};
 use crate::control::model::{self, Change, Kind, Snapshot};
 use crate::control::{Control, Source};
 use crate::control::source::postgres::Row;
@@ -15,7 +15,6 @@ use crate::decision::unix_now;
 use crate::invalid::{invalid, Invalid};
 use crate::keys::{Id, KeyHash};
 use crate::secret::Secret;
-use crate::store::KeyPage;
 use tokio_util::task::TaskTracker;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};

@@ -3,7 +3,7 @@
 //! once-an-hour audit claim.
 
 use super::{Backend, Store, StoreError};
-use crate::apikey::{KeyRecord, KeyStatus};
+use crate::apikey::{KeyPage, KeyRecord, KeyStatus};
 use crate::keys::{ApiKeyIdKey, ApiKeyIndexKey, ApiKeyRecordKey, AuthFailKey, Id, KeyHash, API_KEY_ID_PATTERN, AUTH_FAIL_TTL_SECS};
 use redis::AsyncCommands;
 use std::collections::HashMap;
@@ -179,16 +179,4 @@ impl Store {
             Err(e) => Err(e),
         }
     }
-}
-
-/// A page of a key listing (decision 184): at most `limit` keys whose ids sort after `after`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyPage {
-    pub after: Option<Id>,
-    pub limit: usize,
-}
-
-impl KeyPage {
-    /// The most keys one page may ask for.
-    pub const MAX_LIMIT: usize = 10_000;
 }

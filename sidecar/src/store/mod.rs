@@ -21,7 +21,6 @@
 //! without a reset is otherwise never replaced: decision 140).
 
 mod apikeys;
-pub use apikeys::KeyPage;
 mod connections;
 mod scan;
 

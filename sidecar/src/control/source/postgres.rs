@@ -278,7 +278,7 @@ impl PgSource {
 
     /// One page of [`PgSource::keys`] in key-id order (byte order, as the file source's; decision
     /// 184), and whether more follow.
-    pub async fn keys_page(&self, tenant: Option<&Id>, page: &crate::store::KeyPage) -> Result<(Vec<(KeyHash, KeyRecord)>, bool), SourceError> {
+    pub async fn keys_page(&self, tenant: Option<&Id>, page: &crate::apikey::KeyPage) -> Result<(Vec<(KeyHash, KeyRecord)>, bool), SourceError> {
         let t = tenant.map(|t| t.to_string());
         let after = page.after.as_ref().map(|a| a.to_string());
         let limit = i64::try_from(page.limit).unwrap_or(i64::MAX).saturating_add(1);
