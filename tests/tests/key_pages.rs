@@ -90,3 +90,37 @@ fn a_postgres_listing_pages_in_key_id_order() {
     let indexes = indexes.unwrap_or_default();
     assert!(["api_keys_id_c", "api_keys_tenant_id_c"].iter().all(|i| indexes.iter().any(|x| x == i)), "{indexes:?}");
 }
+
+/// The remote CLI reads a listing of any size: `tollgate keys list` follows the pages (10,000
+/// keys an answer) and shows every key by creation time. Before, it read one answer, and one
+/// past ureq's 10 MB limit (~85,000 keys) was shown as an empty listing with success.
+#[test]
+fn the_remote_cli_lists_a_hundred_thousand_keys_through_pages() {
+    const KEYS: u64 = 100_000;
+    let g = Gateway::builder().admin_api(TOKEN).build();
+    let mut c = g.redis().connection().unwrap();
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(5_000) {
+        let mut pipe = redis::pipe();
+        for n in chunk {
+            let (id, hash) = (format!("key_bulk{n:08}"), format!("{n:064x}"));
+            let created = (KEYS - n).to_string(); // creation order is the reverse of id order
+            let fields = [("key_id", id.as_str()), ("tenant", "bulk"), ("plan", "free"), ("status", "active"), ("created_at", created.as_str())];
+            pipe.hset_multiple(format!("apikey:{hash}"), &fields).ignore();
+            pipe.set(format!("apikey-id:{id}"), &hash).ignore();
+            pipe.sadd("apikey-index:bulk", &id).ignore();
+        }
+        let _: () = pipe.query(&mut c).unwrap();
+    }
+    let bin = tollgate_tests::process::native_bin("TOLLGATE_CLI", "tollgate");
+    let out = std::process::Command::new(bin)
+        .env("TOLLGATE_ADMIN_URL", g.replica(0).admin())
+        .env("TOLLGATE_ADMIN_TOKEN", TOKEN)
+        .args(["--json", "keys", "list"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.len() as u64, KEYS);
+    assert_eq!(listed[0]["key_id"], format!("key_bulk{:08}", KEYS - 1), "by creation time");
+    assert_eq!(listed[KEYS as usize - 1]["key_id"], "key_bulk00000000");
+}

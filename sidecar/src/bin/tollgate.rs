@@ -140,8 +140,17 @@ struct Api {
     agent: ureq::Agent,
 }
 
+/// Keys a `keys list` asks for per page (the API's most): ~2.5 MB an answer, well under what one
+/// answer may be read at (ureq's 10 MB).
+const KEYS_PAGE: usize = 10_000;
+
 impl Api {
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        self.call_paged(method, path, body).map(|(v, _)| v)
+    }
+
+    /// [`Api::call`], and the path of the next page its `Link: <…>; rel="next"` names, if any.
+    fn call_paged(&self, method: &str, path: &str, body: Option<Value>) -> Result<(Value, Option<String>)> {
         let url = format!("{}{}", self.base.trim_end_matches('/'), path);
         let auth = format!("Bearer {}", self.token);
         let resp = match (method, body) {
@@ -161,14 +170,38 @@ impl Api {
             Err(e) => return Err(e).with_context(|| format!("cannot reach the admin API at {}", self.base)),
         };
         let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let next = resp
+            .headers()
+            .get("link")
+            .and_then(|l| l.to_str().ok())
+            .filter(|l| l.ends_with("rel=\"next\""))
+            .and_then(|l| l.strip_prefix('<')?.split_once('>').map(|(p, _)| p.to_string()));
+        // an answer that cannot be read whole is an error, never an empty listing
+        let text = resp.body_mut().read_to_string().with_context(|| format!("reading the admin API's answer to {method} {path}"))?;
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status >= 400 {
             let field = v.get("field").and_then(Value::as_str).map(|f| format!(" [{f}]")).unwrap_or_default();
             let msg = v.get("message").and_then(Value::as_str).unwrap_or("");
             bail!("{status} {}{field}: {msg}", v.get("error").and_then(Value::as_str).unwrap_or("error"));
         }
-        Ok(v)
+        Ok((v, next))
+    }
+
+    /// Every key (of a tenant), read page by page (decision 184) and shown by creation time, as
+    /// one answer showed them: a listing of any size, each answer bounded.
+    fn all_keys(&self, tenant: Option<&str>) -> Result<Value> {
+        let tenant = tenant.map(|t| format!("&tenant={t}")).unwrap_or_default();
+        let mut next = Some(format!("/v1/keys?limit={KEYS_PAGE}{tenant}"));
+        let mut keys = Vec::new();
+        while let Some(path) = next.take() {
+            let (page, more) = self.call_paged("GET", &path, None)?;
+            let Value::Array(rows) = page else { bail!("the admin API answered {path} with something other than a list") };
+            keys.extend(rows);
+            next = more;
+        }
+        let created = |k: &Value| (k["created_at"].as_u64().unwrap_or(0), k["key_id"].as_str().unwrap_or("").to_string());
+        keys.sort_by_key(created);
+        Ok(Value::Array(keys))
     }
 }
 
@@ -345,13 +378,7 @@ fn run() -> Result<()> {
                     println!("revoked {} (tenant {})", cell(&v, "key_id"), cell(&v, "tenant"));
                 }
             }
-            KeyCommand::List { tenant } => {
-                let path = match tenant {
-                    Some(t) => format!("/v1/keys?tenant={t}"),
-                    None => "/v1/keys".into(),
-                };
-                show(j, &api.call("GET", &path, None)?, KEY)
-            }
+            KeyCommand::List { tenant } => show(j, &api.all_keys(tenant.as_deref())?, KEY),
         },
         Command::Version => show(j, &api.call("GET", "/v1/version", None)?, &["version", "loaded"]),
     }
