@@ -41,6 +41,8 @@ pub struct Config {
     pub server: crate::server::ServerConfig,
     pub redis: RedisConfig,
     pub cache: CacheConfig,
+    /// Responses stored in Redis (`[responses]`: a tenant's bound, crate::decision::responses).
+    pub responses: crate::decision::responses::ResponsesConfig,
     pub log: LogConfig,
     /// Plans by name, each a list of limits (docs/configuration.md). A key's `plan` selects one.
     pub plans: std::collections::BTreeMap<String, crate::decision::limits::PlanConfig>,
@@ -88,6 +90,7 @@ impl Default for Config {
             server: Default::default(),
             redis: RedisConfig::default(),
             cache: CacheConfig::default(),
+            responses: Default::default(),
             log: LogConfig::default(),
             plans: Default::default(),
             limits: Default::default(),
@@ -180,6 +183,9 @@ impl Config {
         }
         if self.cache.max_entries == 0 {
             return bad("cache.max_entries", "must be at least 1");
+        }
+        if !(1..=crate::decision::responses::ResponsesConfig::MAX_MB).contains(&self.responses.tenant_max_mb) {
+            return bad("responses.tenant_max_mb", "must be 1 to 1048576 (MiB)");
         }
         crate::decision::limits::Plans::compile(&self.plans)?;
         self.limits.validate()?;
@@ -368,6 +374,12 @@ mod tests {
         assert!(err.contains("timeout"), "{err}");
         let err = Config::from_toml("[redis]\nmode = \"cluster\"").unwrap_err().to_string();
         assert!(err.contains("redis.nodes"), "{err}");
+        for bad in ["0", "1048577"] {
+            let err = Config::from_toml(&format!("[responses]\ntenant_max_mb = {bad}")).unwrap_err().to_string();
+            assert!(err.contains("responses.tenant_max_mb"), "{err}");
+        }
+        assert_eq!(Config::from_toml("[responses]\ntenant_max_mb = 3").unwrap().responses.tenant_max_bytes(), 3 << 20);
+        assert_eq!(Config::default().responses.tenant_max_bytes(), 256 << 20);
         let err = Config::from_toml("[cache]\nmax_entries = 0").unwrap_err().to_string();
         assert!(err.contains("max_entries"), "{err}");
     }

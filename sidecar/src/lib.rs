@@ -119,6 +119,7 @@ impl Sidecar {
             hints: hints::Hints::new(&config.breaker),
             usage,
             tracer: trace::Tracer::start(&config.telemetry.traces),
+            responses: config.responses.clone(),
         });
         let (control, admin, propagation) = config_parts(config, state.clone()).await?;
         let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };

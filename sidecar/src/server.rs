@@ -134,6 +134,8 @@ pub struct AppState {
     pub usage: Option<Arc<crate::usage::Usage>>,
     /// One span per decision when traces are on (crate::trace).
     pub tracer: crate::trace::Tracer,
+    /// Responses stored in Redis (`[responses]`).
+    pub responses: crate::decision::responses::ResponsesConfig,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -376,7 +378,13 @@ async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
     };
     let routing = state.decider.routing();
     let (tickets, now_ms) = (state.decider.tickets(), state.decider.now_ms());
-    let ack = crate::decision::responses::store_batch(&state.store, &batch, |route| routing.cache_ttl_ms(route), tickets, now_ms).await;
+    let with = crate::decision::responses::Storing {
+        route_ttl_ms: |route: &str| routing.cache_ttl_ms(route),
+        tickets,
+        now_ms,
+        tenant_max_bytes: state.responses.tenant_max_bytes(),
+    };
+    let ack = crate::decision::responses::store_batch(&state.store, &batch, with).await;
     json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
 }
 

@@ -12,7 +12,7 @@ use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
 use tollgate_sidecar::decision::{Decider, Routing};
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::decision::limits::Plans;
-use tollgate_sidecar::decision::responses::store_batch;
+use tollgate_sidecar::decision::responses::{store_batch, Storing};
 use tollgate_sidecar::store::Store;
 use tollgate_tests::redis::command_calls;
 use tollgate_tests::Redis;
@@ -26,10 +26,17 @@ struct Lab {
     decider: Decider,
     store: Store,
     keys: Vec<String>,
+    clock: Arc<ManualClock>,
+    /// Bytes of stored responses a tenant may hold (decision 185).
+    bound: u64,
 }
 
 impl Lab {
     async fn new() -> Lab {
+        Lab::bounded(1 << 30).await
+    }
+
+    async fn bounded(bound: u64) -> Lab {
         let redis = Redis::start();
         let plan = |p: &str| format!("[[plans.{p}.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\n");
         let toml = plan("p") + &plan("q");
@@ -41,7 +48,8 @@ impl Lab {
         cfg.redis.decision_timeout = Duration::from_secs(2);
         cfg.cache.ttl = Duration::from_secs(600);
         let store = Store::new(&cfg.redis).unwrap();
-        let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), Arc::new(ManualClock::new(T0)));
+        let clock = Arc::new(ManualClock::new(T0));
+        let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock.clone());
         let mut s = Snapshot { plans: cfg.plans.clone(), ..Snapshot::default() };
         for change in [
             Change::Put(Kind::Routes, serde_json::json!({"id": "chat", "cluster": "a", "cache_ttl": "30s"})),
@@ -58,7 +66,7 @@ impl Lab {
             admin.create_key(&issued.hash, &issued.record).await.unwrap();
             keys.push(issued.hash.as_str().to_string());
         }
-        Lab { redis, decider, store, keys }
+        Lab { redis, decider, store, keys, clock, bound }
     }
 
     fn req(&self, key: usize, route: &str) -> DecideRequest {
@@ -81,7 +89,8 @@ impl Lab {
     async fn store(&self, ticket: StoreTicket, response: Option<StoredResponse>) -> tollgate_wire::responses::StoreAck {
         let routing = self.decider.routing();
                 let batch = StoreBatch { responses: vec![StoreItem { ticket, response }] };
-        store_batch(&self.store, &batch, |r| routing.cache_ttl_ms(r), self.decider.tickets(), self.decider.now_ms()).await
+        let with = Storing { route_ttl_ms: |r: &str| routing.cache_ttl_ms(r), tickets: self.decider.tickets(), now_ms: self.decider.now_ms(), tenant_max_bytes: self.bound };
+        store_batch(&self.store, &batch, with).await
     }
 
     /// `t` sealed as the decider would have (so only its fields are judged).
@@ -264,6 +273,84 @@ async fn every_2xx_outcome_is_remembered_whatever_its_size_or_kind() {
             assert_eq!(r.headers.len(), 64, "its first headers");
         }
     }
+}
+
+/// A cache miss of key `key` for the request hash numbered `n` (its store ticket).
+async fn miss(lab: &Lab, key: usize, n: u32) -> StoreTicket {
+    let req = DecideRequest { cache_key: Some(format!("{n:064x}")), ..lab.req(key, "chat") };
+    let (replay, ticket, _) = allowed(lab.decider.decide(&req).await.unwrap());
+    assert!(replay.is_none(), "request {n}: a miss");
+    ticket.expect("a miss carries a store ticket")
+}
+
+/// The tenant's ledger (responses:bytes:{tenant}), 0 when absent.
+fn counted(lab: &Lab, tenant: &str) -> u64 {
+    let v: Option<u64> = lab.cmd(&["GET", &format!("responses:bytes:{{{tenant}}}")]);
+    v.unwrap_or(0)
+}
+
+/// Decision 185: one tenant's stored responses cannot fill the Redis every tenant's limits live
+/// in. Before, each admitted request could store up to 1 MiB (24 h for an idempotency outcome)
+/// without any bound per tenant; with `noeviction` a full Redis refuses every tenant's writes.
+/// Past its bound a tenant's cache entry is not stored (a later miss), another tenant's still is,
+/// and an entry whose TTL has passed gives its bytes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_stored_responses_stay_within_its_bound() {
+    let lab = Lab::bounded(2_500).await;
+    let body = "x".repeat(1_000);
+    for n in 0..2 {
+        assert_eq!(lab.store(miss(&lab, 0, n).await, Some(ok(&body))).await.stored, 1, "entry {n}");
+    }
+    let held = counted(&lab, "acme");
+    assert!((2_000..=2_500).contains(&held), "two entries counted: {held}");
+    let ack = lab.store(miss(&lab, 0, 2).await, Some(ok(&body))).await;
+    assert_eq!((ack.stored, ack.refused), (0, 1), "past the bound: {ack:?}");
+    let stored: Vec<String> = lab.cmd(&["KEYS", "cache:exact:{acme}:*"]);
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(counted(&lab, "acme"), held, "a refused store counts nothing");
+    let (replay, _, _) = allowed(lab.decider.decide(&DecideRequest { cache_key: Some(format!("{:064x}", 2)), ..lab.req(0, "chat") }).await.unwrap());
+    assert!(replay.is_none(), "not stored: a miss again");
+    // a small answer still fits
+    assert_eq!(lab.store(miss(&lab, 0, 3).await, Some(ok("{}"))).await.stored, 1);
+    // another tenant has its own bound
+    assert_eq!(lab.store(miss(&lab, 1, 2).await, Some(ok(&body))).await.stored, 1, "beta");
+    // the route's TTL (30 s) passes: the entries' bytes are given back at the next store
+    lab.clock.advance(30_001);
+    assert_eq!(lab.store(miss(&lab, 0, 4).await, Some(ok(&body))).await.stored, 1, "room again");
+    let held = counted(&lab, "acme");
+    assert!((1_000..1_200).contains(&held), "only the new entry is counted: {held}");
+    let members: i64 = lab.cmd(&["ZCARD", "responses:live:{acme}"]);
+    assert_eq!(members, 1);
+    lab.redis.assert_ttl_invariant();
+}
+
+/// Decision 185, idempotency: an outcome that would take its tenant past the bound is still kept
+/// (its status and headers, marked truncated, as a too-large one is), so the retry replays it
+/// and never runs the operation again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_outcome_past_the_bound_is_kept_without_its_body() {
+    let lab = Lab::bounded(2_500).await;
+    let body = "y".repeat(1_000);
+    for n in 0..2 {
+        assert_eq!(lab.store(miss(&lab, 0, n).await, Some(ok(&body))).await.stored, 1, "entry {n}");
+    }
+    let (_, ticket, _) = allowed(lab.decider.decide(&lab.idem(0, "pay-1", "aa")).await.unwrap());
+    assert_eq!(lab.store(ticket.expect("a claim"), Some(ok(&body))).await.stored, 1, "kept");
+    let (replay, t, _) = allowed(lab.decider.decide(&lab.idem(0, "pay-1", "aa")).await.unwrap());
+    let (kind, r) = replay.expect("replayed, not claimed again");
+    assert_eq!((kind, r.status, t), (ReplayKind::Idempotency, 200, None));
+    assert_eq!((r.truncated, r.body.as_str(), r.headers.len()), (true, "", 1), "its status and headers");
+    let held = counted(&lab, "acme");
+    assert!(held > 2_000 && held < 2_500 + 200, "counted, past the bound by its headers only: {held}");
+    // within the bound the same outcome is kept whole
+    let (_, ticket, _) = allowed(lab.decider.decide(&lab.idem(1, "pay-1", "aa")).await.unwrap());
+    assert_eq!(lab.store(ticket.expect("a claim"), Some(ok(&body))).await.stored, 1);
+    let (replay, _, _) = allowed(lab.decider.decide(&lab.idem(1, "pay-1", "aa")).await.unwrap());
+    let (_, r) = replay.expect("replayed");
+    assert_eq!((r.truncated, r.body.len()), (false, 1_000));
+    let ttl: i64 = lab.cmd(&["PTTL", "responses:live:{beta}"]);
+    assert!(ttl > 86_000_000, "the ledger lives as long as the outcome it counts: {ttl}");
+    lab.redis.assert_ttl_invariant();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -460,3 +460,56 @@ fn uploads_over_envoys_buffer_limit_wait_for_their_decision_or_get_a_json_413() 
         }
     }
 }
+
+/// Decision 185: one tenant's stored responses cannot fill the Redis every tenant's limits live
+/// in. With `[responses] tenant_max_mb = 1`, a tenant filling its megabyte gets misses for what
+/// no longer fits (the upstream is called again), another tenant's responses are still cached,
+/// and an idempotent outcome past the bound is kept without its body: the retry is replayed,
+/// never run again. Before, every fill was stored.
+#[test]
+fn a_tenant_past_its_stored_bytes_gets_misses_and_another_tenant_hits() {
+    // a TTL no slow run outlives: an entry expiring mid-test would give its bytes back
+    let toml = cache_sidecar_toml(1000).replace("cache_ttl = \"60s\"", "cache_ttl = \"600s\"") + "\n[responses]\ntenant_max_mb = 1\n";
+    let mut plugin = cache_plugin();
+    plugin["responseCache"]["maxBodyBytes"] = serde_json::json!(65536);
+    let g = Gateway::builder().sidecar_toml(&toml).plugin(plugin).build();
+    let k = Keys { acme: g.sidecar().create_key("acme", "p", &[]).raw, beta: g.sidecar().create_key("beta", "p", &[]).raw };
+    poll_until("the routing table in the filter", Duration::from_secs(20), || get(&g.envoy().url("/warmup"), &[("x-api-key", &k.acme)]).status == 200);
+    let sample = |outcome: &str| g.sidecar().metric(&format!("tollgate_sidecar_responses_stored_total{{kind=\"cache\",outcome=\"{outcome}\"}}"));
+
+    // 40 distinct responses of ~20 KB (~40 KB as stored): about 25 fit in acme's megabyte
+    let fill = |n: usize| get(&g.envoy().url(&format!("/cached/fill/{n}")), &[("x-api-key", &k.acme), ("x-echo-pad", "10000")]);
+    for n in 0..40 {
+        let r = fill(n);
+        assert_eq!((r.status, r.header("x-tollgate-cache")), (200, Some("miss")), "fill {n}");
+    }
+    poll_until("the 40 fills handled", Duration::from_secs(30), || sample("stored") + sample("over_bound") == 40);
+    let (stored, over) = (sample("stored"), sample("over_bound"));
+    assert!(over >= 10 && stored >= 20, "stored {stored}, over the bound {over}");
+    let held: u64 = g.redis().cmd(&["GET", "responses:bytes:{acme}"]);
+    assert!(held <= 1 << 20, "within the bound: {held}");
+    assert_eq!(g.redis().keys("cache:exact:{acme}:*").len() as u64, stored);
+
+    // what was refused is a miss again (the upstream answers it), what was stored a hit
+    let hits = (0..40).filter(|&n| fill(n).header("x-tollgate-cache") == Some("hit")).count() as u64;
+    assert_eq!(hits, stored, "every stored fill hits, no refused one does");
+
+    // another tenant has its own bound: its response is stored and hit
+    let beta = |n| get(&g.envoy().url("/cached/fill/0"), &[("x-api-key", &k.beta), ("x-echo-pad", n)]);
+    assert_eq!(beta("10000").header("x-tollgate-cache"), Some("miss"));
+    poll_until("beta's fill stored", Duration::from_secs(20), || g.redis().keys("cache:exact:{beta}:*").len() == 1);
+    assert_eq!(beta("10000").header("x-tollgate-cache"), Some("hit"));
+
+    // an idempotent outcome past acme's bound is kept without its body: replayed, not run again
+    // (larger than any fill, which no longer fit)
+    let h = [("x-api-key", k.acme.as_str()), ("idempotency-key", "\"pay-1\""), ("x-echo-pad", "15000")];
+    let calls = g.upstream().calls();
+    let first = post(&g.envoy().url("/orders"), &h, "{}");
+    assert!(first.status == 200 && first.body.len() > 30_000, "{} {}", first.status, first.body.len());
+    let retry = post(&g.envoy().url("/orders"), &h, "{}");
+    assert_eq!((retry.status, retry.header("idempotent-replayed")), (200, Some("true")), "{}", retry.body);
+    assert!(retry.body.is_empty(), "kept without its body: {} bytes replayed", retry.body.len());
+    assert_eq!(g.upstream().calls(), calls + 1, "not run again");
+    assert_eq!(g.sidecar().metric("tollgate_sidecar_responses_stored_total{kind=\"idempotency\",outcome=\"over_bound\"}"), 1);
+    g.redis().assert_ttl_invariant();
+}

@@ -14,7 +14,7 @@
 //! once; beyond either, an outcome is dropped as before (counted).
 
 use crate::keys::IDEMPOTENCY_IN_FLIGHT_TTL_MS;
-use crate::scripts::idem_complete::{self, IdemComplete};
+use crate::scripts::idem_complete::{self, IdemComplete, Settled};
 use crate::store::Store;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -36,9 +36,9 @@ fn count(outcome: &'static str) {
     metrics::counter!(RETRIED, "outcome" => outcome).increment(1);
 }
 
-/// Keeps `call` and runs it again until Redis answers (in the background).
-pub fn retry(store: &Store, call: IdemComplete) {
-    let bytes = call.response.as_ref().map_or(0, String::len);
+/// Keeps `call`, first run at `now_ms`, and runs it again until Redis answers (in the background).
+pub fn retry(store: &Store, call: IdemComplete, now_ms: u64) {
+    let bytes = call.len();
     let n = PENDING.fetch_add(1, Ordering::Relaxed);
     let b = PENDING_BYTES.fetch_add(bytes, Ordering::Relaxed);
     if n >= MAX_PENDING || b + bytes > MAX_PENDING_BYTES {
@@ -50,23 +50,24 @@ pub fn retry(store: &Store, call: IdemComplete) {
     }
     let store = store.clone();
     tokio::spawn(async move {
-        count(settle(&store, &call).await);
+        count(settle(&store, &call, now_ms).await);
         PENDING.fetch_sub(1, Ordering::Relaxed);
         PENDING_BYTES.fetch_sub(bytes, Ordering::Relaxed);
     });
 }
 
-async fn settle(store: &Store, call: &IdemComplete) -> &'static str {
+async fn settle(store: &Store, call: &IdemComplete, first_ms: u64) -> &'static str {
     let started = Instant::now();
     let mut wait = FIRST_WAIT;
     while started.elapsed() < Duration::from_millis(IDEMPOTENCY_IN_FLIGHT_TTL_MS) {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(MAX_WAIT);
-        match idem_complete::run(store, call).await {
-            Ok(true) if call.response.is_some() => return "stored",
-            Ok(true) => return "released",
+        let now_ms = first_ms + started.elapsed().as_millis() as u64;
+        match idem_complete::run(store, call, now_ms).await {
+            Ok(Settled::Done | Settled::WithoutBody) if call.response.is_some() => return "stored",
+            Ok(Settled::Done | Settled::WithoutBody) => return "released",
             // the claim is no longer this request's (stored by a call that timed out, expired)
-            Ok(false) => return "refused",
+            Ok(Settled::NotOurs) => return "refused",
             Err(e) if e.is_transient() || e.is_read_only() => {}
             Err(e) => {
                 tracing::warn!(error = %e, "an idempotency outcome cannot be recorded");

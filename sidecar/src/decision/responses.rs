@@ -6,10 +6,17 @@
 //! [`Outcome`]; [`crate::decision`] turns it into a replay, a store ticket or a 409/422.
 //!
 //! Storing is off the request path: the filter sends finished responses in batches to
-//! `POST /v1/responses` ([`store_batch`]). A cache entry is one `SET … PX <route TTL>`; an
-//! idempotency outcome runs `idem_complete.lua` (store the 2xx response for 24 h, or release the
-//! claim). Everything the filter echoes back is validated again, and the TTL is the sidecar's own
-//! route configuration, never the filter's word.
+//! `POST /v1/responses` ([`store_batch`]). A cache entry runs `store_response.lua` (`SET … NX PX
+//! <route TTL>`); an idempotency outcome runs `idem_complete.lua` (store the 2xx response for
+//! 24 h, or release the claim). Everything the filter echoes back is validated again, and the TTL
+//! is the sidecar's own route configuration, never the filter's word.
+//!
+//! Each tenant holds at most [`ResponsesConfig::tenant_max_mb`] of stored responses at once
+//! (decision 185), counted by both scripts in the tenant's ledger (`responses:live:{tenant}`,
+//! `responses:bytes:{tenant}`): one tenant's stores cannot fill the Redis that every tenant's
+//! limits live in. Past it a cache entry is not stored (a later miss), and an idempotency outcome
+//! is stored without its body (its status and headers, marked truncated, as a too-large one is:
+//! the operation still never runs twice).
 //!
 //! Failure policy (seeds 002 and 004): Redis unavailable → a cache lookup is a miss and nothing
 //! is stored; an idempotency key executes without being recorded (fail-open), logged at most once
@@ -18,14 +25,15 @@
 //! long as its in-flight marker can live ([`IDEMPOTENCY_IN_FLIGHT_TTL_MS`]).
 
 use crate::keys::{
-    CacheHash, Id, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey,
-    IDEMPOTENCY_IN_FLIGHT_TTL_MS, IDEMPOTENCY_TTL_MS,
+    CacheHash, Id, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey, ResponsesBytesKey,
+    ResponsesLiveKey, IDEMPOTENCY_IN_FLIGHT_TTL_MS, IDEMPOTENCY_TTL_MS,
 };
 use crate::scripts::decide::Lookup as ScriptLookup;
-use crate::scripts::idem_complete::{self, IdemComplete};
-use crate::store::{Store, StoreError};
+use crate::scripts::idem_complete::{self, IdemComplete, Settled};
+use crate::scripts::store_response::{self, StoreResponse, Stored};
+use crate::store::Store;
 use super::tickets::TicketKey;
-use std::time::Duration;
+use serde::{Deserialize, Serialize};
 use rand::distr::{Alphanumeric, SampleString};
 use tollgate_wire::responses::{StoreAck, StoreBatch, StoreItem, StoreTicket, StoredResponse, MAX_STORED_BODY};
 use tollgate_wire::DecideRequest;
@@ -36,8 +44,34 @@ pub const CACHE_LOOKUPS: &str = "tollgate_sidecar_response_cache_total";
 /// unavailable).
 pub const IDEMPOTENCY: &str = "tollgate_sidecar_idempotency_total";
 /// Metric: stored-response items, labelled `kind` (cache | idempotency) and `outcome` (stored |
-/// released | refused | failed).
+/// released | refused | failed | over_bound: the tenant's bound of stored bytes was reached — a
+/// cache entry not stored, an idempotency outcome stored without its body).
 pub const STORES: &str = "tollgate_sidecar_responses_stored_total";
+
+/// `[responses]`: responses stored in Redis (decision 185).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponsesConfig {
+    /// MiB of stored responses (cached entries and idempotency outcomes, as stored) one tenant
+    /// may hold in Redis at once; 1 to 1,048,576.
+    pub tenant_max_mb: u64,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        ResponsesConfig { tenant_max_mb: 256 }
+    }
+}
+
+impl ResponsesConfig {
+    /// Largest `tenant_max_mb`: 1 TiB.
+    pub const MAX_MB: u64 = 1 << 20;
+
+    /// The bound in bytes.
+    pub fn tenant_max_bytes(&self) -> u64 {
+        self.tenant_max_mb.min(Self::MAX_MB) << 20
+    }
+}
 
 /// The one response lookup of a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,18 +171,27 @@ const MAX_STORED_HEADERS: usize = 64;
 /// What of an idempotency outcome is kept: any 2xx (a 206 too: the operation ran), whole when it
 /// is within the bounds, else its status and first headers without its body, marked truncated
 /// — never released, so a retry replays it and never runs the operation again (decision 49).
+/// The same without its body goes beside a whole one that has a body: it is stored instead when
+/// the whole would take the tenant past its bound (decision 185).
 /// Not a 2xx: `None`, the claim is released.
-fn idempotent_outcome(r: &StoredResponse) -> Option<std::borrow::Cow<'_, StoredResponse>> {
+fn idempotent_outcome(r: &StoredResponse) -> Option<Result<idem_complete::Outcome, serde_json::Error>> {
     if !(200..=299).contains(&r.status) {
         return None;
     }
-    if within_bounds(r) {
-        return Some(std::borrow::Cow::Borrowed(r));
-    }
-    let headers = r.headers.iter().take(MAX_STORED_HEADERS).cloned().collect();
-    let mut kept = StoredResponse::new(r.status, headers, Vec::new(), r.stored_at_ms);
-    kept.truncated = true;
-    Some(std::borrow::Cow::Owned(kept))
+    let without_body = || {
+        let headers = r.headers.iter().take(MAX_STORED_HEADERS).cloned().collect();
+        let mut kept = StoredResponse::new(r.status, headers, Vec::new(), r.stored_at_ms);
+        kept.truncated = true;
+        serde_json::to_string(&kept)
+    };
+    Some((|| {
+        if !within_bounds(r) {
+            return Ok(idem_complete::Outcome { json: without_body()?, without_body: None });
+        }
+        let json = serde_json::to_string(r)?;
+        let without_body = if r.body_len() > 0 { Some(without_body()?) } else { None };
+        Ok(idem_complete::Outcome { json, without_body })
+    })())
 }
 
 /// Where a cache ticket's response goes and for how long, after validating every field.
@@ -170,81 +213,80 @@ pub fn idempotency_target(ticket: &StoreTicket) -> Option<(IdempotencyOwnerKey, 
     Some((IdempotencyOwnerKey::new(&tenant, &key_id, &idem), IdempotencyMemoKey::new(&tenant, &key_id, &digest, &idem), digest, token.clone()))
 }
 
-/// Off the request path: the filter's batch waits, not a request.
-const STORE_DEADLINE: Duration = Duration::from_secs(2);
-
-/// `SET cache:exact:… <json> NX PX <ttl>`: one cached response, where none is (`true` when
-/// written). Never over an entry: a cache ticket is taken back only while the entry it wrote
-/// would live, so its replay finds that entry and changes nothing.
-async fn set(store: &Store, key: &ResponseCacheKey, json: String, ttl_ms: u64) -> Result<bool, StoreError> {
-    let key = key.clone();
-    let opts = redis::SetOptions::default()
-        .conditional_set(redis::ExistenceCheck::NX)
-        .with_expiration(redis::SetExpiry::PX(ttl_ms.max(1)));
-    store
-        .run_with_deadline("set_response", STORE_DEADLINE, |mut c| async move {
-            let written: Option<String> = redis::AsyncCommands::set_options(&mut c, key, json, opts).await?;
-            Ok(written.is_some())
-        })
-        .await
-}
-
 enum Done {
     Stored,
     Released,
     Refused,
     Failed,
+    /// The tenant's bound was reached: a cache entry not stored, an outcome stored without its body.
+    OverBound,
 }
 
-async fn store_one(
-    store: &Store,
-    item: &StoreItem,
-    route_ttl_ms: &(impl Fn(&str) -> Option<u64> + Sync),
-    tickets: &TicketKey,
-    now_ms: u64,
-) -> (&'static str, Done) {
+/// What storing a batch needs besides its items.
+pub struct Storing<'a, F> {
+    /// The TTL of a route id in the configuration in force (none: not caching).
+    pub route_ttl_ms: F,
+    pub tickets: &'a TicketKey,
+    pub now_ms: u64,
+    /// [`ResponsesConfig::tenant_max_bytes`].
+    pub tenant_max_bytes: u64,
+}
+
+/// The tenant's ledger of stored bytes (decision 185).
+fn ledger(tenant: &str) -> Option<(ResponsesLiveKey, ResponsesBytesKey)> {
+    let tenant = Id::parse(tenant)?;
+    Some((ResponsesLiveKey::new(&tenant), ResponsesBytesKey::new(&tenant)))
+}
+
+async fn store_one<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, item: &StoreItem, with: &Storing<'_, F>) -> (&'static str, Done) {
     let kind = match item.ticket {
         StoreTicket::Cache { .. } => "cache",
         StoreTicket::Idempotency { .. } => "idempotency",
     };
-    if let Err(why) = tickets.verify_store(&item.ticket, now_ms) {
+    if let Err(why) = with.tickets.verify_store(&item.ticket, with.now_ms) {
         tracing::debug!(kind, reason = why.as_str(), "refused a response's ticket");
         return (kind, Done::Refused);
     }
     match &item.ticket {
-        t @ StoreTicket::Cache { .. } => {
+        t @ StoreTicket::Cache { tenant, .. } => {
             let response = item.response.as_ref().filter(|r| storable(r));
-            let (Some((key, ttl)), Some(r)) = (cache_target(t, route_ttl_ms), response) else { return (kind, Done::Refused) };
+            let (Some((key, ttl_ms)), Some((live, bytes)), Some(r)) = (cache_target(t, &with.route_ttl_ms), ledger(tenant), response) else {
+                return (kind, Done::Refused);
+            };
             let Ok(json) = serde_json::to_string(r) else { return (kind, Done::Refused) };
-            match set(store, &key, json, ttl).await {
-                Ok(true) => (kind, Done::Stored),
-                Ok(false) => (kind, Done::Refused),
+            let call = StoreResponse { key, live, bytes, json, ttl_ms, now_ms: with.now_ms, bound: with.tenant_max_bytes };
+            match store_response::run(store, &call).await {
+                Ok(Stored::Stored) => (kind, Done::Stored),
+                // never over an entry (decision 89)
+                Ok(Stored::Exists) => (kind, Done::Refused),
+                Ok(Stored::OverBound) => (kind, Done::OverBound),
                 Err(e) => {
                     tracing::debug!(error = %e, "a response could not be cached");
                     (kind, Done::Failed)
                 }
             }
         }
-        t @ StoreTicket::Idempotency { .. } => {
-            let Some((owner, memo, digest, token)) = idempotency_target(t) else { return (kind, Done::Refused) };
-            // not a 2xx outcome (or none): the claim is released
-            let json = match item.response.as_ref().and_then(idempotent_outcome) {
-                None => None,
-                Some(r) => match serde_json::to_string(&*r) {
-                    Ok(j) => Some(j),
-                    Err(_) => return (kind, Done::Refused),
-                },
+        t @ StoreTicket::Idempotency { tenant, .. } => {
+            let (Some((owner, memo, digest, token)), Some((live, bytes))) = (idempotency_target(t), ledger(tenant)) else {
+                return (kind, Done::Refused);
             };
-            let storing = json.is_some();
-            let call = IdemComplete { owner, memo, token, digest, response: json };
-            match idem_complete::run(store, &call).await {
-                Ok(true) if storing => (kind, Done::Stored),
-                Ok(true) => (kind, Done::Released),
-                Ok(false) => (kind, Done::Refused),
+            // not a 2xx outcome (or none): the claim is released
+            let response = match item.response.as_ref().and_then(idempotent_outcome) {
+                None => None,
+                Some(Ok(o)) => Some(o),
+                Some(Err(_)) => return (kind, Done::Refused),
+            };
+            let storing = response.is_some();
+            let call = IdemComplete { owner, memo, live, bytes, token, digest, response, bound: with.tenant_max_bytes };
+            match idem_complete::run(store, &call, with.now_ms).await {
+                Ok(Settled::Done) if storing => (kind, Done::Stored),
+                Ok(Settled::Done) => (kind, Done::Released),
+                Ok(Settled::WithoutBody) => (kind, Done::OverBound),
+                Ok(Settled::NotOurs) => (kind, Done::Refused),
                 Err(e) => {
                     tracing::debug!(error = %e, "an idempotency outcome could not be recorded now: tried again until Redis takes it");
                     if e.is_transient() || e.is_read_only() {
-                        super::outcomes::retry(store, call);
+                        super::outcomes::retry(store, call, with.now_ms);
                     }
                     (kind, Done::Failed)
                 }
@@ -255,23 +297,21 @@ async fn store_one(
 
 /// Stores (or releases) a batch of finished responses; each item independently, concurrently (the
 /// multiplexed connection pipelines them).
-/// Only items whose ticket `tickets` sealed, unaltered and unexpired at `now_ms`, are looked at.
-pub async fn store_batch(
-    store: &Store,
-    batch: &StoreBatch,
-    route_ttl_ms: impl Fn(&str) -> Option<u64> + Sync,
-    tickets: &TicketKey,
-    now_ms: u64,
-) -> StoreAck {
+/// Only items whose ticket `with.tickets` sealed, unaltered and unexpired at `with.now_ms`, are
+/// looked at.
+pub async fn store_batch<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, batch: &StoreBatch, with: Storing<'_, F>) -> StoreAck {
     let mut ack = StoreAck::default();
     for chunk in batch.responses.chunks(64) {
-        let results = futures::future::join_all(chunk.iter().map(|i| store_one(store, i, &route_ttl_ms, tickets, now_ms))).await;
+        let results = futures::future::join_all(chunk.iter().map(|i| store_one(store, i, &with))).await;
         for (kind, done) in results {
             let (outcome, n) = match done {
                 Done::Stored => ("stored", &mut ack.stored),
                 Done::Released => ("released", &mut ack.released),
                 Done::Refused => ("refused", &mut ack.refused),
                 Done::Failed => ("failed", &mut ack.failed),
+                // an outcome without its body is stored; a cache entry is not
+                Done::OverBound if kind == "idempotency" => ("over_bound", &mut ack.stored),
+                Done::OverBound => ("over_bound", &mut ack.refused),
             };
             *n += 1;
             metrics::counter!(STORES, "kind" => kind, "outcome" => outcome).increment(1);

@@ -10,11 +10,12 @@ pub mod copy_key;
 pub mod decide;
 pub mod idem_complete;
 pub mod refund;
+pub mod store_response;
 
 pub use call::{BadReply, ScriptError};
 
 /// The scripts the request path and the completions run, loaded at start
 /// ([`crate::store::Store::warm_up`]).
-pub fn all() -> [&'static redis::Script; 4] {
-    [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT, &refund::SCRIPT]
+pub fn all() -> [&'static redis::Script; 5] {
+    [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT, &refund::SCRIPT, &store_response::SCRIPT]
 }

@@ -531,6 +531,6 @@ mod config_key_tests {
 
 mod responses;
 pub use responses::{
-    CacheHash, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey, IDEMPOTENCY_IN_FLIGHT_TTL_MS,
-    IDEMPOTENCY_TTL_MS,
+    CacheHash, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey, ResponsesBytesKey, ResponsesLiveKey,
+    IDEMPOTENCY_IN_FLIGHT_TTL_MS, IDEMPOTENCY_TTL_MS,
 };

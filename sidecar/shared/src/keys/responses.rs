@@ -90,6 +90,33 @@ redis_key!(
     IdempotencyOwnerKey
 );
 
+redis_key!(
+    /// `responses:live:{tenant}` — zset (decision 185): one member per stored response of the
+    /// tenant (cache entries and idempotency outcomes), `<bytes>:<its key>`, scored by the time
+    /// (ms) its TTL ends. With [`ResponsesBytesKey`], the tenant's ledger of stored bytes, kept by
+    /// `store_response.lua` and `idem_complete.lua` (`sidecar/lua/ledger.lua`).
+    ResponsesLiveKey
+);
+
+redis_key!(
+    /// `responses:bytes:{tenant}` — string: the sum of [`ResponsesLiveKey`]'s bytes; a store that
+    /// would take it past the tenant's bound (`[responses] tenant_max_mb`) is refused (a cache
+    /// entry) or kept without its body (an idempotency outcome). Decision 185.
+    ResponsesBytesKey
+);
+
+impl ResponsesLiveKey {
+    pub fn new(tenant: &Id) -> Self {
+        Self(format!("responses:live:{}", tag(tenant)))
+    }
+}
+
+impl ResponsesBytesKey {
+    pub fn new(tenant: &Id) -> Self {
+        Self(format!("responses:bytes:{}", tag(tenant)))
+    }
+}
+
 /// TTL of a completed idempotency memo and of its owner key: 24 h (seed 002).
 pub const IDEMPOTENCY_TTL_MS: u64 = 24 * 3600 * 1000;
 /// TTL of the in-flight marker: a request whose outcome never arrives (Envoy crashed, the report
@@ -129,6 +156,8 @@ mod response_key_tests {
         );
         assert_eq!(IdempotencyOwnerKey::new(&t, &k, &i).as_str(), "idem:key:{acme}:key_1:8e03978e-40d5-43e8-bc93-6894a57f9324");
         assert_eq!(IDEMPOTENCY_TTL_MS, 86_400_000);
+        assert_eq!(ResponsesLiveKey::new(&t).as_str(), "responses:live:{acme}");
+        assert_eq!(ResponsesBytesKey::new(&t).as_str(), "responses:bytes:{acme}");
     }
 
     #[test]
