@@ -38,7 +38,7 @@ fn count(outcome: &'static str) {
 
 /// Keeps `call`, first run at `now_ms`, and runs it again until Redis answers (in the background).
 pub fn retry(store: &Store, call: IdemComplete, now_ms: u64) {
-    let bytes = call.len();
+    let bytes = call.outcome_bytes();
     let n = PENDING.fetch_add(1, Ordering::Relaxed);
     let b = PENDING_BYTES.fetch_add(bytes, Ordering::Relaxed);
     if n >= MAX_PENDING || b + bytes > MAX_PENDING_BYTES {

@@ -54,7 +54,7 @@ pub enum Settled {
 
 impl IdemComplete {
     /// The outcome's bytes (what waits in memory while it is tried again).
-    pub fn len(&self) -> usize {
+    pub fn outcome_bytes(&self) -> usize {
         self.response.as_ref().map_or(0, |o| o.json.len() + o.without_body.as_ref().map_or(0, String::len))
     }
 
@@ -118,7 +118,7 @@ mod tests {
         let (keys, args) = call.encode(5);
         assert_eq!(keys, ["idem:key:{acme}:key_1:k-1", &format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16)), "responses:live:{acme}", "responses:bytes:{acme}"]);
         assert_eq!(args, ["tok", &"0a".repeat(16), "store", "{}", "86400000", "{ }", "5", "9"]);
-        assert_eq!(call.len(), 5);
+        assert_eq!(call.outcome_bytes(), 5);
         let (_, args) = IdemComplete { response: None, ..call }.encode(5);
         assert_eq!(&args[2..4], ["release", ""]);
         assert_eq!([read(1), read(2), read(0), read(3)], [Some(Settled::Done), Some(Settled::WithoutBody), Some(Settled::NotOurs), None]);
