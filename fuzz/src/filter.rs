@@ -319,7 +319,7 @@ pub fn filter_request(data: &[u8]) {
     let queue = Rc::new(RefCell::new(ResponseQueue::new(16, 1 << 16)));
     let mut filter = AuthFilter::new(Rc::new(config), Rc::new(RefCell::new(CompletionQueue::new(16))))
         .with_routes(Rc::new(RefCell::new(WorkerRoutes::default())))
-        .with_responses(queue.clone());
+        .with_responses(queue.clone(), Default::default());
     filter.on_request_headers(&mut host, false);
     let size = host.request_body.len();
     filter.on_request_body(&mut host, size, true);

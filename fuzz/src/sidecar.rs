@@ -8,13 +8,14 @@
 use std::collections::BTreeMap;
 use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
 use tollgate_wire::breaker::{valid_hint_part, HintReport};
-use tollgate_wire::responses::StoreBatch;
+use tollgate_wire::responses::{ClaimRenewal, StoreBatch};
 use tollgate_wire::usage::UsageBatch;
 use tollgate_wire::{CompletionBatch, DecideRequest};
 
 /// `sidecar_bodies`: the body of every sidecar endpoint as the sidecar decodes it, then the pure
 /// checks each handler applies before touching Redis: `POST /v1/decide`, `/v1/completions`,
-/// `/v1/usage` (with `usage::invalid_reason`), `/v1/responses`, `/v1/breaker/hints`, and the
+/// `/v1/usage` (with `usage::invalid_reason`), `/v1/responses`, `/v1/responses/claims` (with
+/// `responses::idempotency_target`), `/v1/breaker/hints`, and the
 /// admin API's object bodies (`Snapshot::apply` of a put, for every kind). The first byte picks
 /// the admin kind; the whole input is offered to every decoder.
 pub fn sidecar_bodies(data: &[u8]) {
@@ -34,6 +35,11 @@ pub fn sidecar_bodies(data: &[u8]) {
         }
     }
     let _ = serde_json::from_slice::<StoreBatch>(data);
+    if let Ok(c) = serde_json::from_slice::<ClaimRenewal>(data) {
+        for t in &c.claims {
+            let _ = tollgate_sidecar::decision::responses::idempotency_target(t);
+        }
+    }
     if let Ok(h) = serde_json::from_slice::<HintReport>(data) {
         let _ = valid_hint_part(&h.provider) && valid_hint_part(&h.model);
     }

@@ -187,6 +187,10 @@ impl Config {
         if !(1..=crate::decision::responses::ResponsesConfig::MAX_MB).contains(&self.responses.tenant_max_mb) {
             return bad("responses.tenant_max_mb", "must be 1 to 1048576 (MiB)");
         }
+        let in_flight = self.responses.idempotency_in_flight;
+        if in_flight < std::time::Duration::from_secs(1) || in_flight > std::time::Duration::from_secs(24 * 3600) {
+            return bad("responses.idempotency_in_flight", "must be 1s to 24h");
+        }
         crate::decision::limits::Plans::compile(&self.plans)?;
         self.limits.validate()?;
         self.usage.validate()?;
@@ -380,6 +384,11 @@ mod tests {
         }
         assert_eq!(Config::from_toml("[responses]\ntenant_max_mb = 3").unwrap().responses.tenant_max_bytes(), 3 << 20);
         assert_eq!(Config::default().responses.tenant_max_bytes(), 256 << 20);
+        assert_eq!(Config::default().responses.idempotency_in_flight, Duration::from_secs(300));
+        for bad in ["\"999ms\"", "\"25h\""] {
+            let err = Config::from_toml(&format!("[responses]\nidempotency_in_flight = {bad}")).unwrap_err().to_string();
+            assert!(err.contains("responses.idempotency_in_flight"), "{err}");
+        }
         let err = Config::from_toml("[cache]\nmax_entries = 0").unwrap_err().to_string();
         assert!(err.contains("max_entries"), "{err}");
     }

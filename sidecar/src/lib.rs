@@ -112,7 +112,8 @@ impl Sidecar {
                 decision::Decider::new(store.clone(), &config.cache, limits::Plans::compile(&config.plans)?, clock)
                     .with_usage(usage.clone())
                     .with_ticket_key(ticket_key)
-                    .with_local(Arc::new(decision::local::LocalLimits::new(&config.limits))),
+                    .with_local(Arc::new(decision::local::LocalLimits::new(&config.limits)))
+                    .with_in_flight(config.responses.idempotency_in_flight),
             ),
             store,
             prometheus: metrics::handle(),

@@ -151,6 +151,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             tollgate_wire::responses::RESPONSES_PATH,
             post(responses).layer(axum::extract::DefaultBodyLimit::max(RESPONSES_BODY_LIMIT)),
         )
+        .route(tollgate_wire::responses::CLAIMS_PATH, post(claims))
         .route(tollgate_wire::routes::ROUTES_PATH, get(routes))
         .route(tollgate_wire::changes::CHANGES_PATH, get(changes))
         .route(tollgate_wire::breaker::HINTS_PATH, get(list_hints).post(record_hint))
@@ -179,6 +180,7 @@ async fn require_secret(State(state): State<Arc<AppState>>, req: Request, next: 
         tollgate_wire::refunds::REFUNDS_PATH,
         USAGE_PATH,
         tollgate_wire::responses::RESPONSES_PATH,
+        tollgate_wire::responses::CLAIMS_PATH,
         tollgate_wire::routes::ROUTES_PATH,
         tollgate_wire::changes::CHANGES_PATH,
         tollgate_wire::breaker::HINTS_PATH,
@@ -386,6 +388,24 @@ async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
     };
     let ack = crate::decision::responses::store_batch(&state.store, &batch, with).await;
     json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())
+}
+
+/// Keeps the idempotency claims of requests still running (decision 186): 200 with each claim's
+/// ticket sealed again or `null` (not kept: stop asking), 503 when Redis did not answer (asked
+/// again), 400 for a batch it cannot read or of more than `MAX_CLAIM_BATCH` claims.
+async fn claims(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let batch: tollgate_wire::responses::ClaimRenewal = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid claim batch: {e}")),
+    };
+    if batch.claims.len() > tollgate_wire::responses::MAX_CLAIM_BATCH {
+        return error(StatusCode::BAD_REQUEST, "bad_request", format!("at most {} claims a batch", tollgate_wire::responses::MAX_CLAIM_BATCH));
+    }
+    let (tickets, now_ms, in_flight) = (state.decider.tickets(), state.decider.now_ms(), state.decider.in_flight_ms());
+    match crate::decision::responses::keep_claims(&state.store, &batch, tickets, now_ms, in_flight).await {
+        Ok(kept) => json(StatusCode::OK, serde_json::to_vec(&kept).unwrap_or_default()),
+        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable", "claims could not be kept now: ask again".into()),
+    }
 }
 
 /// The routing table for the filters. `If-None-Match` with the current etag → 304, no body: a

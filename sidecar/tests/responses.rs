@@ -12,11 +12,11 @@ use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
 use tollgate_sidecar::decision::{Decider, Routing};
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::decision::limits::Plans;
-use tollgate_sidecar::decision::responses::{store_batch, Storing};
+use tollgate_sidecar::decision::responses::{keep_claims, store_batch, Storing};
 use tollgate_sidecar::store::Store;
 use tollgate_tests::redis::command_calls;
 use tollgate_tests::Redis;
-use tollgate_wire::responses::{IdempotencyRequest, ReplayKind, StoreBatch, StoreItem, StoreTicket, StoredResponse};
+use tollgate_wire::responses::{ClaimRenewal, IdempotencyRequest, ReplayKind, StoreBatch, StoreItem, StoreTicket, StoredResponse};
 use tollgate_wire::{DecideRequest, DecideResponse};
 
 const T0: u64 = 1_795_953_600_000;
@@ -351,6 +351,33 @@ async fn an_idempotent_outcome_past_the_bound_is_kept_without_its_body() {
     let ttl: i64 = lab.cmd(&["PTTL", "responses:live:{beta}"]);
     assert!(ttl > 86_000_000, "the ledger lives as long as the outcome it counts: {ttl}");
     lab.redis.assert_ttl_invariant();
+}
+
+/// Decision 186: a claim whose request still runs is kept another in-flight TTL and its ticket
+/// sealed again, while it is still the request's; a settled claim, an altered ticket are not
+/// (`None`: the worker stops asking).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_requests_claim_is_kept_and_its_ticket_sealed_again() {
+    let lab = Lab::new().await;
+    let running = allowed(lab.decider.decide(&lab.idem(0, "run", "aa")).await.unwrap()).1.expect("a claim");
+    let settled = allowed(lab.decider.decide(&lab.idem(0, "done", "aa")).await.unwrap()).1.expect("a claim");
+    assert_eq!(lab.store(settled.clone(), Some(ok("{}"))).await.stored, 1);
+    let mut forged = running.clone();
+    if let StoreTicket::Idempotency { token, .. } = &mut forged {
+        *token = "other".into();
+    }
+    let memo: Vec<String> = lab.cmd(&["KEYS", "idem:api:{acme}:*:run"]);
+    let _: () = lab.cmd(&["PEXPIRE", &memo[0], "1000"]);
+    lab.clock.advance(100_000);
+    let batch = ClaimRenewal { claims: vec![running.clone(), settled, forged] };
+    let kept = keep_claims(&lab.store, &batch, lab.decider.tickets(), lab.decider.now_ms(), 300_000).await.expect("Redis answers");
+    let [Some(again), None, None] = kept.claims.as_slice() else { panic!("{kept:?}") };
+    assert_eq!(again.seal().expires_at_ms, T0 + 100_000 + 300_000, "sealed for another TTL from now");
+    let ttl: i64 = lab.cmd(&["PTTL", &memo[0]]);
+    assert!(ttl > 290_000, "the claim lives another TTL: {ttl}");
+    // the resealed ticket stores the outcome after the first ticket's life
+    lab.clock.advance(250_000);
+    assert_eq!(lab.store(again.clone(), Some(ok("{}"))).await.stored, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

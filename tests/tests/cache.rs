@@ -513,3 +513,39 @@ fn a_tenant_past_its_stored_bytes_gets_misses_and_another_tenant_hits() {
     assert_eq!(g.sidecar().metric("tollgate_sidecar_responses_stored_total{kind=\"idempotency\",outcome=\"over_bound\"}"), 1);
     g.redis().assert_ttl_invariant();
 }
+
+/// Decision 186: a request that runs longer than its claim's in-flight TTL keeps its claim — its
+/// worker asks the sidecar to keep it while it runs — so a retry meanwhile gets 409, never a
+/// second run beside the first, and the first's outcome is stored (its ticket sealed again) and
+/// replayed. Before, the claim expired under the running request: the retry ran the operation
+/// again, and the first's outcome was refused (its ticket had expired with the claim).
+#[test]
+fn a_claim_outlives_its_in_flight_ttl_while_its_request_runs() {
+    let toml = cache_sidecar_toml(1000) + "\n[responses]\nidempotency_in_flight = \"3s\"\n";
+    let g = Gateway::builder().sidecar_toml(&toml).plugin(cache_plugin()).build();
+    let acme = g.sidecar().create_key("acme", "p", &[]).raw;
+    poll_until("the routing table in the filter", Duration::from_secs(20), || get(&g.envoy().url("/warmup"), &[("x-api-key", &acme)]).status == 200);
+    let url = g.envoy().url("/orders");
+    let asked = |outcome: &str| g.sidecar().metric(&format!("tollgate_sidecar_idempotency_claims_kept_total{{outcome=\"{outcome}\"}}"));
+    let calls = g.upstream().calls();
+    let first = {
+        let (url, acme) = (url.clone(), acme.clone());
+        std::thread::spawn(move || {
+            let h = [("x-api-key", acme.as_str()), ("idempotency-key", "\"long-1\""), ("x-echo-delay-ms", "12000")];
+            post(&url, &h, r#"{"item":"desk"}"#)
+        })
+    };
+    // each ask comes once a third of the claim's life is gone: three of them, and the claim's
+    // first TTL (3 s) is over
+    poll_until("the claim asked for three times", Duration::from_secs(20), || asked("kept") + asked("gone") >= 3);
+    assert_eq!(asked("gone"), 0, "kept every time");
+    assert!(!first.is_finished(), "the first request still runs");
+    let h = [("x-api-key", acme.as_str()), ("idempotency-key", "\"long-1\"")];
+    let retry = post(&url, &h, r#"{"item":"desk"}"#);
+    assert_eq!((retry.status, retry.json()["error"].as_str()), (409, Some("idempotency_in_flight")), "{}", retry.body);
+    let first = first.join().unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    let replay = post(&url, &h, r#"{"item":"desk"}"#);
+    assert_eq!((replay.status, replay.header("idempotent-replayed")), (200, Some("true")), "{}", replay.body);
+    assert_eq!(g.upstream().calls(), calls + 1, "the operation ran once");
+}

@@ -30,6 +30,7 @@ fn forged_calls_without_or_with_a_wrong_secret_are_refused_and_change_nothing() 
         ("POST", "/v1/completions", Some(r#"{"completions":[]}"#.into())),
         ("POST", "/v1/usage", Some(r#"{"events":[]}"#.into())),
         ("POST", "/v1/responses", Some(r#"{"entries":[]}"#.into())),
+        ("POST", "/v1/responses/claims", Some(r#"{"claims":[]}"#.into())),
         ("POST", "/v1/breaker/hints", Some(hint.clone())),
         ("GET", "/v1/breaker/hints", None),
         ("GET", "/v1/routes", None),
@@ -453,4 +454,26 @@ fn rand_id() -> u128 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     (SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() << 16) | u128::from(n)
+}
+
+/// Decision 186: the claims endpoint reads what it is sent as hostile — a batch it cannot read or
+/// of more than 500 claims is a 400, a ticket the deployment did not seal is not kept (`null`,
+/// before Redis is asked: here Redis is unreachable).
+#[test]
+fn the_claims_endpoint_keeps_only_sealed_claims_and_refuses_what_it_cannot_read() {
+    let s = Sidecar::start("redis://127.0.0.1:1/", &[]);
+    let auth = [s.auth(), ("content-type", "application/json")];
+    let url = s.url("/v1/responses/claims");
+    for bad in ["", "{", r#"{"claims":[{"kind":"nope"}]}"#, "\u{0}"] {
+        let r = send("POST", &url, &auth, Some(bad));
+        assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("bad_request")), "{bad:?}: {}", r.body);
+    }
+    let forged = json!({"kind": "idempotency", "tenant": "acme", "keyId": "key_1", "digest": "0a".repeat(16), "key": "k", "token": "t",
+        "id": "d", "expiresAtMs": u64::MAX / 2, "mac": "00".repeat(32)});
+    let r = send("POST", &url, &auth, Some(&json!({"claims": [forged.clone()]}).to_string()));
+    assert_eq!((r.status, r.json()["claims"].clone()), (200, json!([null])), "{}", r.body);
+    let many = json!({"claims": vec![forged; 501]}).to_string();
+    let r = send("POST", &url, &auth, Some(&many));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(s.metric("tollgate_sidecar_idempotency_claims_kept_total{outcome=\"refused\"}"), 1);
 }

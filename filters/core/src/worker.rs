@@ -4,10 +4,10 @@
 //!
 //! ```text
 //!  HTTP contexts ── push ──► completions · refunds · usage events · responses to store · renewals
-//!                             · breaker successes
+//!                             · breaker successes · idempotency claims (open, close)
 //!  root tick ──► the generation (every tick; the elected context polls the change count) ─
 //!               breakers: successes, views (every tick) ─ renewals (every tick) ─ completions and refunds (completionFlushInterval) ─ responses (every
-//!               tick) ─ usage (usage.flushInterval) ─ routing table ─ breaker hints (pollInterval)
+//!               tick) ─ claims kept (every tick, those due) ─ usage (usage.flushInterval) ─ routing table ─ breaker hints (pollInterval)
 //!  call responses ──► the job that owns the token
 //! ```
 //!
@@ -30,6 +30,7 @@ use crate::http::HttpFilter;
 use crate::ids::DecisionIds;
 use crate::jobs::{Cadence, Every, Job};
 use crate::lease::renewer::{LeaseRenewer, RenewalQueue};
+use crate::responses::claims::{ClaimBook, ClaimKeeper};
 use crate::responses::queue::ResponseQueue;
 use crate::routing::{RouteTablePoller, RoutesJob, WorkerRoutes};
 use crate::shared_keys;
@@ -88,6 +89,8 @@ pub struct Worker {
     refunds: Rc<RefCell<RefundQueue>>,
     meter: Rc<RefCell<Meter>>,
     responses: Rc<RefCell<ResponseQueue>>,
+    /// The idempotency claims its running requests hold (crate::responses::claims).
+    claims: Rc<RefCell<ClaimBook>>,
     renewals: Rc<RefCell<RenewalQueue>>,
     routes: Rc<RefCell<WorkerRoutes>>,
     local_allows: Rc<RefCell<LocalAllows>>,
@@ -99,6 +102,7 @@ pub struct Worker {
     completion_flusher: Every<BatchFlusher<CompletionQueue>>,
     refund_flusher: Every<BatchFlusher<RefundQueue>>,
     response_flusher: BatchFlusher<ResponseQueue>,
+    claim_keeper: ClaimKeeper,
     usage_flusher: Option<Every<BatchFlusher<Meter>>>,
     route_poller: Option<RoutesJob>,
     hint_poller: Option<Every<HintPoller>>,
@@ -125,6 +129,7 @@ impl Worker {
         let refunds = Rc::new(RefCell::new(RefundQueue::new(MAX_QUEUED_REFUNDS)));
         let meter = Rc::new(RefCell::new(Meter::bounded(config.usage.max_queued, config.usage.max_queued_bytes, seeds.usage_ids)));
         let responses = Rc::new(RefCell::new(ResponseQueue::new(MAX_QUEUED_RESPONSES, MAX_QUEUED_RESPONSE_BYTES)));
+        let claims: Rc<RefCell<ClaimBook>> = Rc::default();
         let renewals = Rc::new(RefCell::new(RenewalQueue::default()));
         let routes = Rc::new(RefCell::new(WorkerRoutes::default()));
         let local_allows: Rc<RefCell<LocalAllows>> = Rc::default();
@@ -170,6 +175,7 @@ impl Worker {
             ),
             refund_flusher: Every::new(config.completion_flush_interval, BatchFlusher::new(refunds.clone(), refund_spec, sidecar.clone())),
             response_flusher: BatchFlusher::new(responses.clone(), response_spec, sidecar.clone()),
+            claim_keeper: ClaimKeeper::new(claims.clone(), sidecar.clone()),
             usage_flusher,
             route_poller,
             hint_poller,
@@ -181,6 +187,7 @@ impl Worker {
             refunds,
             meter,
             responses,
+            claims,
             renewals,
             routes,
             local_allows,
@@ -253,7 +260,7 @@ impl Worker {
         AuthFilter::new(self.config.clone(), self.completions.clone())
             .with_meter(self.meter.clone())
             .with_routes(self.routes.clone())
-            .with_responses(self.responses.clone())
+            .with_responses(self.responses.clone(), self.claims.clone())
             .with_leases(self.renewals.clone())
             .with_local_allows(self.local_allows.clone())
             .with_generation(self.gen.clone())
@@ -352,6 +359,7 @@ impl Worker {
         self.completion_flusher.on_tick(host);
         self.refund_flusher.on_tick(host);
         self.response_flusher.on_tick(host);
+        self.claim_keeper.on_tick(host);
         self.usage_flusher.on_tick(host);
         self.route_poller.on_tick(host);
         self.hint_poller.on_tick(host);
@@ -381,6 +389,7 @@ impl Worker {
         let mut read = || body.take().map_or_else(Vec::new, |f| f());
         let delivered = deliver(&mut self.usage_flusher, host, token, status, &mut read)
             || deliver(&mut self.response_flusher, host, token, status, &mut read)
+            || deliver(&mut self.claim_keeper, host, token, status, &mut read)
             || deliver(&mut self.completion_flusher, host, token, status, &mut read)
             || deliver(&mut self.refund_flusher, host, token, status, &mut read)
             || deliver(&mut self.route_poller, host, token, status, &mut read)
@@ -405,6 +414,9 @@ impl Worker {
     }
     pub fn responses(&self) -> &Rc<RefCell<ResponseQueue>> {
         &self.responses
+    }
+    pub fn claims(&self) -> &Rc<RefCell<ClaimBook>> {
+        &self.claims
     }
     pub fn renewals(&self) -> &Rc<RefCell<RenewalQueue>> {
         &self.renewals

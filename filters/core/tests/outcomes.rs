@@ -135,7 +135,7 @@ fn a_stored_event_stream_past_its_bound_keeps_only_its_tail_and_is_stored_withou
     let config = Rc::new(FilterConfig::parse(CONFIG.as_bytes()).unwrap());
     let mut f = AuthFilter::new(config, completions.clone())
         .with_routes(rig.routes.clone())
-        .with_responses(rig.queue.clone())
+        .with_responses(rig.queue.clone(), Default::default())
         .with_kept_budget(budget.clone());
     f.on_request_headers(&mut h, true);
     f.on_sidecar_response(&mut h, 1, Some(200), CLAIMED_WITH_BUDGET);

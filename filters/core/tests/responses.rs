@@ -47,7 +47,7 @@ impl Rig {
         let config = Rc::new(FilterConfig::parse(CONFIG.as_bytes()).unwrap());
         AuthFilter::new(config, Rc::new(RefCell::new(CompletionQueue::new(10))))
             .with_routes(self.routes.clone())
-            .with_responses(self.queue.clone())
+            .with_responses(self.queue.clone(), Default::default())
     }
     /// A filter through the headers phase of `h` (its call to the sidecar is out).
     pub(crate) fn request(&self, h: &mut MockHost) -> AuthFilter {

@@ -20,6 +20,10 @@ use crate::Header;
 
 /// Path of the batched store endpoint on the sidecar.
 pub const RESPONSES_PATH: &str = "/v1/responses";
+/// Path of the batched claim-keeping endpoint ([`ClaimRenewal`], decision 186).
+pub const CLAIMS_PATH: &str = "/v1/responses/claims";
+/// Claims per [`ClaimRenewal`] at most (a larger batch is refused with 400).
+pub const MAX_CLAIM_BATCH: usize = 500;
 
 /// Response header on responses of a route with a cache TTL: `hit`, `miss` or `bypass` (the request
 /// was not looked up: `Cache-Control: no-store`, an oversized body, a method that is not cached…).
@@ -212,6 +216,24 @@ pub struct StoreAck {
     pub refused: u64,
     /// Items Redis could not take (not retried: the cache misses again, the claim expires).
     pub failed: u64,
+}
+
+/// The body of `POST /v1/responses/claims`: the idempotency claims of requests still running,
+/// to be kept in flight (decision 186). A claim lives its in-flight TTL from its decision; a
+/// request that outlives it would lose it (a retry would run the operation beside it), so the
+/// worker running the request asks, while it runs, for the claim and its ticket to live on.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClaimRenewal {
+    /// Idempotency store tickets (the sidecar checks each seal, as for a store).
+    pub claims: Vec<StoreTicket>,
+}
+
+/// The answer to a [`ClaimRenewal`], in its order: the ticket sealed again (living another
+/// in-flight TTL) while its claim is still this request's and kept; `None` when it is not
+/// (expired, settled, another request's, an invalid ticket): stop asking.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClaimsKept {
+    pub claims: Vec<Option<StoreTicket>>,
 }
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

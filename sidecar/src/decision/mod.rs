@@ -101,6 +101,9 @@ pub struct Decider<S = Store> {
     late: Arc<late::LateRefunds>,
     /// The filter's refunds that found nothing, asked again (decision 163): a pool of their own.
     rechecks: Arc<late::LateRefunds>,
+    /// How long an idempotency claim stays in flight without word from its request (`[responses]
+    /// idempotency_in_flight`; decision 186).
+    in_flight_ms: u64,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -172,7 +175,19 @@ impl<S: DecisionStore> Decider<S> {
             local: Arc::default(),
             late: Arc::default(),
             rechecks: Arc::new(late::LateRefunds::rechecks()),
+            in_flight_ms: crate::keys::IDEMPOTENCY_IN_FLIGHT_TTL_MS,
         }
+    }
+
+    /// Idempotency claims stay in flight this long without word from their request (decision 186).
+    pub fn with_in_flight(mut self, ttl: Duration) -> Decider<S> {
+        self.in_flight_ms = (ttl.as_millis() as u64).max(1);
+        self
+    }
+
+    /// How long an idempotency claim stays in flight without word from its request.
+    pub fn in_flight_ms(&self) -> u64 {
+        self.in_flight_ms
     }
 
     /// The counters of `local` limits (the replica heartbeat sets their discovered count).
@@ -319,7 +334,7 @@ impl<S: DecisionStore> Decider<S> {
             request_id,
             limits: checks,
             lease,
-            lookup: lookup.as_ref().map(ResponseLookup::script_lookup),
+            lookup: lookup.as_ref().map(|l| l.script_lookup(self.in_flight_ms)),
             record,
         };
         let reply = crate::trace::redis_call(self.store.decide(&call, cx.deadline.saturating_duration_since(Instant::now()))).await;
@@ -446,7 +461,7 @@ impl<S: DecisionStore> Decider<S> {
             // is, so a replay within its life finds the entry and changes nothing)
             let life = match &t {
                 StoreTicket::Cache { route, .. } => self.routing().cache_ttl_ms(route).unwrap_or(0).min(tickets::STORE_TICKET_TTL_MS),
-                StoreTicket::Idempotency { .. } => tickets::STORE_TICKET_TTL_MS,
+                StoreTicket::Idempotency { .. } => self.in_flight_ms,
             };
             self.tickets.seal_store(&mut t, asked.request_id.as_str(), cx.now_ms + life);
             Box::new(t)

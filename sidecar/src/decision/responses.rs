@@ -30,12 +30,13 @@ use crate::keys::{
 };
 use crate::scripts::decide::Lookup as ScriptLookup;
 use crate::scripts::idem_complete::{self, IdemComplete, Settled};
+use crate::scripts::idem_keep;
 use crate::scripts::store_response::{self, StoreResponse, Stored};
 use crate::store::Store;
 use super::tickets::TicketKey;
 use serde::{Deserialize, Serialize};
 use rand::distr::{Alphanumeric, SampleString};
-use tollgate_wire::responses::{StoreAck, StoreBatch, StoreItem, StoreTicket, StoredResponse, MAX_STORED_BODY};
+use tollgate_wire::responses::{ClaimRenewal, ClaimsKept, StoreAck, StoreBatch, StoreItem, StoreTicket, StoredResponse, MAX_STORED_BODY};
 use tollgate_wire::DecideRequest;
 
 /// Metric: response-cache lookups, labelled `result` (hit | miss | unavailable).
@@ -48,18 +49,28 @@ pub const IDEMPOTENCY: &str = "tollgate_sidecar_idempotency_total";
 /// cache entry not stored, an idempotency outcome stored without its body).
 pub const STORES: &str = "tollgate_sidecar_responses_stored_total";
 
-/// `[responses]`: responses stored in Redis (decision 185).
+/// Metric: idempotency claims a worker asked to keep while their request runs (decision 186),
+/// labelled `outcome` (kept | gone: no longer the request's | refused: an invalid ticket |
+/// failed: Redis did not answer, asked again).
+pub const CLAIMS_KEPT: &str = "tollgate_sidecar_idempotency_claims_kept_total";
+
+/// `[responses]`: responses stored in Redis (decisions 185, 186).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ResponsesConfig {
     /// MiB of stored responses (cached entries and idempotency outcomes, as stored) one tenant
     /// may hold in Redis at once; 1 to 1,048,576.
     pub tenant_max_mb: u64,
+    /// How long an idempotency claim stays in flight without word from the request that holds it
+    /// (its worker keeps it while the request runs, decision 186): how long retries get 409
+    /// after an Envoy that ran the request died. 1 s to 24 h.
+    #[serde(with = "humantime_serde")]
+    pub idempotency_in_flight: std::time::Duration,
 }
 
 impl Default for ResponsesConfig {
     fn default() -> Self {
-        ResponsesConfig { tenant_max_mb: 256 }
+        ResponsesConfig { tenant_max_mb: 256, idempotency_in_flight: std::time::Duration::from_millis(IDEMPOTENCY_IN_FLIGHT_TTL_MS) }
     }
 }
 
@@ -121,8 +132,9 @@ impl Lookup {
         })
     }
 
-    /// This lookup as part of the decision's `decide.lua` call.
-    pub fn script_lookup(&self) -> ScriptLookup {
+    /// This lookup as part of the decision's `decide.lua` call; a claim is in flight for
+    /// `in_flight_ttl_ms` (kept longer while its request runs: decision 186).
+    pub fn script_lookup(&self, in_flight_ttl_ms: u64) -> ScriptLookup {
         match self {
             Lookup::Cache { key, .. } => ScriptLookup::Cache { key: key.clone() },
             Lookup::Idempotency { owner, memo, digest, token, .. } => ScriptLookup::Idempotency {
@@ -130,7 +142,7 @@ impl Lookup {
                 memo: memo.clone(),
                 digest: digest.clone(),
                 token: token.clone(),
-                in_flight_ttl_ms: IDEMPOTENCY_IN_FLIGHT_TTL_MS,
+                in_flight_ttl_ms,
                 owner_ttl_ms: IDEMPOTENCY_TTL_MS,
             },
         }
@@ -320,6 +332,59 @@ pub async fn store_batch<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, batch
     ack
 }
 
+/// One claim of [`keep_claims`]: `Ok(Some)` kept (sealed again), `Ok(None)` an invalid ticket,
+/// `Err(Some("gone"))` no longer the request's, `Err(None)` Redis did not answer.
+async fn keep_claim(store: &Store, t: &StoreTicket, tickets: &TicketKey, now_ms: u64, in_flight_ms: u64) -> Result<Option<StoreTicket>, Option<&'static str>> {
+    if tickets.verify_store(t, now_ms).is_err() {
+        return Ok(None);
+    }
+    let Some((_, memo, _, token)) = idempotency_target(t) else { return Ok(None) };
+    match idem_keep::run(store, &memo, &token, in_flight_ms).await {
+        Ok(true) => {
+            let mut kept = t.clone();
+            let id = kept.seal().id.clone();
+            tickets.seal_store(&mut kept, &id, now_ms + in_flight_ms);
+            Ok(Some(kept))
+        }
+        Ok(false) => Err(Some("gone")),
+        Err(e) => {
+            tracing::debug!(error = %e, "an idempotency claim could not be kept now");
+            Err(None)
+        }
+    }
+}
+
+/// Why a batch of claims could not be kept now (the worker asks again).
+#[derive(Debug)]
+pub struct ClaimsUnavailable;
+
+/// Keeps the idempotency claims of requests still running (decision 186): each claim whose
+/// ticket this deployment sealed, unaltered and unexpired at `now_ms`, and which is still its
+/// request's, lives `in_flight_ms` more, and its ticket is sealed again for as long. `None` in the
+/// answer: not kept (no longer the request's, an invalid ticket) — the worker stops asking.
+/// Redis not answering for any claim: [`ClaimsUnavailable`], the worker asks again (keeping is
+/// idempotent).
+pub async fn keep_claims(store: &Store, batch: &ClaimRenewal, tickets: &TicketKey, now_ms: u64, in_flight_ms: u64) -> Result<ClaimsKept, ClaimsUnavailable> {
+    let results = futures::future::join_all(batch.claims.iter().map(|t| keep_claim(store, t, tickets, now_ms, in_flight_ms))).await;
+    let mut kept = ClaimsKept::default();
+    let mut failed = false;
+    for r in results {
+        let outcome = match &r {
+            Ok(Some(_)) => "kept",
+            Ok(None) => "refused",
+            Err(Some(gone)) => gone,
+            Err(None) => "failed",
+        };
+        metrics::counter!(CLAIMS_KEPT, "outcome" => outcome).increment(1);
+        failed |= outcome == "failed";
+        kept.claims.push(r.ok().flatten());
+    }
+    if failed {
+        return Err(ClaimsUnavailable);
+    }
+    Ok(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,7 +412,7 @@ mod tests {
     fn a_cache_lookup_needs_a_caching_route_and_a_valid_hash() {
         let (t, k, r) = (Id::parse("acme").unwrap(), Id::parse("key_1").unwrap(), Id::parse("chat").unwrap());
         let l = Lookup::of(&req(), &t, &k, "p", Some(&r)).unwrap();
-        let ScriptLookup::Cache { key } = l.script_lookup() else { panic!("{l:?}") };
+        let ScriptLookup::Cache { key } = l.script_lookup(IDEMPOTENCY_IN_FLIGHT_TTL_MS) else { panic!("{l:?}") };
         assert_eq!(key.as_str(), format!("cache:exact:{{acme}}:p:chat:{}", "cd".repeat(32)));
         assert_eq!(l.ticket(), StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
         assert_eq!(Lookup::of(&req(), &t, &k, "p", None), None, "the route does not cache");
@@ -363,7 +428,7 @@ mod tests {
         };
         let l = Lookup::of(&with("k-1", &"0a".repeat(16)), &t, &k, "p", Some(&Id::parse("chat").unwrap())).unwrap();
         assert!(l.is_idempotency());
-        let ScriptLookup::Idempotency { owner, memo, token: sent, in_flight_ttl_ms, owner_ttl_ms, .. } = l.script_lookup() else { panic!("{l:?}") };
+        let ScriptLookup::Idempotency { owner, memo, token: sent, in_flight_ttl_ms, owner_ttl_ms, .. } = l.script_lookup(IDEMPOTENCY_IN_FLIGHT_TTL_MS) else { panic!("{l:?}") };
         assert_eq!((owner.as_str(), memo.as_str()), ("idem:key:{acme}:key_1:k-1", format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16)).as_str()));
         assert_eq!((in_flight_ttl_ms, owner_ttl_ms), (300_000, 86_400_000));
         let StoreTicket::Idempotency { token, .. } = l.ticket() else { panic!() };

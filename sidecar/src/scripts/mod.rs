@@ -9,6 +9,7 @@ pub mod complete;
 pub mod copy_key;
 pub mod decide;
 pub mod idem_complete;
+pub mod idem_keep;
 pub mod refund;
 pub mod store_response;
 
@@ -16,6 +17,6 @@ pub use call::{BadReply, ScriptError};
 
 /// The scripts the request path and the completions run, loaded at start
 /// ([`crate::store::Store::warm_up`]).
-pub fn all() -> [&'static redis::Script; 5] {
-    [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT, &refund::SCRIPT, &store_response::SCRIPT]
+pub fn all() -> [&'static redis::Script; 6] {
+    [&decide::SCRIPT, &complete::SCRIPT, &idem_complete::SCRIPT, &idem_keep::SCRIPT, &refund::SCRIPT, &store_response::SCRIPT]
 }

@@ -31,6 +31,7 @@ use crate::host::{Action, Host};
 use crate::ids::DecisionIds;
 use crate::lease::renewer::RenewalQueue;
 use crate::refunds::RefundQueue;
+use crate::responses::claims::ClaimBook;
 use crate::responses::queue::{PendingStore, ResponseQueue};
 use crate::responses::LookupPlan;
 use crate::routing::{Routed, WorkerRoutes};
@@ -82,6 +83,8 @@ struct WorkerParts {
     meter: Option<Rc<RefCell<Meter>>>,
     routes: Option<Rc<RefCell<WorkerRoutes>>>,
     responses: Option<Rc<RefCell<ResponseQueue>>>,
+    /// The idempotency claims the worker keeps while their requests run (with `responses`).
+    claims: Option<Rc<RefCell<ClaimBook>>>,
     leases: Option<Rc<RefCell<RenewalQueue>>>,
     local_allows: Option<Rc<RefCell<LocalAllows>>>,
     /// Without it the sidecar names the decision.
@@ -142,6 +145,7 @@ impl AuthFilter {
                 meter: None,
                 routes: None,
                 responses: None,
+                claims: None,
                 leases: None,
                 local_allows: None,
                 decision_ids: None,
@@ -360,12 +364,18 @@ impl AuthFilter {
                     return Decision::Replay { who, response_headers, replay };
                 }
                 if self.worker.responses.is_some() {
+                    let claims = self.worker.claims.clone();
                     self.response.pending_store = store.map(|t| {
                         let max = match *t {
                             StoreTicket::Cache { .. } => self.config.response_cache.max_body_bytes,
                             StoreTicket::Idempotency { .. } => self.config.idempotency.max_body_bytes,
                         };
-                        PendingStore::new(*t, max)
+                        let p = PendingStore::new(*t, max);
+                        // an idempotency claim is kept by the worker while the request runs (decision 186)
+                        match &claims {
+                            Some(book) if p.is_idempotency() => p.kept_in(book, host.now_ms()),
+                            _ => p,
+                        }
                     });
                 }
                 if self.response.cache_status == Some("miss") {

@@ -367,6 +367,8 @@ fn never_sent(details: &[u8]) -> bool {
 fn store_item(p: PendingStore, body: Option<Vec<u8>>, now_ms: u64) -> Option<StoreItem> {
     let body = body.filter(|b| b.len() <= p.max_body && p.complete);
     let idem = p.is_idempotency();
+    // an idempotency claim's ticket as the worker kept it (sealed again while the request ran)
+    let ticket = p.current_ticket();
     let response = match (p.storable, body) {
         (true, Some(b)) => Some(StoredResponse::new(p.status, p.headers, b, now_ms)),
         (true, None) if idem => {
@@ -377,7 +379,7 @@ fn store_item(p: PendingStore, body: Option<Vec<u8>>, now_ms: u64) -> Option<Sto
         _ if idem => None,
         _ => return None,
     };
-    Some(StoreItem { ticket: p.ticket, response })
+    Some(StoreItem { ticket, response })
 }
 
 /// Whether a `content-type` names an event stream (`text/event-stream`, parameters aside, in

@@ -9,6 +9,7 @@ use crate::changes::Generation;
 use crate::ids::DecisionIds;
 use crate::lease::renewer::RenewalQueue;
 use crate::refunds::RefundQueue;
+use crate::responses::claims::ClaimBook;
 use crate::responses::queue::ResponseQueue;
 use crate::routing::WorkerRoutes;
 use crate::usage::Meter;
@@ -54,9 +55,11 @@ impl AuthFilter {
         self
     }
 
-    /// Stores responses through `queue` (when the response cache or idempotency is on).
-    pub fn with_responses(mut self, queue: Rc<RefCell<ResponseQueue>>) -> AuthFilter {
+    /// Stores responses through `queue` (when the response cache or idempotency is on), and keeps
+    /// idempotency claims in `claims` while their requests run (decision 186).
+    pub fn with_responses(mut self, queue: Rc<RefCell<ResponseQueue>>, claims: Rc<RefCell<ClaimBook>>) -> AuthFilter {
         self.worker.responses = (self.config.response_cache.enabled || self.config.idempotency.enabled).then_some(queue);
+        self.worker.claims = self.config.idempotency.enabled.then_some(claims);
         self
     }
 

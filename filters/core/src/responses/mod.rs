@@ -18,6 +18,7 @@
 //! and are sent by the root context's tick as one `POST /v1/responses` per batch; a batch is sent
 //! once (no retry), and the queue is bounded in items and bytes.
 
+pub mod claims;
 pub mod queue;
 
 use crate::settings::{given, ConfigError};

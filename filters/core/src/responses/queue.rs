@@ -134,11 +134,24 @@ pub struct PendingStore {
     pub max_body: usize,
     /// The whole body went by (end of stream seen).
     pub complete: bool,
+    /// An idempotency claim, kept by the worker while the request runs (decision 186).
+    pub claim: Option<std::rc::Rc<super::claims::OpenClaim>>,
 }
 
 impl PendingStore {
     pub fn new(ticket: tollgate_wire::responses::StoreTicket, max_body: usize) -> PendingStore {
-        PendingStore { ticket, status: 0, headers: Vec::new(), storable: false, max_body, complete: false }
+        PendingStore { ticket, status: 0, headers: Vec::new(), storable: false, max_body, complete: false, claim: None }
+    }
+
+    /// Keeps its idempotency claim in `book` while the request runs (from `now_ms`).
+    pub fn kept_in(mut self, book: &std::rc::Rc<std::cell::RefCell<super::claims::ClaimBook>>, now_ms: u64) -> PendingStore {
+        self.claim = super::claims::OpenClaim::open(book, &self.ticket, now_ms).map(std::rc::Rc::new);
+        self
+    }
+
+    /// Its ticket as it is now: an idempotency claim's is sealed again while the worker keeps it.
+    pub fn current_ticket(&self) -> tollgate_wire::responses::StoreTicket {
+        self.claim.as_ref().and_then(|c| c.ticket()).unwrap_or_else(|| self.ticket.clone())
     }
 
     pub fn is_idempotency(&self) -> bool {

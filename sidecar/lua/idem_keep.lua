@@ -1,0 +1,15 @@
+-- idem_keep.lua — keep an idempotency claim in flight while its request still runs (decision 186).
+--
+-- The claim is kept only while it is still this request's: the memo holds its in-flight marker
+-- ('inflight:' .. token). A claim settled (stored, released), expired or another request's is
+-- left as it is. Running it twice (a Cluster client's re-send) sets the same TTL again.
+--
+-- KEYS[1] idem:api:{tenant}:{keyId}:{digest}:{idemKey} (memo)
+-- ARGV[1] claim token      ARGV[2] the in-flight TTL ms, from now
+-- returns 1 kept, 0 the claim is no longer this request's (nothing changed)
+
+if redis.call('GET', KEYS[1]) ~= 'inflight:' .. ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
