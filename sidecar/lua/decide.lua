@@ -31,16 +31,22 @@
 -- then, optionally, one response lookup (issue 7), at a = 7 + n*6; its KEYS follow the limits':
 --   ARGV[a]   'cache' → KEYS: cache:exact:… (GET, only when the limits allow)
 --             'idem'  → KEYS: idem:key:… (owner: the digest holding the idempotency key),
---                       idem:api:… (memo: in-flight marker or stored response)
+--                       idem:api:… (memo: in-flight marker or stored response),
+--                       responses:live:{tenant}, responses:bytes:{tenant} (the tenant's ledger
+--                       of stored bytes, ledger.lua: loaded before this script)
 --   ARGV[a+1] idem: the request's digest      ARGV[a+2] idem: the claim token
 --   ARGV[a+3] idem: in-flight TTL ms           ARGV[a+4] idem: owner TTL ms (24 h)
+--   ARGV[a+5] idem: the tenant's bound of stored bytes: a new claim is refused while its ledger
+--             holds that much (decision 185; the outcome could not be stored whole)
 --   With a lookup and the limits passing, two more after granted: outcome, value —
 --     'hit' <json> | 'miss' ''            (cache; limits taken either way)
 --     'replay' <json> | 'claimed' ''      (idem; limits taken; claimed = owner + in-flight marker set)
 --     'in_flight' '' | 'conflict' ''      (idem; nothing taken or written: 409 / 422)
+--     'full' <ms>                         (idem; nothing taken or claimed: the tenant's stored
+--                                          responses are at its bound, room in <ms> at the soonest)
 --   ARGV[a] may also be 'none': no lookup, only a placeholder for what follows.
 -- then, optionally, the decision record (issue 15.2): its key, dec:{tenant}:<decisionId>, is the
---   last of KEYS; ARGV[r] its TTL ms, r = a + 5 after an 'idem' lookup, else a + 1. An allowed
+--   last of KEYS; ARGV[r] its TTL ms, r = a + 6 after an 'idem' lookup, else a + 1. An allowed
 --   decision that took anything (or claimed an idempotency key) writes there, in this call, what
 --   it took — one line per limit, so refund.lua can give it back if the filter abandons it:
 --     v1 <now_ms>                                  (first line: when it was taken)
@@ -177,7 +183,7 @@ end
 local a = 7 + n * 6
 local lookup = ARGV[a]
 local outcome, value = nil, ''
-local record_ttl = tonumber(ARGV[a + ((lookup == 'idem') and 5 or 1)] or '0')
+local record_ttl = tonumber(ARGV[a + ((lookup == 'idem') and 6 or 1)] or '0')
 
 -- The same call again (decision 164): its record exists and was taken at this call's own clock
 -- reading (its first line, 'v1 <now_ms>'; a decision id reused at another time is a new
@@ -220,13 +226,17 @@ if denied == 0 and lookup == 'idem' then
       outcome = 'in_flight'
     elseif memo then
       outcome, value = 'replay', memo
+    elseif ledger_sweep(KEYS[k + 2], KEYS[k + 3], now) >= tonumber(ARGV[a + 5]) then
+      -- the tenant's stored responses are at its bound: its outcome could not be kept whole
+      local first = redis.call('ZRANGE', KEYS[k + 2], 0, 0, 'WITHSCORES')
+      outcome, value = 'full', string.format('%.0f', math.max(0, tonumber(first[2] or now) - now))
     else
       outcome = 'claimed'
       redis.call('SET', owner_key, digest, 'PX', ARGV[a + 4])
       redis.call('SET', memo_key, 'inflight:' .. ARGV[a + 2], 'PX', ARGV[a + 3])
     end
   end
-  if outcome == 'conflict' or outcome == 'in_flight' then
+  if outcome == 'conflict' or outcome == 'in_flight' or outcome == 'full' then
     for i = 1, n do
       local s = specs[i]
       out[#out + 1] = math.max(0, math.floor(s.remaining))

@@ -25,11 +25,11 @@ local owner = redis.call('GET', KEYS[1])
 if ARGV[3] == 'store' then
   local ttl, now, bound = tonumber(ARGV[5]), tonumber(ARGV[7]), tonumber(ARGV[8])
   local json, done = ARGV[4], 1
-  if ledger_sweep(KEYS[3], KEYS[4], now) + #json > bound and ARGV[6] ~= '' then
+  if ledger_sweep(KEYS[3], KEYS[4], now) + ledger_cost(KEYS[2], json) > bound and ARGV[6] ~= '' then
     json, done = ARGV[6], 2
   end
   redis.call('SET', KEYS[2], json, 'PX', ttl)
-  ledger_add(KEYS[3], KEYS[4], KEYS[2], #json, now, ttl)
+  ledger_add(KEYS[3], KEYS[4], KEYS[2], ledger_cost(KEYS[2], json), now, ttl)
   if not owner or owner == ARGV[2] then
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
   end

@@ -10,12 +10,27 @@
 -- (its bytes given back) by the next store of the tenant, at most SWEEP per call: the work of a
 -- call is bounded, and a backlog leaves the sum too high for a while — fewer stores, never more.
 -- An entry gone before its time (deleted by hand, evicted) stays counted until its time: the
--- same, fewer stores.
+-- same, fewer stores. The zset lost (evicted, deleted) while the sum stays: the sum is dropped
+-- with it (else it would never be given back); the sum lost while the zset stays: counted anew
+-- from the next store, with the zset's TTL (the older entries uncounted until they expire).
+-- A response costs its JSON, its key three times (the key, the member in the zset's two
+-- indexes) and OVERHEAD for Redis' own structures: what it takes of Redis, roughly, not only
+-- what the client sent.
 
 local SWEEP = 256
+local OVERHEAD = 128
+
+-- The bytes a stored response of `json` at `key` is counted for.
+local function ledger_cost(key, json)
+  return #json + 3 * #key + OVERHEAD
+end
 
 -- Takes out the members whose time is at or before now (ms); returns the bytes still counted.
 local function ledger_sweep(live, total, now)
+  if redis.call('EXISTS', live) == 0 then
+    redis.call('DEL', total)
+    return 0
+  end
   local gone = redis.call('ZRANGEBYSCORE', live, '-inf', now, 'LIMIT', 0, SWEEP)
   if #gone == 0 then
     return tonumber(redis.call('GET', total) or '0')
@@ -42,6 +57,7 @@ local function ledger_add(live, total, key, bytes, now, ttl)
   end
   if redis.call('PTTL', live) < ttl then
     redis.call('PEXPIRE', live, ttl)
-    redis.call('PEXPIRE', total, ttl)
   end
+  -- the sum lives as its zset does (a sum made anew by INCRBY has no TTL of its own)
+  redis.call('PEXPIRE', total, redis.call('PTTL', live))
 end

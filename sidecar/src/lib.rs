@@ -113,7 +113,7 @@ impl Sidecar {
                     .with_usage(usage.clone())
                     .with_ticket_key(ticket_key)
                     .with_local(Arc::new(decision::local::LocalLimits::new(&config.limits)))
-                    .with_in_flight(config.responses.idempotency_in_flight),
+                    .with_responses(&config.responses),
             ),
             store,
             prometheus: metrics::handle(),

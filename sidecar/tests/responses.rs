@@ -12,7 +12,7 @@ use tollgate_sidecar::control::model::{Change, Kind, Snapshot};
 use tollgate_sidecar::decision::{Decider, Routing};
 use tollgate_sidecar::keys::Id;
 use tollgate_sidecar::decision::limits::Plans;
-use tollgate_sidecar::decision::responses::{keep_claims, store_batch, Storing};
+use tollgate_sidecar::decision::responses::{keep_claims, store_batch, ResponsesConfig, Storing};
 use tollgate_sidecar::store::Store;
 use tollgate_tests::redis::command_calls;
 use tollgate_tests::Redis;
@@ -33,10 +33,13 @@ struct Lab {
 
 impl Lab {
     async fn new() -> Lab {
-        Lab::bounded(1 << 30).await
+        Lab::bounded_mb(1 << 10).await
     }
 
-    async fn bounded(bound: u64) -> Lab {
+    /// A lab whose tenants may hold `mb` MiB of stored responses each.
+    async fn bounded_mb(mb: u64) -> Lab {
+        let responses = ResponsesConfig { tenant_max_mb: mb, ..Default::default() };
+        let bound = responses.tenant_max_bytes();
         let redis = Redis::start();
         let plan = |p: &str| format!("[[plans.{p}.limits]]\nname = \"pm\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\n");
         let toml = plan("p") + &plan("q");
@@ -49,7 +52,7 @@ impl Lab {
         cfg.cache.ttl = Duration::from_secs(600);
         let store = Store::new(&cfg.redis).unwrap();
         let clock = Arc::new(ManualClock::new(T0));
-        let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock.clone());
+        let decider = Decider::new(store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), clock.clone()).with_responses(&responses);
         let mut s = Snapshot { plans: cfg.plans.clone(), ..Snapshot::default() };
         for change in [
             Change::Put(Kind::Routes, serde_json::json!({"id": "chat", "cluster": "a", "cache_ttl": "30s"})),
@@ -292,64 +295,105 @@ fn counted(lab: &Lab, tenant: &str) -> u64 {
 /// Decision 185: one tenant's stored responses cannot fill the Redis every tenant's limits live
 /// in. Before, each admitted request could store up to 1 MiB (24 h for an idempotency outcome)
 /// without any bound per tenant; with `noeviction` a full Redis refuses every tenant's writes.
-/// Past its bound a tenant's cache entry is not stored (a later miss), another tenant's still is,
-/// and an entry whose TTL has passed gives its bytes back.
+/// Cache fills take three quarters of a tenant's bound at most: past it a fill is not stored (a
+/// later miss), another tenant's still is, and an entry whose TTL has passed gives its bytes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_stored_responses_stay_within_its_bound() {
-    let lab = Lab::bounded(2_500).await;
-    let body = "x".repeat(1_000);
-    for n in 0..2 {
+    let lab = Lab::bounded_mb(1).await;
+    let share = (1u64 << 20) / 4 * 3;
+    let body = "x".repeat(200_000);
+    for n in 0..3 {
         assert_eq!(lab.store(miss(&lab, 0, n).await, Some(ok(&body))).await.stored, 1, "entry {n}");
     }
     let held = counted(&lab, "acme");
-    assert!((2_000..=2_500).contains(&held), "two entries counted: {held}");
-    let ack = lab.store(miss(&lab, 0, 2).await, Some(ok(&body))).await;
-    assert_eq!((ack.stored, ack.refused), (0, 1), "past the bound: {ack:?}");
+    assert!((600_000..=share).contains(&held), "three entries counted: {held}");
+    let ack = lab.store(miss(&lab, 0, 3).await, Some(ok(&body))).await;
+    assert_eq!((ack.stored, ack.refused), (0, 1), "past the cache's share: {ack:?}");
     let stored: Vec<String> = lab.cmd(&["KEYS", "cache:exact:{acme}:*"]);
-    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(stored.len(), 3, "{stored:?}");
     assert_eq!(counted(&lab, "acme"), held, "a refused store counts nothing");
-    let (replay, _, _) = allowed(lab.decider.decide(&DecideRequest { cache_key: Some(format!("{:064x}", 2)), ..lab.req(0, "chat") }).await.unwrap());
+    let (replay, _, _) = allowed(lab.decider.decide(&DecideRequest { cache_key: Some(format!("{:064x}", 3)), ..lab.req(0, "chat") }).await.unwrap());
     assert!(replay.is_none(), "not stored: a miss again");
     // a small answer still fits
-    assert_eq!(lab.store(miss(&lab, 0, 3).await, Some(ok("{}"))).await.stored, 1);
+    assert_eq!(lab.store(miss(&lab, 0, 4).await, Some(ok("{}"))).await.stored, 1);
     // another tenant has its own bound
-    assert_eq!(lab.store(miss(&lab, 1, 2).await, Some(ok(&body))).await.stored, 1, "beta");
+    assert_eq!(lab.store(miss(&lab, 1, 3).await, Some(ok(&body))).await.stored, 1, "beta");
     // the route's TTL (30 s) passes: the entries' bytes are given back at the next store
     lab.clock.advance(30_001);
-    assert_eq!(lab.store(miss(&lab, 0, 4).await, Some(ok(&body))).await.stored, 1, "room again");
+    assert_eq!(lab.store(miss(&lab, 0, 5).await, Some(ok(&body))).await.stored, 1, "room again");
     let held = counted(&lab, "acme");
-    assert!((1_000..1_200).contains(&held), "only the new entry is counted: {held}");
+    assert!((200_000..201_000).contains(&held), "only the new entry is counted, with its key and overhead: {held}");
     let members: i64 = lab.cmd(&["ZCARD", "responses:live:{acme}"]);
     assert_eq!(members, 1);
     lab.redis.assert_ttl_invariant();
 }
 
+/// An outcome with 64 headers of 2 KB each and a body of `body` bytes.
+fn heavy(body: usize) -> StoredResponse {
+    let headers = (0..64).map(|i| tollgate_wire::Header::new(format!("x-h{i}"), "v".repeat(2_000))).collect();
+    StoredResponse::new(200, headers, vec![b'b'; body], T0)
+}
+
 /// Decision 185, idempotency: an outcome that would take its tenant past the bound is still kept
-/// (its status and headers, marked truncated, as a too-large one is), so the retry replays it
-/// and never runs the operation again.
+/// without its body (status and headers, marked truncated, as a too-large one is), so the retry
+/// replays it and never runs the operation again; once the tenant holds its whole bound a new
+/// claim is refused (429 with Retry-After, nothing run or taken), so those header-only outcomes
+/// cannot grow past it either; the bound frees as outcomes expire (swept by the claim itself).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idempotent_outcome_past_the_bound_is_kept_without_its_body() {
-    let lab = Lab::bounded(2_500).await;
-    let body = "y".repeat(1_000);
-    for n in 0..2 {
-        assert_eq!(lab.store(miss(&lab, 0, n).await, Some(ok(&body))).await.stored, 1, "entry {n}");
+async fn idempotent_outcomes_past_the_bound_lose_their_bodies_then_new_claims_wait() {
+    let lab = Lab::bounded_mb(1).await;
+    let bound = 1u64 << 20;
+    let mut truncated = 0;
+    let mut refused = None;
+    for i in 0..8 {
+        let idem = format!("pay-{i}");
+        let r = lab.decider.decide(&lab.idem(0, &idem, "aa")).await.unwrap();
+        if let DecideResponse::Deny { status, error, response_headers, .. } = &r {
+            let retry_after = response_headers.iter().find(|h| h.name == "retry-after").map(|h| h.value.clone());
+            refused = Some((i, *status, error.clone(), retry_after));
+            break;
+        }
+        let (_, ticket, _) = allowed(r);
+        assert_eq!(lab.store(ticket.expect("a claim"), Some(heavy(600_000))).await.stored, 1, "{idem} kept");
+        let (replay, t, _) = allowed(lab.decider.decide(&lab.idem(0, &idem, "aa")).await.unwrap());
+        let (_, r) = replay.expect("replayed, never run again");
+        assert!(t.is_none());
+        truncated += usize::from(r.truncated);
+        assert_eq!(r.body_bytes().map(|b| b.len()), Some(if r.truncated { 0 } else { 600_000 }), "{idem}");
+        assert!(counted(&lab, "acme") < bound + 200_000, "past the bound by one header-only outcome at most");
     }
-    let (_, ticket, _) = allowed(lab.decider.decide(&lab.idem(0, "pay-1", "aa")).await.unwrap());
-    assert_eq!(lab.store(ticket.expect("a claim"), Some(ok(&body))).await.stored, 1, "kept");
-    let (replay, t, _) = allowed(lab.decider.decide(&lab.idem(0, "pay-1", "aa")).await.unwrap());
-    let (kind, r) = replay.expect("replayed, not claimed again");
-    assert_eq!((kind, r.status, t), (ReplayKind::Idempotency, 200, None));
-    assert_eq!((r.truncated, r.body.as_str(), r.headers.len()), (true, "", 1), "its status and headers");
-    let held = counted(&lab, "acme");
-    assert!(held > 2_000 && held < 2_500 + 200, "counted, past the bound by its headers only: {held}");
-    // within the bound the same outcome is kept whole
-    let (_, ticket, _) = allowed(lab.decider.decide(&lab.idem(1, "pay-1", "aa")).await.unwrap());
-    assert_eq!(lab.store(ticket.expect("a claim"), Some(ok(&body))).await.stored, 1);
-    let (replay, _, _) = allowed(lab.decider.decide(&lab.idem(1, "pay-1", "aa")).await.unwrap());
-    let (_, r) = replay.expect("replayed");
-    assert_eq!((r.truncated, r.body.len()), (false, 1_000));
-    let ttl: i64 = lab.cmd(&["PTTL", "responses:live:{beta}"]);
-    assert!(ttl > 86_000_000, "the ledger lives as long as the outcome it counts: {ttl}");
+    assert!(truncated >= 2, "outcomes past the bound kept without their bodies: {truncated}");
+    let (i, status, error, retry_after) = refused.expect("a claim refused at the bound");
+    assert!(i >= 3, "after the bound was reached: {i}");
+    assert_eq!((status, error.as_str()), (429, "idempotency_storage_full"));
+    let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();
+    assert!(secs > 0 && secs <= 86_400, "room when the first outcome expires: {secs}");
+    let memo: Vec<String> = lab.cmd(&["KEYS", &format!("idem:*pay-{i}")]);
+    assert!(memo.is_empty(), "the refused request claimed nothing: {memo:?}");
+    // another tenant is not concerned
+    assert!(allowed(lab.decider.decide(&lab.idem(1, "pay-0", "aa")).await.unwrap()).1.is_some());
+    // a day later the outcomes have expired: the claim sweeps them out and is taken
+    lab.clock.advance(86_400_001);
+    assert!(allowed(lab.decider.decide(&lab.idem(0, "pay-x", "aa")).await.unwrap()).1.is_some(), "room again");
+    assert_eq!(counted(&lab, "acme"), 0);
+}
+
+/// The ledger does not drift when one of its two keys is lost (evicted, deleted): a sum whose
+/// members are gone is dropped with them, and a sum made anew lives as its members do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_lost_a_key_mends_itself() {
+    let lab = Lab::bounded_mb(1).await;
+    let body = "x".repeat(200_000);
+    for n in 0..3 {
+        assert_eq!(lab.store(miss(&lab, 0, n).await, Some(ok(&body))).await.stored, 1);
+    }
+    let _: () = lab.cmd(&["DEL", "responses:live:{acme}"]);
+    assert_eq!(lab.store(miss(&lab, 0, 3).await, Some(ok(&body))).await.stored, 1, "the lost members' bytes are not held against the tenant");
+    assert!((200_000..201_000).contains(&counted(&lab, "acme")));
+    let _: () = lab.cmd(&["DEL", "responses:bytes:{acme}"]);
+    assert_eq!(lab.store(miss(&lab, 0, 4).await, Some(ok("{}"))).await.stored, 1);
+    let ttl: i64 = lab.cmd(&["PTTL", "responses:bytes:{acme}"]);
+    assert!(ttl > 0, "a sum made anew has its zset's TTL: {ttl}");
     lab.redis.assert_ttl_invariant();
 }
 

@@ -355,6 +355,9 @@ pub mod codes {
     pub const IDEMPOTENCY_IN_FLIGHT: &str = "idempotency_in_flight";
     /// The idempotency key was used with a different request (IETF draft: 422).
     pub const IDEMPOTENCY_KEY_REUSED: &str = "idempotency_key_reused";
+    /// The tenant's stored responses are at its bound (`[responses] tenant_max_mb`): a new
+    /// idempotency key is not claimed, the request not run (429 with Retry-After; decision 185).
+    pub const IDEMPOTENCY_STORAGE_FULL: &str = "idempotency_storage_full";
     /// The request cannot be read safely (a path or API key that is not UTF-8, two different API
     /// keys): 400, decided by the filter.
     pub const INVALID_REQUEST: &str = "invalid_request";
@@ -375,6 +378,7 @@ pub mod codes {
         IDEMPOTENCY_BODY_TOO_LARGE,
         IDEMPOTENCY_IN_FLIGHT,
         IDEMPOTENCY_KEY_REUSED,
+        IDEMPOTENCY_STORAGE_FULL,
         INVALID_REQUEST,
     ];
 }

@@ -30,6 +30,10 @@ pub const MAX_CLAIM_BATCH: usize = 500;
 pub const CACHE_STATUS_HEADER: &str = "x-tollgate-cache";
 /// Response header on an idempotent replay (the stored response of an earlier request).
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Response header (`true`) on an idempotent replay of an outcome kept without its body: too
+/// large to keep (decision 49) or past the tenant's bound of stored bytes (decision 185). The
+/// status and headers are the first answer's; its body is not there to give again.
+pub const REPLAY_TRUNCATED_HEADER: &str = "x-tollgate-replay-truncated";
 /// The request header carrying the idempotency key (IETF httpapi Idempotency-Key draft).
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 

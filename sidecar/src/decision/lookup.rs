@@ -52,6 +52,18 @@ impl<S: DecisionStore> Decider<S> {
                 count(responses::IDEMPOTENCY, "outcome", "in_flight");
                 Err(deny(409, codes::IDEMPOTENCY_IN_FLIGHT, "a request with this Idempotency-Key is still being processed"))
             }
+            Some(Outcome::Full(room_in_ms)) => {
+                count(responses::IDEMPOTENCY, "outcome", "storage_full");
+                let mut d = deny(
+                    429,
+                    codes::IDEMPOTENCY_STORAGE_FULL,
+                    "this tenant's stored responses are at their bound: a new Idempotency-Key is not taken until some expire",
+                );
+                if let DecideResponse::Deny { response_headers, .. } = &mut d {
+                    response_headers.push(tollgate_wire::Header::new("retry-after", room_in_ms.div_ceil(1000).max(1).to_string()));
+                }
+                Err(d)
+            }
             Some(Outcome::Conflict) => {
                 count(responses::IDEMPOTENCY, "outcome", "conflict");
                 Err(deny(

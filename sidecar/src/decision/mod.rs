@@ -104,6 +104,8 @@ pub struct Decider<S = Store> {
     /// How long an idempotency claim stays in flight without word from its request (`[responses]
     /// idempotency_in_flight`; decision 186).
     in_flight_ms: u64,
+    /// A tenant's bound of stored responses (`[responses] tenant_max_mb`; decision 185).
+    tenant_max_bytes: u64,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -176,12 +178,16 @@ impl<S: DecisionStore> Decider<S> {
             late: Arc::default(),
             rechecks: Arc::new(late::LateRefunds::rechecks()),
             in_flight_ms: crate::keys::IDEMPOTENCY_IN_FLIGHT_TTL_MS,
+            tenant_max_bytes: responses::ResponsesConfig::default().tenant_max_bytes(),
         }
     }
 
-    /// Idempotency claims stay in flight this long without word from their request (decision 186).
-    pub fn with_in_flight(mut self, ttl: Duration) -> Decider<S> {
-        self.in_flight_ms = (ttl.as_millis() as u64).max(1);
+    /// Stored responses as `[responses]` says: idempotency claims stay in flight
+    /// `idempotency_in_flight` without word from their request (decision 186), and are refused
+    /// while their tenant holds `tenant_max_mb` of stored responses (decision 185).
+    pub fn with_responses(mut self, c: &responses::ResponsesConfig) -> Decider<S> {
+        self.in_flight_ms = (c.idempotency_in_flight.as_millis() as u64).max(1);
+        self.tenant_max_bytes = c.tenant_max_bytes();
         self
     }
 
@@ -334,7 +340,7 @@ impl<S: DecisionStore> Decider<S> {
             request_id,
             limits: checks,
             lease,
-            lookup: lookup.as_ref().map(|l| l.script_lookup(self.in_flight_ms)),
+            lookup: lookup.as_ref().map(|l| l.script_lookup(self.in_flight_ms, self.tenant_max_bytes)),
             record,
         };
         let reply = crate::trace::redis_call(self.store.decide(&call, cx.deadline.saturating_duration_since(Instant::now()))).await;

@@ -19,8 +19,8 @@ use crate::store::Store;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// Metric: outcomes tried again, labelled `outcome` (stored | released | refused | gave_up |
-/// dropped).
+/// Metric: outcomes tried again, labelled `outcome` (stored | over_bound: stored without its
+/// body, decision 185 | released | refused | gave_up | dropped).
 pub const RETRIED: &str = "tollgate_sidecar_idempotency_outcome_retries_total";
 /// Outcomes that may wait at once.
 pub const MAX_PENDING: usize = 1_000;
@@ -64,8 +64,10 @@ async fn settle(store: &Store, call: &IdemComplete, first_ms: u64) -> &'static s
         wait = (wait * 2).min(MAX_WAIT);
         let now_ms = first_ms + started.elapsed().as_millis() as u64;
         match idem_complete::run(store, call, now_ms).await {
-            Ok(Settled::Done | Settled::WithoutBody) if call.response.is_some() => return "stored",
-            Ok(Settled::Done | Settled::WithoutBody) => return "released",
+            Ok(Settled::Done) if call.response.is_some() => return "stored",
+            Ok(Settled::Done) => return "released",
+            // kept without its body: the tenant's bound of stored bytes (decision 185)
+            Ok(Settled::WithoutBody) => return "over_bound",
             // the claim is no longer this request's (stored by a call that timed out, expired)
             Ok(Settled::NotOurs) => return "refused",
             Err(e) if e.is_transient() || e.is_read_only() => {}

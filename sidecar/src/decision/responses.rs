@@ -42,7 +42,7 @@ use tollgate_wire::DecideRequest;
 /// Metric: response-cache lookups, labelled `result` (hit | miss | unavailable).
 pub const CACHE_LOOKUPS: &str = "tollgate_sidecar_response_cache_total";
 /// Metric: idempotency decisions, labelled `outcome` (claimed | replayed | in_flight | conflict |
-/// unavailable).
+/// storage_full | unavailable).
 pub const IDEMPOTENCY: &str = "tollgate_sidecar_idempotency_total";
 /// Metric: stored-response items, labelled `kind` (cache | idempotency) and `outcome` (stored |
 /// released | refused | failed | over_bound: the tenant's bound of stored bytes was reached — a
@@ -88,7 +88,16 @@ impl ResponsesConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
     Cache { key: ResponseCacheKey, ticket: StoreTicket },
-    Idempotency { owner: IdempotencyOwnerKey, memo: IdempotencyMemoKey, digest: RequestDigest, token: String, ticket: StoreTicket },
+    Idempotency {
+        owner: IdempotencyOwnerKey,
+        memo: IdempotencyMemoKey,
+        digest: RequestDigest,
+        token: String,
+        ticket: StoreTicket,
+        /// The tenant's ledger of stored bytes (decision 185).
+        live: ResponsesLiveKey,
+        bytes: ResponsesBytesKey,
+    },
 }
 
 impl Lookup {
@@ -103,6 +112,8 @@ impl Lookup {
             };
             let token = Alphanumeric.sample_string(&mut rand::rng(), 20);
             return Some(Lookup::Idempotency {
+                live: ResponsesLiveKey::new(tenant),
+                bytes: ResponsesBytesKey::new(tenant),
                 owner: IdempotencyOwnerKey::new(tenant, key_id, &idem),
                 memo: IdempotencyMemoKey::new(tenant, key_id, &digest, &idem),
                 ticket: StoreTicket::Idempotency {
@@ -133,17 +144,21 @@ impl Lookup {
     }
 
     /// This lookup as part of the decision's `decide.lua` call; a claim is in flight for
-    /// `in_flight_ttl_ms` (kept longer while its request runs: decision 186).
-    pub fn script_lookup(&self, in_flight_ttl_ms: u64) -> ScriptLookup {
+    /// `in_flight_ttl_ms` (kept longer while its request runs: decision 186), and refused while
+    /// its tenant holds `tenant_max_bytes` of stored responses (decision 185).
+    pub fn script_lookup(&self, in_flight_ttl_ms: u64, tenant_max_bytes: u64) -> ScriptLookup {
         match self {
             Lookup::Cache { key, .. } => ScriptLookup::Cache { key: key.clone() },
-            Lookup::Idempotency { owner, memo, digest, token, .. } => ScriptLookup::Idempotency {
+            Lookup::Idempotency { owner, memo, digest, token, live, bytes, .. } => ScriptLookup::Idempotency {
                 owner: owner.clone(),
                 memo: memo.clone(),
                 digest: digest.clone(),
                 token: token.clone(),
                 in_flight_ttl_ms,
                 owner_ttl_ms: IDEMPOTENCY_TTL_MS,
+                live: live.clone(),
+                bytes: bytes.clone(),
+                bound: tenant_max_bytes,
             },
         }
     }
@@ -266,7 +281,9 @@ async fn store_one<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, item: &Stor
                 return (kind, Done::Refused);
             };
             let Ok(json) = serde_json::to_string(r) else { return (kind, Done::Refused) };
-            let call = StoreResponse { key, live, bytes, json, ttl_ms, now_ms: with.now_ms, bound: with.tenant_max_bytes };
+            // three quarters of the bound for cache fills: the rest stays for idempotency outcomes
+            let bound = with.tenant_max_bytes / 4 * 3;
+            let call = StoreResponse { key, live, bytes, json, ttl_ms, now_ms: with.now_ms, bound };
             match store_response::run(store, &call).await {
                 Ok(Stored::Stored) => (kind, Done::Stored),
                 // never over an entry (decision 89)
@@ -412,7 +429,7 @@ mod tests {
     fn a_cache_lookup_needs_a_caching_route_and_a_valid_hash() {
         let (t, k, r) = (Id::parse("acme").unwrap(), Id::parse("key_1").unwrap(), Id::parse("chat").unwrap());
         let l = Lookup::of(&req(), &t, &k, "p", Some(&r)).unwrap();
-        let ScriptLookup::Cache { key } = l.script_lookup(IDEMPOTENCY_IN_FLIGHT_TTL_MS) else { panic!("{l:?}") };
+        let ScriptLookup::Cache { key } = l.script_lookup(IDEMPOTENCY_IN_FLIGHT_TTL_MS, 1 << 28) else { panic!("{l:?}") };
         assert_eq!(key.as_str(), format!("cache:exact:{{acme}}:p:chat:{}", "cd".repeat(32)));
         assert_eq!(l.ticket(), StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "cd".repeat(32), seal: Default::default() });
         assert_eq!(Lookup::of(&req(), &t, &k, "p", None), None, "the route does not cache");
@@ -428,7 +445,7 @@ mod tests {
         };
         let l = Lookup::of(&with("k-1", &"0a".repeat(16)), &t, &k, "p", Some(&Id::parse("chat").unwrap())).unwrap();
         assert!(l.is_idempotency());
-        let ScriptLookup::Idempotency { owner, memo, token: sent, in_flight_ttl_ms, owner_ttl_ms, .. } = l.script_lookup(IDEMPOTENCY_IN_FLIGHT_TTL_MS) else { panic!("{l:?}") };
+        let ScriptLookup::Idempotency { owner, memo, token: sent, in_flight_ttl_ms, owner_ttl_ms, .. } = l.script_lookup(IDEMPOTENCY_IN_FLIGHT_TTL_MS, 1 << 28) else { panic!("{l:?}") };
         assert_eq!((owner.as_str(), memo.as_str()), ("idem:key:{acme}:key_1:k-1", format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16)).as_str()));
         assert_eq!((in_flight_ttl_ms, owner_ttl_ms), (300_000, 86_400_000));
         let StoreTicket::Idempotency { token, .. } = l.ticket() else { panic!() };

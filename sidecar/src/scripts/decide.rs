@@ -9,12 +9,14 @@
 use super::call::{BadReply, Invocation, ScriptError};
 use crate::keys::{
     ConcurrencyKey, DecisionRecordKey, FixedWindowKey, Id, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ReservationKey,
-    ResponseCacheKey, SlidingLogKey, SlidingWindowKey, TokenBucketKey, TokenBudgetKey,
+    ResponseCacheKey, ResponsesBytesKey, ResponsesLiveKey, SlidingLogKey, SlidingWindowKey, TokenBucketKey, TokenBudgetKey,
 };
 use crate::store::Store;
 use std::sync::LazyLock;
 
-pub(super) static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(include_str!("../../lua/decide.lua")));
+/// `ledger.lua` first: an idempotency claim reads its tenant's ledger (decision 185).
+pub(super) static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(concat!(include_str!("../../lua/ledger.lua"), include_str!("../../lua/decide.lua"))));
 
 /// ARGV per limit (kind, limit, window, cost, shadow, aux).
 const ARGS_PER_LIMIT: usize = 6;
@@ -78,6 +80,11 @@ pub enum Lookup {
         token: String,
         in_flight_ttl_ms: u64,
         owner_ttl_ms: u64,
+        /// The tenant's ledger of stored bytes, and its bound: a new claim is refused while the
+        /// ledger holds that much (decision 185).
+        live: ResponsesLiveKey,
+        bytes: ResponsesBytesKey,
+        bound: u64,
     },
 }
 
@@ -163,14 +170,15 @@ impl DecideCall {
                 keys.push(key.as_str().to_string());
                 args.push("cache".into());
             }
-            Some(Lookup::Idempotency { owner, memo, digest, token, in_flight_ttl_ms, owner_ttl_ms }) => {
-                keys.extend([owner.as_str().to_string(), memo.as_str().to_string()]);
+            Some(Lookup::Idempotency { owner, memo, digest, token, in_flight_ttl_ms, owner_ttl_ms, live, bytes, bound }) => {
+                keys.extend([owner.as_str(), memo.as_str(), live.as_str(), bytes.as_str()].map(String::from));
                 args.extend([
                     "idem".to_string(),
                     digest.as_str().to_string(),
                     token.clone(),
                     in_flight_ttl_ms.to_string(),
                     owner_ttl_ms.to_string(),
+                    bound.to_string(),
                 ]);
             }
         }
@@ -206,6 +214,9 @@ pub enum Outcome {
     InFlight,
     /// The key is held by a different operation (422; nothing taken).
     Conflict,
+    /// The tenant's stored responses are at its bound (decision 185): not claimed, nothing taken;
+    /// room again in this many ms at the soonest.
+    Full(u64),
 }
 
 /// The script's answer.
@@ -256,6 +267,7 @@ pub fn parse(values: &[redis::Value], n: usize) -> Result<DecideReply, BadReply>
             "claimed" => Outcome::Claimed,
             "in_flight" => Outcome::InFlight,
             "conflict" => Outcome::Conflict,
+            "full" => Outcome::Full(v.parse().map_err(|_| bad(format!("returned full with {v:?}")))?),
             other => return Err(bad(format!("returned an unknown lookup outcome {other:?}"))),
         }),
         _ => return Err(bad(format!("returned {} trailing values", strings.len()))),
@@ -343,10 +355,21 @@ mod tests {
             token: "tok".into(),
             in_flight_ttl_ms: 300_000,
             owner_ttl_ms: 86_400_000,
+            live: ResponsesLiveKey::new(&t),
+            bytes: ResponsesBytesKey::new(&t),
+            bound: 1 << 20,
         };
         let (keys, args) = DecideCall { lookup: Some(lookup), ..call(vec![]) }.encode();
-        assert_eq!(keys, ["idem:key:{acme}:key_1:k-1".to_string(), format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16))]);
-        assert_eq!(args, ["1000", "req-1", "0", "0", "0", "2", "idem", &"0a".repeat(16), "tok", "300000", "86400000"]);
+        assert_eq!(
+            keys,
+            [
+                "idem:key:{acme}:key_1:k-1".to_string(),
+                format!("idem:api:{{acme}}:key_1:{}:k-1", "0a".repeat(16)),
+                "responses:live:{acme}".to_string(),
+                "responses:bytes:{acme}".to_string()
+            ]
+        );
+        assert_eq!(args, ["1000", "req-1", "0", "0", "0", "2", "idem", &"0a".repeat(16), "tok", "300000", "86400000", "1048576"]);
     }
 
     fn ints(v: &[i64]) -> Vec<redis::Value> {
@@ -369,10 +392,13 @@ mod tests {
             token: "tok".into(),
             in_flight_ttl_ms: 300_000,
             owner_ttl_ms: 86_400_000,
+            live: ResponsesLiveKey::new(&id("acme")),
+            bytes: ResponsesBytesKey::new(&id("acme")),
+            bound: 7,
         };
         let (keys, args) = DecideCall { record, lookup: Some(lookup), ..call(vec![]) }.encode();
-        assert_eq!(keys.len(), 3);
-        assert_eq!(&args[6..], ["idem", &"0a".repeat(16), "tok", "300000", "86400000", "60000"], "r = a + 5");
+        assert_eq!(keys.len(), 5);
+        assert_eq!(&args[6..], ["idem", &"0a".repeat(16), "tok", "300000", "86400000", "7", "60000"], "r = a + 6");
     }
 
     #[test]
@@ -401,6 +427,8 @@ mod tests {
         assert_eq!(with(b"miss", b"").unwrap().outcome, Some(Outcome::Miss));
         assert_eq!(with(b"conflict", b"").unwrap().outcome, Some(Outcome::Conflict));
         assert_eq!(with(b"in_flight", b"").unwrap().outcome, Some(Outcome::InFlight));
+        assert_eq!(with(b"full", b"1500").unwrap().outcome, Some(Outcome::Full(1500)));
+        assert!(with(b"full", b"soon").is_err());
         assert_eq!(with(b"replay", b"{\"status\":200}").unwrap().outcome, Some(Outcome::Replay("{\"status\":200}".into())));
         assert!(with(b"what", b"").is_err());
         assert!(parse(&[Int(1), BulkString(b"hit".to_vec()), Int(0)], 0).is_err(), "numbers after the outcome");

@@ -10,7 +10,7 @@ use crate::responses::queue::PendingStore;
 use crate::responses::{cacheable_response, storable_headers};
 use crate::stats::Metric;
 use crate::usage::{read_tokens, Identity};
-use tollgate_wire::responses::{Replay, ReplayKind, StoreItem, StoredResponse, CACHE_STATUS_HEADER, REPLAYED_HEADER};
+use tollgate_wire::responses::{Replay, ReplayKind, StoreItem, StoredResponse, CACHE_STATUS_HEADER, REPLAYED_HEADER, REPLAY_TRUNCATED_HEADER};
 use tollgate_wire::{Header, Ticket};
 
 /// One request's response side.
@@ -245,6 +245,9 @@ impl ResponseSide {
             }
             ReplayKind::Idempotency => {
                 headers.push((REPLAYED_HEADER, "true"));
+                if r.truncated {
+                    headers.push((REPLAY_TRUNCATED_HEADER, "true"));
+                }
                 host.count(Metric::IdempotentReplay);
             }
         }
