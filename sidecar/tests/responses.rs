@@ -410,15 +410,31 @@ async fn a_running_requests_claim_is_kept_and_its_ticket_sealed_again() {
     if let StoreTicket::Idempotency { token, .. } = &mut forged {
         *token = "other".into();
     }
+    // a claim Redis cannot answer for (here its memo is of another type) does not hold back
+    // the others: its ticket comes back unchanged, to be asked for again
+    let broken = allowed(lab.decider.decide(&lab.idem(0, "broken", "aa")).await.unwrap()).1.expect("a claim");
+    let broken_memo: Vec<String> = lab.cmd(&["KEYS", "idem:api:{acme}:*:broken"]);
+    let _: () = lab.cmd(&["DEL", &broken_memo[0]]);
+    let _: () = lab.cmd(&["HSET", &broken_memo[0], "f", "v"]);
+    let _: () = lab.cmd(&["PEXPIRE", &broken_memo[0], "600000"]);
     let memo: Vec<String> = lab.cmd(&["KEYS", "idem:api:{acme}:*:run"]);
     let _: () = lab.cmd(&["PEXPIRE", &memo[0], "1000"]);
+    let owner: Vec<String> = lab.cmd(&["KEYS", "idem:key:{acme}:*:run"]);
+    let _: () = lab.cmd(&["PEXPIRE", &owner[0], "1000"]);
     lab.clock.advance(100_000);
-    let batch = ClaimRenewal { claims: vec![running.clone(), settled, forged] };
-    let kept = keep_claims(&lab.store, &batch, lab.decider.tickets(), lab.decider.now_ms(), 300_000).await.expect("Redis answers");
-    let [Some(again), None, None] = kept.claims.as_slice() else { panic!("{kept:?}") };
+    let batch = ClaimRenewal { claims: vec![running.clone(), settled, forged, broken.clone()] };
+    let kept = keep_claims(&lab.store, &batch, lab.decider.tickets(), lab.decider.now_ms(), 300_000).await.expect("Redis answers for some");
+    let [Some(again), None, None, Some(unchanged)] = kept.claims.as_slice() else { panic!("{kept:?}") };
+    assert_eq!(unchanged, &broken, "asked for again");
+    assert_eq!(kept.in_flight_ms, 300_000);
     assert_eq!(again.seal().expires_at_ms, T0 + 100_000 + 300_000, "sealed for another TTL from now");
     let ttl: i64 = lab.cmd(&["PTTL", &memo[0]]);
     assert!(ttl > 290_000, "the claim lives another TTL: {ttl}");
+    let ttl: i64 = lab.cmd(&["PTTL", &owner[0]]);
+    assert!(ttl > 290_000, "its owner key at least as long: {ttl}");
+    // Redis answering for none: the batch waits
+    let only_broken = ClaimRenewal { claims: vec![broken] };
+    assert!(keep_claims(&lab.store, &only_broken, lab.decider.tickets(), lab.decider.now_ms(), 300_000).await.is_err());
     // the resealed ticket stores the outcome after the first ticket's life
     lab.clock.advance(250_000);
     assert_eq!(lab.store(again.clone(), Some(ok("{}"))).await.stored, 1);

@@ -28,6 +28,9 @@ pub enum Metric {
     /// operation ran (a gateway timeout, a reset after it went out, the client gone first): its
     /// claim is kept in flight until it expires, not released (decision 166).
     IdempotencyOutcomeUnknown,
+    /// An idempotency claim its worker could not keep while the request runs: the worker's book
+    /// of claims, or the tenant's share of it, was full (decision 186): it lives its TTL.
+    IdempotencyClaimNotKept,
     /// Allowed from this Envoy's lease of a leased limit, without a call (crate::lease).
     LeaseHit,
     /// Lease renewals sent by a root context (off the request path).
@@ -119,6 +122,7 @@ impl Metric {
             Metric::CacheMiss,
             Metric::IdempotentReplay,
             Metric::IdempotencyOutcomeUnknown,
+            Metric::IdempotencyClaimNotKept,
             Metric::LeaseHit,
             Metric::LeaseRenewal,
             Metric::TokensClamped,
@@ -158,6 +162,7 @@ impl Metric {
             Metric::CacheMiss => "tollgate.cache.misses".into(),
             Metric::IdempotentReplay => "tollgate.idempotency.replays".into(),
             Metric::IdempotencyOutcomeUnknown => "tollgate.idempotency.outcome_unknown".into(),
+            Metric::IdempotencyClaimNotKept => "tollgate.idempotency.claims_not_kept".into(),
             Metric::LeaseHit => "tollgate.leases.hits".into(),
             Metric::LeaseRenewal => "tollgate.leases.renewals".into(),
             Metric::TokensClamped => "tollgate.tokens.clamped".into(),

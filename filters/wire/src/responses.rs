@@ -233,11 +233,16 @@ pub struct ClaimRenewal {
 }
 
 /// The answer to a [`ClaimRenewal`], in its order: the ticket sealed again (living another
-/// in-flight TTL) while its claim is still this request's and kept; `None` when it is not
-/// (expired, settled, another request's, an invalid ticket): stop asking.
+/// in-flight TTL) while its claim is still this request's and kept; the same ticket unchanged
+/// when Redis could not say (ask again); `None` when it is not (expired, settled, another
+/// request's, an invalid ticket): stop asking.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ClaimsKept {
     pub claims: Vec<Option<StoreTicket>>,
+    /// The in-flight TTL a kept claim lives from now (ms): the worker asks again after a third
+    /// of it, by its own clock (not comparing its clock with the tickets' expiries).
+    #[serde(default, rename = "inFlightMs")]
+    pub in_flight_ms: u64,
 }
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

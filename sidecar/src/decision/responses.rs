@@ -355,8 +355,9 @@ async fn keep_claim(store: &Store, t: &StoreTicket, tickets: &TicketKey, now_ms:
     if tickets.verify_store(t, now_ms).is_err() {
         return Ok(None);
     }
-    let Some((_, memo, _, token)) = idempotency_target(t) else { return Ok(None) };
-    match idem_keep::run(store, &memo, &token, in_flight_ms).await {
+    let Some((owner, memo, digest, token)) = idempotency_target(t) else { return Ok(None) };
+    let call = idem_keep::IdemKeep { memo, owner, token, digest, in_flight_ms };
+    match idem_keep::run(store, &call).await {
         Ok(true) => {
             let mut kept = t.clone();
             let id = kept.seal().id.clone();
@@ -377,15 +378,17 @@ pub struct ClaimsUnavailable;
 
 /// Keeps the idempotency claims of requests still running (decision 186): each claim whose
 /// ticket this deployment sealed, unaltered and unexpired at `now_ms`, and which is still its
-/// request's, lives `in_flight_ms` more, and its ticket is sealed again for as long. `None` in the
-/// answer: not kept (no longer the request's, an invalid ticket) — the worker stops asking.
-/// Redis not answering for any claim: [`ClaimsUnavailable`], the worker asks again (keeping is
-/// idempotent).
+/// request's, lives `in_flight_ms` more (its owner key at least as long), and its ticket is
+/// sealed again for as long. `None` in the answer: not kept (no longer the request's, an invalid
+/// ticket) — the worker stops asking. A claim Redis could not answer for (its shard down) is
+/// answered with its ticket unchanged — the worker asks again — and only when Redis answered for
+/// none is the batch [`ClaimsUnavailable`] (keeping is idempotent): one tenant's shard does not
+/// hold back the others' claims.
 pub async fn keep_claims(store: &Store, batch: &ClaimRenewal, tickets: &TicketKey, now_ms: u64, in_flight_ms: u64) -> Result<ClaimsKept, ClaimsUnavailable> {
     let results = futures::future::join_all(batch.claims.iter().map(|t| keep_claim(store, t, tickets, now_ms, in_flight_ms))).await;
-    let mut kept = ClaimsKept::default();
-    let mut failed = false;
-    for r in results {
+    let mut kept = ClaimsKept { claims: Vec::with_capacity(results.len()), in_flight_ms };
+    let mut failed = 0;
+    for (r, t) in results.into_iter().zip(&batch.claims) {
         let outcome = match &r {
             Ok(Some(_)) => "kept",
             Ok(None) => "refused",
@@ -393,10 +396,16 @@ pub async fn keep_claims(store: &Store, batch: &ClaimRenewal, tickets: &TicketKe
             Err(None) => "failed",
         };
         metrics::counter!(CLAIMS_KEPT, "outcome" => outcome).increment(1);
-        failed |= outcome == "failed";
-        kept.claims.push(r.ok().flatten());
+        kept.claims.push(match r {
+            Ok(t) => t,
+            Err(None) => {
+                failed += 1;
+                Some(t.clone())
+            }
+            Err(Some(_)) => None,
+        });
     }
-    if failed {
+    if failed > 0 && failed == batch.claims.len() {
         return Err(ClaimsUnavailable);
     }
     Ok(kept)

@@ -373,7 +373,13 @@ impl AuthFilter {
                         let p = PendingStore::new(*t, max);
                         // an idempotency claim is kept by the worker while the request runs (decision 186)
                         match &claims {
-                            Some(book) if p.is_idempotency() => p.kept_in(book, host.now_ms()),
+                            Some(book) if p.is_idempotency() => {
+                                let p = p.kept_in(book, host.now_ms());
+                                if p.claim.is_none() {
+                                    host.count(Metric::IdempotencyClaimNotKept);
+                                }
+                                p
+                            }
                             _ => p,
                         }
                     });

@@ -10,8 +10,13 @@
 //! back when its outcome is stored ([`ClaimBook::close`]). If the Envoy dies, nobody asks any
 //! more and the claim ends one TTL later, as before.
 //!
-//! Bounded: at most [`MAX_OPEN_CLAIMS`] claims per worker (a claim past that is not kept: it
-//! lives its TTL, as before), [`MAX_CLAIM_BATCH`] per call, one call out at a time.
+//! Bounded: at most [`MAX_OPEN_CLAIMS`] claims per worker, a quarter of them per tenant (a claim
+//! past that is not kept: it lives its TTL, as before, counted
+//! `tollgate.idempotency.claims_not_kept`), [`MAX_CLAIM_BATCH`] per call, one call out at a time.
+//!
+//! Clocks: a claim is asked for again a third of the in-flight TTL the sidecar last gave after
+//! its answer, by the worker's own clock; only a claim not yet kept is scheduled from its ticket's
+//! expiry (the sidecar's clock, beside the Envoy's), and never sooner than a second apart.
 
 use crate::host::{Host, LogLevel};
 use crate::jobs::{Job, Outage};
@@ -24,6 +29,9 @@ use tollgate_wire::responses::{ClaimRenewal, ClaimsKept, StoreTicket, CLAIMS_PAT
 
 /// Claims a worker keeps at most.
 pub const MAX_OPEN_CLAIMS: usize = 10_000;
+/// Claims of one tenant a worker keeps at most: one tenant's slow requests do not leave the
+/// others' claims unkept.
+pub const MAX_TENANT_CLAIMS: usize = MAX_OPEN_CLAIMS / 4;
 /// How long a call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// After a failed call, when its claims are asked for again.
@@ -32,14 +40,16 @@ const RETRY_MS: u64 = 1_000;
 #[derive(Debug, Clone)]
 struct Claim {
     ticket: StoreTicket,
+    tenant: String,
     /// When to ask for it to be kept (host ms); `u64::MAX`: never (not kept any more).
     due_ms: u64,
 }
 
-/// When a ticket sealed until `expires_at_ms` is next asked for, at `now_ms`: once a third of
-/// its life is gone (the two thirds left give the asks room to fail and be tried again).
-fn due(now_ms: u64, expires_at_ms: u64) -> u64 {
-    now_ms + expires_at_ms.saturating_sub(now_ms) / 3
+/// When a claim whose ticket lives `left_ms` more is next asked for, at `now_ms`: once a third
+/// of that is gone (the two thirds left give the asks room to fail and be tried again), never
+/// sooner than [`RETRY_MS`].
+fn due(now_ms: u64, left_ms: u64) -> u64 {
+    now_ms + (left_ms / 3).max(RETRY_MS)
 }
 
 /// A worker's open claims (see the module docs).
@@ -47,33 +57,47 @@ fn due(now_ms: u64, expires_at_ms: u64) -> u64 {
 pub struct ClaimBook {
     next: u64,
     open: BTreeMap<u64, Claim>,
+    /// Open claims per tenant.
+    tenants: std::collections::HashMap<String, usize>,
     /// No claim is due before this (host ms): a tick before it looks at none.
     next_due_ms: u64,
 }
 
 impl Default for ClaimBook {
     fn default() -> Self {
-        ClaimBook { next: 0, open: BTreeMap::new(), next_due_ms: u64::MAX }
+        ClaimBook { next: 0, open: BTreeMap::new(), tenants: Default::default(), next_due_ms: u64::MAX }
     }
 }
 
 impl ClaimBook {
     /// Opens the claim of `ticket` (an idempotency ticket) at `now_ms`: its id, or `None` when
-    /// the book is full (the claim then lives its TTL) or the ticket is not an idempotency one.
+    /// the book or its tenant's share is full (the claim then lives its TTL) or the ticket is
+    /// not an idempotency one.
     pub fn open(&mut self, ticket: &StoreTicket, now_ms: u64) -> Option<u64> {
-        if !matches!(ticket, StoreTicket::Idempotency { .. }) || self.open.len() >= MAX_OPEN_CLAIMS {
+        let StoreTicket::Idempotency { tenant, .. } = ticket else { return None };
+        let held = self.tenants.get(tenant).copied().unwrap_or(0);
+        if self.open.len() >= MAX_OPEN_CLAIMS || held >= MAX_TENANT_CLAIMS {
             return None;
         }
+        self.tenants.insert(tenant.clone(), held + 1);
         self.next += 1;
-        let due_ms = due(now_ms, ticket.seal().expires_at_ms);
+        // not kept yet: its life as its ticket says (the sidecar's clock, beside this one)
+        let due_ms = due(now_ms, ticket.seal().expires_at_ms.saturating_sub(now_ms));
         self.next_due_ms = self.next_due_ms.min(due_ms);
-        self.open.insert(self.next, Claim { ticket: ticket.clone(), due_ms });
+        self.open.insert(self.next, Claim { ticket: ticket.clone(), tenant: tenant.clone(), due_ms });
         Some(self.next)
     }
 
     /// Closes claim `id`: its freshest ticket (sealed again by every keep).
     pub fn close(&mut self, id: u64) -> Option<StoreTicket> {
-        self.open.remove(&id).map(|c| c.ticket)
+        let c = self.open.remove(&id)?;
+        if let Some(n) = self.tenants.get_mut(&c.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.tenants.remove(&c.tenant);
+            }
+        }
+        Some(c.ticket)
     }
 
     pub fn len(&self) -> usize {
@@ -84,13 +108,16 @@ impl ClaimBook {
         self.open.is_empty()
     }
 
-    /// The claims due at `now_ms` (at most a batch): their ids and the body of the call.
-    fn due_batch(&self, now_ms: u64) -> Option<(Vec<u64>, Vec<u8>)> {
+    /// The claims due at `now_ms` (at most a batch): their ids and the body of the call. When
+    /// none is (the earliest closed meanwhile), the next due time is found again: one scan, not
+    /// one a tick.
+    fn due_batch(&mut self, now_ms: u64) -> Option<(Vec<u64>, Vec<u8>)> {
         if now_ms < self.next_due_ms {
             return None;
         }
         let due: Vec<(u64, &Claim)> = self.open.iter().filter(|(_, c)| c.due_ms <= now_ms).take(MAX_CLAIM_BATCH).map(|(id, c)| (*id, c)).collect();
         if due.is_empty() {
+            self.next_due_ms = self.open.values().map(|c| c.due_ms).min().unwrap_or(u64::MAX);
             return None;
         }
         let batch = ClaimRenewal { claims: due.iter().map(|(_, c)| c.ticket.clone()).collect() };
@@ -106,8 +133,14 @@ impl ClaimBook {
                 for (id, t) in ids.iter().zip(kept.claims) {
                     let Some(c) = self.open.get_mut(id) else { continue }; // closed meanwhile
                     match t {
+                        // kept: it lives the sidecar's in-flight TTL from now, by this clock
+                        Some(t) if kept.in_flight_ms > 0 && t.seal().expires_at_ms != c.ticket.seal().expires_at_ms => {
+                            c.due_ms = due(now_ms, kept.in_flight_ms);
+                            c.ticket = t;
+                        }
+                        // not kept now (Redis could not say), or an older sidecar's answer
                         Some(t) => {
-                            c.due_ms = due(now_ms, t.seal().expires_at_ms);
+                            c.due_ms = due(now_ms, t.seal().expires_at_ms.saturating_sub(now_ms));
                             c.ticket = t;
                         }
                         None => c.due_ms = u64::MAX,
@@ -176,7 +209,7 @@ impl Job for ClaimKeeper {
             return;
         }
         let now = host.now_ms();
-        let Some((ids, body)) = self.book.borrow().due_batch(now) else { return };
+        let Some((ids, body)) = self.book.borrow_mut().due_batch(now) else { return };
         match host.dispatch(self.sidecar.post_json(CLAIMS_PATH, body, CALL_TIMEOUT)) {
             Ok(token) => self.out = Some((token, ids)),
             Err(e) => {
@@ -230,34 +263,68 @@ mod tests {
         let sent: ClaimRenewal = serde_json::from_slice(&body).unwrap();
         assert_eq!(sent.claims, [ticket(300_000, "a")]);
         // kept: sealed again until 400,000 (seen at 100,000): due again at 200,000
-        book.settle(&ids, Some(ClaimsKept { claims: vec![Some(ticket(400_000, "a"))] }), 100_000);
+        book.settle(&ids, Some(ClaimsKept { claims: vec![Some(ticket(400_000, "a"))], in_flight_ms: 300_000 }), 100_000);
         assert_eq!(book.due_batch(130_000).map(|(ids, _)| ids), Some(vec![b]));
         assert_eq!(book.due_batch(200_000).map(|(ids, _)| ids), Some(vec![a, b]));
         // not kept any more: never asked again; a failed call: asked again a second later
-        book.settle(&[a, b], Some(ClaimsKept { claims: vec![None, Some(ticket(500_000, "b"))] }), 200_000);
+        book.settle(&[a, b], Some(ClaimsKept { claims: vec![None, Some(ticket(500_000, "b"))], in_flight_ms: 300_000 }), 200_000);
         assert!(book.due_batch(299_999).is_none());
         assert_eq!(book.due_batch(300_000).map(|(ids, _)| ids), Some(vec![b]));
         book.settle(&[b], None, 300_000);
         assert!(book.due_batch(300_999).is_none());
         assert!(book.due_batch(301_000).is_some());
         // an answer of the wrong length is a failed call
-        book.settle(&[b], Some(ClaimsKept { claims: vec![] }), 301_000);
+        book.settle(&[b], Some(ClaimsKept { claims: vec![], in_flight_ms: 300_000 }), 301_000);
         assert!(book.due_batch(302_000).is_some());
         assert_eq!(book.close(a), Some(ticket(400_000, "a")), "the freshest ticket");
         assert_eq!(book.close(b), Some(ticket(500_000, "b")));
         assert!(book.is_empty() && book.close(a).is_none());
     }
 
-    #[test]
-    fn the_book_is_bounded_and_holds_idempotency_claims_only() {
-        let mut book = ClaimBook::default();
-        for _ in 0..MAX_OPEN_CLAIMS {
-            assert!(book.open(&ticket(1_000, "t"), 0).is_some());
+    fn ticket_of(tenant: &str) -> StoreTicket {
+        let mut t = ticket(1_000, "t");
+        if let StoreTicket::Idempotency { tenant: x, .. } = &mut t {
+            *x = tenant.into();
         }
-        assert!(book.open(&ticket(1_000, "t"), 0).is_none(), "full");
+        t
+    }
+
+    #[test]
+    fn the_book_is_bounded_a_tenant_to_its_share_and_holds_idempotency_claims_only() {
+        let mut book = ClaimBook::default();
+        let first: Vec<u64> = (0..MAX_TENANT_CLAIMS).map(|_| book.open(&ticket_of("acme"), 0).unwrap()).collect();
+        assert!(book.open(&ticket_of("acme"), 0).is_none(), "acme's share is full");
+        assert!(book.open(&ticket_of("beta"), 0).is_some(), "beta's claims are still kept");
+        book.close(first[0]);
+        assert!(book.open(&ticket_of("acme"), 0).is_some(), "a closed claim frees its tenant's place");
+        for i in 0..MAX_OPEN_CLAIMS {
+            if book.len() == MAX_OPEN_CLAIMS {
+                break;
+            }
+            book.open(&ticket_of(&format!("t{}", i / MAX_TENANT_CLAIMS)), 0).unwrap();
+        }
+        assert!(book.open(&ticket_of("zeta"), 0).is_none(), "the book is full");
         let cache = StoreTicket::Cache { tenant: "a".into(), plan: "p".into(), route: "r".into(), hash: "h".into(), seal: Seal::default() };
         assert!(ClaimBook::default().open(&cache, 0).is_none());
         assert_eq!(book.due_batch(1_000).unwrap().0.len(), MAX_CLAIM_BATCH, "a batch at most");
+    }
+
+    #[test]
+    fn a_kept_claim_is_scheduled_by_this_clock_and_the_next_due_time_follows_closed_claims() {
+        // this clock ahead of the sidecar's: the resealed ticket looks expired here, yet it is
+        // asked for a third of the in-flight TTL later, not at every tick
+        let mut book = ClaimBook::default();
+        let a = book.open(&ticket(30_000, "a"), 0).unwrap();
+        book.settle(&[a], Some(ClaimsKept { claims: vec![Some(ticket(39_000, "a"))], in_flight_ms: 30_000 }), 50_000);
+        assert!(book.due_batch(50_001).is_none() && book.due_batch(59_999).is_none());
+        assert!(book.due_batch(60_000).is_some());
+        // the earliest claim closes: the next due time is found again
+        let mut book = ClaimBook::default();
+        let (a, b) = (book.open(&ticket(300, "a"), 0).unwrap(), book.open(&ticket(7_500, "b"), 0).unwrap());
+        book.close(a);
+        assert!(book.due_batch(1_500).is_none());
+        assert_eq!(book.next_due_ms, 2_500, "b's");
+        assert_eq!(book.due_batch(2_500).map(|(ids, _)| ids), Some(vec![b]));
     }
 
     #[test]
@@ -265,7 +332,7 @@ mod tests {
         let book: Rc<RefCell<ClaimBook>> = Rc::default();
         let claim = OpenClaim::open(&book, &ticket(3_000, "a"), 0).unwrap();
         let id = claim.id;
-        book.borrow_mut().settle(&[id], Some(ClaimsKept { claims: vec![Some(ticket(4_000, "a"))] }), 1_000);
+        book.borrow_mut().settle(&[id], Some(ClaimsKept { claims: vec![Some(ticket(4_000, "a"))], in_flight_ms: 3_000 }), 1_000);
         assert_eq!(claim.ticket(), Some(ticket(4_000, "a")));
         drop(claim);
         assert!(book.borrow().is_empty(), "never asked for again");

@@ -121,8 +121,9 @@ impl Outbox for ResponseQueue {
     }
 }
 
-/// A stored-response ticket's request, kept until the response is complete.
-#[derive(Debug, Clone)]
+/// A stored-response ticket's request, kept until the response is complete. Not `Clone`: its
+/// claim is open while it lives (decision 186).
+#[derive(Debug)]
 pub struct PendingStore {
     pub ticket: tollgate_wire::responses::StoreTicket,
     /// The response status, once its headers are in.
