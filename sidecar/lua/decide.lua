@@ -62,6 +62,8 @@
 --   'claimed' (a cache lookup reads again), would_deny 0 (decision 164).
 
 local now = tonumber(ARGV[1])
+-- The longest a lease lives (ms): crate::decision::limits::LEASE_MAX_TTL_MS.
+local LEASE_EPOCH = 500
 local rid = ARGV[2]
 local n = tonumber(ARGV[3])
 
@@ -117,16 +119,29 @@ local function check(s)
     end
     return ok, math.floor(s.limit - est), reset
   elseif s.kind == 'bucket' then
-    local h = redis.call('HMGET', key, 'tokens', 'ts')
+    local h = redis.call('HMGET', key, 'tokens', 'ts', 'le', 'lc', 'lp')
     local rate = s.limit / s.window -- tokens per ms
-    local tokens = s.limit
+    -- Units leased from the bucket and maybe not spent yet (decision 187): a lease lives at most
+    -- LEASE_EPOCH ms, so those of this epoch (lc) and the one before (lp) may be alive. While
+    -- they are, the bucket refills to its capacity less them: a lease keeps no refill a full
+    -- bucket would have dropped, so lease + bucket never pass the capacity.
+    local epoch = math.floor(now / LEASE_EPOCH)
+    local le = tonumber(h[3] or '-2')
+    local lc, lp = 0, 0
+    if le == epoch then
+      lc, lp = tonumber(h[4] or '0'), tonumber(h[5] or '0')
+    elseif le == epoch - 1 then
+      lp = tonumber(h[4] or '0')
+    end
+    local cap = math.max(0, s.limit - lc - lp)
+    local tokens = cap
     -- The stamp never goes back: a sidecar whose clock is behind another's refills nothing until
     -- its clock passes the stamp, and so never makes the one ahead refill the same span again
     -- (alternating sidecars would otherwise add the skew's refill at every turn; decision 158).
     local stamp = now
     if h[1] then
       local last = tonumber(h[2])
-      tokens = math.min(s.limit, tonumber(h[1]) + math.max(0, now - last) * rate)
+      tokens = math.min(cap, tonumber(h[1]) + math.max(0, now - last) * rate)
       if last > now then stamp = last end
     end
     local ok = tokens >= s.cost
@@ -135,7 +150,12 @@ local function check(s)
     s.room = tokens
     s.apply = function()
       s.after = tokens - s.take
-      redis.call('HSET', key, 'tokens', tostring(tokens - s.take), 'ts', stamp)
+      local leased = s.take - s.cost
+      if leased > 0 then
+        redis.call('HSET', key, 'tokens', tostring(tokens - s.take), 'ts', stamp, 'le', string.format('%d', epoch), 'lc', string.format('%.17g', lc + leased), 'lp', string.format('%.17g', lp))
+      else
+        redis.call('HSET', key, 'tokens', tostring(tokens - s.take), 'ts', stamp)
+      end
       redis.call('PEXPIRE', key, 2 * s.window)
     end
     return ok, math.floor(tokens), reset

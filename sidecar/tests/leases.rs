@@ -131,6 +131,32 @@ async fn token_buckets_lease_what_they_hold_and_refill_after() {
     assert_eq!(lease(&lab.ask(100).await).unwrap().units, 9);
 }
 
+/// Decision 187 (found by review): a lease taken from a token bucket kept the bucket below its
+/// capacity, so refill a full bucket would have dropped was kept and spent beside the lease — 9
+/// leased and 19 exact within ~10 ms for a bucket of 20 a second. Now, while a lease may live,
+/// the bucket refills to its capacity less the units leased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_bucket_never_bursts_past_its_capacity() {
+    let lab = lab("[[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 20\nwindow = \"1s\"\nmode = \"leased\"\n").await;
+    let held = lease(&lab.ask(100).await).unwrap().units;
+    assert_eq!(held, 9);
+    lab.clock.advance(490); // the lease still lives; the bucket has refilled ~10
+    let mut exact = 0;
+    while allowed(&lab.call_with(None).await) {
+        exact += 1;
+        assert!(exact < 100);
+    }
+    assert!(held + exact <= 20, "{held} leased + {exact} exact at one instant, for a bucket of 20");
+    // once the lease has surely expired the bucket refills to its capacity again
+    lab.clock.advance(2_000);
+    let mut later = 0;
+    while allowed(&lab.call_with(None).await) {
+        later += 1;
+        assert!(later < 100);
+    }
+    assert_eq!(later, 20, "full again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_with_an_exact_limit_gets_no_lease() {
     let lab = lab(&format!("{FIXED}[[plans.p.limits]]\nname = \"exact\"\nalgorithm = \"fixed_window\"\nlimit = 100\n")).await;

@@ -345,6 +345,14 @@ pub fn lease_ttl_ms(limits: &[Limit], now_ms: u64, key_left_ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// decide.lua's `LEASE_EPOCH` is the longest a lease lives (decision 187): a lease outliving
+    /// it would be forgotten by its bucket while still spendable.
+    #[test]
+    fn the_scripts_lease_epoch_is_the_longest_lease() {
+        let script = include_str!("../../lua/decide.lua");
+        assert!(script.contains(&format!("local LEASE_EPOCH = {LEASE_MAX_TTL_MS}\n")));
+    }
     use tollgate_tests::fixtures::limit_toml;
 
     /// `toml_text` is refused with an error that mentions `needle`.
