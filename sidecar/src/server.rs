@@ -385,6 +385,7 @@ async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
         tickets,
         now_ms,
         tenant_max_bytes: state.responses.tenant_max_bytes(),
+        in_flight_ms: state.responses.idempotency_in_flight.as_millis() as u64,
     };
     let ack = crate::decision::responses::store_batch(&state.store, &batch, with).await;
     json(StatusCode::OK, serde_json::to_vec(&ack).unwrap_or_default())

@@ -92,7 +92,7 @@ impl Lab {
     async fn store(&self, ticket: StoreTicket, response: Option<StoredResponse>) -> tollgate_wire::responses::StoreAck {
         let routing = self.decider.routing();
                 let batch = StoreBatch { responses: vec![StoreItem { ticket, response }] };
-        let with = Storing { route_ttl_ms: |r: &str| routing.cache_ttl_ms(r), tickets: self.decider.tickets(), now_ms: self.decider.now_ms(), tenant_max_bytes: self.bound };
+        let with = Storing { route_ttl_ms: |r: &str| routing.cache_ttl_ms(r), tickets: self.decider.tickets(), now_ms: self.decider.now_ms(), tenant_max_bytes: self.bound, in_flight_ms: 300_000 };
         store_batch(&self.store, &batch, with).await
     }
 

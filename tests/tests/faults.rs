@@ -308,3 +308,30 @@ fn a_redis_connection_gone_silent_is_replaced_by_one_that_answers() {
     assert_eq!(sidecar.metric("tollgate_sidecar_redis_connections_replaced_total"), 1);
     assert!(sidecar.log_text().contains("redis answers on a new connection"));
 }
+
+/// Decision 188: an idempotency outcome Redis could not take is tried again for as long as its
+/// claim can live — the configured `[responses] idempotency_in_flight` from the outcome's first
+/// try — not a fixed 5 minutes. Here the setting is 2 s and Redis stays down: the sidecar gives
+/// the outcome up within seconds. Before, it tried for 5 minutes whatever the setting, so with a
+/// setting above 5 minutes an outcome Redis could take back after the fifth minute was lost, and
+/// the client's retry ran the operation again once the claim expired.
+#[test]
+fn an_outcome_redis_could_not_take_is_tried_for_the_configured_in_flight_ttl() {
+    use tollgate_tests::fixtures::{cache_plugin, cache_sidecar_toml};
+    let toml = cache_sidecar_toml(1000) + "\n[responses]\nidempotency_in_flight = \"2s\"\n";
+    let mut g = Gateway::builder().sidecar_toml(&toml).plugin(cache_plugin()).build();
+    let acme = g.sidecar().create_key("acme", "p", &[]).raw;
+    poll_until("the routing table in the filter", Duration::from_secs(20), || get(&g.envoy().url("/warmup"), &[("x-api-key", &acme)]).status == 200);
+    let url = g.envoy().url("/orders");
+    let h = [("x-api-key", acme.as_str()), ("content-type", "application/json"), ("idempotency-key", "\"gone-1\""), ("x-echo-delay-ms", "1500")];
+    let first = std::thread::scope(|s| {
+        let request = s.spawn(|| tollgate_tests::post(&url, &h, r#"{"item":"cup"}"#));
+        poll_until("the claim in Redis", Duration::from_secs(10), || !g.redis().keys("idem:*").is_empty());
+        g.redis_mut().kill();
+        request.join().unwrap()
+    });
+    assert_eq!(first.status, 200, "{}", first.body);
+    let retried = |outcome: &str| g.sidecar().metric(&format!("tollgate_sidecar_idempotency_outcome_retries_total{{outcome=\"{outcome}\"}}"));
+    poll_until("the outcome given up after the in-flight TTL", Duration::from_secs(60), || retried("gave_up") == 1);
+    assert_eq!((retried("stored"), retried("dropped")), (0, 0));
+}

@@ -4,16 +4,18 @@
 //! claim) that reaches the sidecar while Redis cannot take it — down for a moment, failing fast
 //! after a stall, a command timed out — was lost: the claim's in-flight marker stayed, and every
 //! retry of the request got 409 `idempotency_in_flight` until the marker expired
-//! ([`IDEMPOTENCY_IN_FLIGHT_TTL_MS`], 5 minutes), though the request had finished. Now the sidecar
-//! keeps the outcome and runs `idem_complete.lua` again in the background (0.25 s, doubling, at
-//! most 5 s apart) until Redis answers, for as long as the marker can live. Trying again is safe:
+//! (`[responses] idempotency_in_flight`, 5 minutes by default), though the request had finished.
+//! Now the sidecar keeps the outcome and runs `idem_complete.lua` again in the background (0.25 s,
+//! doubling, at most 5 s apart) until Redis answers, for as long as the marker can live: the
+//! configured in-flight TTL from the outcome's first try (the worker kept the claim until its
+//! request ended, decision 186; before decision 188 the retries stopped after 5 minutes whatever
+//! the setting, and an outcome Redis took back after that was lost). Trying again is safe:
 //! the script settles a claim only while it is still this request's, so an outcome a timed-out
 //! call did store is refused the second time, changing nothing.
 //!
 //! Bounded: at most [`MAX_PENDING`] outcomes and [`MAX_PENDING_BYTES`] of their responses wait at
 //! once; beyond either, an outcome is dropped as before (counted).
 
-use crate::keys::IDEMPOTENCY_IN_FLIGHT_TTL_MS;
 use crate::scripts::idem_complete::{self, IdemComplete, Settled};
 use crate::store::Store;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,8 +38,9 @@ fn count(outcome: &'static str) {
     metrics::counter!(RETRIED, "outcome" => outcome).increment(1);
 }
 
-/// Keeps `call`, first run at `now_ms`, and runs it again until Redis answers (in the background).
-pub fn retry(store: &Store, call: IdemComplete, now_ms: u64) {
+/// Keeps `call`, first run at `now_ms`, and runs it again until Redis answers (in the background),
+/// for at most `in_flight_ms`: as long as the claim's marker can outlive its request.
+pub fn retry(store: &Store, call: IdemComplete, now_ms: u64, in_flight_ms: u64) {
     let bytes = call.outcome_bytes();
     let n = PENDING.fetch_add(1, Ordering::Relaxed);
     let b = PENDING_BYTES.fetch_add(bytes, Ordering::Relaxed);
@@ -50,17 +53,17 @@ pub fn retry(store: &Store, call: IdemComplete, now_ms: u64) {
     }
     let store = store.clone();
     tokio::spawn(async move {
-        count(settle(&store, &call, now_ms).await);
+        count(settle(&store, &call, now_ms, Duration::from_millis(in_flight_ms)).await);
         PENDING.fetch_sub(1, Ordering::Relaxed);
         PENDING_BYTES.fetch_sub(bytes, Ordering::Relaxed);
     });
 }
 
-async fn settle(store: &Store, call: &IdemComplete, first_ms: u64) -> &'static str {
+async fn settle(store: &Store, call: &IdemComplete, first_ms: u64, give_up_after: Duration) -> &'static str {
     let started = Instant::now();
     let mut wait = FIRST_WAIT;
-    while started.elapsed() < Duration::from_millis(IDEMPOTENCY_IN_FLIGHT_TTL_MS) {
-        tokio::time::sleep(wait).await;
+    while started.elapsed() < give_up_after {
+        tokio::time::sleep(wait.min(give_up_after.saturating_sub(started.elapsed()))).await;
         wait = (wait * 2).min(MAX_WAIT);
         let now_ms = first_ms + started.elapsed().as_millis() as u64;
         match idem_complete::run(store, call, now_ms).await {

@@ -257,6 +257,9 @@ pub struct Storing<'a, F> {
     pub now_ms: u64,
     /// [`ResponsesConfig::tenant_max_bytes`].
     pub tenant_max_bytes: u64,
+    /// [`ResponsesConfig::idempotency_in_flight`] in ms: how long an outcome Redis could not take
+    /// is tried again.
+    pub in_flight_ms: u64,
 }
 
 /// The tenant's ledger of stored bytes (decision 185).
@@ -315,7 +318,7 @@ async fn store_one<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, item: &Stor
                 Err(e) => {
                     tracing::debug!(error = %e, "an idempotency outcome could not be recorded now: tried again until Redis takes it");
                     if e.is_transient() || e.is_read_only() {
-                        super::outcomes::retry(store, call, with.now_ms);
+                        super::outcomes::retry(store, call, with.now_ms, with.in_flight_ms);
                     }
                     (kind, Done::Failed)
                 }
