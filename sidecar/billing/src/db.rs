@@ -541,6 +541,23 @@ mod tests {
         assert_eq!(a.count, 30);
     }
 
+    /// Decision 189: two events of one key in one second, each with an upstream's clamped 2^53
+    /// tokens, are billed in their aggregate as they would be alone (2^54). Before, the row's sum
+    /// was held to one event's bound: the whole aggregate (every key of that tenant-second) was
+    /// rejected, and its rollup clamped the sum to 2^53.
+    #[test]
+    fn an_aggregate_of_clamped_token_counts_is_billed_whole() {
+        let max = tollgate_wire::usage::MAX_TOKENS;
+        let day = 1_764_460_800_000;
+        let events: Vec<UsageEvent> = (0..3).map(|i| ev(&format!("e{i:07}"), "k1", 200, day + 100, Some([max, max, 5][i]))).collect();
+        let a = aggregate(&events);
+        assert_eq!(a.invalid_reason(), None);
+        let mut from_aggregate = std::collections::BTreeMap::new();
+        rollup_aggregates(&mut from_aggregate, [&a]);
+        assert_eq!(from_aggregate, rollup(&events));
+        assert_eq!(from_aggregate.values().next().unwrap().tokens, 2 * max as i64 + 5);
+    }
+
     #[test]
     fn aggregates_are_decoded_by_their_header_or_their_shape_and_checked() {
         let day = 1_764_460_800_000;

@@ -57,7 +57,8 @@ pub fn rollup_aggregates<'a>(out: &mut BTreeMap<(String, String, String), Rollup
             for (i, class) in UsageClass::ALL.iter().enumerate() {
                 r.by_class[i] = r.by_class[i].saturating_add(count_i64(k.requests.get(*class)));
             }
-            r.tokens = r.tokens.saturating_add(tokens_i64(k.tokens));
+            // a sum of events' tokens (each clamped to 2^53 already): saturated, not clamped again
+            r.tokens = r.tokens.saturating_add(count_i64(k.tokens));
             r.tokens_unread = r.tokens_unread.saturating_add(count_i64(k.tokens_unread));
             r.request_bytes = r.request_bytes.saturating_add(count_i64(k.request_bytes));
             r.response_bytes = r.response_bytes.saturating_add(count_i64(k.response_bytes));

@@ -142,8 +142,11 @@ impl UsageAggregate {
         if self.keys.is_empty() || !self.keys.iter().all(key_ok) {
             return Some("keys");
         }
-        let big = |n: u64| n > crate::events::MAX_COUNT;
-        if big(self.count) || self.keys.iter().any(|k| big(k.tokens) || big(k.request_bytes) || big(k.response_bytes)) {
+        // a row sums its events' numbers, each at most MAX_COUNT: its own bound is count times
+        // that (one bound for the row refused a whole second of a tenant's requests whose two
+        // events carried an upstream's clamped 2^53 tokens; decision 189)
+        let big = |n: u64, events: u64| n > events.saturating_mul(crate::events::MAX_COUNT);
+        if big(self.count, 1) || self.keys.iter().any(|k| big(k.tokens, k.count) || big(k.request_bytes, k.count) || big(k.response_bytes, k.count)) {
             return Some("counts");
         }
         if self.second_ms > crate::events::MAX_TIME_MS {
@@ -563,6 +566,7 @@ mod tests {
             (Box::new(|a| a.tenant.clear()), "tenant"),
             (Box::new(|a| a.second_ms += 1), "secondMs"),
             (Box::new(|a| a.keys[0].tokens_unread = a.keys[0].count + 1), "keys"),
+            (Box::new(|a| a.keys[0].tokens = 3 * crate::events::MAX_COUNT + 1), "counts"),
         ];
         for (change, reason) in cases {
             let mut a = good.clone();
