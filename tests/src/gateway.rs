@@ -104,7 +104,7 @@ impl GatewayBuilder {
         concurrency(n: u32) => concurrency = n;
         /// How Envoy reaches the sidecar (default [`SidecarTransport::DEFAULT`]).
         transport(t: SidecarTransport) => transport = Some(t);
-        /// The sidecars' TOML file. `${SPOOL_DIR}` becomes the gateway's usage spool directory
+        /// The sidecars' TOML file. `${SPOOL_DIR}` becomes the replica's usage spool directory
         /// and `${BROKERS}` the broker's address (with [`GatewayBuilder::broker`]).
         sidecar_toml(toml: &str) => sidecar_toml = toml.to_string();
         /// Envoy calls a server that accepts connections and never answers (a hung sidecar); no
@@ -392,7 +392,8 @@ impl Gateway {
         self.fallback.as_ref().expect("this gateway has no second upstream")
     }
 
-    /// The directory `${SPOOL_DIR}` names in the sidecars' TOML.
+    /// The directory `${SPOOL_DIR}` names in the first replica's sidecar TOML (each other replica
+    /// has its own beside it).
     pub fn spool_dir(&self) -> &Path {
         &self.spool
     }
@@ -406,7 +407,7 @@ impl Gateway {
     /// one per replica); `Err` with Envoy's log if it refuses its configuration.
     pub fn add_replica(&mut self) -> Result<&Replica, String> {
         let i = self.replicas.len();
-        let (sidecar, admin) = self.start_sidecar();
+        let (sidecar, admin) = self.start_sidecar(i);
         let mut replica = Replica { envoy: None, sidecar, admin };
         if self.spec.envoy {
             replica.envoy = Some(Envoy::try_start(self.envoy_options(&replica, i))?);
@@ -447,7 +448,9 @@ impl Gateway {
         o
     }
 
-    fn start_sidecar(&self) -> (ReplicaSidecar, Option<String>) {
+    /// The sidecar of replica `i`; its usage spool is [`Gateway::spool_dir`] for the first replica
+    /// and a sibling directory of its own for each other (a spool belongs to one sidecar).
+    fn start_sidecar(&self, i: usize) -> (ReplicaSidecar, Option<String>) {
         match self.spec.sidecar {
             SidecarSpec::BlackHole => return (ReplicaSidecar::BlackHole(start_black_hole()), None),
             SidecarSpec::At(port) => return (ReplicaSidecar::At(port), None),
@@ -467,7 +470,11 @@ impl Gateway {
             format!("http://127.0.0.1:{port}")
         });
         env.extend(self.spec.sidecar_env.iter().cloned());
-        let toml = self.spec.sidecar_toml.replace("${SPOOL_DIR}", &self.spool.display().to_string());
+        let spool = match i {
+            0 => self.spool.clone(),
+            i => self.spool.with_file_name(format!("spool-{i}")),
+        };
+        let toml = self.spec.sidecar_toml.replace("${SPOOL_DIR}", &spool.display().to_string());
         let toml = match &self.broker {
             Some(b) => toml.replace("${BROKERS}", &b.brokers()),
             None => toml,

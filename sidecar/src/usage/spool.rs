@@ -61,6 +61,8 @@ pub struct SpoolWriter {
     /// Bytes in the directory (open + sealed segments), shared with the shipper.
     total: Arc<AtomicU64>,
     max_bytes: u64,
+    /// `<dir>/.lock`, locked for the writer's life: one sidecar per spool (decision 190).
+    _lock: File,
 }
 
 fn seq_of(path: &Path) -> Option<u64> {
@@ -113,8 +115,20 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 
 impl SpoolWriter {
     /// Opens (creating) the spool directory and seals a segment a crash left open.
+    /// The directory is this writer's alone: a second writer on it (another sidecar given the
+    /// same `spool_dir`, an old pod still running beside its replacement on a shared volume) is
+    /// refused, for its start would seal the first's open segment under it (the first kept
+    /// appending to a file the shipper then deleted: acknowledged events lost; decision 190).
     pub fn open(dir: &Path, max_bytes: u64) -> io::Result<SpoolWriter> {
         fs::create_dir_all(dir)?;
+        let lock = File::options().create(true).truncate(false).write(true).open(dir.join(".lock"))?;
+        if let Err(e) = lock.try_lock() {
+            let why = match e {
+                fs::TryLockError::WouldBlock => "another process holds it (each sidecar needs its own spool_dir)".to_string(),
+                fs::TryLockError::Error(e) => e.to_string(),
+            };
+            return Err(io::Error::new(io::ErrorKind::ResourceBusy, format!("the usage spool {} is in use: {why}", dir.display())));
+        }
         for open in with_ext(dir, "open") {
             fs::rename(&open, open.with_extension("seg"))?;
         }
@@ -128,6 +142,7 @@ impl SpoolWriter {
             next_seq,
             total: Arc::new(AtomicU64::new(total)),
             max_bytes,
+            _lock: lock,
         })
     }
 
@@ -367,6 +382,23 @@ mod tests {
         assert_eq!(w.total().load(Ordering::Relaxed), lines(0..3).len() as u64);
         remove_segment(&segs[0], &w.total()).unwrap();
         assert_eq!(w.total().load(Ordering::Relaxed), lines(2..3).len() as u64);
+    }
+
+    /// Decision 190: a second writer on a spool in use is refused (it would seal the first's open
+    /// segment under it); once the first is gone, the directory opens again.
+    #[test]
+    fn a_spool_in_use_is_refused_to_a_second_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = SpoolWriter::open(dir.path(), 1 << 20).unwrap();
+        first.append(&lines(0..2)).unwrap();
+        first.sync().unwrap();
+        let Err(e) = SpoolWriter::open(dir.path(), 1 << 20) else { panic!("a second writer opened a spool in use") };
+        assert!(e.to_string().contains("in use"), "{e}");
+        assert_eq!(with_ext(dir.path(), "open").len(), 1, "the first's open segment left as it was");
+        drop(first);
+        let again = SpoolWriter::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(sealed_segments(dir.path()).len(), 1, "a crash's open segment is sealed by the next writer");
+        drop(again);
     }
 
     #[test]
