@@ -231,6 +231,12 @@ pub fn usage_tokens(data: &[u8]) {
             assert_eq!(got, Some(n), "the JSON field was not read");
         }
     }
+    // decision 191: a count read is never also unparsable, and neither without the field
+    for stream in [false, true] {
+        let unparsable = usage::usage_unparsable(data, stream);
+        assert!(!(unparsable && occurrences == 0), "unparsable without the field");
+        assert!(stream || !(unparsable && usage::read_tokens(data, false).is_some()), "a document read and unparsable at once");
+    }
     let _ = usage::int_property(Some(data.to_vec()));
     let _ = tollgate_filter_core::filter::stages::token_estimate("max_tokens", data);
 }

@@ -283,26 +283,48 @@ pub fn usage_tokens(body: &[u8]) -> Option<u64> {
 /// wrote as it is, not escaped inside a JSON string.
 pub fn read_tokens(body: &[u8], event_stream: bool) -> Option<Tokens> {
     rfind_field(body)?;
-    /// Only the field read: the rest of the document is skipped, not built.
-    #[derive(serde::Deserialize)]
-    struct Response {
-        usage: Option<Usage>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Usage {
-        total_tokens: Option<serde_json::Number>,
-    }
-    let count = |r: Response| r.usage.and_then(|u| u.total_tokens).map(|n| Tokens::of_number(&n));
-    if let Ok(document) = serde_json::from_slice::<Response>(body) {
+    let count = |r: UsageOf| r.usage.and_then(|u| u.total_tokens).map(|n| Tokens::of_number(&n));
+    if let Ok(document) = serde_json::from_slice::<UsageOf>(body) {
         return count(document);
     }
     if !event_stream {
         return None;
     }
+    usage_frames(body).find_map(|data| serde_json::from_slice::<UsageOf>(data).ok().and_then(count))
+}
+
+/// What [`read_tokens`] reads of a document: only the field, the rest skipped, not built.
+#[derive(serde::Deserialize)]
+struct UsageOf {
+    usage: Option<UsageField>,
+}
+
+#[derive(serde::Deserialize)]
+struct UsageField {
+    total_tokens: Option<serde_json::Number>,
+}
+
+/// An event stream's `data:` frames that name the field, last first.
+fn usage_frames(body: &[u8]) -> impl Iterator<Item = &[u8]> {
     body.rsplit(|b| *b == b'\n')
         .filter_map(|line| line.strip_prefix(b"data:"))
         .filter(|data| data.windows(FIELD.len()).any(|w| w == FIELD))
-        .find_map(|data| serde_json::from_slice::<Response>(data).ok().and_then(count))
+}
+
+/// Whether a body that names `"total_tokens"` could not be parsed where [`read_tokens`] would
+/// read it (decision 191): a JSON document (or, in an event stream, any frame naming the field)
+/// that does not read as a response with a usage object — not JSON (a number past f64, `1e400`;
+/// nesting past 128), a repeated `usage`, a `usage` or `total_tokens` of another type. Such a
+/// response's usage is unknown, not absent: its event says `tokensUnread`.
+/// Asked only when [`read_tokens`] found no count.
+pub fn usage_unparsable(body: &[u8], event_stream: bool) -> bool {
+    if rfind_field(body).is_none() || serde_json::from_slice::<UsageOf>(body).is_ok() {
+        return false;
+    }
+    if !event_stream {
+        return true;
+    }
+    usage_frames(body).any(|data| serde_json::from_slice::<UsageOf>(data).is_err())
 }
 
 /// Where the last `"total_tokens"` starts. Anchored on its `_` (rare in JSON, unlike `"`), so a

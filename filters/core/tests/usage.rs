@@ -216,6 +216,36 @@ fn an_event_says_when_its_token_usage_could_not_be_read() {
     assert_eq!(said, [(200, None, true), (400, None, false), (200, None, true)]);
 }
 
+/// Decision 191: a whole response that names `total_tokens` but cannot be read as a response
+/// with a usage object (a number past f64, a repeated `usage`, a count that is a string; in a
+/// stream, any frame naming it) is unread, not read as holding none; a document that reads and
+/// has the field only in its content is not, nor an error without it.
+#[test]
+fn a_usage_the_upstream_wrote_unreadably_is_said_unread() {
+    let m = meter();
+    let bodies: [(&str, &[u8]); 7] = [
+        ("application/json", br#"{"usage":{"total_tokens":1e400}}"#),
+        ("application/json", br#"{"usage":{"total_tokens":3},"usage":{"total_tokens":4}}"#),
+        ("application/json", br#"{"usage":{"total_tokens":"12"}}"#),
+        ("text/event-stream", b"data: {\"usage\":{\"total_tokens\":1e999}}\n\n"),
+        ("application/json", br#"{"choices":[{"message":{"total_tokens":5}}]}"#),
+        ("application/json", br#"{"error":"bad"}"#),
+        ("text/event-stream", b"data: {\"x\":\"total_tokens\"}\n\ndata: {\"usage\":{\"total_tokens\":1e999}}\n\n"),
+    ];
+    let mut host = MockHost::new();
+    for (i, (content_type, body)) in bodies.iter().enumerate() {
+        let (mut f, mut h) = with_key_on(metered(METERED, &m), MockHost::next_request(&host).with_header("x-api-key", KEY));
+        if i == 0 {
+            f.on_sidecar_response(&mut h, 1, Some(200), allow());
+        }
+        respond(&mut f, &mut h, "200", content_type, body);
+        f.on_log(&mut h);
+        host = h;
+    }
+    let said: Vec<(Option<u64>, bool)> = events(&m).iter().map(|e| (e.tokens, e.tokens_unread)).collect();
+    assert_eq!(said, [(None, true), (None, true), (None, true), (None, true), (None, false), (None, false), (None, true)]);
+}
+
 /// Decision 183's edges, with a token budget (which reads any response): unread is said for
 /// Envoy's own reply after the request went upstream (what the upstream spent is unknown), and
 /// not for a response that ended with trailers, a client gone before any response (`aborted`

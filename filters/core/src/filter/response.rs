@@ -9,7 +9,7 @@ use crate::host::Host;
 use crate::responses::queue::PendingStore;
 use crate::responses::{cacheable_response, storable_headers};
 use crate::stats::Metric;
-use crate::usage::{read_tokens, Identity};
+use crate::usage::{read_tokens, usage_unparsable, Identity};
 use tollgate_wire::responses::{Replay, ReplayKind, StoreItem, StoredResponse, CACHE_STATUS_HEADER, REPLAYED_HEADER, REPLAY_TRUNCATED_HEADER};
 use tollgate_wire::{Header, Ticket};
 
@@ -310,7 +310,7 @@ impl ResponseSide {
             && (self.no_upstream
                 || (tokens.is_none() && never_sent(&host.property(&["response", "code_details"]).unwrap_or_default())));
         let tokens = if untouched { Some(0) } else { tokens };
-        self.tokens_unread = !untouched && self.unread(host, tokens, body.is_some());
+        self.tokens_unread = !untouched && self.unread(host, tokens, body.as_deref());
         let store = match self.pending_store.take() {
             Some(p) => self.settle(host, p, body.filter(|_| !self.cut)),
             None => None,
@@ -326,11 +326,13 @@ impl ResponseSide {
     /// upstream (a timeout, a reset: what the upstream spent is unknown). Not for a response that
     /// never came (the client left first: `aborted` says it; the type is learnt from the
     /// headers), a replay or the gateway's own answer.
-    fn unread(&self, host: &impl Host, tokens: Option<u64>, kept: bool) -> bool {
+    fn unread(&self, host: &impl Host, tokens: Option<u64>, kept: Option<&[u8]>) -> bool {
         if !self.want_tokens || tokens.is_some() || !self.usage_type || self.replayed || self.no_upstream {
             return false;
         }
-        if !kept || !self.ended || self.encoded {
+        let Some(body) = kept else { return true };
+        // whole, but its usage could not be parsed (decision 191)
+        if !self.ended || self.encoded || usage_unparsable(body, self.event_stream) {
             return true;
         }
         let details = host.property(&["response", "code_details"]).unwrap_or_default();
