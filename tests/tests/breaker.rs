@@ -331,3 +331,32 @@ fn an_expired_hint_does_not_close_b_which_closes_only_on_its_own_trial() {
     assert_eq!((stat(b, "half_opened"), stat(b, "closed"), stat(b, "opened")), (1, 1, 0));
     assert_eq!(stat(a, "closed"), 0, "A is still open (30 s)");
 }
+
+/// Decision 192: the answer a breaker's fallback served is not stored in the response cache
+/// under the route (whose target is another): after the primary heals, the same request gets
+/// the primary's answer, not the fallback's as a hit. Before, the fallback's answer was cached
+/// for the route's whole TTL and served to every key of the plan, unlabelled.
+#[test]
+fn a_fallbacks_answer_is_not_cached_under_the_route() {
+    let toml = "[[routes]]\nid = \"chat\"\ncluster = \"upstream\"\ncache_ttl = \"60s\"\n[routes.match]\npath_prefix = \"/v1/chat\"\n";
+    let mut config = plugin("1s", true);
+    config["routing"] = json!({"enabled": true, "refreshInterval": "50ms"});
+    config["responseCache"] = json!({"maxBodyBytes": 4096});
+    let g = breaker_gateway("a").fallback(Upstream::flaky("b")).sidecar_toml(toml).plugin(config).build();
+    let (r, a) = (g.envoy(), g.upstream().flaky());
+    let key = g.sidecar().create_key("acme", "gold", &[]);
+    let fetch = |path: &str| get(&r.url(path), &[("x-api-key", key.raw.as_str())]);
+    poll_until("the routing table in the filter", DEADLINE, || fetch("/v1/chat/warm").header("x-tollgate-cache").is_some());
+    a.fail_with(502);
+    trip(r, &key, 3, 502);
+    let served = fetch("/v1/chat/once");
+    assert_eq!((served.status, served.header("x-served-by")), (200, Some("b")), "{}", served.body);
+    assert_eq!(served.header("x-tollgate-cache"), Some("bypass"), "a fallback's answer is not stored");
+    a.heal();
+    poll_until("the primary closed again", DEADLINE, || {
+        let resp = ask(r, &key);
+        resp.status == 200 && resp.header("x-tollgate-target") == Some("primary")
+    });
+    let again = fetch("/v1/chat/once");
+    assert_eq!((again.header("x-served-by"), again.header("x-tollgate-cache")), (Some("a"), Some("miss")), "{}", again.body);
+}

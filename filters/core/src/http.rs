@@ -29,6 +29,10 @@ impl HttpFilter {
                     // the guard answered 503 itself: the request goes nowhere
                     self.filter.refused_before_upstream();
                 }
+                if self.guard.rerouted() {
+                    // a fallback's answer is not the route's to cache (decision 192)
+                    self.filter.forgo_cache_fill();
+                }
                 guarded
             }
             Action::Pause | Action::Hold => auth,

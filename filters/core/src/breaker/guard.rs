@@ -54,6 +54,8 @@ pub struct BreakerGuard {
     config: Rc<BreakerConfig>,
     state: GuardState,
     worker: Option<Rc<RefCell<WorkerBreakers>>>,
+    /// The request went to a fallback of its route's target.
+    rerouted: bool,
 }
 
 /// Classifies a response: `status` from `:status`, `details` from `response.code_details`.
@@ -80,7 +82,7 @@ pub fn report(host: &mut impl Host, target: &Target, transition: Transition, why
 impl BreakerGuard {
     /// A guard that writes every result to shared data at once.
     pub fn new(config: Rc<BreakerConfig>) -> BreakerGuard {
-        BreakerGuard { config, state: GuardState::Idle, worker: None }
+        BreakerGuard { config, state: GuardState::Idle, worker: None, rerouted: false }
     }
 
     /// Admission on a target the worker knows clean reads nothing, and clean successes are
@@ -178,6 +180,7 @@ impl BreakerGuard {
     /// half-open period it is a trial of.
     fn admitted(&mut self, host: &mut impl Host, idx: usize, primary: usize, trial: Option<u64>, clean: bool) {
         let b = &self.config;
+        self.rerouted = idx != primary;
         if idx != primary {
             if let Some(target) = b.targets.get(idx) {
                 host.set_request_header(CLUSTER_HEADER, &target.cluster);
@@ -187,6 +190,12 @@ impl BreakerGuard {
             }
         }
         self.state = GuardState::Admitted { target: idx, trial, clean };
+    }
+
+    /// Whether the request was sent to a fallback of its route's target (its answer is not the
+    /// route's: never cached under it, decision 192).
+    pub fn rerouted(&self) -> bool {
+        self.rerouted
     }
 
     /// Records the outcome of an admitted request and names the target that served it.

@@ -178,6 +178,16 @@ impl AuthFilter {
         self.response.no_upstream = true;
     }
 
+    /// The request's answer will not be stored in the response cache (it went to a breaker's
+    /// fallback, decision 192): a pending cache fill is dropped and the response says `bypass`;
+    /// an idempotency outcome is still stored (the operation ran, wherever it ran).
+    pub fn forgo_cache_fill(&mut self) {
+        if self.response.pending_store.as_ref().is_some_and(|p| !p.is_idempotency()) {
+            self.response.pending_store = None;
+            self.response.cache_status = Some("bypass");
+        }
+    }
+
     /// The route this request matched, if any.
     pub fn route(&self) -> Option<&RouteSpec> {
         self.route.as_ref().and_then(Routed::spec)
