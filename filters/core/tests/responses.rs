@@ -96,7 +96,8 @@ fn a_cacheable_request_carries_its_key_and_a_complete_success_is_queued() {
     assert_eq!(f.on_request_body(&mut h, n, true), Action::Hold);
     let req = decision(&h);
     let canonical = canonical_body(Some("application/json"), br#"{"a":"x","b":[1,2]}"#);
-    assert_eq!(req.cache_key, Some(cache_key("POST", "/v1/chat?a=1&b=2", &[("x-user".into(), Some("u1".into()))], &canonical)));
+    let key_headers = [("x-user".into(), Some("u1".into())), (":authority".into(), Some("api.test".into())), ("x-forwarded-host".into(), None)];
+    assert_eq!(req.cache_key, Some(cache_key("POST", "/v1/chat?a=1&b=2", &key_headers, &canonical)));
     assert_eq!(req.route.as_deref(), Some("chat"));
     assert_eq!(req.idempotency, None);
 
@@ -121,6 +122,28 @@ fn a_cacheable_request_carries_its_key_and_a_complete_success_is_queued() {
     let r = item.response.as_ref().unwrap();
     assert_eq!((r.status, r.body.as_str(), r.stored_at_ms), (200, r#"{"answer":42}"#, 10_000));
     assert_eq!(r.headers, vec![tollgate_wire::Header::new("content-type", "application/json")], "no date, no gateway headers");
+}
+
+/// Decision 193: the host a request was sent to, and the one a proxy before Envoy names, are in
+/// every cache key (an upstream may build its answer's links from them; a route without a host
+/// match serves any): requests that differ only there never share an entry, case aside; a
+/// repeated `x-forwarded-host` bypasses the cache.
+#[test]
+fn the_requests_host_is_in_its_cache_key() {
+    let rig = Rig::new();
+    let key_of = |h: MockHost| {
+        let mut h = h;
+        rig.request(&mut h);
+        decision(&h).cache_key
+    };
+    let base = key_of(host("GET", "/v1/chat/models"));
+    assert!(base.is_some());
+    assert_eq!(key_of(host("GET", "/v1/chat/models").with_header(":authority", "API.test")), base, "case aside");
+    assert_ne!(key_of(host("GET", "/v1/chat/models").with_header(":authority", "evil.example")), base);
+    assert_ne!(key_of(host("GET", "/v1/chat/models").with_header("x-forwarded-host", "evil.example")), base);
+    let mut h = host("GET", "/v1/chat/models").with_raw_header("x-forwarded-host", b"a.example").with_raw_header("x-forwarded-host", b"b.example");
+    rig.request(&mut h);
+    assert_eq!(decision(&h).cache_key, None, "a repeated forwarded host bypasses the cache");
 }
 
 #[test]

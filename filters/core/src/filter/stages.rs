@@ -120,6 +120,11 @@ pub fn route(
     }
 }
 
+/// Headers in every cache key besides the route's own (decision 193): the host the request was
+/// sent to, and the one a proxy before Envoy says it was — an upstream may build its answer's
+/// links from either, and a route without a `host` match serves every authority.
+const HOST_KEY_HEADERS: [&str; 2] = [":authority", "x-forwarded-host"];
+
 /// What the lookup stage planned.
 pub struct Lookups {
     pub plan: Option<LookupPlan>,
@@ -160,16 +165,23 @@ pub fn lookup(config: &FilterConfig, route: Option<&RouteSpec>, headers: &Reques
     };
     // A key header sent twice or not UTF-8 could not be told apart from another value (or from
     // none) in the key, while the upstream sees what was sent: never stored, never served.
-    let ambiguous = |n: &String| headers.all_raw(n).len() > 1 || headers.has_non_utf8(n);
+    let ambiguous = |n: &str| headers.all_raw(n).len() > 1 || headers.has_non_utf8(n);
     let bypass = !resp::CACHEABLE_METHODS.contains(&method)
         || idem_key.is_some()
         || headers.get("cache-control").is_some_and(resp::forbids_caching)
-        || route.cache_key_headers.iter().any(ambiguous)
+        || route.cache_key_headers.iter().any(|n| ambiguous(n))
+        || HOST_KEY_HEADERS.iter().any(|n| ambiguous(n))
         || carries_credentials(config, route, headers);
     if bypass {
         return Ok(Lookups { plan: None, cache_status: Some("bypass") });
     }
-    let key_headers = route.cache_key_headers.iter().map(|n| (n.clone(), headers.get(n).map(str::to_string))).collect();
+    let mut key_headers: Vec<(String, Option<String>)> =
+        route.cache_key_headers.iter().map(|n| (n.clone(), headers.get(n).map(str::to_string))).collect();
+    for name in HOST_KEY_HEADERS {
+        if !route.cache_key_headers.iter().any(|h| h == name) {
+            key_headers.push((name.to_string(), headers.get(name).map(str::to_ascii_lowercase)));
+        }
+    }
     let plan = LookupPlan { kind: LookupKind::Cache { headers: key_headers }, content_type };
     Ok(Lookups { plan: Some(plan), cache_status: Some("miss") })
 }
