@@ -516,30 +516,40 @@ fn a_body_announced_larger_than_the_filter_reads_is_decided_at_once() {
 
 #[test]
 fn a_workers_requests_keep_response_bodies_within_its_budget() {
-    // Decision 142: 1 MiB for the worker. A keeps 700 kB of its response; B's 400 kB would go
-    // past the budget, so B's outcome is stored without its body (its operation is not run
-    // again), and A's, complete, with it. Every byte is given back at the end.
+    // Decisions 142 and 195: 4 MiB for the worker, a quarter of it (1 MiB) for one tenant. A
+    // keeps 700 kB of its response; B's 400 kB, of the same tenant, would go past its share, so
+    // B's outcome is stored without its body (its operation is not run again), and A's,
+    // complete, with it. C, of another tenant, keeps its body while acme holds its share.
+    // Every byte is given back at the end.
     let rig = Rig::new();
-    let budget = KeptBudget::new(1 << 20);
-    let claimed = |h: &mut MockHost| {
+    let budget = KeptBudget::new(4 << 20);
+    let claimed = |h: &mut MockHost, answer: &[u8]| {
         let mut f = rig.filter().with_kept_budget(budget.clone());
         f.on_request_headers(h, true);
-        f.on_sidecar_response(h, 1, Some(200), CLAIMED);
+        f.on_sidecar_response(h, 1, Some(200), answer);
         upstream(h, "200", &[("content-type", "text/plain")]);
         assert_eq!(f.on_response_headers(h, false), Action::Continue);
         f
     };
     let (mut ha, mut hb) = (host("POST", "/orders").with_header("idempotency-key", "\"a\""), host("POST", "/orders").with_header("idempotency-key", "\"b\""));
-    let (mut a, mut b) = (claimed(&mut ha), claimed(&mut hb));
+    let (mut a, mut b) = (claimed(&mut ha, CLAIMED), claimed(&mut hb, CLAIMED));
     ha.response_chunk = vec![b'a'; 700_000];
     assert_eq!(a.on_response_body(&mut ha, 700_000, false), Action::Continue);
-    assert_eq!(budget.left(), (1 << 20) - 700_000);
+    assert_eq!(budget.left(), (4 << 20) - 700_000);
     hb.response_chunk = vec![b'b'; 400_000];
     assert_eq!(b.on_response_body(&mut hb, 400_000, true), Action::Pause, "the outcome is stored before the end");
     let outcome: StoreBatch = serde_json::from_slice(&hb.calls[1].body).unwrap();
     let r = outcome.responses[0].response.as_ref().unwrap();
     assert!(r.truncated && r.body.is_empty(), "B's outcome without its body: {r:?}");
-    assert_eq!(budget.left(), (1 << 20) - 700_000, "B keeps nothing");
+    assert_eq!(budget.left(), (4 << 20) - 700_000, "B keeps nothing");
+    let other = String::from_utf8(CLAIMED.to_vec()).unwrap().replace("acme", "beta");
+    let mut hc = host("POST", "/orders").with_header("idempotency-key", "\"c\"");
+    let mut c = claimed(&mut hc, other.as_bytes());
+    hc.response_chunk = vec![b'c'; 400_000];
+    assert_eq!(c.on_response_body(&mut hc, 400_000, true), Action::Pause);
+    let outcome: StoreBatch = serde_json::from_slice(&hc.calls[1].body).unwrap();
+    let r = outcome.responses[0].response.as_ref().unwrap();
+    assert_eq!((r.truncated, r.body.len()), (false, 400_000), "another tenant's outcome whole");
     ha.response_chunk = vec![b'a'; 100];
     assert_eq!(a.on_response_body(&mut ha, 100, true), Action::Pause);
     let outcome: StoreBatch = serde_json::from_slice(&ha.calls[1].body).unwrap();
@@ -547,8 +557,10 @@ fn a_workers_requests_keep_response_bodies_within_its_budget() {
     assert_eq!((r.truncated, r.body.len()), (false, 700_100), "A's outcome whole");
     a.on_sidecar_response(&mut ha, 2, Some(200), br#"{"stored":1}"#);
     b.on_sidecar_response(&mut hb, 2, Some(200), br#"{"stored":1}"#);
+    c.on_sidecar_response(&mut hc, 2, Some(200), br#"{"stored":1}"#);
     a.on_log(&mut ha);
     b.on_log(&mut hb);
-    drop((a, b));
-    assert_eq!(budget.left(), 1 << 20, "every kept byte given back");
+    c.on_log(&mut hc);
+    drop((a, b, c));
+    assert_eq!(budget.left(), 4 << 20, "every kept byte given back");
 }

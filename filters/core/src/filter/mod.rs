@@ -472,6 +472,8 @@ impl AuthFilter {
         for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
             host.set_request_header(&h.name, &h.value);
         }
+        // what it keeps of its response counts against its tenant's share (decision 195)
+        self.response.kept.for_tenant(&who.tenant);
         if self.request.is_some() {
             self.response.identity = Some(who);
         }
