@@ -254,6 +254,17 @@ impl Db {
     }
 
     pub async fn migrate(&self) -> Result<(), tokio_postgres::Error> {
+        // An event's host, path and ids may hold any character a client sent (decision 196): a
+        // database of another encoding refuses those rows, and a batch of them only would wait
+        // as an outage forever. Refused here, at the start, with the reason.
+        self.client
+            .batch_execute(
+                "DO $$ BEGIN IF current_setting('server_encoding') <> 'UTF8' THEN
+                   RAISE EXCEPTION 'tollgate-billing needs a UTF8 database; this one is %: create it with ENCODING ''UTF8''',
+                     current_setting('server_encoding');
+                 END IF; END $$",
+            )
+            .await?;
         self.client.batch_execute(SCHEMA).await?;
         for (table, column, definition) in ADDED_COLUMNS {
             if !self.has_column(table, column).await? {

@@ -4,6 +4,7 @@
 //! quota read on the rollup.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::time::Duration;
 use tollgate_billing::report::{self, DayUsage};
 use tollgate_tests::billing::{psql, psql_i64, Billing};
@@ -267,4 +268,45 @@ fn requests_whose_token_usage_was_unread_are_counted_apart() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("requests whose token usage could not be read (not in TOKENS): 3"), "{text}");
+}
+
+/// Decision 196: the consumer refuses to start on a database that is not UTF8, saying why.
+/// Before, it started, and a batch whose every event carried a host a LATIN1 database cannot
+/// hold (a client chooses it: `例.jp`) was refused as a whole and waited as an outage forever.
+#[test]
+fn a_database_that_is_not_utf8_is_refused_at_the_start() {
+    let pg = Postgres::start();
+    assert!(psql(&pg, "CREATE DATABASE latin ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'").is_some());
+    let url = format!("{}/latin", pg.url().rsplit_once('/').unwrap().0);
+    /// Killed when the test ends, however it ends (a consumer that started runs until then).
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut consumer = Running(
+        std::process::Command::new(tollgate_tests::billing::billing_bin())
+            .env("TOLLGATE_BILLING_POSTGRES__URL", &url)
+            .env("TOLLGATE_BILLING_KAFKA__BROKERS", "127.0.0.1:9")
+            .env("TOLLGATE_BILLING_LOG__FORMAT", "text")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut status = None;
+    poll_until("the consumer to exit", Duration::from_secs(30), || {
+        status = consumer.0.try_wait().unwrap();
+        status.is_some()
+    });
+    let mut text = String::new();
+    for pipe in [consumer.0.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read>), consumer.0.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read>)].into_iter().flatten() {
+        let mut p = pipe;
+        p.read_to_string(&mut text).unwrap();
+    }
+    assert!(!status.unwrap().success(), "started on a LATIN1 database: {text}");
+    assert!(text.contains("needs a UTF8 database") && text.contains("LATIN1"), "{text}");
 }
