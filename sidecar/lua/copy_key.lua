@@ -15,17 +15,20 @@
 --         key (not Cluster: there the sidecar writes them after this script, record first)
 -- ARGV[1] the key hash (KEYS[2]'s value)   ARGV[2] the key id (a member of KEYS[3])
 -- ARGV[3..] the record's fields as field/value pairs (KeyRecord::to_fields), `status` among them
--- returns 1 written | 0 kept (Redis holds the key revoked and the copy is not); the id mapping
---   and the index are written either way (they only point at the record)
+-- returns 1 written | 2 written, and Redis held no record or one of another status (a write
+--   it had lost: decision 197) | 0 kept (Redis holds the key revoked and the copy is not); the id
+--   mapping and the index are written either way (they only point at the record)
 
 local status
 for i = 3, #ARGV - 1, 2 do
   if ARGV[i] == 'status' then status = ARGV[i + 1] end
 end
 local written = 0
-if status == 'revoked' or redis.call('HGET', KEYS[1], 'status') ~= 'revoked' then
+local held = redis.call('HGET', KEYS[1], 'status')
+if status == 'revoked' or held ~= 'revoked' then
   redis.call('HSET', KEYS[1], unpack(ARGV, 3))
   written = 1
+  if held ~= status then written = 2 end
 end
 if KEYS[3] then
   redis.call('SET', KEYS[2], ARGV[1])

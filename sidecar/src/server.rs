@@ -381,7 +381,7 @@ async fn responses(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
     let routing = state.decider.routing();
     let (tickets, now_ms) = (state.decider.tickets(), state.decider.now_ms());
     let with = crate::decision::responses::Storing {
-        route_ttl_ms: |route: &str| routing.cache_ttl_ms(route),
+        route_cache: |route: &str| routing.cache(route),
         tickets,
         now_ms,
         tenant_max_bytes: state.responses.tenant_max_bytes(),

@@ -92,7 +92,7 @@ impl Lab {
     async fn store(&self, ticket: StoreTicket, response: Option<StoredResponse>) -> tollgate_wire::responses::StoreAck {
         let routing = self.decider.routing();
                 let batch = StoreBatch { responses: vec![StoreItem { ticket, response }] };
-        let with = Storing { route_ttl_ms: |r: &str| routing.cache_ttl_ms(r), tickets: self.decider.tickets(), now_ms: self.decider.now_ms(), tenant_max_bytes: self.bound, in_flight_ms: 300_000 };
+        let with = Storing { route_cache: |r: &str| routing.cache(r), tickets: self.decider.tickets(), now_ms: self.decider.now_ms(), tenant_max_bytes: self.bound, in_flight_ms: 300_000 };
         store_batch(&self.store, &batch, with).await
     }
 
@@ -156,7 +156,8 @@ async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     let ticket = ticket.expect("a miss carries a store ticket");
     let ack = lab.store(ticket.clone(), Some(ok(r#"{"answer":42}"#))).await;
     assert_eq!(ack.stored, 1, "{ack:?}");
-    let key = format!("cache:exact:{{acme}}:p:chat:{}", "ab".repeat(32));
+    let (segment, _) = lab.decider.routing().cache("chat").expect("a caching route");
+    let key = format!("cache:exact:{{acme}}:p:{segment}:{}", "ab".repeat(32));
     let ttl: i64 = lab.cmd(&["PTTL", &key]);
     assert!(ttl > 29_000 && ttl <= 30_000, "the route's TTL: {ttl}");
 
@@ -205,6 +206,32 @@ async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     assert!(beta.is_empty(), "{beta:?}");
     // a cache ticket is taken back no longer than its route's TTL (30 s here)
     assert_eq!(ticket.seal().expires_at_ms, T0 + 30_000);
+}
+
+/// Decision 202: answers stored under a route are not served once its cluster or TTL changed
+/// (a route moved off a bad model, a TTL set too long by mistake and lowered): the changed route
+/// starts an empty cache. Before, the old entries were hits until their own TTL ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_route_does_not_serve_what_it_stored_before() {
+    let lab = Lab::new().await;
+    let ticket = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap()).1.expect("a miss");
+    assert_eq!(lab.store(ticket, Some(ok(r#"{"model":"old"}"#))).await.stored, 1);
+    assert!(allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap()).0.is_some(), "a hit");
+    for (cluster, ttl) in [("a", "10s"), ("b", "10s")] {
+        let mut s = Snapshot::default();
+        for change in [
+            Change::Put(Kind::Routes, serde_json::json!({"id": "chat", "cluster": cluster, "cache_ttl": ttl})),
+            Change::Put(Kind::Routes, serde_json::json!({"id": "nocache", "cluster": "a"})),
+        ] {
+            s = s.apply(&change).unwrap();
+        }
+        lab.decider.set_routing(Routing::of(&s, 2));
+        let (replay, ticket, _) = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+        assert!(replay.is_none(), "cluster {cluster}, TTL {ttl}: the old answer served");
+        assert_eq!(lab.store(ticket.expect("a miss"), Some(ok(r#"{"model":"new"}"#))).await.stored, 1);
+        let (replay, _, _) = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap());
+        assert_eq!(replay.expect("a hit of the changed route").1.body, r#"{"model":"new"}"#);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,7 +103,7 @@ async fn exercise_lookups(decider: &Decider, store: &Store) {
         };
         let response = StoredResponse::new(200, vec![], b"{}".to_vec(), 1);
         let batch = StoreBatch { responses: vec![StoreItem { ticket, response: Some(response) }] };
-        let ack = tollgate_sidecar::decision::responses::store_batch(store, &batch, tollgate_sidecar::decision::responses::Storing { route_ttl_ms: |r: &str| routing.cache_ttl_ms(r), tickets: decider.tickets(), now_ms: decider.now_ms(), tenant_max_bytes: 1 << 30, in_flight_ms: 300_000 }).await;
+        let ack = tollgate_sidecar::decision::responses::store_batch(store, &batch, tollgate_sidecar::decision::responses::Storing { route_cache: |r: &str| routing.cache(r), tickets: decider.tickets(), now_ms: decider.now_ms(), tenant_max_bytes: 1 << 30, in_flight_ms: 300_000 }).await;
         assert_eq!(ack.stored, 1, "{ack:?}");
         match decider.decide(&DecideRequest { request_id: Some("r-11".into()), ..req }).await.unwrap() {
             DecideResponse::Allow { replay: Some(r), .. } => assert_eq!(r.response.body, "{}"),
@@ -117,7 +117,8 @@ async fn exercise_lookups(decider: &Decider, store: &Store) {
 async fn copies_never_undo_a_revocation(store: &Store) {
     let (acme, all) = (Id::parse("acme").unwrap(), Id::parse("all").unwrap());
     let key = apikey::issue(acme.clone(), all.clone(), 1, None);
-    assert_eq!(copy_key::run(store, &key.hash, &key.record).await.unwrap(), Copied::Written);
+    assert_eq!(copy_key::run(store, &key.hash, &key.record).await.unwrap(), Copied::Restored, "Redis had none");
+    assert_eq!(copy_key::run(store, &key.hash, &key.record).await.unwrap(), Copied::Written, "the same again");
     assert_eq!(store.lookup(&key.hash).await.unwrap().map(|r| r.status), Some(KeyStatus::Active));
     assert!(store.list_keys(Some(&acme)).await.unwrap().iter().any(|r| r.key_id == key.record.key_id), "indexed");
     store.revoke_key(&key.record.key_id, 2).await.unwrap();
@@ -128,7 +129,7 @@ async fn copies_never_undo_a_revocation(store: &Store) {
     let other = apikey::issue(acme, all, 1, None);
     store.create_key(&other.hash, &other.record).await.unwrap();
     let revoked = KeyRecord { status: KeyStatus::Revoked, revoked_at: Some(3), ..other.record.clone() };
-    assert_eq!(copy_key::run(store, &other.hash, &revoked).await.unwrap(), Copied::Written);
+    assert_eq!(copy_key::run(store, &other.hash, &revoked).await.unwrap(), Copied::Restored, "a status changed");
     assert_eq!(store.lookup(&other.hash).await.unwrap().map(|r| r.status), Some(KeyStatus::Revoked));
 }
 

@@ -1,7 +1,8 @@
 //! Decision 179 with real processes: an admin write runs to its end whatever its client does. A
 //! revocation whose client gave up while PostgreSQL was slow was cut off half-way: PostgreSQL
 //! took it (its query was already sent) and Redis never did, so `keys list` said revoked and the
-//! key kept working.
+//! key kept working. Decisions 197 and 198: a revocation or a change Redis took and lost, or
+//! would not announce, still reaches every replica.
 
 use serde_json::json;
 use std::io::{Read, Write};
@@ -48,3 +49,77 @@ fn a_revocation_whose_client_gave_up_still_completes() {
     let listed = admin("GET", &base, "/v1/keys?tenant=acme", None);
     assert_eq!(listed.json()[0]["status"].as_str(), Some("revoked"), "{}", listed.body);
 }
+
+/// A tenant `acme`, a plan `p` without limits and a key on them, through the admin API at `base`:
+/// (key id, raw key).
+fn a_key(base: &str) -> (String, String) {
+    assert_eq!(admin("POST", base, "/v1/tenants", Some(json!({"id": "acme"}))).status, 201);
+    assert_eq!(admin("POST", base, "/v1/plans", Some(json!({"id": "p", "limits": []}))).status, 201);
+    let r = admin("POST", base, "/v1/keys", Some(json!({"tenant": "acme", "plan": "p"})));
+    assert_eq!(r.status, 201, "{}", r.body);
+    (r.json()["key_id"].as_str().unwrap().to_string(), r.json()["key"].as_str().unwrap().to_string())
+}
+
+/// Decision 197: a revocation Redis acknowledged and then lost (a failover to a replica it had
+/// not reached; here its record is set back to active by hand and every replica told to drop
+/// its cached answers) is put back from PostgreSQL at the next resync and announced: the key
+/// stops working again. Before, it worked until some sidecar restarted, while `keys list`
+/// (PostgreSQL) said revoked.
+#[test]
+fn a_revocation_redis_lost_is_put_back_from_postgresql() {
+    let g = Gateway::builder().config_in_postgres().admin_api(TOKEN).sidecar_env("TOLLGATE_SIDECAR_ADMIN__RESYNC_INTERVAL", "1s").build();
+    let base = g.replica(0).admin().to_string();
+    let (id, raw) = a_key(&base);
+    let url = g.envoy().url("/");
+    assert_eq!(get(&url, &[("x-api-key", &raw)]).status, 200);
+    assert_eq!(admin("POST", &base, &format!("/v1/keys/{id}/revoke"), None).status, 200);
+    poll_until("the revocation", Duration::from_secs(10), || get(&url, &[("x-api-key", &raw)]).status == 401);
+    let hash: String = g.redis().cmd(&["GET", &format!("apikey-id:{id}")]);
+    let record = format!("apikey:{hash}");
+    let _: () = g.redis().cmd(&["HSET", &record, "status", "active"]);
+    let _: () = g.redis().cmd(&["HDEL", &record, "revoked_at"]);
+    let _: () = g.redis().cmd(&["PUBLISH", "config_changed:_all", "0"]);
+    poll_until("the lost revocation restored in Redis", Duration::from_secs(30), || {
+        g.redis().cmd::<Option<String>>(&["HGET", &record, "status"]).as_deref() == Some("revoked")
+    });
+    assert!(g.sidecar().log_text().contains("restored"), "said in the log");
+    poll_until("the key refused again", Duration::from_secs(10), || get(&url, &[("x-api-key", &raw)]).status == 401);
+}
+
+/// Decision 198: a change PostgreSQL committed and Redis would not announce (out of memory) is
+/// announced again until Redis takes it, and the other replica loads it. Before, the version
+/// never moved, so the other replica's resync saw nothing to do: it kept the old configuration
+/// until another change or a restart.
+#[test]
+fn a_change_redis_could_not_announce_still_reaches_the_other_replica() {
+    let g = Gateway::builder().config_in_postgres().admin_api(TOKEN).replicas(2).build();
+    let (a, b) = (g.replica(0).admin().to_string(), g.replica(1).admin().to_string());
+    assert_eq!(admin("POST", &a, "/v1/tenants", Some(json!({"id": "acme"}))).status, 201);
+    poll_until("the tenant on the other replica", Duration::from_secs(20), || admin("GET", &b, "/v1/tenants/acme", None).status == 200);
+    let _: () = g.redis().cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    let _: () = g.redis().cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    let r = admin("POST", &a, "/v1/products", Some(json!({"id": "x"})));
+    assert_eq!((r.status, r.json()["propagated"].as_bool()), (201, Some(false)), "{}", r.body);
+    let _: () = g.redis().cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    poll_until("the change on the other replica", Duration::from_secs(30), || admin("GET", &b, "/v1/products/x", None).status == 200);
+}
+
+/// Decision 199: a revocation the admin API could not finish (PostgreSQL hung) of a key
+/// PostgreSQL lacks (made in Redis alone by an older `keys create`; here its row is deleted) is
+/// completed in Redis once PostgreSQL answers. Before, the background completion found no row,
+/// logged a warning and stopped: the key kept working.
+#[test]
+fn a_revocation_of_a_key_postgresql_lacks_completes_after_an_outage() {
+    let g = Gateway::builder().config_in_postgres().admin_api(TOKEN).build();
+    let base = g.replica(0).admin().to_string();
+    let (id, raw) = a_key(&base);
+    let url = g.envoy().url("/");
+    assert_eq!(get(&url, &[("x-api-key", &raw)]).status, 200);
+    tollgate_tests::billing::psql(g.pg(), &format!("DELETE FROM api_keys WHERE key_id = '{id}'")).expect("psql");
+    g.pg().pause();
+    let r = admin("POST", &base, &format!("/v1/keys/{id}/revoke"), None);
+    g.pg().resume();
+    assert_eq!(r.status, 503, "{}", r.body);
+    poll_until("the revocation in force", Duration::from_secs(30), || get(&url, &[("x-api-key", &raw)]).status == 401);
+}
+

@@ -110,6 +110,13 @@ fn admin_api_and_cli_manage_configuration_with_auth_validation_and_openapi() {
     let bad = cli(&base, &["plans", "set", "p", "--limit", "pm:fixed_window:0:60s"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("plans.p.limits[0].limit"), "{}", String::from_utf8_lossy(&bad.stderr));
+    // a control character is named by its field, not taken for PostgreSQL down (decision 201)
+    let r = admin("POST", &base, "/v1/tenants", Some(json!({"id": "t3", "name": "a\u{0}b"})));
+    assert_eq!((r.status, r.json()["field"].as_str()), (400, Some("tenants.t3.name")), "{}", r.body);
+    // an id that would cut the path short is refused before anything is sent (decision 200)
+    let cut = cli(&base, &["plans", "delete", "p#old"]);
+    assert!(!cut.status.success() && String::from_utf8_lossy(&cut.stderr).contains("not an id"), "{}", String::from_utf8_lossy(&cut.stderr));
+    assert_eq!(admin("GET", &base, "/v1/plans/p", None).status, 200, "plan p still there");
     // bad admin input names the field and changes nothing
     let r = admin("POST", &base, "/v1/tenants", Some(json!({"id": "t2", "products": ["nope"]})));
     assert_eq!((r.status, r.json()["field"].as_str()), (400, Some("tenants.t2.products")));

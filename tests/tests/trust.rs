@@ -232,7 +232,7 @@ fn tickets_forged_altered_or_replayed_are_refused_and_change_nothing() {
         let settled = !reserved.is_empty() && reserved.iter().all(|k| redis.cmd::<Option<String>>(&["GET", k]).as_deref() == Some("settled"));
         let memo = redis.keys("idem:api:{acme}:*");
         let stored = memo.len() == 1 && redis.cmd::<Option<String>>(&["GET", &memo[0]]).is_some_and(|v| !v.starts_with("inflight:"));
-        settled && stored && redis.keys("cache:exact:{acme}:p:cached:*").len() == 1
+        settled && stored && redis.keys("cache:exact:{acme}:p:cached.*").len() == 1
     });
     assert_eq!(sidecar.metric("tollgate_sidecar_tickets_refused_total"), 0, "no ticket of the filter was refused");
 

@@ -178,7 +178,12 @@ impl Api {
             .and_then(|l| l.strip_prefix('<')?.split_once('>').map(|(p, _)| p.to_string()));
         // an answer that cannot be read whole is an error, never an empty listing
         let text = resp.body_mut().read_to_string().with_context(|| format!("reading the admin API's answer to {method} {path}"))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        let v: Value = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            // not the admin API's answer: never read as a success (decision 200)
+            Err(_) if status < 400 => bail!("{} answered {status} to {method} {path} with something that is not JSON: is --admin-url the admin API?", self.base),
+            Err(_) => Value::String(text),
+        };
         if status >= 400 {
             let field = v.get("field").and_then(Value::as_str).map(|f| format!(" [{f}]")).unwrap_or_default();
             let msg = v.get("message").and_then(Value::as_str).unwrap_or("");
@@ -190,7 +195,10 @@ impl Api {
     /// Every key (of a tenant), read page by page (decision 184) and shown by creation time, as
     /// one answer showed them: a listing of any size, each answer bounded.
     fn all_keys(&self, tenant: Option<&str>) -> Result<Value> {
-        let tenant = tenant.map(|t| format!("&tenant={t}")).unwrap_or_default();
+        let tenant = match tenant {
+            Some(t) => format!("&tenant={}", checked(t)?),
+            None => String::new(),
+        };
         let mut next = Some(format!("/v1/keys?limit={KEYS_PAGE}{tenant}"));
         let mut keys = Vec::new();
         while let Some(path) = next.take() {
@@ -308,14 +316,14 @@ fn run() -> Result<()> {
                 show(j, &api.call("POST", "/v1/tenants", Some(json!({"id": id, "name": name, "products": products})))?, TENANT)
             }
             TenantAction::List => show(j, &api.call("GET", "/v1/tenants", None)?, TENANT),
-            TenantAction::Get { id } => show(j, &api.call("GET", &format!("/v1/tenants/{id}"), None)?, TENANT),
-            TenantAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/tenants/{id}"), None)?, &["deleted", "version"]),
+            TenantAction::Get { id } => show(j, &api.call("GET", &format!("/v1/tenants/{}", checked(&id)?), None)?, TENANT),
+            TenantAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/tenants/{}", checked(&id)?), None)?, &["deleted", "version"]),
         },
         Command::Products { action } => match action {
             SimpleAction::Create { id, name } => show(j, &api.call("POST", "/v1/products", Some(json!({"id": id, "name": name})))?, PRODUCT),
             SimpleAction::List => show(j, &api.call("GET", "/v1/products", None)?, PRODUCT),
-            SimpleAction::Get { id } => show(j, &api.call("GET", &format!("/v1/products/{id}"), None)?, PRODUCT),
-            SimpleAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/products/{id}"), None)?, &["deleted", "version"]),
+            SimpleAction::Get { id } => show(j, &api.call("GET", &format!("/v1/products/{}", checked(&id)?), None)?, PRODUCT),
+            SimpleAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/products/{}", checked(&id)?), None)?, &["deleted", "version"]),
         },
         Command::Plans { action } => match action {
             PlanAction::Set { id, limits, limits_json } => {
@@ -323,7 +331,7 @@ fn run() -> Result<()> {
                     Some(text) => serde_json::from_str(&text).context("--limits-json: not JSON")?,
                     None => Value::Array(limits.iter().map(|l| parse_limit(l)).collect::<Result<_>>()?),
                 };
-                let v = api.call("PUT", &format!("/v1/plans/{id}"), Some(json!({"id": id, "limits": limits})))?;
+                let v = api.call("PUT", &format!("/v1/plans/{}", checked(&id)?), Some(json!({"id": id, "limits": limits})))?;
                 if j {
                     println!("{v}");
                 } else {
@@ -331,8 +339,8 @@ fn run() -> Result<()> {
                 }
             }
             PlanAction::List => show(j, &api.call("GET", "/v1/plans", None)?, PLAN),
-            PlanAction::Get { id } => println!("{}", api.call("GET", &format!("/v1/plans/{id}"), None)?),
-            PlanAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/plans/{id}"), None)?, &["deleted", "version"]),
+            PlanAction::Get { id } => println!("{}", api.call("GET", &format!("/v1/plans/{}", checked(&id)?), None)?),
+            PlanAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/plans/{}", checked(&id)?), None)?, &["deleted", "version"]),
         },
         Command::Routes { action } => match action {
             RouteAction::Set { id, cluster, path_prefix, path, host, method, product, plan, priority } => {
@@ -351,11 +359,11 @@ fn run() -> Result<()> {
                 if let Some(p) = priority {
                     r["priority"] = json!(p);
                 }
-                show(j, &api.call("PUT", &format!("/v1/routes/{id}"), Some(r))?, ROUTE)
+                show(j, &api.call("PUT", &format!("/v1/routes/{}", checked(&id)?), Some(r))?, ROUTE)
             }
             RouteAction::List => show(j, &api.call("GET", "/v1/routes", None)?, ROUTE),
-            RouteAction::Get { id } => show(j, &api.call("GET", &format!("/v1/routes/{id}"), None)?, ROUTE),
-            RouteAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/routes/{id}"), None)?, &["deleted", "version"]),
+            RouteAction::Get { id } => show(j, &api.call("GET", &format!("/v1/routes/{}", checked(&id)?), None)?, ROUTE),
+            RouteAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/routes/{}", checked(&id)?), None)?, &["deleted", "version"]),
         },
         Command::Keys { action } => match action {
             KeyCommand::Create { tenant, plan, expires_in } => {
@@ -371,7 +379,7 @@ fn run() -> Result<()> {
                 }
             }
             KeyCommand::Revoke { key_id } => {
-                let v = api.call("POST", &format!("/v1/keys/{key_id}/revoke"), None)?;
+                let v = api.call("POST", &format!("/v1/keys/{}/revoke", checked(&key_id)?), None)?;
                 if j {
                     println!("{v}");
                 } else {
@@ -383,6 +391,16 @@ fn run() -> Result<()> {
         Command::Version => show(j, &api.call("GET", "/v1/version", None)?, &["version", "loaded"]),
     }
     Ok(())
+}
+
+/// `id` as it may go into a path or a query: an id of the admin API (1–64 of `A-Z a-z 0-9 _ . -`).
+/// Anything else is refused before a request is sent (decision 200): a `#` or `?` in it would cut
+/// the path short, and `plans delete 'gold#old'` deleted `gold`.
+fn checked(id: &str) -> Result<&str> {
+    match tollgate_sidecar::keys::Id::parse(id) {
+        Some(_) => Ok(id),
+        None => bail!("{id:?} is not an id: 1-64 of A-Z a-z 0-9 _ . -"),
+    }
 }
 
 #[cfg(test)]

@@ -58,8 +58,10 @@ impl AdminConfig {
             if !addr.ip().is_loopback() {
                 return Err(invalid("admin.listen", "must be a loopback address"));
             }
-            if self.token.expose().len() < 16 {
-                return Err(invalid("admin.token", "at least 16 characters are required when admin.listen is set"));
+            // visible ASCII only (decision 200): a token read from a file with its newline would
+            // start, then refuse every call with 401 (a header value cannot carry it)
+            if !crate::secret::well_formed(self.token.expose()) {
+                return Err(invalid("admin.token", "16 to 256 visible ASCII characters (no spaces, no newline) are required when admin.listen is set"));
             }
         }
         if self.resync_interval.is_zero() {
@@ -258,6 +260,11 @@ async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -
         Change::Put(k, v) => (*k, v.get("id").and_then(Value::as_str).unwrap_or_default().to_string()),
         Change::Delete(k, id) => (*k, id.clone()),
     };
+    if let Change::Put(_, v) = &change {
+        if let Some(field) = model::control_character_at(v, &format!("{}.{}", kind.name(), id.escape_debug())) {
+            return error(StatusCode::BAD_REQUEST, "invalid", Some(&field), "control characters are not allowed");
+        }
+    }
     let written = pg
         .write(|stored: Snapshot| {
             let exists = !id.is_empty() && stored.get(kind, &id).is_some();
@@ -303,7 +310,9 @@ async fn announced(s: &AdminState, tenant: Option<&Id>, ok: StatusCode, mut body
             body["version"] = json!(v);
         }
         Err(e) => {
-            tracing::warn!(error = %e, "a committed change could not be announced; replicas see it at their next resync or restart");
+            // the version did not move: no replica's resync would see it (decision 198)
+            tracing::warn!(error = %e, "a committed change could not be announced; announcing it again until Redis takes it");
+            s.control.announce_later();
             body["propagated"] = json!(false);
         }
     }
@@ -566,5 +575,9 @@ mod tests {
         a.listen = Some("127.0.0.1:1".parse().unwrap());
         a.token = Secret::new("short");
         assert_eq!(a.validate().unwrap_err().field, "admin.token");
+        a.token = Secret::new("admin-token-0123456789\n");
+        assert_eq!(a.validate().unwrap_err().field, "admin.token", "a token with its file's newline");
+        a.token = Secret::new("admin-token-0123456789");
+        assert!(a.validate().is_ok());
     }
 }

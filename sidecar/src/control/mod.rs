@@ -50,6 +50,12 @@ pub enum RewarmError {
     Store(#[from] ScriptError),
 }
 
+/// How far back each resync re-copies revocations into Redis (decision 197): well past how
+/// long a write can wait to reach a replica before a failover promotes it.
+pub const RECENT_REVOCATIONS: Duration = Duration::from_secs(600);
+/// At most this many of them per resync (the latest): a mass revocation is bounded work.
+pub const MAX_RECENT_REVOCATIONS: i64 = 1_000;
+
 /// What the admin API and the subscriber share: the source, the configuration in force, Redis.
 pub struct Control {
     pub source: Source,
@@ -64,11 +70,13 @@ pub struct Control {
     pub installing: tokio::sync::Mutex<()>,
     /// The keys whose revocation is being completed in the background ([`Control::complete_revocation`]).
     completing: std::sync::Mutex<std::collections::HashSet<Id>>,
+    /// An announcement Redis did not take is being made again ([`Control::announce_later`]).
+    announcing: AtomicBool,
 }
 
 impl Control {
     pub fn new(source: Source, snapshot: Snapshot, store: Store, decider: Arc<Decider>) -> Control {
-        Control { source, live: Live::new(snapshot), store, decider, reload_failing: AtomicBool::new(false), installing: tokio::sync::Mutex::new(()), completing: Default::default() }
+        Control { source, live: Live::new(snapshot), store, decider, reload_failing: AtomicBool::new(false), installing: tokio::sync::Mutex::new(()), completing: Default::default(), announcing: AtomicBool::new(false) }
     }
 
     /// Puts `snapshot` (validated) in force: routes and products for the admin view, plans for
@@ -114,6 +122,34 @@ impl Control {
         announce(&self.store, tenant).await
     }
 
+    /// A committed change whose announcement Redis did not take (out of memory, restarting):
+    /// every replica still has to learn of it, and the version it compares did not move. So it
+    /// is announced again in the background — for every tenant, `_all`, whichever changes wait —
+    /// until Redis takes it (decision 198); one task however many changes wait. The process's
+    /// end stops it (a restarted replica loads the store of record anyway).
+    pub fn announce_later(self: &Arc<Self>) {
+        if self.announcing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let control = self.clone();
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                match control.announce(None).await {
+                    Ok(v) => {
+                        control.live.advance_version(v);
+                        tracing::info!(version = v, "a change Redis could not announce is now announced");
+                        break;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "a change still waits to be announced"),
+                }
+            }
+            control.announcing.store(false, Ordering::Release);
+        });
+    }
+
     /// `cfg:routing:version` now (0 when never written).
     pub async fn routing_version(&self) -> Result<u64, StoreError> {
         self.store
@@ -134,6 +170,31 @@ impl Control {
             copy_key::run(&self.store, hash, record).await?;
         }
         Ok(keys.len())
+    }
+
+    /// Re-copies into Redis the revocations of the last [`RECENT_REVOCATIONS`] (at most
+    /// [`MAX_RECENT_REVOCATIONS`], the latest): a revocation Redis acknowledged and then lost — a
+    /// failover to a replica that had not received it, a restart without persistence — is in
+    /// force again, and the tenants whose records it restored are announced (their cached
+    /// answers evicted everywhere). Every resync runs it (decision 197); a no-op for the file
+    /// source (Redis is the keys' store there). Returns how many records it restored.
+    pub async fn restore_recent_revocations(&self) -> Result<usize, RewarmError> {
+        let Source::Postgres(pg) = &self.source else { return Ok(0) };
+        let since = crate::decision::unix_now().saturating_sub(RECENT_REVOCATIONS.as_secs());
+        let keys = pg.keys_revoked_since(since, MAX_RECENT_REVOCATIONS).await?;
+        let mut restored = std::collections::BTreeMap::<Id, usize>::new();
+        for (hash, record) in &keys {
+            if copy_key::run(&self.store, hash, record).await? == copy_key::Copied::Restored {
+                *restored.entry(record.tenant.clone()).or_default() += 1;
+            }
+        }
+        for (tenant, n) in &restored {
+            tracing::warn!(%tenant, revocations = n, "Redis had lost revocations PostgreSQL holds (a failover, a restart): restored");
+            if let Err(e) = self.announce(Some(tenant)).await {
+                tracing::warn!(%tenant, error = %e, "restored revocations could not be announced: cached answers end within their TTL");
+            }
+        }
+        Ok(restored.values().sum())
     }
 
     /// A revocation the admin API could not finish (PostgreSQL or Redis did not take it): done
@@ -162,7 +223,16 @@ impl Control {
             pause = (pause * 2).min(Duration::from_secs(2));
             let (hash, record) = match pg.revoke_key(key_id, now).await {
                 Ok(Some(r)) => r,
-                Ok(None) => return tracing::warn!(%key_id, "a revocation to complete names no key in PostgreSQL"),
+                // a key PostgreSQL lacks lives in Redis alone (an older `keys create`): revoked
+                // there, as the admin API does when PostgreSQL answers (decision 199)
+                Ok(None) => match self.store.revoke_key(key_id, now).await {
+                    Ok(r) => break r,
+                    Err(StoreError::NotFound(_)) => return tracing::warn!(%key_id, "a revocation to complete names no key in PostgreSQL or Redis"),
+                    Err(e) => {
+                        tracing::warn!(%key_id, error = %e, "a revocation of a key PostgreSQL lacks still waits for Redis; retrying");
+                        continue;
+                    }
+                },
                 Err(e @ (SourceError::Corrupt(_) | SourceError::Invalid(_))) => {
                     return tracing::error!(%key_id, error = %e, "a revocation cannot be completed: its PostgreSQL row is unreadable");
                 }

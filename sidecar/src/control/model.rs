@@ -13,6 +13,7 @@ use crate::invalid::invalid;
 use crate::keys::{Id, ALL_TENANTS};
 use crate::decision::limits::{LimitConfig, PlanConfig, Plans};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -141,6 +142,23 @@ tollgate_wire::named_enum! {
 impl Kind {
     pub fn parse(s: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// The first string of `v` (a value or a key) holding a control character, as a field path under
+/// `prefix` (decision 201): no name, host, path or header value of the configuration needs one,
+/// and PostgreSQL's jsonb refuses `\u0000` — a write carrying it was answered 503
+/// `store_unavailable`, as if PostgreSQL were down.
+pub fn control_character_at(v: &Value, prefix: &str) -> Option<String> {
+    let bad = |s: &str| s.chars().any(char::is_control);
+    match v {
+        Value::String(s) => bad(s).then(|| prefix.to_string()),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, x)| control_character_at(x, &format!("{prefix}[{i}]"))),
+        Value::Object(fields) => fields.iter().find_map(|(k, x)| match bad(k) {
+            true => Some(format!("{prefix}.{}", k.escape_debug())),
+            false => control_character_at(x, &format!("{prefix}.{k}")),
+        }),
+        _ => None,
     }
 }
 
@@ -385,6 +403,16 @@ mod tests {
         assert_eq!(e.field, "tenants.acme.products");
         let e = s.apply(&Change::Delete(Kind::Routes, "none".into())).unwrap_err();
         assert_eq!(e.field, "id");
+    }
+
+    /// Decision 201: a control character anywhere in a written object is named by its field.
+    #[test]
+    fn control_characters_are_named_by_their_field() {
+        let at = |v: serde_json::Value| control_character_at(&v, "tenants.acme");
+        assert_eq!(at(json!({"id": "acme", "name": "a\u{0}b"})), Some("tenants.acme.name".into()));
+        assert_eq!(at(json!({"id": "acme", "products": ["chat", "x\ny"]})), Some("tenants.acme.products[1]".into()));
+        assert_eq!(at(json!({"id": "acme", "match": {"headers": [{"name": "x", "value": "\u{7f}"}]}})), Some("tenants.acme.match.headers[0].value".into()));
+        assert_eq!(at(json!({"id": "acme", "name": "Acmé Ltd. — 例"})), None);
     }
 
     #[test]

@@ -155,12 +155,16 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Durati
     }
 }
 
-/// Reloads everything if `cfg:routing:version` moved past what this replica loaded.
+/// Reloads everything if `cfg:routing:version` moved past what this replica loaded, and puts
+/// back the recent revocations Redis may have lost (decision 197).
 async fn resync(control: &Control) {
     let Ok(version) = control.routing_version().await else { return };
     if version != control.live.version() {
         tracing::info!(from = control.live.version(), to = version, "configuration version moved; resynchronising");
         let _ = control.reload(None, version).await;
+    }
+    if let Err(e) = control.restore_recent_revocations().await {
+        tracing::debug!(error = %e, "recent revocations not re-copied this time");
     }
 }
 

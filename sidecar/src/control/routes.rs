@@ -48,6 +48,17 @@ pub fn table(s: &Snapshot, version: u64) -> RouteTable {
     RouteTable { version, etag, routes }
 }
 
+/// A caching route's segment of its response-cache keys (decision 202): its id (cut to 51
+/// characters) and 12 hex of a digest of its id, cluster and TTL. Answers stored under a route
+/// are never served after its cluster or TTL changed (a route moved off a bad model, a TTL
+/// set by mistake to 30 days and then lowered): the changed route has a new, empty namespace,
+/// and the old entries expire on their own TTL.
+fn cache_segment(id: &str, cluster: &str, ttl_ms: u64) -> Option<Id> {
+    let digest = Sha256::digest(format!("{id}\0{cluster}\0{ttl_ms}"));
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    Id::parse(&format!("{}.{hex}", id.get(..51).unwrap_or(id)))
+}
+
 impl Routing {
     /// The routing of a validated snapshot, at configuration generation `version`.
     pub fn of(snapshot: &Snapshot, version: u64) -> Routing {
@@ -59,7 +70,7 @@ impl Routing {
                     .cache_ttl
                     .map(|d| d.as_millis() as u64)
                     .filter(|ms| *ms > 0)
-                    .and_then(|ms| Id::parse(&r.id).map(|id| (id, ms)));
+                    .and_then(|ms| cache_segment(&r.id, &r.cluster, ms).map(|segment| (segment, ms)));
                 (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone(), cache })
             })
             .collect();
@@ -108,6 +119,22 @@ mod tests {
         assert_eq!(find(&t, "a", "GET", "/v1/embed", false), None);
         assert_eq!(find(&t, "beta.example.com:8080", "GET", "/v1/chat", true).as_deref(), Some("beta"));
         assert_eq!(find(&t, "BETA.example.com", "GET", "/v1/chat", false).as_deref(), Some("chat"));
+    }
+
+    /// Decision 202: a caching route's key segment changes with its cluster and TTL, not with
+    /// what its answers do not depend on; a long id still makes a valid, distinct segment.
+    #[test]
+    fn the_cache_segment_follows_the_cluster_and_ttl() {
+        let seg = |id: &str, cluster: &str, ttl: u64| cache_segment(id, cluster, ttl).unwrap().to_string();
+        assert!(seg("chat", "llm_a", 60_000).starts_with("chat."));
+        assert_eq!(seg("chat", "llm_a", 60_000), seg("chat", "llm_a", 60_000));
+        assert_ne!(seg("chat", "llm_a", 60_000), seg("chat", "llm_b", 60_000));
+        assert_ne!(seg("chat", "llm_a", 60_000), seg("chat", "llm_a", 1_000));
+        let (a, b) = ("a".repeat(60) + "x", "a".repeat(60) + "y");
+        assert!(seg(&a, "c", 1).len() <= 64);
+        assert_ne!(seg(&a, "c", 1), seg(&b, "c", 1));
+        let routing = Routing::of(&snapshot().apply(&Change::Put(Kind::Routes, json!({"id": "c", "cluster": "x", "cache_ttl": "30s"}))).unwrap(), 1);
+        assert_eq!(routing.cache("c"), Some((cache_segment("c", "x", 30_000).unwrap(), 30_000)));
     }
 
     #[test]

@@ -103,8 +103,9 @@ pub enum Lookup {
 impl Lookup {
     /// The lookup `req` asks for, for the key's `tenant` and `key_id`, decided on `plan`: an
     /// idempotency claim when it carries a valid key and digest, else a cache lookup when it
-    /// carries a valid hash and its route caches (`route_cache`: the route's id, when its TTL is
-    /// set). Invalid inputs ask for nothing (the request is then simply forwarded).
+    /// carries a valid hash and its route caches (`route_cache`: the route's key segment, when its
+    /// TTL is set; decision 202). Invalid inputs ask for nothing (the request is then simply
+    /// forwarded).
     pub fn of(req: &DecideRequest, tenant: &Id, key_id: &Id, plan: &str, route_cache: Option<&Id>) -> Option<Lookup> {
         if let Some(i) = &req.idempotency {
             let (Some(idem), Some(digest)) = (IdemKey::parse(&i.key), RequestDigest::parse(&i.digest)) else {
@@ -128,11 +129,12 @@ impl Lookup {
                 token,
             });
         }
-        let route = route_cache?;
+        let segment = route_cache?;
+        let route = req.route.as_deref()?;
         let hash = CacheHash::parse(req.cache_key.as_deref()?)?;
         let plan = Id::parse(plan)?;
         Some(Lookup::Cache {
-            key: ResponseCacheKey::new(tenant, &plan, route, &hash),
+            key: ResponseCacheKey::new(tenant, &plan, segment, &hash),
             ticket: StoreTicket::Cache {
                 tenant: tenant.to_string(),
                 plan: plan.to_string(),
@@ -222,12 +224,13 @@ fn idempotent_outcome(r: &StoredResponse) -> Option<Result<idem_complete::Outcom
 }
 
 /// Where a cache ticket's response goes and for how long, after validating every field.
-/// `route_ttl_ms` gives the TTL of a route id in the configuration in force (none: not caching).
-pub fn cache_target(ticket: &StoreTicket, route_ttl_ms: impl Fn(&str) -> Option<u64>) -> Option<(ResponseCacheKey, u64)> {
+/// `route_cache` gives the key segment and TTL of a route id in the configuration in force (none:
+/// not caching).
+pub fn cache_target(ticket: &StoreTicket, route_cache: impl Fn(&str) -> Option<(Id, u64)>) -> Option<(ResponseCacheKey, u64)> {
     let StoreTicket::Cache { tenant, plan, route, hash, .. } = ticket else { return None };
-    let (tenant, plan, route_id, hash) = (Id::parse(tenant)?, Id::parse(plan)?, Id::parse(route)?, CacheHash::parse(hash)?);
-    let ttl = route_ttl_ms(route)?;
-    Some((ResponseCacheKey::new(&tenant, &plan, &route_id, &hash), ttl))
+    let (tenant, plan, hash) = (Id::parse(tenant)?, Id::parse(plan)?, CacheHash::parse(hash)?);
+    let (segment, ttl) = route_cache(route)?;
+    Some((ResponseCacheKey::new(&tenant, &plan, &segment, &hash), ttl))
 }
 
 /// The keys, digest and token of an idempotency ticket, after validating every field.
@@ -251,8 +254,8 @@ enum Done {
 
 /// What storing a batch needs besides its items.
 pub struct Storing<'a, F> {
-    /// The TTL of a route id in the configuration in force (none: not caching).
-    pub route_ttl_ms: F,
+    /// The key segment and TTL of a route id in the configuration in force (none: not caching).
+    pub route_cache: F,
     pub tickets: &'a TicketKey,
     pub now_ms: u64,
     /// [`ResponsesConfig::tenant_max_bytes`].
@@ -268,7 +271,7 @@ fn ledger(tenant: &str) -> Option<(ResponsesLiveKey, ResponsesBytesKey)> {
     Some((ResponsesLiveKey::new(&tenant), ResponsesBytesKey::new(&tenant)))
 }
 
-async fn store_one<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, item: &StoreItem, with: &Storing<'_, F>) -> (&'static str, Done) {
+async fn store_one<F: Fn(&str) -> Option<(Id, u64)> + Sync>(store: &Store, item: &StoreItem, with: &Storing<'_, F>) -> (&'static str, Done) {
     let kind = match item.ticket {
         StoreTicket::Cache { .. } => "cache",
         StoreTicket::Idempotency { .. } => "idempotency",
@@ -280,7 +283,7 @@ async fn store_one<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, item: &Stor
     match &item.ticket {
         t @ StoreTicket::Cache { tenant, .. } => {
             let response = item.response.as_ref().filter(|r| storable(r));
-            let (Some((key, ttl_ms)), Some((live, bytes)), Some(r)) = (cache_target(t, &with.route_ttl_ms), ledger(tenant), response) else {
+            let (Some((key, ttl_ms)), Some((live, bytes)), Some(r)) = (cache_target(t, &with.route_cache), ledger(tenant), response) else {
                 return (kind, Done::Refused);
             };
             let Ok(json) = serde_json::to_string(r) else { return (kind, Done::Refused) };
@@ -331,7 +334,7 @@ async fn store_one<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, item: &Stor
 /// multiplexed connection pipelines them).
 /// Only items whose ticket `with.tickets` sealed, unaltered and unexpired at `with.now_ms`, are
 /// looked at.
-pub async fn store_batch<F: Fn(&str) -> Option<u64> + Sync>(store: &Store, batch: &StoreBatch, with: Storing<'_, F>) -> StoreAck {
+pub async fn store_batch<F: Fn(&str) -> Option<(Id, u64)> + Sync>(store: &Store, batch: &StoreBatch, with: Storing<'_, F>) -> StoreAck {
     let mut ack = StoreAck::default();
     for chunk in batch.responses.chunks(64) {
         let results = futures::future::join_all(chunk.iter().map(|i| store_one(store, i, &with))).await;
@@ -470,9 +473,9 @@ mod tests {
     #[test]
     fn cache_tickets_are_validated_and_take_the_routes_ttl() {
         let ok = StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() };
-        let ttl = |r: &str| (r == "chat").then_some(60_000);
+        let ttl = |r: &str| (r == "chat").then(|| (Id::parse("chat.0a1b2c").unwrap(), 60_000));
         let (key, t) = cache_target(&ok, ttl).unwrap();
-        assert_eq!((key.as_str().starts_with("cache:exact:{acme}:p:chat:"), t), (true, 60_000));
+        assert_eq!((key.as_str().starts_with("cache:exact:{acme}:p:chat.0a1b2c:"), t), (true, 60_000), "the route's segment");
         assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "other".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
         assert!(cache_target(&StoreTicket::Cache { tenant: "a{b}".into(), plan: "p".into(), route: "chat".into(), hash: "ab".repeat(32), seal: Default::default() }, ttl).is_none());
         assert!(cache_target(&StoreTicket::Cache { tenant: "acme".into(), plan: "p".into(), route: "chat".into(), hash: "ab".into(), seal: Default::default() }, ttl).is_none());

@@ -21,7 +21,9 @@ pub struct Routing {
 pub struct RouteEffect {
     pub product: Option<Id>,
     pub plan: Option<String>,
-    /// The response cache's TTL on this route (issue 7), with the route's id as a key segment.
+    /// The response cache on this route (issue 7): its key segment — the route's id and a digest
+    /// of what its answers depend on, its cluster and TTL (decision 202: a changed route starts
+    /// an empty cache) — and its TTL.
     pub cache: Option<(Id, u64)>,
 }
 
@@ -44,6 +46,12 @@ impl Routing {
 
     /// The response-cache TTL of a route id (none: unknown route, or it does not cache).
     pub fn cache_ttl_ms(&self, route: &str) -> Option<u64> {
-        self.routes.get(route).and_then(|r| r.cache.as_ref()).map(|(_, ms)| *ms)
+        self.cache(route).map(|(_, ms)| ms)
+    }
+
+    /// The response cache's key segment and TTL of a route id (none: unknown route, or it does
+    /// not cache).
+    pub fn cache(&self, route: &str) -> Option<(Id, u64)> {
+        self.routes.get(route).and_then(|r| r.cache.clone())
     }
 }

@@ -23,17 +23,22 @@ const DEADLINE: Duration = Duration::from_secs(5);
 /// What a copy did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Copied {
+    /// Written over a record of the same status.
     Written,
+    /// Written where Redis held no record, or one of another status: a write it had lost (a
+    /// failover to a replica behind, a wipe), or a revocation being made (decision 197).
+    Restored,
     /// Redis holds the key revoked and the copy was not: a revocation newer than the copy stays.
     KeptRevoked,
 }
 
-/// Reads the script's reply (1 written, 0 kept).
+/// Reads the script's reply (1 written, 2 restored, 0 kept).
 pub fn parse(reply: i64) -> Result<Copied, BadReply> {
     match reply {
         1 => Ok(Copied::Written),
+        2 => Ok(Copied::Restored),
         0 => Ok(Copied::KeptRevoked),
-        other => Err(BadReply::new("copy_key.lua", format!("answered {other}, not 0 or 1"))),
+        other => Err(BadReply::new("copy_key.lua", format!("answered {other}, not 0, 1 or 2"))),
     }
 }
 
@@ -92,7 +97,8 @@ mod tests {
         assert_eq!(keys(&hash, &record, true), [format!("apikey:{}", "ab".repeat(32)), "apikey-id:key_1".into(), "apikey-index:acme".into()]);
         assert_eq!(keys(&hash, &record, false).len(), 1, "Cluster: the record alone");
         assert_eq!(parse(1).unwrap(), Copied::Written);
+        assert_eq!(parse(2).unwrap(), Copied::Restored);
         assert_eq!(parse(0).unwrap(), Copied::KeptRevoked);
-        assert!(parse(2).is_err());
+        assert!(parse(3).is_err());
     }
 }

@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../../../migrations/config/0001_init.sql")),
     (2, include_str!("../../../migrations/config/0002_api_keys_plan.sql")),
     (3, include_str!("../../../migrations/config/0003_api_keys_id_order.sql")),
+    (4, include_str!("../../../migrations/config/0004_api_keys_recent.sql")),
 ];
 
 /// How long one use of the connection (a query, a transaction) may wait for the server: a
@@ -269,6 +270,22 @@ impl PgSource {
                     "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
                      WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY created_at, key_id",
                     &[&t],
+                )
+                .await
+            })
+            .await?;
+        rows.iter().map(key_row).collect()
+    }
+
+    /// The keys revoked at `since` (Unix seconds) or later, the latest `limit` (decision 197).
+    pub async fn keys_revoked_since(&self, since: u64, limit: i64) -> Result<Vec<(KeyHash, KeyRecord)>, SourceError> {
+        let since = i64::try_from(since).unwrap_or(i64::MAX);
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
+                     WHERE revoked_at >= $1 ORDER BY revoked_at DESC LIMIT $2",
+                    &[&since, &limit],
                 )
                 .await
             })
