@@ -111,10 +111,14 @@ impl BreakerGuard {
             return Action::Continue;
         }
         let primary = match route {
-            Some(r) => match &r.breaker {
-                Some(name) => b.targets.iter().position(|t| &t.name == name),
-                None => b.targets.iter().position(|t| t.cluster == r.cluster),
-            },
+            // a name no target has (a typo, a target since removed from the plugin's
+            // configuration) falls back to the cluster's target: before, the route went
+            // unguarded, silently (decision 203)
+            Some(r) => r
+                .breaker
+                .as_ref()
+                .and_then(|name| b.targets.iter().position(|t| &t.name == name))
+                .or_else(|| b.targets.iter().position(|t| t.cluster == r.cluster)),
             None => {
                 let Some(cluster) = host.property(&["xds", "cluster_name"]).and_then(|v| String::from_utf8(v).ok()) else {
                     return Action::Continue;
