@@ -318,6 +318,11 @@ fn validate_route(id: &str, r: &Route, s: &Snapshot) -> Result<(), Invalid> {
     if m.host.as_ref().is_some_and(|h| h.is_empty() || h.contains(['/', ' '])) {
         return Err(invalid(format!("{f}.match.host"), "not a host name"));
     }
+    // the request's port is not compared (the filter strips it): a host with one never matched
+    // (decision 204)
+    if m.host.as_ref().and_then(|h| h.rsplit_once(':')).is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+        return Err(invalid(format!("{f}.match.host"), "a host name without its port (a request's port is not compared)"));
+    }
     if m.method.as_ref().is_some_and(|x| !METHODS.contains(&x.as_str())) {
         return Err(invalid(format!("{f}.match.method"), "an upper-case HTTP method"));
     }

@@ -154,6 +154,9 @@ mod tests {
         let put = |v| s.apply(&Change::Put(Kind::Routes, v)).unwrap_err().field;
         assert_eq!(put(json!({"id": "r", "match": {"path": "/a", "path_prefix": "/"}, "cluster": "c"})), "routes.r.match.path");
         assert_eq!(put(json!({"id": "r", "match": {"path_prefix": "a"}, "cluster": "c"})), "routes.r.match.path_prefix");
+        // decision 204: a port in the host never matched (the request's is not compared)
+        assert_eq!(put(json!({"id": "r", "match": {"host": "api.example.com:443"}, "cluster": "c"})), "routes.r.match.host");
+        assert!(s.apply(&Change::Put(Kind::Routes, json!({"id": "r", "match": {"host": "[::1]"}, "cluster": "c"}))).is_ok());
         assert_eq!(put(json!({"id": "r", "match": {"method": "get"}, "cluster": "c"})), "routes.r.match.method");
         assert_eq!(put(json!({"id": "r", "cluster": "c", "product": "nope"})), "routes.r.product");
         assert_eq!(put(json!({"id": "r", "cluster": "c", "plan": "nope"})), "routes.r.plan");
