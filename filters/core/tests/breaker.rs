@@ -282,14 +282,11 @@ fn envoy_local_replies_count_as_failures_and_4xx_do_not() {
     assert_eq!(classify(&only_502.breakers, Some(503), Some("upstream_reset_before_response_started{remote_reset}")), Outcome::Failure);
 }
 
-/// Decision 203: a route naming a breaker target the filter does not have (a typo, a target
-/// since removed) is guarded by its cluster's target; before, it went unguarded.
+/// Decision 203: a route naming a breaker target the filter lacks is guarded by its cluster's.
 #[test]
 fn a_route_naming_an_unknown_breaker_is_guarded_by_its_clusters_target() {
     let route: tollgate_wire::routes::RouteSpec = serde_json::from_value(serde_json::json!({"id": "r", "cluster": "cluster_s", "breaker": "nope"})).unwrap();
-    let mut h = MockHost::new();
-    h.now_ms = 10_000;
-    let mut g = BreakerGuard::new(config().breakers.clone());
+    let (mut h, mut g) = (MockHost::new(), BreakerGuard::new(config().breakers.clone()));
     assert_eq!(g.on_request_routed(&mut h, Some(&route)), Action::Continue);
     h.upstream_response.push((":status".into(), b"500".to_vec()));
     h.properties.insert("response.code_details".into(), b"via_upstream".to_vec());
