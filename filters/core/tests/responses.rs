@@ -152,6 +152,7 @@ fn responses_that_must_not_be_cached_are_not_queued() {
     let cases: &[Case] = &[
         ("500", &[], b"{}", true),
         ("200", &[("cache-control", "private, max-age=60")], b"{}", true),
+        ("200", &[("cache-control", "public, max-age=0")], b"{}", true), // stale at once (decision 205)
         ("200", &[("set-cookie", "s=1")], b"{}", true),
         ("200", &[], &[b'x'; 65], true), // over responseCache.maxBodyBytes (64)
         ("200", &[], b"{}", false),      // the stream did not complete (client went away)

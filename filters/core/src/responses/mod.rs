@@ -263,11 +263,15 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, &'static str> {
 }
 
 /// Whether a `Cache-Control` value has one of the directives that keep a response out of a
-/// shared cache (`no-store`, `no-cache`, `private`).
+/// shared cache (`no-store`, `no-cache`, `private`), or says it is stale at once (`max-age=0`,
+/// `s-maxage=0`: decision 205 — such a response was stored and served for the route's whole TTL).
+/// On a request, the same directives mean the client will not take a stored answer: bypass.
 pub fn forbids_caching(cache_control: &str) -> bool {
     cache_control.split(',').any(|d| {
-        let name = d.split('=').next().unwrap_or("").trim().to_ascii_lowercase();
+        let (name, value) = d.split_once('=').unwrap_or((d, ""));
+        let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().trim_matches('"'));
         matches!(name.as_str(), "no-store" | "no-cache" | "private")
+            || (matches!(name.as_str(), "max-age" | "s-maxage") && value.parse::<u64>() == Ok(0))
     })
 }
 
@@ -439,6 +443,11 @@ mod tests {
         assert!(forbids_caching("max-age=60, Private"));
         assert!(forbids_caching("no-cache=\"set-cookie\""));
         assert!(!forbids_caching("max-age=60, public"));
+        // decision 205: stale at once
+        assert!(forbids_caching("public, max-age=0"));
+        assert!(forbids_caching("s-maxage=\"0\", max-age=600"));
+        assert!(!forbids_caching("max-age=00x"));
+        assert!(!forbids_caching("s-maxage=30"));
         let h = |pairs: &[(&str, &str)]| pairs.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect::<Vec<_>>();
         let keys = vec!["x-user".to_string()];
         assert!(cacheable_response(200, &h(&[("content-type", "application/json")]), &keys));
