@@ -135,7 +135,11 @@ impl Worker {
         let local_allows: Rc<RefCell<LocalAllows>> = Rc::default();
         let gen = Generation::default();
         let changes = config.changes.enabled.then(|| {
-            let job = ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone());
+            // how long after it is sent a call's answer may still be trusted: its timeout, then
+            // an auth answer's life or a lease's (the sidecar's bound is 500 ms; LEASE_TRUST)
+            let answered_within = sidecar.timeout.max(crate::lease::RENEWAL_TIMEOUT);
+            let cached_for = answered_within + config.auth_cache_max_ttl.max(crate::changes::LEASE_TRUST);
+            let job = ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone(), cached_for);
             job.refresh(host);
             job
         });

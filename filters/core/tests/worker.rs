@@ -196,6 +196,33 @@ fn a_change_count_that_moves_drops_cached_answers_and_leases_on_every_worker() {
     assert!(request_of(&w, &mut root, KEY, CACHED));
 }
 
+/// The change poller sleeps while nothing a change could revoke can be cached (decision 271):
+/// after the first poll (the baseline), it polls while a call was sent recently enough for its
+/// answer or lease to live, and a call made while it sleeps wakes it before the answer is cached.
+#[test]
+fn the_change_poller_sleeps_while_nothing_revocable_can_be_cached() {
+    const CACHED: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":60000}"#;
+    let (mut w, mut root) = worker_of(r#"{"changes":{"pollInterval":"50ms"}}"#, SEEDS);
+    poll_changes(&mut w, &mut root, 7, 0);
+    let quiet = |w: &mut Worker, root: &mut MockHost, why: &str| {
+        let calls = root.calls.len();
+        w.on_tick(root);
+        assert_eq!(root.calls.len(), calls, "{why}");
+    };
+    root.now_ms += 50;
+    quiet(&mut w, &mut root, "no call was ever sent: nothing to revoke, no poll");
+    assert!(request_of(&w, &mut root, KEY, CACHED), "the first request asks");
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 7, 1);
+    assert!(request_of(&w, &mut root, KEY, CACHED), "a revocation right after the answer: asked again");
+    root.now_ms += 60_000;
+    quiet(&mut w, &mut root, "a minute after the last call: asleep");
+    assert!(request_of(&w, &mut root, KEY, CACHED), "the answer expired: asked");
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 7, 2);
+    assert!(request_of(&w, &mut root, KEY, CACHED), "awake again: the change is seen within a poll");
+}
+
 /// A worker made after a change (a new plugin configuration, a VM reloaded) starts at the Envoy's
 /// generation, not at 0: an answer cached before the change is not reused by it, even before its
 /// first tick.

@@ -112,6 +112,9 @@ impl Job for LeaseRenewer {
     /// Sends every queued renewal (the root context's tick).
     fn on_tick(&mut self, host: &mut impl Host) {
         let pending: Vec<Renewal> = self.queue.borrow_mut().pending.drain(..).collect();
+        if !pending.is_empty() {
+            self.gen.note_call(host); // the poller must be awake for what they lease (crate::changes)
+        }
         for r in pending {
             let now = host.now_ms();
             let Ok(body) = serde_json::to_vec(&r.request) else { continue };
