@@ -115,6 +115,29 @@ fn the_tick_is_the_fastest_cadence_and_counters_follow_the_configuration() {
     }
 }
 
+/// The 20 ms lease tick runs only while the worker's renewals are in use (decision 272): queued,
+/// out, or sent within the last second; otherwise the other jobs' cadence (here completions').
+#[test]
+fn the_lease_tick_runs_only_while_renewals_are_in_use() {
+    let (mut w, mut root) = worker_of(r#"{"changes":{"enabled":false}}"#, SEEDS);
+    let (fast, slow) = (Duration::from_millis(20), Duration::from_millis(100));
+    assert_eq!(w.tick_period(), fast, "the fastest, set first: leases are on");
+    assert_eq!(w.tick_period_now(root.now_ms), slow, "no renewal: the completions' cadence");
+    let renewal = serde_json::json!({"keyHash": hash_key(KEY), "method": "GET", "authority": "api.test", "path": "/"});
+    w.renewals().borrow_mut().push(serde_json::from_value(renewal).unwrap(), 4);
+    assert_eq!(w.tick_period_now(root.now_ms), fast, "a renewal waits for the tick");
+    w.on_tick(&mut root);
+    assert_eq!(root.count_of(Metric::LeaseRenewal), 1);
+    let token = root.calls.len() as u32;
+    assert!(answer(&mut w, &mut root, token, Some(503), b""));
+    root.now_ms += 999;
+    assert_eq!(w.tick_period_now(root.now_ms), fast, "sent within the second: more will come");
+    root.now_ms += 1;
+    assert_eq!(w.tick_period_now(root.now_ms), slow, "a second without renewals: slow again");
+    let (w, root) = worker_of(r#"{"changes":{"enabled":false},"leases":{"enabled":false}}"#, SEEDS);
+    assert_eq!((w.tick_period(), w.tick_period_now(root.now_ms)), (slow, slow), "leases off: never the lease tick");
+}
+
 #[test]
 fn the_change_poller_is_on_by_default_and_sets_the_tick() {
     let (w, _) = worker_of(r#"{"leases":{"enabled":false}}"#, SEEDS);
