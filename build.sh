@@ -11,6 +11,8 @@
 #   ./build.sh bench cache | usage-intake | usage-shipping   the other measurements of tollgate-bench
 #                       (`./build.sh bench --help`)
 #   ./build.sh bench micro   criterion micro-benchmarks of the filter's and the sidecar's pure logic
+#   ./build.sh bench instructions [--hosts wasm,native] [--only PATH,...]   instructions Envoy executes
+#                       per request (valgrind's callgrind, Debian), per host and path (docs/benchmarks.md)
 #   ./build.sh fuzz [seconds per target] [target...]   coverage-guided fuzzing (cargo-fuzz, nightly; not
 #                       part of `test`): every target in fuzz/, then the corpus minimized (docs/fuzzing.md)
 set -euo pipefail
@@ -285,6 +287,8 @@ case "${1:-build}" in
     deps; install_oha; build; test_env
     # --cpu-split samples each saturation round's Envoy with perf (bench/src/profile.rs)
     case " $* " in *" --cpu-split "*) apt_install linux-perf ;; esac
+    # `instructions` runs Envoy under valgrind's callgrind (bench/src/instructions.rs)
+    if [ "${1:-}" = "instructions" ]; then apt_install valgrind; fi
     # The bench is its own crate (bench/) on the functional-test harness; only `bench` builds it.
     cargo build -q --release -p tollgate-bench
     # The two floors (configurations wasm-floor-sdk, wasm-floor-minimal): filters that do nothing.

@@ -70,6 +70,13 @@ struct Config<'a> {
     zipf: bool,
 }
 
+/// Plan "limited": one rate limit that never runs out, so every request pays the full limit path.
+pub const LIMITED_PLAN: &str =
+    "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n";
+/// Plan "leased": the same limit, leased: most requests spend this Envoy's lease, no callout.
+pub const LEASED_PLAN: &str =
+    "[[plans.leased.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\nmode = \"leased\"\n";
+
 /// The plugin configuration of a Tollgate Envoy under load: a 25 ms sidecar timeout, failing
 /// closed, and `extra`'s fields.
 fn plugin(extra: Value) -> Value {
@@ -81,7 +88,7 @@ fn plugin(extra: Value) -> Value {
 }
 
 /// A breaker guarding the `upstream` cluster (closed all along under this load).
-fn breaker_target() -> Value {
+pub fn breaker_target() -> Value {
     json!({"name": "bench", "cluster": "upstream", "provider": "bench", "model": "m"})
 }
 
@@ -101,10 +108,7 @@ pub fn run() {
 
     let upstream = start_echo();
     let redis = Redis::start();
-    // "limited": one rate limit that never runs out, so every request pays the full limit path.
-    let limited_plan = "[[plans.limited.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\n";
-    // "leased": the same limit, leased: most requests spend this Envoy's lease, no callout.
-    let leased_plan = "[[plans.leased.limits]]\nname = \"per-minute\"\nalgorithm = \"fixed_window\"\nlimit = 1000000000\nwindow = \"60s\"\nmode = \"leased\"\n";
+    let (limited_plan, leased_plan) = (LIMITED_PLAN, LEASED_PLAN);
     let sidecar = Sidecar::start_with_config(
         &redis.url(),
         &format!(

@@ -6,11 +6,14 @@
 //! - `cache`: a response-cache hit next to a miss and an uncached route ([`cache`]);
 //! - `usage-intake [--aggregate-above-rps N] [--batches B]`: the sidecar's usage intake and
 //!   delivery ([`usage`]);
-//! - `usage-shipping [--events E]`: a full spool drained to the broker ([`usage`]).
+//! - `usage-shipping [--events E]`: a full spool drained to the broker ([`usage`]);
+//! - `instructions [--hosts wasm,native] [--only PATH,PATH] [--small N] [--large N] [--idle-secs S]`:
+//!   instructions executed by Envoy per request under callgrind, per host and path ([`instructions`]).
 
 mod cache;
 mod compare;
 mod floors;
+mod instructions;
 mod limitador;
 mod load;
 mod profile;
@@ -68,6 +71,7 @@ fn main() {
         Some("cache") => cache::run(),
         Some("usage-intake") => usage::intake(arg("--aggregate-above-rps", 0), arg("--batches", 200)),
         Some("usage-shipping") => usage::shipping(arg("--events", 400_000)),
+        Some("instructions") => instructions::run(),
         Some("--help" | "-h" | "help") => println!(
             "usage: tollgate-bench [--duration SECS] [--rounds N] [--connections N] [--rate-fraction F] [--rate RPS]\n\
              \x20                     [--only NAME,NAME] [--compare-wasm PATH] [--saturation-only]\n\
@@ -75,6 +79,8 @@ fn main() {
              \x20      tollgate-bench cache [--requests N] [--rounds N]\n\
              \x20      tollgate-bench usage-intake [--aggregate-above-rps N] [--batches B]\n\
              \x20      tollgate-bench usage-shipping [--events E]\n\
+             \x20      tollgate-bench instructions [--hosts wasm,native] [--only PATH,PATH] [--warmup N] [--small N] [--large N]\n\
+             \x20                                  [--idle-secs S] [--zipf-keys N] [--zipf-s S] [--dumps DIR]\n\
              (docs/benchmarks.md)"
         ),
         _ => compare::run(),

@@ -317,6 +317,8 @@ impl Envoy {
         let proc = Proc::spawn("envoy", cmd, dir.path().join("envoy.log"));
         let mut envoy = Envoy { port, admin_port, proc, opts: opts.clone(), _dir: dir };
         let ready_url = format!("http://127.0.0.1:{admin_port}/ready");
+        // 60 s; longer for an Envoy under valgrind (`tollgate-bench instructions`: ~50× slower)
+        let ready_within = Duration::from_secs(std::env::var("TOLLGATE_ENVOY_READY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60));
         let start = Instant::now();
         loop {
             if let Some(status) = envoy.proc.exited() {
@@ -327,8 +329,8 @@ impl Envoy {
             if get(&ready_url, &[]).status == 200 {
                 return Ok(envoy);
             }
-            if start.elapsed() > Duration::from_secs(60) {
-                return Err(format!("envoy not ready after 60s:\n{}", envoy.proc.log_text()));
+            if start.elapsed() > ready_within {
+                return Err(format!("envoy not ready after {ready_within:?}:\n{}", envoy.proc.log_text()));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

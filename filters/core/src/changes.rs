@@ -19,13 +19,25 @@
 //! Every change drops every key's answers and leases, not just the changed key's: one decision
 //! call per active key, and the units of the leases held then (under-use, never over-use).
 //! Changes are operator actions; the generation keeps the filter free of per-key bookkeeping.
+//!
+//! The poller sleeps while nothing a change could revoke can be held (issue 41, decision 271):
+//! every answer or lease cached comes from a decision or renewal call, and each worker marks in
+//! shared data (`tollgate.changes.v1.calls`, at most once per [`MARK_EVERY_MS`]) that it sends
+//! one, before sending it. The poller polls while the newest mark is younger than what anything
+//! cached from it can live ([`ChangesJob::new`]'s `cached_for`: the call's timeout, then the
+//! answer's or the lease's life; plus the marks' period), and always until this Envoy's first
+//! poll set the baseline. A call made while
+//! it slept marks before its answer can be cached, so the next due tick polls: the bound of one
+//! poll and one tick holds. A change made while it slept moves the count it then reads: every
+//! answer cached under the old generation is dropped (one more call per active key, never a
+//! stale allow).
 
 use crate::auth_cache::LocalAllows;
 use crate::election;
 use crate::host::{Host, LogLevel, SharedSetError};
 use crate::jobs::{Cadence, Job, Outage};
 use crate::settings::{duration_within, given, ConfigError};
-use crate::shared_keys::{CHANGES, CHANGES_POLLER};
+use crate::shared_keys::{CHANGES, CHANGES_CALLS, CHANGES_POLLER};
 use crate::sidecar::Sidecar;
 use serde::Deserialize;
 use std::cell::{Cell, RefCell};
@@ -70,14 +82,36 @@ impl ChangesConfig {
     }
 }
 
+/// The longest the poller assumes a lease from one call is spent: the sidecar grants at most
+/// 500 ms (`LEASE_MAX_TTL_MS`); a margin for a sidecar built otherwise.
+pub const LEASE_TRUST: Duration = Duration::from_secs(10);
+
+/// How often a worker marks at most that it sends calls (`tollgate.changes.v1.calls`).
+pub const MARK_EVERY_MS: u64 = 1_000;
+
 /// The generation of cached answers and leases a worker trusts (see the module docs). Shared by
-/// the worker's root context (which moves it) and its requests (which stamp and check).
+/// the worker's root context (which moves it) and its requests (which stamp and check); also
+/// when the worker last marked that it sends calls.
 #[derive(Debug, Clone, Default)]
-pub struct Generation(Rc<Cell<u64>>);
+pub struct Generation(Rc<Cell<u64>>, Rc<Cell<u64>>);
 
 impl Generation {
     pub fn get(&self) -> u64 {
         self.0.get()
+    }
+
+    /// A decision or lease renewal call is about to be sent: what its answer caches must stay
+    /// revocable, so the poller must be awake. Marks shared data (one host call) at most once per
+    /// [`MARK_EVERY_MS`] per worker; the poller allows for that period.
+    pub fn note_call(&self, host: &mut impl Host) {
+        let now = host.now_ms();
+        let last = self.1.get();
+        if last != 0 && now.saturating_sub(last) < MARK_EVERY_MS {
+            return;
+        }
+        self.1.set(now.max(1));
+        // Unconditional: racing workers write marks a few ms apart; the poller allows a period.
+        host.shared_set(CHANGES_CALLS.as_str(), &now.to_le_bytes());
     }
 }
 
@@ -114,12 +148,35 @@ pub struct ChangesJob {
     call: Option<(u32, u64)>,
     cadence: Cadence,
     outage: Outage,
+    /// How long after the newest call mark something cached from it may still be trusted.
+    awake_ms: u64,
 }
 
 impl ChangesJob {
-    pub fn new(config: ChangesConfig, sidecar: Sidecar, owner: u64, gen: Generation, local: Rc<RefCell<LocalAllows>>) -> ChangesJob {
+    /// `cached_for`: the longest anything may be trusted after its call was sent (the call's
+    /// timeout, then an auth answer's or a lease's life): the poller stays awake that long after
+    /// the last call mark, plus the marks' period.
+    pub fn new(
+        config: ChangesConfig,
+        sidecar: Sidecar,
+        owner: u64,
+        gen: Generation,
+        local: Rc<RefCell<LocalAllows>>,
+        cached_for: Duration,
+    ) -> ChangesJob {
         let cadence = Cadence::every(config.poll_interval);
-        ChangesJob { config, sidecar, owner: owner.max(1), gen, local, call: None, cadence, outage: Outage::default() }
+        let awake = cached_for.as_millis() as u64 + MARK_EVERY_MS;
+        ChangesJob { config, sidecar, owner: owner.max(1), gen, local, call: None, cadence, outage: Outage::default(), awake_ms: awake }
+    }
+
+    /// Whether a poll is needed: before this Envoy's first poll (no baseline yet), or while an
+    /// answer or a lease from a call may be cached somewhere in this Envoy.
+    fn needed(&self, host: &impl Host, now: u64, has_record: bool) -> bool {
+        if !has_record {
+            return true;
+        }
+        let mark = host.shared_get(CHANGES_CALLS.as_str()).and_then(|b| b.as_slice().try_into().ok()).map(u64::from_le_bytes);
+        mark.is_some_and(|m| now.saturating_sub(m) <= self.awake_ms)
     }
 
     fn lease_ms(&self) -> u64 {
@@ -129,12 +186,14 @@ impl ChangesJob {
     /// Moves this worker's generation to the Envoy's (never back). Also when the worker is made:
     /// one made after a change (a new plugin configuration, a reloaded VM) must not trust, until
     /// its first tick, answers and leases the change made stale.
-    pub fn refresh(&self, host: &impl Host) {
-        let Some(rec) = host.shared_get(CHANGES.as_str()).as_deref().and_then(Record::decode) else { return };
+    /// Returns whether the Envoy's record exists (a first poll was answered).
+    pub fn refresh(&self, host: &impl Host) -> bool {
+        let Some(rec) = host.shared_get(CHANGES.as_str()).as_deref().and_then(Record::decode) else { return false };
         if rec.gen > self.gen.get() {
             self.gen.0.set(rec.gen);
             self.local.borrow_mut().clear();
         }
+        true
     }
 
     /// Records what the sidecar said: a new generation when its count or epoch moved.
@@ -165,9 +224,9 @@ impl ChangesJob {
 
 impl Job for ChangesJob {
     fn on_tick(&mut self, host: &mut impl Host) {
-        self.refresh(host);
+        let has_record = self.refresh(host);
         let now = host.now_ms();
-        if !self.cadence.is_due(now) {
+        if !self.cadence.is_due(now) || !self.needed(host, now, has_record) {
             return;
         }
         // A call that never came back (it has Envoy's timeout, but be safe): forget it.

@@ -84,6 +84,11 @@ impl MockHost {
     fn bump(&mut self, key: &str) {
         *self.cas.entry(key.to_string()).or_insert(0) += 1;
     }
+    /// The shared data keys that hold something about keys or requests: all of them but the
+    /// change poller's call mark (crate::changes), which says only that calls are sent.
+    pub fn cached_keys(&self) -> Vec<&String> {
+        self.shared.keys().filter(|k| k.as_str() != crate::shared_keys::CHANGES_CALLS.as_str()).collect()
+    }
     pub fn with_dispatch_error(mut self, e: &str) -> MockHost {
         self.dispatch_error = Some(e.to_string());
         self

@@ -45,6 +45,9 @@ pub const ROUTES_POLLER: SharedKey = SharedKey(Cow::Borrowed("tollgate.routes.v1
 pub const CHANGES: SharedKey = SharedKey(Cow::Borrowed("tollgate.changes.v1"));
 /// The election of the one root context per Envoy that polls the sidecar's change count.
 pub const CHANGES_POLLER: SharedKey = SharedKey(Cow::Borrowed("tollgate.changes.v1.lease"));
+/// When a worker of this Envoy last sent a decision or lease renewal call (host ms, 8 bytes
+/// little-endian): the change poller sleeps once nothing cached can be left (crate::changes).
+pub const CHANGES_CALLS: SharedKey = SharedKey(Cow::Borrowed("tollgate.changes.v1.calls"));
 /// The election of the one root context per Envoy that exchanges breaker hints.
 pub const HINTS_POLLER: SharedKey = SharedKey(Cow::Borrowed("tollgate.breaker.v1.lease"));
 
@@ -89,6 +92,7 @@ mod tests {
         assert_eq!(ROUTES_POLLER.as_str(), "tollgate.routes.v1.lease");
         assert_eq!(CHANGES.as_str(), "tollgate.changes.v1");
         assert_eq!(CHANGES_POLLER.as_str(), "tollgate.changes.v1.lease");
+        assert_eq!(CHANGES_CALLS.as_str(), "tollgate.changes.v1.calls");
         assert_eq!(lease("h", None).into_string(), "tollgate.lease.v1.h");
     }
 }

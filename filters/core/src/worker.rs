@@ -135,7 +135,11 @@ impl Worker {
         let local_allows: Rc<RefCell<LocalAllows>> = Rc::default();
         let gen = Generation::default();
         let changes = config.changes.enabled.then(|| {
-            let job = ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone());
+            // how long after it is sent a call's answer may still be trusted: its timeout, then
+            // an auth answer's life or a lease's (the sidecar's bound is 500 ms; LEASE_TRUST)
+            let answered_within = sidecar.timeout.max(crate::lease::RENEWAL_TIMEOUT);
+            let cached_for = answered_within + config.auth_cache_max_ttl.max(crate::changes::LEASE_TRUST);
+            let job = ChangesJob::new(config.changes.clone(), sidecar.clone(), seeds.changes_owner, gen.clone(), local_allows.clone(), cached_for);
             job.refresh(host);
             job
         });
@@ -221,8 +225,29 @@ impl Worker {
         self.config.breakers.metric_names()
     }
 
-    /// The root context's tick: the fastest cadence of the jobs that are on.
+    /// The root context's fastest tick: the fastest cadence of the jobs that are on (20 ms with
+    /// leases on). The adapter starts with it, then follows [`Self::tick_period_now`].
     pub fn tick_period(&self) -> Duration {
+        if self.config.leases.enabled {
+            // lease renewals wait for the tick: keep it well under `renewAhead`
+            return self.slow_tick_period().min(LEASE_TICK);
+        }
+        self.slow_tick_period()
+    }
+
+    /// The tick this worker needs now (the adapter sets it when it changes, after each tick):
+    /// the lease tick only while its renewals are in use ([`LeaseRenewer::busy`]), else the
+    /// fastest of the other jobs' cadences. A renewal queued meanwhile waits at most one slow
+    /// tick (50 ms with the change poll), then the tick is fast again (decision 272).
+    pub fn tick_period_now(&self, now_ms: u64) -> Duration {
+        if self.config.leases.enabled && (self.renewer.busy(now_ms) || self.ending.is_some()) {
+            return self.tick_period();
+        }
+        self.slow_tick_period()
+    }
+
+    /// The fastest cadence of the jobs but lease renewals.
+    fn slow_tick_period(&self) -> Duration {
         let c = &self.config;
         let mut tick = c.completion_flush_interval;
         if self.hint_poller.is_some() {
@@ -237,10 +262,6 @@ impl Worker {
         if c.changes.enabled {
             // a change reaches a worker within one poll and one tick
             tick = tick.min(c.changes.poll_interval);
-        }
-        if c.leases.enabled {
-            // lease renewals wait for the tick: keep it well under `renewAhead`
-            tick = tick.min(LEASE_TICK);
         }
         tick
     }

@@ -264,7 +264,7 @@ fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
     let mut f = filter(r#"{"authCacheMaxTtl":"0ms"}"#);
     f.on_request_headers(&mut h, true);
     f.on_sidecar_response(&mut h, 1, Some(200), &allow_cacheable(300));
-    assert!(h.shared.is_empty());
+    assert!(h.cached_keys().is_empty());
 
     // Not without cacheForMs, not with per-request response headers, never a deny.
     for body in [
@@ -276,7 +276,7 @@ fn the_cache_time_is_capped_by_config_and_only_plain_allows_are_cached() {
         let mut f = filter("{}");
         f.on_request_headers(&mut h, true);
         f.on_sidecar_response(&mut h, 1, Some(200), &body);
-        assert!(h.shared.is_empty(), "cached: {}", String::from_utf8_lossy(&body));
+        assert!(h.cached_keys().is_empty(), "cached: {}", String::from_utf8_lossy(&body));
     }
 }
 
@@ -304,7 +304,7 @@ fn a_request_holding_a_ticket_reports_its_completion_with_the_tokens_used() {
     let queue = Rc::new(RefCell::new(CompletionQueue::new(100)));
     let (mut f, mut host) = with_key(filter_with_queue("{}", queue.clone()));
     assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow_with_ticket()), Action::Continue);
-    assert!(host.shared.is_empty(), "an answer holding a ticket is never cached");
+    assert!(host.cached_keys().is_empty(), "an answer holding a ticket is never cached");
     host.upstream_response = vec![(":status".into(), "200".into())];
     f.on_response_headers(&mut host, false);
     for chunk in [&br#"{"id":"x","usage":{"prompt_tokens":5,"#[..], br#""total_tokens":42}}"#] {

@@ -388,12 +388,12 @@ fn a_key_the_sidecar_has_not_allowed_writes_nothing_to_shared_data() {
     for i in 0..5 {
         e.at(i).call(deny);
     }
-    assert!(e.base.shared.is_empty(), "an unknown key leaves no record: {:?}", e.base.shared.keys().collect::<Vec<_>>());
+    assert!(e.base.cached_keys().is_empty(), "an unknown key leaves no record: {:?}", e.base.cached_keys());
     // a sidecar failure says nothing about the key either
     let (mut f, mut h, _) = e.at(10).request();
     f.on_sidecar_response(&mut h, 1, Some(503), b"");
     e.sync(&h);
-    assert!(e.base.shared.is_empty());
+    assert!(e.base.cached_keys().is_empty());
     // once allowed, the record starts observing (this request is its origin)
     e.at(20).call(ALLOW);
     let rec = e.record().expect("a record once the key is valid");

@@ -115,6 +115,29 @@ fn the_tick_is_the_fastest_cadence_and_counters_follow_the_configuration() {
     }
 }
 
+/// The 20 ms lease tick runs only while the worker's renewals are in use (decision 272): queued,
+/// out, or sent within the last second; otherwise the other jobs' cadence (here completions').
+#[test]
+fn the_lease_tick_runs_only_while_renewals_are_in_use() {
+    let (mut w, mut root) = worker_of(r#"{"changes":{"enabled":false}}"#, SEEDS);
+    let (fast, slow) = (Duration::from_millis(20), Duration::from_millis(100));
+    assert_eq!(w.tick_period(), fast, "the fastest, set first: leases are on");
+    assert_eq!(w.tick_period_now(root.now_ms), slow, "no renewal: the completions' cadence");
+    let renewal = serde_json::json!({"keyHash": hash_key(KEY), "method": "GET", "authority": "api.test", "path": "/"});
+    w.renewals().borrow_mut().push(serde_json::from_value(renewal).unwrap(), 4);
+    assert_eq!(w.tick_period_now(root.now_ms), fast, "a renewal waits for the tick");
+    w.on_tick(&mut root);
+    assert_eq!(root.count_of(Metric::LeaseRenewal), 1);
+    let token = root.calls.len() as u32;
+    assert!(answer(&mut w, &mut root, token, Some(503), b""));
+    root.now_ms += 999;
+    assert_eq!(w.tick_period_now(root.now_ms), fast, "sent within the second: more will come");
+    root.now_ms += 1;
+    assert_eq!(w.tick_period_now(root.now_ms), slow, "a second without renewals: slow again");
+    let (w, root) = worker_of(r#"{"changes":{"enabled":false},"leases":{"enabled":false}}"#, SEEDS);
+    assert_eq!((w.tick_period(), w.tick_period_now(root.now_ms)), (slow, slow), "leases off: never the lease tick");
+}
+
 #[test]
 fn the_change_poller_is_on_by_default_and_sets_the_tick() {
     let (w, _) = worker_of(r#"{"leases":{"enabled":false}}"#, SEEDS);
@@ -194,6 +217,33 @@ fn a_change_count_that_moves_drops_cached_answers_and_leases_on_every_worker() {
     root.now_ms += 50;
     poll_changes(&mut w, &mut root, 8, 0);
     assert!(request_of(&w, &mut root, KEY, CACHED));
+}
+
+/// The change poller sleeps while nothing a change could revoke can be cached (decision 271):
+/// after the first poll (the baseline), it polls while a call was sent recently enough for its
+/// answer or lease to live, and a call made while it sleeps wakes it before the answer is cached.
+#[test]
+fn the_change_poller_sleeps_while_nothing_revocable_can_be_cached() {
+    const CACHED: &[u8] = br#"{"verdict":"allow","tenant":"acme","keyId":"key_7","plan":"gold","cacheForMs":60000}"#;
+    let (mut w, mut root) = worker_of(r#"{"changes":{"pollInterval":"50ms"}}"#, SEEDS);
+    poll_changes(&mut w, &mut root, 7, 0);
+    let quiet = |w: &mut Worker, root: &mut MockHost, why: &str| {
+        let calls = root.calls.len();
+        w.on_tick(root);
+        assert_eq!(root.calls.len(), calls, "{why}");
+    };
+    root.now_ms += 50;
+    quiet(&mut w, &mut root, "no call was ever sent: nothing to revoke, no poll");
+    assert!(request_of(&w, &mut root, KEY, CACHED), "the first request asks");
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 7, 1);
+    assert!(request_of(&w, &mut root, KEY, CACHED), "a revocation right after the answer: asked again");
+    root.now_ms += 60_000;
+    quiet(&mut w, &mut root, "a minute after the last call: asleep");
+    assert!(request_of(&w, &mut root, KEY, CACHED), "the answer expired: asked");
+    root.now_ms += 50;
+    poll_changes(&mut w, &mut root, 7, 2);
+    assert!(request_of(&w, &mut root, KEY, CACHED), "awake again: the change is seen within a poll");
 }
 
 /// A worker made after a change (a new plugin configuration, a VM reloaded) starts at the Envoy's

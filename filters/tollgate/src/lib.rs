@@ -88,6 +88,8 @@ struct Root {
     streams: Streams,
     /// Envoy was told this root context is done (`proxy_done`, after `on_done` said not yet).
     told_done: bool,
+    /// The tick period last set.
+    tick: std::time::Duration,
 }
 
 impl Root {
@@ -186,7 +188,8 @@ impl RootContext for Root {
         let worker = Worker::new(&mut EnvoyHost::new(&self.metrics, &self.named), config, seeds);
         self.metrics = Rc::new(Counters { ids: define(worker.metrics().into_iter().map(|m| (m, m.name()))), ..Counters::default() });
         self.named = Rc::new(define(worker.named_metrics().into_iter().map(|n| (n.clone(), n))));
-        self.set_tick_period(worker.tick_period());
+        self.tick = worker.tick_period();
+        self.set_tick_period(self.tick);
         // A queue of this VM's own (its name unique per VM): enqueueing to it wakes this root
         // context on its worker's thread, so a waiting decision batch leaves at once.
         let mut worker = worker;
@@ -200,7 +203,14 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(worker) = self.worker.as_mut() {
-            let deliveries = worker.on_tick(&mut EnvoyHost::new(&self.metrics, &self.named));
+            let mut host = EnvoyHost::new(&self.metrics, &self.named);
+            let deliveries = worker.on_tick(&mut host);
+            // the lease tick only while leases are in use (decision 272)
+            let tick = worker.tick_period_now(host.now_ms());
+            if tick != self.tick {
+                self.tick = tick;
+                self.set_tick_period(tick);
+            }
             self.deliver(deliveries);
         }
         self.metrics.flush();

@@ -23,6 +23,8 @@ impl AuthFilter {
             self.lease_sent_ms = Some(host.now_ms()); // leased limits: the grant's clock starts here
         }
         self.sent_gen = self.worker.gen.get();
+        // before its answer can be cached: the change poller must be awake (crate::changes)
+        self.worker.gen.note_call(host);
         if let Some((batcher, ctx)) = self.worker.batcher.as_ref().filter(|(b, _)| !b.borrow().goes_alone()) {
             // it waits at most the sidecar timeout for its batch to leave (crate::batch)
             let deadline = host.now_ms().saturating_add(self.config.sidecar.timeout.as_millis() as u64);

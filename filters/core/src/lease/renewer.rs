@@ -68,11 +68,25 @@ pub struct LeaseRenewer {
     in_flight: Vec<(u32, SharedKey, u64, u64)>,
     /// The worker's generation (crate::changes); none: always 0.
     gen: Generation,
+    /// When it last sent a renewal (host ms; 0: never).
+    last_sent_ms: u64,
 }
+
+/// How long after its last renewal a worker keeps its fast tick ([`LeaseRenewer::busy`]).
+pub const BUSY_AFTER_RENEWAL_MS: u64 = 1_000;
 
 impl LeaseRenewer {
     pub fn new(queue: Rc<RefCell<RenewalQueue>>, sidecar: Sidecar) -> LeaseRenewer {
-        LeaseRenewer { queue, sidecar, in_flight: Vec::new(), gen: Generation::default() }
+        LeaseRenewer { queue, sidecar, in_flight: Vec::new(), gen: Generation::default(), last_sent_ms: 0 }
+    }
+
+    /// Whether renewals wait, are out, or were sent within [`BUSY_AFTER_RENEWAL_MS`]: the
+    /// worker's leases are in use, and its next renewals should not wait for a slow tick
+    /// (decision 272).
+    pub fn busy(&self, now_ms: u64) -> bool {
+        !self.queue.borrow().is_empty()
+            || !self.in_flight.is_empty()
+            || (self.last_sent_ms != 0 && now_ms.saturating_sub(self.last_sent_ms) < BUSY_AFTER_RENEWAL_MS)
     }
 
     /// Stamps grants with the worker's generation `gen`.
@@ -112,6 +126,10 @@ impl Job for LeaseRenewer {
     /// Sends every queued renewal (the root context's tick).
     fn on_tick(&mut self, host: &mut impl Host) {
         let pending: Vec<Renewal> = self.queue.borrow_mut().pending.drain(..).collect();
+        if !pending.is_empty() {
+            self.gen.note_call(host); // the poller must be awake for what they lease (crate::changes)
+            self.last_sent_ms = host.now_ms().max(1);
+        }
         for r in pending {
             let now = host.now_ms();
             let Ok(body) = serde_json::to_vec(&r.request) else { continue };
