@@ -3,7 +3,7 @@
 //! readiness (admin `/ready`, or the log when Envoy exits instead) and admin `/stats` counters.
 
 use crate::http::get;
-use crate::process::{envoy_bin, free_port, root, wasm_path, Proc};
+use crate::process::{envoy_bin, filter_host, free_port, native_module, root, wasm_path, FilterHost, Proc};
 use crate::sidecar::{sidecar_secret, sidecar_socket};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -196,8 +196,66 @@ fn render(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
         ("WASM_PATH", wasm_path().display().to_string()),
         ("PLUGIN_CONFIG", opts.rendered_plugin_config().replace('\'', "''")),
     ]);
-    render_template(&template, &vars)
+    let yaml = render_template(&template, &vars);
+    match filter_host() {
+        FilterHost::Wasm => yaml,
+        FilterHost::Native => native_filter(&yaml),
+    }
 }
+
+/// The Wasm filter's lines in a rendered configuration: where its `- name:` line is, where its
+/// body (`typed_config`'s lines) starts and ends, and its indent.
+fn wasm_filter_span(lines: &[&str]) -> (usize, usize, usize, usize) {
+    let indent_of = |l: &str| l.len() - l.trim_start().len();
+    let start = lines.iter().position(|l| l.trim() == "- name: envoy.filters.http.wasm").expect("the template has the Wasm filter");
+    let indent = indent_of(lines[start]);
+    assert_eq!(lines.get(start + 1).map(|l| l.trim()), Some("typed_config:"), "the Wasm filter's typed_config follows its name");
+    let body = start + 2;
+    let end = lines[body..]
+        .iter()
+        .position(|l| !l.trim().is_empty() && indent_of(l) <= indent + 2)
+        .map_or(lines.len(), |i| body + i);
+    (start, body, end, indent)
+}
+
+/// A rendered configuration with the native host in place of the Wasm filter: the same plugin
+/// configuration given to `libtollgate_native.so` (docs/configuration.md, "The native host").
+/// Its counters keep the Wasm filter's names (`metrics_namespace: wasmcustom`, decision 253).
+pub fn native_filter(yaml: &str) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let (start, body, end, indent) = wasm_filter_span(&lines);
+    let config = lines[body..end]
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("value: "))
+        .expect("the Wasm filter's configuration value");
+    let pad = " ".repeat(indent);
+    let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    out.extend([
+        format!("{pad}- name: envoy.filters.http.dynamic_modules"),
+        format!("{pad}  typed_config:"),
+        format!("{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"),
+        format!("{pad}    dynamic_module_config: {{name: tollgate_native, do_not_close: true, metrics_namespace: wasmcustom}}"),
+        format!("{pad}    filter_name: tollgate"),
+        format!("{pad}    filter_config:"),
+        format!("{pad}      \"@type\": type.googleapis.com/google.protobuf.StringValue"),
+        format!("{pad}      value: {config}"),
+    ]);
+    out.extend(lines[end..].iter().map(|l| l.to_string()));
+    out.extend(NATIVE_RUNTIME.iter().map(|l| l.to_string()));
+    out.join("\n") + "\n"
+}
+
+/// Envoy's runtime for the native host: its counters' namespace stripped in Prometheus names as
+/// the Wasm filter's is (`tollgate_requests_allowed`, not `envoy_wasmcustom_tollgate_…`;
+/// decision 253), and the admin layer Envoy has by default.
+const NATIVE_RUNTIME: [&str; 6] = [
+    "layered_runtime:",
+    "  layers:",
+    "  - name: tollgate_native",
+    "    static_layer: {envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix: true}",
+    "  - name: admin",
+    "    admin_layer: {}",
+];
 
 /// The file, next to `envoy.yaml`, of the Wasm filter's configuration when Envoy reads it by
 /// extension config discovery ([`EnvoyOptions::plugin_config_in_file`]), and the name of the
@@ -212,15 +270,7 @@ const FILTER_RELOADS: &str = "extension_config_discovery.http_filter.tollgate.co
 /// instead, and the file's text.
 pub fn filter_config_by_file(yaml: &str, file: &Path) -> (String, String) {
     let lines: Vec<&str> = yaml.lines().collect();
-    let indent_of = |l: &str| l.len() - l.trim_start().len();
-    let start = lines.iter().position(|l| l.trim() == "- name: envoy.filters.http.wasm").expect("the template has the Wasm filter");
-    let indent = indent_of(lines[start]);
-    assert_eq!(lines.get(start + 1).map(|l| l.trim()), Some("typed_config:"), "the Wasm filter's typed_config follows its name");
-    let body = start + 2;
-    let end = lines[body..]
-        .iter()
-        .position(|l| !l.trim().is_empty() && indent_of(l) <= indent + 2)
-        .map_or(lines.len(), |i| body + i);
+    let (start, body, end, indent) = wasm_filter_span(&lines);
     let pad = " ".repeat(indent);
     let mut listener: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
     listener.extend([
@@ -309,10 +359,15 @@ impl Envoy {
             .arg(&config)
             .args(["--concurrency", &opts.concurrency.to_string()])
             .args(["--base-id", &admin_port.to_string(), "--disable-hot-restart"])
-            .args(["-l", "info", "--component-log-level", "wasm:debug"]);
+            .args(["-l", "info", "--component-log-level", "wasm:debug,dynamic_modules:debug"]);
         if opts.plugin_config_in_file {
             // a subscription (even to a file) needs the node's identity
             cmd.args(["--service-node", "tollgate", "--service-cluster", "tollgate"]);
+        }
+        if filter_host() == FilterHost::Native {
+            let module = native_module();
+            let folder = module.parent().expect("the native module's folder");
+            cmd.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", folder);
         }
         let proc = Proc::spawn("envoy", cmd, dir.path().join("envoy.log"));
         let mut envoy = Envoy { port, admin_port, proc, opts: opts.clone(), _dir: dir };

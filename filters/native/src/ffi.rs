@@ -88,21 +88,11 @@ pub struct EnvoyHeader {
 
 /// `envoy_dynamic_module_type_http_header_type`.
 #[derive(Clone, Copy)]
-pub enum HeaderType {
-    Request = 0,
-    RequestTrailer = 1,
-    Response = 2,
-    ResponseTrailer = 3,
-}
+pub enum HeaderType { Request = 0, RequestTrailer = 1, Response = 2, ResponseTrailer = 3 }
 
 /// `envoy_dynamic_module_type_http_body_type`.
 #[derive(Clone, Copy)]
-pub enum BodyType {
-    ReceivedRequest = 0,
-    BufferedRequest = 1,
-    ReceivedResponse = 2,
-    BufferedResponse = 3,
-}
+pub enum BodyType { ReceivedRequest = 0, BufferedRequest = 1, ReceivedResponse = 2, BufferedResponse = 3 }
 
 /// The `envoy_dynamic_module_type_attribute_id`s read here.
 #[derive(Clone, Copy)]
@@ -117,12 +107,7 @@ pub enum Attribute {
 
 /// `envoy_dynamic_module_type_log_level` (the levels used).
 #[derive(Clone, Copy)]
-pub enum Level {
-    Debug = 1,
-    Info = 2,
-    Warn = 3,
-    Error = 4,
-}
+pub enum Level { Debug = 1, Info = 2, Warn = 3, Error = 4 }
 
 /// A filter hook's answer, the ABI's statuses: 0 `Continue`; 1 `StopIteration` (headers,
 /// trailers) or `StopIterationAndBuffer` (body); 2 `StopIterationAndWatermark` (body only).
@@ -200,6 +185,7 @@ extern "C" {
         body: ModuleBuffer,
         timeout_ms: u64,
     ) -> u32;
+    fn envoy_dynamic_module_callback_http_clear_route_cache(filter: EnvoyPtr);
     fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: EnvoyPtr);
     fn envoy_dynamic_module_callback_http_filter_continue_encoding(filter: EnvoyPtr);
     fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(config: EnvoyPtr) -> EnvoyPtr;
@@ -286,6 +272,12 @@ pub fn set_header(filter: Filter, kind: HeaderType, name: &str, value: Option<&s
     let value = value.map_or(ModuleBuffer::NULL, |v| ModuleBuffer::of(v.as_bytes()));
     // SAFETY: the buffers outlive the call.
     let _ = unsafe { envoy_dynamic_module_callback_http_set_header(filter.0, kind as u32, ModuleBuffer::of(name.as_bytes()), value) };
+}
+
+/// Makes Envoy pick the stream's route again (after a change of a header a route matches on).
+pub fn clear_route_cache(filter: Filter) {
+    // SAFETY: `filter` is the stream of the current hook.
+    unsafe { envoy_dynamic_module_callback_http_clear_route_cache(filter.0) }
 }
 
 pub fn add_header(filter: Filter, kind: HeaderType, name: &str, value: &str) {

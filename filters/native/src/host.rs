@@ -90,14 +90,19 @@ impl Host for NativeHost<'_> {
     fn request_headers(&self) -> HeaderMap {
         self.filter().map(|f| HeaderMap::from_pairs(&ffi::headers(f, HeaderType::Request))).unwrap_or_default()
     }
+    /// Envoy's Wasm host clears the route cache on every change of a request header, and the
+    /// core relies on it (`x-tollgate-cluster`: routing, breaker fallbacks); the ABI's setter
+    /// does not, so the host does (decision 259).
     fn set_request_header(&mut self, name: &str, value: &str) {
         if let Some(f) = self.filter() {
             ffi::set_header(f, HeaderType::Request, name, Some(value));
+            ffi::clear_route_cache(f);
         }
     }
     fn remove_request_header(&mut self, name: &str) {
         if let Some(f) = self.filter() {
             ffi::set_header(f, HeaderType::Request, name, None);
+            ffi::clear_route_cache(f);
         }
     }
     fn request_trailer_names(&self) -> Vec<String> {
