@@ -105,7 +105,7 @@ pub enum Attribute {
     XdsClusterName = 57,
 }
 
-/// `envoy_dynamic_module_type_log_level` (the levels used).
+/// `envoy_dynamic_module_type_log_level` (those used).
 #[derive(Clone, Copy)]
 pub enum Level { Debug = 1, Info = 2, Warn = 3, Error = 4 }
 
@@ -161,6 +161,7 @@ extern "C" {
         body: ModuleBuffer,
         details: ModuleBuffer,
     );
+    fn envoy_dynamic_module_callback_http_get_body_size(filter: EnvoyPtr, body_type: u32) -> usize;
     fn envoy_dynamic_module_callback_http_get_body_chunks_size(filter: EnvoyPtr, body_type: u32) -> usize;
     fn envoy_dynamic_module_callback_http_get_body_chunks(filter: EnvoyPtr, body_type: u32, result: *mut EnvoyBuffer) -> bool;
     fn envoy_dynamic_module_callback_http_received_buffered_request_body(filter: EnvoyPtr) -> bool;
@@ -245,26 +246,25 @@ pub fn header(filter: Filter, kind: HeaderType, name: &str) -> Option<Vec<u8>> {
     }
 }
 
-/// Every header of a map, as pairs of bytes (empty when Envoy has none).
-pub fn headers(filter: Filter, kind: HeaderType) -> Vec<(Vec<u8>, Vec<u8>)> {
-    // SAFETY: the array has the size Envoy gave; its buffers are copied before the hook ends.
+/// Runs `f` on every header of a map, borrowed from Envoy (no copy; empty when it has none).
+pub fn with_headers<R>(filter: Filter, kind: HeaderType, f: impl FnOnce(&[(&[u8], &[u8])]) -> R) -> R {
+    // SAFETY: the array has the size Envoy gave; its buffers stay valid during this hook, and
+    // the borrows handed to `f` do not outlive this call.
     unsafe {
         let n = envoy_dynamic_module_callback_http_get_headers_size(filter.0, kind as u32);
         if n == 0 {
-            return Vec::new();
+            return f(&[]);
         }
         let empty = EnvoyHeader { key_ptr: std::ptr::null(), key_length: 0, value_ptr: std::ptr::null(), value_length: 0 };
         let mut raw = vec![empty; n];
         if !envoy_dynamic_module_callback_http_get_headers(filter.0, kind as u32, raw.as_mut_ptr()) {
-            return Vec::new();
+            return f(&[]);
         }
-        raw.iter()
-            .map(|h| {
-                let k = EnvoyBuffer { ptr: h.key_ptr, length: h.key_length }.bytes().to_vec();
-                let v = EnvoyBuffer { ptr: h.value_ptr, length: h.value_length }.bytes().to_vec();
-                (k, v)
-            })
-            .collect()
+        let pairs: Vec<(&[u8], &[u8])> = raw
+            .iter()
+            .map(|h| (EnvoyBuffer { ptr: h.key_ptr, length: h.key_length }.bytes(), EnvoyBuffer { ptr: h.value_ptr, length: h.value_length }.bytes()))
+            .collect();
+        f(&pairs)
     }
 }
 
@@ -318,9 +318,8 @@ fn chunks(filter: Filter, kind: BodyType, out: &mut Vec<u8>) {
 
 /// The body so far, as a proxy-wasm filter sees it in a body callback: what this filter's
 /// earlier `StopIterationAndBuffer` kept, then the chunk just received (or only that chunk,
-/// when it is the buffer an earlier filter handed on).
-pub fn body(filter: Filter, request: bool) -> Vec<u8> {
-    let mut out = Vec::new();
+/// when it is the buffer an earlier filter handed on). `(buffered, received)` body types.
+fn body_parts(filter: Filter, request: bool) -> (Option<BodyType>, BodyType) {
     // SAFETY: a plain query of the current stream.
     let handed_on = unsafe {
         if request {
@@ -330,11 +329,28 @@ pub fn body(filter: Filter, request: bool) -> Vec<u8> {
         }
     };
     let (buffered, received) = if request { (BodyType::BufferedRequest, BodyType::ReceivedRequest) } else { (BodyType::BufferedResponse, BodyType::ReceivedResponse) };
-    if !handed_on {
-        chunks(filter, buffered, &mut out);
+    ((!handed_on).then_some(buffered), received)
+}
+
+/// The body's bytes (copied; see `body_parts`).
+pub fn body(filter: Filter, request: bool) -> Vec<u8> {
+    let (buffered, received) = body_parts(filter, request);
+    let mut out = Vec::new();
+    if let Some(b) = buffered {
+        chunks(filter, b, &mut out);
     }
     chunks(filter, received, &mut out);
     out
+}
+
+/// The body's size, without copying it.
+pub fn body_size(filter: Filter, request: bool) -> usize {
+    let (buffered, received) = body_parts(filter, request);
+    // SAFETY: plain queries of the current stream.
+    unsafe {
+        let kept = buffered.map_or(0, |b| envoy_dynamic_module_callback_http_get_body_size(filter.0, b as u32));
+        kept.saturating_add(envoy_dynamic_module_callback_http_get_body_size(filter.0, received as u32))
+    }
 }
 
 pub fn attribute_string(filter: Filter, id: Attribute) -> Option<Vec<u8>> {
@@ -478,16 +494,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(module: ModulePtr, fil
     guard("filter_new", std::ptr::null(), || crate::plugin::filter_new(module, Filter(filter)))
 }
 
-/// Which stream callback a hook is.
+/// Which stream callback a hook is (with its `end_of_stream`).
 #[derive(Clone, Copy, Debug)]
-pub enum Phase {
-    RequestHeaders(bool),
-    RequestBody(bool),
-    RequestTrailers,
-    ResponseHeaders(bool),
-    ResponseBody(bool),
-    ResponseTrailers,
-}
+pub enum Phase { RequestHeaders(bool), RequestBody(bool), RequestTrailers, ResponseHeaders(bool), ResponseBody(bool), ResponseTrailers }
 
 fn phase(filter: EnvoyPtr, module: ModulePtr, p: Phase) -> Status {
     guard("a stream callback", STOP, || crate::plugin::on_phase(Filter(filter), module, p))

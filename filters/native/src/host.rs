@@ -69,6 +69,12 @@ impl<'a> NativeHost<'a> {
         }
     }
 
+    /// The size of the body as a proxy-wasm filter sees it in this callback (not copied: most
+    /// callbacks never read it).
+    pub fn body_size(&self, request: bool) -> usize {
+        self.filter().map_or(0, |f| ffi::body_size(f, request))
+    }
+
     /// The body as a proxy-wasm filter sees it in this callback (read from Envoy once).
     pub fn body(&self, request: bool) -> &[u8] {
         let Some(f) = self.filter() else { return &[] };
@@ -88,7 +94,8 @@ fn text(bytes: Vec<u8>) -> Option<String> {
 
 impl Host for NativeHost<'_> {
     fn request_headers(&self) -> HeaderMap {
-        self.filter().map(|f| HeaderMap::from_pairs(&ffi::headers(f, HeaderType::Request))).unwrap_or_default()
+        // one copy, into the map's own buffer (HeaderMap::from_pairs), of Envoy's borrowed pairs
+        self.filter().map(|f| ffi::with_headers(f, HeaderType::Request, |pairs| HeaderMap::from_pairs(pairs))).unwrap_or_default()
     }
     /// Envoy's Wasm host clears the route cache on every change of a request header, and the
     /// core relies on it (`x-tollgate-cluster`: routing, breaker fallbacks); the ABI's setter
@@ -107,7 +114,7 @@ impl Host for NativeHost<'_> {
     }
     fn request_trailer_names(&self) -> Vec<String> {
         let Some(f) = self.filter() else { return Vec::new() };
-        ffi::headers(f, HeaderType::RequestTrailer).into_iter().map(|(n, _)| String::from_utf8_lossy(&n).into_owned()).collect()
+        ffi::with_headers(f, HeaderType::RequestTrailer, |pairs| pairs.iter().map(|(n, _)| String::from_utf8_lossy(n).into_owned()).collect())
     }
     fn remove_request_trailer(&mut self, name: &str) {
         if let Some(f) = self.filter() {
@@ -186,7 +193,7 @@ impl Host for NativeHost<'_> {
     }
     fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
         let Some(f) = self.filter() else { return Vec::new() };
-        ffi::headers(f, HeaderType::Response).into_iter().map(|(n, v)| (String::from_utf8_lossy(&n).into_owned(), v)).collect()
+        ffi::with_headers(f, HeaderType::Response, |pairs| pairs.iter().map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), v.to_vec())).collect())
     }
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         slice(self.body(false), start, size)

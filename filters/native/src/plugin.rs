@@ -286,13 +286,13 @@ pub fn on_phase(filter: Filter, module: ModulePtr, phase: Phase) -> Status {
             let action = match phase {
                 Phase::RequestHeaders(end) => f.on_request_headers(&mut host, end),
                 Phase::RequestBody(end) => {
-                    let size = host.body(true).len();
+                    let size = host.body_size(true);
                     f.on_request_body(&mut host, size, end)
                 }
                 Phase::RequestTrailers => f.on_request_trailers(&mut host),
                 Phase::ResponseHeaders(end) => f.on_response_headers(&mut host, end),
                 Phase::ResponseBody(end) => {
-                    let size = host.body(false).len();
+                    let size = host.body_size(false);
                     f.on_response_body(&mut host, size, end)
                 }
                 Phase::ResponseTrailers => f.on_response_trailers(&mut host),
