@@ -72,6 +72,10 @@ pub struct EnvoyOptions {
     /// The Wasm filter's configuration comes from a file Envoy watches (ECDS,
     /// [`Envoy::set_plugin_config`] changes it while Envoy runs) instead of the listener's.
     pub plugin_config_in_file: bool,
+    /// Which host loads the filter: the Wasm filter or the native module (default: the
+    /// `TOLLGATE_HOST` environment variable's, so every test runs against either; a benchmark
+    /// comparing both sets it per Envoy with [`EnvoyOptions::host`]).
+    pub host: FilterHost,
 }
 
 impl EnvoyOptions {
@@ -94,6 +98,7 @@ impl EnvoyOptions {
             cpu: None,
             vars: Vec::new(),
             plugin_config_in_file: false,
+            host: filter_host(),
         }
     }
     /// The plugin configuration: a `serde_json::Value` (build it with `json!`) or JSON text.
@@ -147,6 +152,12 @@ impl EnvoyOptions {
         self
     }
     /// Envoy alone (router only): no filter, no sidecar.
+    /// Load the filter with `host` (the native module: `TOLLGATE_NATIVE_MODULE`, else
+    /// `target/release/libtollgate_native.so`).
+    pub fn host(mut self, host: FilterHost) -> Self {
+        self.host = host;
+        self
+    }
     pub fn baseline(mut self) -> Self {
         self.template = "envoy/baseline.yaml.tmpl";
         self
@@ -197,17 +208,22 @@ fn render(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
         ("PLUGIN_CONFIG", opts.rendered_plugin_config().replace('\'', "''")),
     ]);
     let yaml = render_template(&template, &vars);
-    match filter_host() {
-        FilterHost::Wasm => yaml,
-        FilterHost::Native => native_filter(&yaml),
+    // a template without the filter (Envoy alone, the peers' templates) stays as it is
+    let has_filter = yaml.lines().any(|l| l.trim() == WASM_FILTER);
+    match opts.host {
+        FilterHost::Native if has_filter => native_filter(&yaml),
+        _ => yaml,
     }
 }
+
+/// The line that opens the Wasm filter's entry in the templates.
+const WASM_FILTER: &str = "- name: envoy.filters.http.wasm";
 
 /// The Wasm filter's lines in a rendered configuration: where its `- name:` line is, where its
 /// body (`typed_config`'s lines) starts and ends, and its indent.
 fn wasm_filter_span(lines: &[&str]) -> (usize, usize, usize, usize) {
     let indent_of = |l: &str| l.len() - l.trim_start().len();
-    let start = lines.iter().position(|l| l.trim() == "- name: envoy.filters.http.wasm").expect("the template has the Wasm filter");
+    let start = lines.iter().position(|l| l.trim() == WASM_FILTER).expect("the template has the Wasm filter");
     let indent = indent_of(lines[start]);
     assert_eq!(lines.get(start + 1).map(|l| l.trim()), Some("typed_config:"), "the Wasm filter's typed_config follows its name");
     let body = start + 2;
@@ -364,7 +380,7 @@ impl Envoy {
             // a subscription (even to a file) needs the node's identity
             cmd.args(["--service-node", "tollgate", "--service-cluster", "tollgate"]);
         }
-        if filter_host() == FilterHost::Native {
+        if opts.host == FilterHost::Native {
             let module = native_module();
             let folder = module.parent().expect("the native module's folder");
             cmd.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", folder);
@@ -435,5 +451,34 @@ impl Envoy {
     /// Every stat whose name contains `filter` (admin `/stats?filter=`), as text.
     pub fn stats(&self, filter: &str) -> String {
         get(&format!("http://127.0.0.1:{}/stats?filter={}", self.admin_port, filter), &[]).body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_native_host_takes_the_wasm_filters_place_with_the_same_plugin_configuration() {
+        let plain = EnvoyOptions::new(1, 2).plugin_config(r#"{"failureMode":"closed"}"#).host(FilterHost::Wasm);
+        for opts in [plain.clone(), plain.two_upstreams(5)] {
+            let wasm = render(&opts, 3, 4);
+            let native = native_filter(&wasm);
+            let t = opts.template;
+            assert!(!native.contains("envoy.filters.http.wasm") && !native.contains("vm_config"), "{t}: the Wasm filter is gone");
+            assert!(native.contains("dynamic_module_config: {name: tollgate_native, do_not_close: true, metrics_namespace: wasmcustom}"), "{t}");
+            assert!(native.contains(r#"value: '{"failureMode":"closed"}'"#), "{t}: the same plugin configuration");
+            assert!(native.contains("dynamic_modules_strip_custom_stat_prefix: true"), "{t}: Prometheus names as the Wasm filter's");
+            // everything before the filters and after the router is untouched
+            let head = |y: &str| y.split("http_filters:").next().map(str::to_string);
+            let tail = |y: &str| y.split("envoy.filters.http.router").nth(1).and_then(|t| t.split("layered_runtime").next()).map(|t| t.trim_end().to_string());
+            assert_eq!(head(&native), head(&wasm), "{t}");
+            assert_eq!(tail(&native), tail(&wasm), "{t}");
+            // and with the native host chosen, the harness renders exactly this
+            assert_eq!(render(&EnvoyOptions { host: FilterHost::Native, ..opts.clone() }, 3, 4), native, "{t}");
+        }
+        // a template without the filter (Envoy alone) is left as it is
+        let baseline = EnvoyOptions::new(1, 2).baseline().host(FilterHost::Native);
+        assert!(!render(&baseline, 3, 4).contains("dynamic_modules"));
     }
 }
