@@ -215,8 +215,8 @@ run_tests() {
   build_native
   "$ROOT/scripts/check-native-symbols.sh" "$NATIVE_OUT" "$ENVOY_BIN"
   # The same tests, the same templates: the harness loads libtollgate_native.so in place of the
-  # .wasm (tests/src/envoy.rs). Four tests of Wasm-only behaviour say they are skipped
-  # (`wasm_host_only`: VM replacement, decision batching, a replaced configuration's grace).
+  # .wasm (tests/src/envoy.rs). Three tests of Wasm-only behaviour say they are skipped
+  # (`wasm_host_only`: a Wasm VM's replacement, decision batching).
   TOLLGATE_HOST=native run_by_area functional "$ROOT/tests/tests/functional.rs"
 }
 

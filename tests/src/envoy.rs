@@ -216,14 +216,20 @@ fn render(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
     }
 }
 
-/// The line that opens the Wasm filter's entry in the templates.
+/// The line that opens the Wasm filter's entry in the templates, and the native host's.
 const WASM_FILTER: &str = "- name: envoy.filters.http.wasm";
+const NATIVE_FILTER: &str = "- name: envoy.filters.http.dynamic_modules";
 
 /// The Wasm filter's lines in a rendered configuration: where its `- name:` line is, where its
 /// body (`typed_config`'s lines) starts and ends, and its indent.
 fn wasm_filter_span(lines: &[&str]) -> (usize, usize, usize, usize) {
+    filter_span(lines, WASM_FILTER)
+}
+
+/// As [`wasm_filter_span`], for the filter entry opened by the line `opening`.
+fn filter_span(lines: &[&str], opening: &str) -> (usize, usize, usize, usize) {
     let indent_of = |l: &str| l.len() - l.trim_start().len();
-    let start = lines.iter().position(|l| l.trim() == WASM_FILTER).expect("the template has the Wasm filter");
+    let start = lines.iter().position(|l| l.trim() == opening).expect("the template has the filter");
     let indent = indent_of(lines[start]);
     assert_eq!(lines.get(start + 1).map(|l| l.trim()), Some("typed_config:"), "the Wasm filter's typed_config follows its name");
     let body = start + 2;
@@ -247,7 +253,7 @@ pub fn native_filter(yaml: &str) -> String {
     let pad = " ".repeat(indent);
     let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
     out.extend([
-        format!("{pad}- name: envoy.filters.http.dynamic_modules"),
+        format!("{pad}{NATIVE_FILTER}"),
         format!("{pad}  typed_config:"),
         format!("{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"),
         format!("{pad}    dynamic_module_config: {{name: tollgate_native, do_not_close: true, metrics_namespace: wasmcustom}}"),
@@ -286,7 +292,13 @@ const FILTER_RELOADS: &str = "extension_config_discovery.http_filter.tollgate.co
 /// instead, and the file's text.
 pub fn filter_config_by_file(yaml: &str, file: &Path) -> (String, String) {
     let lines: Vec<&str> = yaml.lines().collect();
-    let (start, body, end, indent) = wasm_filter_span(&lines);
+    // the Wasm filter, or the native host in its place
+    let native = lines.iter().any(|l| l.trim() == NATIVE_FILTER);
+    let (opening, type_url) = match native {
+        true => (NATIVE_FILTER, "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"),
+        false => (WASM_FILTER, "envoy.extensions.filters.http.wasm.v3.Wasm"),
+    };
+    let (start, body, end, indent) = filter_span(&lines, opening);
     let pad = " ".repeat(indent);
     let mut listener: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
     listener.extend([
@@ -295,7 +307,7 @@ pub fn filter_config_by_file(yaml: &str, file: &Path) -> (String, String) {
         format!("{pad}    config_source:"),
         format!("{pad}      path_config_source: {{path: \"{}\"}}", file.display()),
         format!("{pad}      resource_api_version: V3"),
-        format!("{pad}    type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]"),
+        format!("{pad}    type_urls: [type.googleapis.com/{type_url}]"),
     ]);
     listener.extend(lines[end..].iter().map(|l| l.to_string()));
     let mut filter = vec![

@@ -198,9 +198,6 @@ fn a_hung_broker_holds_no_request_and_loses_nothing() {
 
 #[test]
 fn a_new_plugin_configuration_first_sends_what_the_old_one_held_and_each_request_is_billed_once() {
-    if !tollgate_tests::wasm_host_only("a replaced configuration's queues are dropped by the native host (decision 254)") {
-        return;
-    }
     // A control plane replaces the filter's plugin configuration (here: a file Envoy watches)
     // while both workers hold usage events they have not sent: a flush every 60 s, the first one
     // a whole interval after the start. The old configuration's root contexts send them before

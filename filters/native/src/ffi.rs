@@ -7,17 +7,13 @@
 //! functional tier, and `./build.sh test` checks that each one is exported by the Envoy binary in
 //! use (`scripts/check-native-symbols.sh`).
 //!
-//! Two halves:
-//! - **imports** (`envoy_dynamic_module_callback_*`), wrapped in safe functions that take Rust
-//!   slices and never hand Envoy a dangling pointer;
-//! - **exports** (`envoy_dynamic_module_on_*`, the event hooks Envoy resolves when it loads the
-//!   filter), each of which catches any panic ([`guard`]): a panic unwinding into Envoy's C++
-//!   would abort the whole Envoy, every worker's requests with it. A caught panic becomes the
-//!   failure mode (crate::plugin: the request is answered 503 `gateway_unavailable`).
+//! Two halves: **imports** (`envoy_dynamic_module_callback_*`), wrapped in safe functions that
+//! take Rust slices and never hand Envoy a dangling pointer; **exports** (`envoy_dynamic_module_on_*`,
+//! the event hooks Envoy resolves when it loads the filter), each of which catches any panic
+//! ([`guard`]): a panic unwinding into Envoy's C++ would abort the whole Envoy, every worker's
+//! requests with it. A caught panic becomes the failure mode (crate::plugin: 503).
 //!
 //! C enums are `int`-sized on the platforms Envoy ships for: they are `u32` here.
-
-#![allow(non_camel_case_types)]
 
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -53,7 +49,7 @@ impl EnvoyBuffer {
     }
 }
 
-/// A buffer the module owns, lent to Envoy for one call.
+/// A buffer the module owns, lent to Envoy for one call (`NULL`: "remove" for a header setter).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ModuleBuffer {
@@ -65,7 +61,6 @@ impl ModuleBuffer {
     fn of(bytes: &[u8]) -> ModuleBuffer {
         ModuleBuffer { ptr: bytes.as_ptr(), length: bytes.len() }
     }
-    /// The null buffer: "remove" for a header setter, "none" for details.
     const NULL: ModuleBuffer = ModuleBuffer { ptr: std::ptr::null(), length: 0 };
 }
 
@@ -196,8 +191,7 @@ extern "C" {
 
 // ------------------------------------------------------------------ handles
 
-/// A stream's `DynamicModuleHttpFilter` in Envoy, as a hook was given it: valid until Envoy
-/// destroys the filter (`on_http_filter_destroy`). Only the hooks below make one.
+/// A stream's `DynamicModuleHttpFilter` in Envoy, valid until `on_http_filter_destroy`.
 #[derive(Clone, Copy)]
 pub struct Filter(EnvoyPtr);
 
@@ -205,6 +199,11 @@ pub struct Filter(EnvoyPtr);
 /// which Envoy runs only once every stream of it ended. Only the hooks below make one.
 #[derive(Clone, Copy)]
 pub struct Config(EnvoyPtr);
+
+impl Config {
+    /// An identity for maps (the address; unique while the configuration lives).
+    pub fn key(self) -> usize { self.0 as usize }
+}
 
 // SAFETY: a configuration is only handed back to Envoy in calls Envoy allows from the thread
 // making them (counters, the scheduler's commit from any thread; callouts from the main thread).

@@ -37,6 +37,8 @@ pub struct NativeHost<'a> {
     request_body: OnceCell<Vec<u8>>,
     response_body: OnceCell<Vec<u8>>,
     pub after: Vec<After>,
+    /// The ids of the calls it sent (a configuration's host: whose answer is whose).
+    pub sent: Vec<u64>,
 }
 
 impl<'a> NativeHost<'a> {
@@ -59,6 +61,7 @@ impl<'a> NativeHost<'a> {
             request_body: OnceCell::new(),
             response_body: OnceCell::new(),
             after: Vec::new(),
+            sent: Vec::new(),
         }
     }
 
@@ -141,7 +144,9 @@ impl Host for NativeHost<'_> {
     fn dispatch(&mut self, call: CallSpec) -> Result<u32, String> {
         let timeout = u64::try_from(call.timeout.as_millis()).unwrap_or(u64::MAX);
         // Envoy numbers a caller's calls from 1 up: the low 32 bits are the core's token.
-        ffi::callout(self.caller, &call.cluster, &call.headers, &call.body, timeout).map(|id| id as u32)
+        let id = ffi::callout(self.caller, &call.cluster, &call.headers, &call.body, timeout)?;
+        self.sent.push(id);
+        Ok(id as u32)
     }
     fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
         let headers = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();

@@ -24,7 +24,8 @@ use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::host::Action;
@@ -42,11 +43,12 @@ unsafe impl<T> Send for Guarded<T> {}
 
 struct State {
     worker: Worker,
-    ids: Ids,
 }
 
 pub struct Plugin {
     config: Config,
+    /// The counters this configuration defined (fixed once it is made).
+    ids: Ids,
     state: Mutex<Guarded<State>>,
     ticker: Mutex<Option<Ticker>>,
 }
@@ -163,7 +165,7 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
         named: worker.named_metrics().into_iter().filter_map(|n| define(&n).map(|id| (n, id))).collect(),
     };
     let period = worker.tick_period();
-    let plugin = Arc::new(Plugin { config, state: Mutex::new(Guarded(State { worker, ids })), ticker: Mutex::new(None) });
+    let plugin = Arc::new(Plugin { config, ids, state: Mutex::new(Guarded(State { worker })), ticker: Mutex::new(None) });
     let Some(scheduler) = Scheduler::new(config) else {
         ffi::log(Level::Error, "tollgate: Envoy gave no scheduler for the filter's tick");
         return std::ptr::null();
@@ -186,8 +188,10 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
     Arc::into_raw(plugin).cast()
 }
 
-/// Envoy destroys the configuration (after every stream of it ended): the tick stops. What the
-/// worker still queued is dropped with it (decision 254).
+/// Envoy destroys the configuration (after every stream of it ended): the tick stops. A worker
+/// that still holds queued items (usage events, completions, refunds, responses) is kept, and
+/// the ticks of the configurations still alive send them, for at most the core's grace
+/// (`END_GRACE`, decision 156); with none alive (Envoy stopping), they are lost (decision 254).
 pub fn config_destroy(module: ModulePtr) {
     if module.is_null() {
         return;
@@ -195,24 +199,68 @@ pub fn config_destroy(module: ModulePtr) {
     // SAFETY: Envoy destroys a configuration once: this takes back its reference.
     let plugin = unsafe { Arc::from_raw(module.cast::<Plugin>()) };
     plugin.stop_ticker();
+    let config = plugin.config;
+    let done = plugin.locked(|s| s.worker.end(&mut NativeHost::config(config, &plugin.ids)));
+    if done == Some(false) {
+        ending().push(plugin);
+    }
 }
 
-/// The worker's tick, on the main thread.
+/// The worker's tick, on the main thread; then the ticks of ended configurations' workers that
+/// still hold queued items (decision 254), their calls sent through this configuration.
 pub fn tick(module: ModulePtr) {
     // SAFETY: Envoy calls the configuration's hooks while it lives.
     let plugin = unsafe { plugin(module) };
     let config = plugin.config;
-    if plugin
-        .locked(|s| {
-            let mut host = NativeHost::config(config, &s.ids);
-            // batching is off in this host (nothing to deliver)
-            drop(s.worker.on_tick(&mut host));
-        })
-        .is_none()
-    {
+    let ticked = plugin.locked(|s| {
+        let mut host = NativeHost::config(config, &plugin.ids);
+        // batching is off in this host (nothing to deliver)
+        drop(s.worker.on_tick(&mut host));
+    });
+    if ticked.is_none() {
         return;
     }
+    let waiting: Vec<Arc<Plugin>> = ending().clone();
+    for old in waiting {
+        let ended = adopted(&old, &plugin, |w, host| {
+            drop(w.on_tick(host));
+            w.has_ended()
+        });
+        if ended == Some(true) {
+            ending().retain(|p| !Arc::ptr_eq(p, &old));
+        }
+    }
     run_later();
+}
+
+/// Workers of configurations Envoy destroyed while they still held queued items.
+static ENDING: Mutex<Vec<Arc<Plugin>>> = Mutex::new(Vec::new());
+/// Which ended configuration's worker sent a call, by the configuration it went out through and
+/// its id there.
+type Adopted = HashMap<(usize, u64), Arc<Plugin>>;
+static ADOPTED: LazyLock<Mutex<Adopted>> = LazyLock::new(Mutex::default);
+
+fn ending() -> MutexGuard<'static, Vec<Arc<Plugin>>> {
+    ENDING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn adopted_calls() -> MutexGuard<'static, Adopted> {
+    ADOPTED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` on an ended configuration's worker, its calls going out through `through` (a live
+/// configuration, on the main thread) and counted under that one's counters of the same names.
+fn adopted<R>(old: &Arc<Plugin>, through: &Plugin, f: impl FnOnce(&mut Worker, &mut NativeHost) -> R) -> Option<R> {
+    let (result, sent) = old.locked(|s| {
+        let mut host = NativeHost::config(through.config, &through.ids);
+        let r = f(&mut s.worker, &mut host);
+        (r, host.sent)
+    })?;
+    let mut calls = adopted_calls();
+    for id in sent {
+        calls.insert((through.config.key(), id), old.clone());
+    }
+    Some(result)
 }
 
 /// The answer to a call the worker's jobs sent.
@@ -227,10 +275,15 @@ pub fn config_call_done(module: ModulePtr, id: u64, status: Option<u16>, body: V
     run_later();
 }
 
-fn deliver_config(plugin: &Plugin, id: u64, status: Option<u16>, body: Vec<u8>) {
+fn deliver_config(plugin: &Arc<Plugin>, id: u64, status: Option<u16>, body: Vec<u8>) {
     let config = plugin.config;
+    let owner = adopted_calls().remove(&(config.key(), id));
+    if let Some(old) = owner {
+        adopted(&old, plugin, |w, host| drop(w.on_call_response(host, id as u32, status, || body)));
+        return;
+    }
     plugin.locked(|s| {
-        let mut host = NativeHost::config(config, &s.ids);
+        let mut host = NativeHost::config(config, &plugin.ids);
         drop(s.worker.on_call_response(&mut host, id as u32, status, || body));
     });
 }
@@ -279,9 +332,9 @@ pub fn on_phase(filter: Filter, module: ModulePtr, phase: Phase) -> Status {
     }
     let plugin = stream.plugin.clone();
     let Some(http) = stream.filter.as_mut() else { return CONTINUE };
-    let outcome = plugin.locked(|s| {
+    let outcome = plugin.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
-            let mut host = NativeHost::stream(filter, &s.ids);
+            let mut host = NativeHost::stream(filter, &plugin.ids);
             let f = &mut http.0;
             let action = match phase {
                 Phase::RequestHeaders(end) => f.on_request_headers(&mut host, end),
@@ -343,9 +396,9 @@ pub fn stream_call_done(filter: Filter, module: ModulePtr, id: u64, status: Opti
     }
     let plugin = stream.plugin.clone();
     let Some(http) = stream.filter.as_mut() else { return };
-    let outcome = plugin.locked(|s| {
+    let outcome = plugin.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
-            let mut host = NativeHost::stream(filter, &s.ids);
+            let mut host = NativeHost::stream(filter, &plugin.ids);
             let f = &mut http.0;
             if f.on_call_response(&mut host, id as u32, status, &body) == Action::Continue {
                 host.after.push(After::ContinueDecoding);
@@ -375,8 +428,8 @@ pub fn stream_complete(filter: Filter, module: ModulePtr) {
     }
     let plugin = stream.plugin.clone();
     let Some(http) = stream.filter.as_mut() else { return };
-    let done = plugin.locked(|s| {
-        let mut host = NativeHost::stream(filter, &s.ids);
+    let done = plugin.locked(|_| {
+        let mut host = NativeHost::stream(filter, &plugin.ids);
         http.0.on_log(&mut host);
     });
     if done.is_none() {
