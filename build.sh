@@ -3,6 +3,7 @@
 #   ./build.sh          build the wasm filter and the sidecar (release)
 #   ./build.sh deps     install what is missing (idempotent, fast when present)
 #   ./build.sh up       deps + build + start Redis, sidecar, demo upstream, Envoy; create a demo key
+#                       (`up --host native`: the filter as an Envoy dynamic module, not Wasm)
 #   ./build.sh down     stop exactly what `up` started
 #   ./build.sh test     deps + build + every test tier
 #   ./build.sh bench    deps + oha + build + Envoy alone vs native C++ limiter vs Envoy + Tollgate,
@@ -38,6 +39,8 @@ TANSU_BIN="$TOOLS/tansu"
 OHA_BIN="$TOOLS/oha/bin/oha"
 STATE="$ROOT/.tollgate/run"            # pids, logs and data of `./build.sh up`
 WASM_OUT="$ROOT/target/wasm32-wasip1/release/tollgate_filter.wasm"
+# The native host (issue 41): the same filter core as an Envoy dynamic module.
+NATIVE_OUT="$ROOT/target/release/libtollgate_native.so"
 
 # Each step with the time since the command started (a long `test` shows where it is).
 log() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
@@ -132,6 +135,7 @@ install_oha() {
 
 build() {
   build_wasm
+  build_native
   log "building the sidecar, billing, the CLI and the demo upstream"
   cargo build -q --release -p tollgate-sidecar -p tollgate-billing -p tollgate-tests --bins
 }
@@ -141,12 +145,18 @@ build_wasm() {
   cargo build -q --release --target wasm32-wasip1 -p tollgate-filter -p tollgate-test-crasher
 }
 
+build_native() {
+  log "building the native host (Envoy dynamic module, release)"
+  cargo build -q --release -p tollgate-native
+}
+
 # The binaries the tests, the demo and the bench run. $1: where the native ones are (default
 # target/release, as `up` and `bench` build them; the tests' own build puts them in target/ci).
 test_env() {
   local native="${1:-$ROOT/target/release}"
   export TOLLGATE_ENVOY_BIN="$ENVOY_BIN"
   export TOLLGATE_WASM="$WASM_OUT"
+  export TOLLGATE_NATIVE_MODULE="$NATIVE_OUT"
   export TOLLGATE_CRASHER_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_test_crasher.wasm"
   export TOLLGATE_SIDECAR_BIN="$native/tollgate-sidecar"
   export TOLLGATE_REDIS_SERVER_BIN="$(command -v redis-server)"
@@ -203,6 +213,13 @@ run_tests() {
   # One binary (one LTO link instead of eighteen: tests/tests/functional.rs), run area by area as
   # the eighteen ran: an area's tests only ever share the machine with each other.
   run_by_area functional "$ROOT/tests/tests/functional.rs"
+  log "tier 5: the native host (Envoy dynamic module): its imports against Envoy's exports, then every functional area against it"
+  build_native
+  "$ROOT/scripts/check-native-symbols.sh" "$NATIVE_OUT" "$ENVOY_BIN"
+  # The same tests, the same templates: the harness loads libtollgate_native.so in place of the
+  # .wasm (tests/src/envoy.rs). Three tests of Wasm-only behaviour say they are skipped
+  # (`wasm_host_only`: a Wasm VM's replacement, decision batching).
+  TOLLGATE_HOST=native run_by_area functional "$ROOT/tests/tests/functional.rs"
 }
 
 # The packages every native `cargo test` run names (see run_tests).
@@ -274,7 +291,7 @@ case "${1:-build}" in
   # the native binaries come from run_tests' one test build (the same binaries, with the
   # features of the test run: building them here too would link each twice)
   test) deps; build_wasm; run_tests ;;
-  up) deps; build; test_env; exec "$ROOT/scripts/up.sh" ;;
+  up) deps; build; test_env; exec "$ROOT/scripts/up.sh" "${@:2}" ;;
   bench)
     shift
     if [ "${1:-}" = "micro" ]; then

@@ -3,8 +3,19 @@
 # the Tollgate filter, and for usage metering a Kafka-compatible broker (tansu), PostgreSQL and
 # the billing consumer; issues a demo key; writes .tollgate/demo.env. Called by `./build.sh up`,
 # which installs and builds first and exports TOLLGATE_ENVOY_BIN, TOLLGATE_WASM,
-# TOLLGATE_SIDECAR_BIN. Ports can be changed with the variables below.
+# TOLLGATE_SIDECAR_BIN (and TOLLGATE_NATIVE_MODULE). Ports can be changed with the variables below.
+# `--host native` loads the filter as an Envoy dynamic module instead of Wasm
+# (docs/architecture.md, "The native host").
 set -euo pipefail
+HOST=wasm
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --host) HOST="${2:-}"; shift 2 ;;
+    --host=*) HOST="${1#--host=}"; shift ;;
+    *) echo "usage: ./build.sh up [--host wasm|native]" >&2; exit 2 ;;
+  esac
+done
+case "$HOST" in wasm|native) ;; *) echo "error: --host is wasm or native, not '$HOST'" >&2; exit 2 ;; esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN="$ROOT/.tollgate/run"
 ENVOY_PORT="${TOLLGATE_ENVOY_PORT:-10000}"
@@ -134,8 +145,13 @@ sed -e "s|\${ADMIN_PORT}|$ENVOY_ADMIN_PORT|; s|\${LISTEN_PORT}|$ENVOY_PORT|; s|\
     -e "s|\${WASM_PATH}|$TOLLGATE_WASM|; s|\${PLUGIN_CONFIG}|$plugin|" \
     "$ROOT/envoy/tollgate.yaml.tmpl" > "$RUN/envoy.yaml"
 grep -q '\${' "$RUN/envoy.yaml" && { echo "error: unfilled placeholder in $RUN/envoy.yaml" >&2; exit 1; }
+if [ "$HOST" = native ]; then
+  ( umask 077; python3 "$ROOT/scripts/native-filter.py" < "$RUN/envoy.yaml" > "$RUN/envoy.yaml.native" )
+  cat "$RUN/envoy.yaml.native" > "$RUN/envoy.yaml" && rm -f "$RUN/envoy.yaml.native"
+  export ENVOY_DYNAMIC_MODULES_SEARCH_PATH="$(dirname "$TOLLGATE_NATIVE_MODULE")"
+fi
 start_bg envoy "$TOLLGATE_ENVOY_BIN" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart \
-  --base-id "$ENVOY_ADMIN_PORT" -l warning --component-log-level wasm:info
+  --base-id "$ENVOY_ADMIN_PORT" -l warning --component-log-level wasm:info,dynamic_modules:info
 
 wait_for sidecar "http://127.0.0.1:$SIDECAR_PORT/healthz"
 wait_for upstream "http://127.0.0.1:$UPSTREAM_PORT/"
@@ -191,7 +207,7 @@ chmod 600 "$ROOT/.tollgate/demo.env"
 
 cat <<MSG
 
-Tollgate is up: Envoy on :$ENVOY_PORT (admin :$ENVOY_ADMIN_PORT), sidecar on :$SIDECAR_PORT,
+Tollgate is up ($HOST filter host): Envoy on :$ENVOY_PORT (admin :$ENVOY_ADMIN_PORT), sidecar on :$SIDECAR_PORT,
 echo upstream on :$UPSTREAM_PORT, Redis on :$REDIS_PORT, broker (tansu) on :$KAFKA_PORT,
 PostgreSQL on :$PG_PORT, billing consumer running, Prometheus on http://127.0.0.1:$PROMETHEUS_PORT
 Logs: .tollgate/run/*.log

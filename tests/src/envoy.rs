@@ -3,7 +3,7 @@
 //! readiness (admin `/ready`, or the log when Envoy exits instead) and admin `/stats` counters.
 
 use crate::http::get;
-use crate::process::{envoy_bin, free_port, root, wasm_path, Proc};
+use crate::process::{envoy_bin, filter_host, free_port, native_module, root, wasm_path, FilterHost, Proc};
 use crate::sidecar::{sidecar_secret, sidecar_socket};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -72,6 +72,10 @@ pub struct EnvoyOptions {
     /// The Wasm filter's configuration comes from a file Envoy watches (ECDS,
     /// [`Envoy::set_plugin_config`] changes it while Envoy runs) instead of the listener's.
     pub plugin_config_in_file: bool,
+    /// Which host loads the filter: the Wasm filter or the native module (default: the
+    /// `TOLLGATE_HOST` environment variable's, so every test runs against either; a benchmark
+    /// comparing both sets it per Envoy with [`EnvoyOptions::host`]).
+    pub host: FilterHost,
 }
 
 impl EnvoyOptions {
@@ -94,6 +98,7 @@ impl EnvoyOptions {
             cpu: None,
             vars: Vec::new(),
             plugin_config_in_file: false,
+            host: filter_host(),
         }
     }
     /// The plugin configuration: a `serde_json::Value` (build it with `json!`) or JSON text.
@@ -147,6 +152,12 @@ impl EnvoyOptions {
         self
     }
     /// Envoy alone (router only): no filter, no sidecar.
+    /// Load the filter with `host` (the native module: `TOLLGATE_NATIVE_MODULE`, else
+    /// `target/release/libtollgate_native.so`).
+    pub fn host(mut self, host: FilterHost) -> Self {
+        self.host = host;
+        self
+    }
     pub fn baseline(mut self) -> Self {
         self.template = "envoy/baseline.yaml.tmpl";
         self
@@ -196,8 +207,77 @@ fn render(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
         ("WASM_PATH", wasm_path().display().to_string()),
         ("PLUGIN_CONFIG", opts.rendered_plugin_config().replace('\'', "''")),
     ]);
-    render_template(&template, &vars)
+    let yaml = render_template(&template, &vars);
+    // a template without the filter (Envoy alone, the peers' templates) stays as it is
+    let has_filter = yaml.lines().any(|l| l.trim() == WASM_FILTER);
+    match opts.host {
+        FilterHost::Native if has_filter => native_filter(&yaml),
+        _ => yaml,
+    }
 }
+
+/// The line that opens the Wasm filter's entry in the templates, and the native host's.
+const WASM_FILTER: &str = "- name: envoy.filters.http.wasm";
+const NATIVE_FILTER: &str = "- name: envoy.filters.http.dynamic_modules";
+
+/// The Wasm filter's lines in a rendered configuration: where its `- name:` line is, where its
+/// body (`typed_config`'s lines) starts and ends, and its indent.
+fn wasm_filter_span(lines: &[&str]) -> (usize, usize, usize, usize) {
+    filter_span(lines, WASM_FILTER)
+}
+
+/// As [`wasm_filter_span`], for the filter entry opened by the line `opening`.
+fn filter_span(lines: &[&str], opening: &str) -> (usize, usize, usize, usize) {
+    let indent_of = |l: &str| l.len() - l.trim_start().len();
+    let start = lines.iter().position(|l| l.trim() == opening).expect("the template has the filter");
+    let indent = indent_of(lines[start]);
+    assert_eq!(lines.get(start + 1).map(|l| l.trim()), Some("typed_config:"), "the Wasm filter's typed_config follows its name");
+    let body = start + 2;
+    let end = lines[body..]
+        .iter()
+        .position(|l| !l.trim().is_empty() && indent_of(l) <= indent + 2)
+        .map_or(lines.len(), |i| body + i);
+    (start, body, end, indent)
+}
+
+/// A rendered configuration with the native host in place of the Wasm filter: the same plugin
+/// configuration given to `libtollgate_native.so` (docs/configuration.md, "The native host").
+/// Its counters keep the Wasm filter's names (`metrics_namespace: wasmcustom`, decision 253).
+pub fn native_filter(yaml: &str) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let (start, body, end, indent) = wasm_filter_span(&lines);
+    let config = lines[body..end]
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("value: "))
+        .expect("the Wasm filter's configuration value");
+    let pad = " ".repeat(indent);
+    let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    out.extend([
+        format!("{pad}{NATIVE_FILTER}"),
+        format!("{pad}  typed_config:"),
+        format!("{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"),
+        format!("{pad}    dynamic_module_config: {{name: tollgate_native, do_not_close: true, metrics_namespace: wasmcustom}}"),
+        format!("{pad}    filter_name: tollgate"),
+        format!("{pad}    filter_config:"),
+        format!("{pad}      \"@type\": type.googleapis.com/google.protobuf.StringValue"),
+        format!("{pad}      value: {config}"),
+    ]);
+    out.extend(lines[end..].iter().map(|l| l.to_string()));
+    out.extend(NATIVE_RUNTIME.iter().map(|l| l.to_string()));
+    out.join("\n") + "\n"
+}
+
+/// Envoy's runtime for the native host: its counters' namespace stripped in Prometheus names as
+/// the Wasm filter's is (`tollgate_requests_allowed`, not `envoy_wasmcustom_tollgate_…`;
+/// decision 253), and the admin layer Envoy has by default.
+const NATIVE_RUNTIME: [&str; 6] = [
+    "layered_runtime:",
+    "  layers:",
+    "  - name: tollgate_native",
+    "    static_layer: {envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix: true}",
+    "  - name: admin",
+    "    admin_layer: {}",
+];
 
 /// The file, next to `envoy.yaml`, of the Wasm filter's configuration when Envoy reads it by
 /// extension config discovery ([`EnvoyOptions::plugin_config_in_file`]), and the name of the
@@ -212,15 +292,13 @@ const FILTER_RELOADS: &str = "extension_config_discovery.http_filter.tollgate.co
 /// instead, and the file's text.
 pub fn filter_config_by_file(yaml: &str, file: &Path) -> (String, String) {
     let lines: Vec<&str> = yaml.lines().collect();
-    let indent_of = |l: &str| l.len() - l.trim_start().len();
-    let start = lines.iter().position(|l| l.trim() == "- name: envoy.filters.http.wasm").expect("the template has the Wasm filter");
-    let indent = indent_of(lines[start]);
-    assert_eq!(lines.get(start + 1).map(|l| l.trim()), Some("typed_config:"), "the Wasm filter's typed_config follows its name");
-    let body = start + 2;
-    let end = lines[body..]
-        .iter()
-        .position(|l| !l.trim().is_empty() && indent_of(l) <= indent + 2)
-        .map_or(lines.len(), |i| body + i);
+    // the Wasm filter, or the native host in its place
+    let native = lines.iter().any(|l| l.trim() == NATIVE_FILTER);
+    let (opening, type_url) = match native {
+        true => (NATIVE_FILTER, "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"),
+        false => (WASM_FILTER, "envoy.extensions.filters.http.wasm.v3.Wasm"),
+    };
+    let (start, body, end, indent) = filter_span(&lines, opening);
     let pad = " ".repeat(indent);
     let mut listener: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
     listener.extend([
@@ -229,7 +307,7 @@ pub fn filter_config_by_file(yaml: &str, file: &Path) -> (String, String) {
         format!("{pad}    config_source:"),
         format!("{pad}      path_config_source: {{path: \"{}\"}}", file.display()),
         format!("{pad}      resource_api_version: V3"),
-        format!("{pad}    type_urls: [type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm]"),
+        format!("{pad}    type_urls: [type.googleapis.com/{type_url}]"),
     ]);
     listener.extend(lines[end..].iter().map(|l| l.to_string()));
     let mut filter = vec![
@@ -309,10 +387,15 @@ impl Envoy {
             .arg(&config)
             .args(["--concurrency", &opts.concurrency.to_string()])
             .args(["--base-id", &admin_port.to_string(), "--disable-hot-restart"])
-            .args(["-l", "info", "--component-log-level", "wasm:debug"]);
+            .args(["-l", "info", "--component-log-level", "wasm:debug,dynamic_modules:debug"]);
         if opts.plugin_config_in_file {
             // a subscription (even to a file) needs the node's identity
             cmd.args(["--service-node", "tollgate", "--service-cluster", "tollgate"]);
+        }
+        if opts.host == FilterHost::Native {
+            let module = native_module();
+            let folder = module.parent().expect("the native module's folder");
+            cmd.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", folder);
         }
         let proc = Proc::spawn("envoy", cmd, dir.path().join("envoy.log"));
         let mut envoy = Envoy { port, admin_port, proc, opts: opts.clone(), _dir: dir };
@@ -382,5 +465,34 @@ impl Envoy {
     /// Every stat whose name contains `filter` (admin `/stats?filter=`), as text.
     pub fn stats(&self, filter: &str) -> String {
         get(&format!("http://127.0.0.1:{}/stats?filter={}", self.admin_port, filter), &[]).body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_native_host_takes_the_wasm_filters_place_with_the_same_plugin_configuration() {
+        let plain = EnvoyOptions::new(1, 2).plugin_config(r#"{"failureMode":"closed"}"#).host(FilterHost::Wasm);
+        for opts in [plain.clone(), plain.two_upstreams(5)] {
+            let wasm = render(&opts, 3, 4);
+            let native = native_filter(&wasm);
+            let t = opts.template;
+            assert!(!native.contains("envoy.filters.http.wasm") && !native.contains("vm_config"), "{t}: the Wasm filter is gone");
+            assert!(native.contains("dynamic_module_config: {name: tollgate_native, do_not_close: true, metrics_namespace: wasmcustom}"), "{t}");
+            assert!(native.contains(r#"value: '{"failureMode":"closed"}'"#), "{t}: the same plugin configuration");
+            assert!(native.contains("dynamic_modules_strip_custom_stat_prefix: true"), "{t}: Prometheus names as the Wasm filter's");
+            // everything before the filters and after the router is untouched
+            let head = |y: &str| y.split("http_filters:").next().map(str::to_string);
+            let tail = |y: &str| y.split("envoy.filters.http.router").nth(1).and_then(|t| t.split("layered_runtime").next()).map(|t| t.trim_end().to_string());
+            assert_eq!(head(&native), head(&wasm), "{t}");
+            assert_eq!(tail(&native), tail(&wasm), "{t}");
+            // and with the native host chosen, the harness renders exactly this
+            assert_eq!(render(&EnvoyOptions { host: FilterHost::Native, ..opts.clone() }, 3, 4), native, "{t}");
+        }
+        // a template without the filter (Envoy alone) is left as it is
+        let baseline = EnvoyOptions::new(1, 2).baseline().host(FilterHost::Native);
+        assert!(!render(&baseline, 3, 4).contains("dynamic_modules"));
     }
 }

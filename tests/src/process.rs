@@ -31,6 +31,37 @@ pub fn envoy_bin() -> PathBuf {
 pub fn wasm_path() -> PathBuf {
     bin("TOLLGATE_WASM", root().join("target/wasm32-wasip1/release/tollgate_filter.wasm"))
 }
+/// Which filter host the functional tests' Envoy loads: `TOLLGATE_HOST=native` for the Envoy
+/// dynamic module (`filters/native`), anything else (or unset) for the Wasm filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterHost {
+    Wasm,
+    Native,
+}
+
+pub fn filter_host() -> FilterHost {
+    match std::env::var("TOLLGATE_HOST").as_deref() {
+        Ok("native") => FilterHost::Native,
+        _ => FilterHost::Wasm,
+    }
+}
+
+/// Whether a test of a behaviour only the Wasm host has should run: `false` under the native
+/// host, saying why on stderr (the decision that records the difference).
+pub fn wasm_host_only(why: &str) -> bool {
+    if filter_host() == FilterHost::Native {
+        eprintln!("skipped under the native host: {why}");
+        return false;
+    }
+    true
+}
+
+/// The native host's module (`libtollgate_native.so`): `TOLLGATE_NATIVE_MODULE`, else the release
+/// build's. Envoy finds it by name in its folder (`ENVOY_DYNAMIC_MODULES_SEARCH_PATH`).
+pub fn native_module() -> PathBuf {
+    bin("TOLLGATE_NATIVE_MODULE", root().join("target/release/libtollgate_native.so"))
+}
+
 /// A native binary of the workspace: `$var` if set, else the test build's (`target/ci`, the
 /// profile `./build.sh test` builds with).
 pub fn native_bin(var: &str, name: &str) -> PathBuf {

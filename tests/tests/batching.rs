@@ -19,6 +19,9 @@ const LEAVING: usize = 3;
 
 #[test]
 fn clients_that_leave_while_their_decisions_wait_or_ride_a_batch_are_not_charged() {
+    if !tollgate_tests::wasm_host_only("decision batching is the Wasm host's (decision 257)") {
+        return;
+    }
     well_inside_the_hour();
     let delay = DecideDelay::new(600);
     let g = Gateway::builder()

@@ -87,6 +87,9 @@ fn a_hung_redis_yields_each_limits_failure_mode_never_a_callout_timeout() {
 /// answered by the sidecar's Redis budget (200 ms), not the timeout's arithmetic on a loaded box.
 #[test]
 fn a_hung_redis_under_concurrent_traffic_gives_batched_decisions_their_limits_failure_mode() {
+    if !tollgate_tests::wasm_host_only("decision batching is the Wasm host's (decision 257)") {
+        return;
+    }
     let g = redis_deadlines(PLANS).plugin(json!({"sidecar": {"timeout": "1s"}, "failureMode": "closed"})).build();
     let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
     let open = sidecar.create_key("acme", "open", &[]);

@@ -1,0 +1,458 @@
+//! One filter configuration in the native host: the core's `Worker`, its streams, its tick.
+//!
+//! The straight port of the Wasm adapter (decision 252). Wasm gives each Envoy worker a VM of
+//! its own; here one [`Plugin`] per configuration serves every worker thread and the main thread,
+//! and all of them reach its state — the core's `Worker` and each stream's `HttpFilter`, which
+//! share `Rc`s — only under its one lock. So the core stays single-threaded code, unchanged:
+//! the lock is what makes its `Rc`s and `RefCell`s sound across threads (`Guarded` below).
+//!
+//! - requests: each stream's hooks run on its worker thread, under the lock;
+//! - the tick: a thread of the plugin's wakes Envoy's main thread through the configuration's
+//!   scheduler every tick period; the worker's jobs run there, under the lock, and their calls go
+//!   out as configuration callouts (answered on the main thread);
+//! - Envoy re-entering the module: a hook that runs while its thread already holds the lock (an
+//!   answer Envoy delivers inside the call that sent it) is queued and run once the lock is
+//!   released; replies and resumes are made after the lock is released (crate::host::After).
+//!
+//! Failure mode: a panic inside the core (caught) fails that request closed, 503
+//! `gateway_unavailable`, as the Wasm host answers for a failed VM (docs/operations.md).
+
+use crate::ffi::{self, Config, Filter, Level, ModulePtr, Phase, Scheduler, Status, CONTINUE, STOP, STOP_WATERMARK};
+use crate::host::{After, Ids, NativeHost};
+use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use tollgate_filter_core::config::FilterConfig;
+use tollgate_filter_core::host::Action;
+use tollgate_filter_core::http::HttpFilter;
+use tollgate_filter_core::worker::{Seeds, Worker};
+
+/// The body of the 503 a request gets when the filter failed on it.
+const UNAVAILABLE: &[u8] = br#"{"error":"gateway_unavailable","message":"the gateway cannot decide this request now; retry"}"#;
+
+/// Single-threaded state made sendable: every access happens under [`Plugin::state`]'s lock.
+struct Guarded<T>(T);
+// SAFETY: a `Guarded` value (and every `Rc` it shares with a stream's `HttpFilter`, itself only
+// touched under the same lock) is reached by one thread at a time, the lock ordering them.
+unsafe impl<T> Send for Guarded<T> {}
+
+struct State {
+    worker: Worker,
+}
+
+pub struct Plugin {
+    config: Config,
+    /// The counters this configuration defined (fixed once it is made).
+    ids: Ids,
+    state: Mutex<Guarded<State>>,
+    ticker: Mutex<Option<Ticker>>,
+}
+
+/// The thread that wakes the main thread every tick period; it hands the scheduler back when it
+/// stops, so that the main thread deletes it.
+struct Ticker {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<Scheduler>,
+}
+
+/// One request's filter.
+struct Stream {
+    plugin: Arc<Plugin>,
+    filter: Option<Guarded<HttpFilter>>,
+    /// The filter failed on this request (a panic): it answered 503 and stays out of the way.
+    failed: bool,
+}
+
+thread_local! {
+    /// This thread holds a plugin's lock (some hook of ours runs below us on the stack).
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+    /// Hooks Envoy ran while this thread held the lock, to run once it is released.
+    static LATER: RefCell<Vec<Box<dyn FnOnce()>>> = RefCell::new(Vec::new());
+}
+
+/// Resets [`INSIDE`] however the locked section ends (a panic included).
+struct Inside;
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.with(|i| i.set(false));
+    }
+}
+
+fn inside() -> bool {
+    INSIDE.with(Cell::get)
+}
+
+/// Runs `hook` later, when this thread leaves the plugin (it is inside now).
+fn later(hook: impl FnOnce() + 'static) {
+    LATER.with(|l| l.borrow_mut().push(Box::new(hook)));
+}
+
+/// Runs the hooks queued while this thread held the lock.
+fn run_later() {
+    while let Some(hook) = LATER.with(|l| l.borrow_mut().pop()) {
+        hook();
+    }
+}
+
+impl Plugin {
+    /// Runs `f` on the state under the lock (`None`: this thread is inside already).
+    fn locked<R>(&self, f: impl FnOnce(&mut State) -> R) -> Option<R> {
+        if inside() {
+            return None;
+        }
+        INSIDE.with(|i| i.set(true));
+        let _inside = Inside;
+        // a panic under the lock left the state as the core left it (its RefCells released)
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Some(f(&mut state.0))
+    }
+
+    fn stop_ticker(&self) {
+        let ticker = self.ticker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = ticker {
+            let _ = t.stop.send(());
+            // the scheduler is deleted here, on the main thread, once its thread stopped
+            drop(t.thread.join());
+        }
+    }
+}
+
+/// The plugin behind a configuration pointer, without taking Envoy's reference.
+///
+/// # Safety
+/// `module` is a pointer [`config_new`] returned and Envoy has not destroyed.
+unsafe fn plugin(module: ModulePtr) -> Arc<Plugin> {
+    // SAFETY: per the caller's contract, an `Arc::into_raw` still counted once.
+    let held = ManuallyDrop::new(unsafe { Arc::from_raw(module.cast::<Plugin>()) });
+    Arc::clone(&held)
+}
+
+/// 32 random bytes (keyed hashes whose keys the OS's randomness drew).
+fn random_seed() -> [u8; 32] {
+    use std::hash::BuildHasher;
+    let mut seed = [0u8; 32];
+    for (i, chunk) in seed.chunks_mut(8).enumerate() {
+        let v = std::collections::hash_map::RandomState::new().hash_one(i as u64);
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    seed
+}
+
+fn identity() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+}
+
+pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
+    let parsed = match FilterConfig::parse(bytes) {
+        Ok(c) => Rc::new(c),
+        Err(e) => {
+            ffi::log(Level::Error, &e.to_string());
+            return std::ptr::null();
+        }
+    };
+    let seeds = Seeds { decision_ids: random_seed(), usage_ids: identity(), hints_owner: identity(), routes_owner: identity(), changes_owner: identity() };
+    let none = Ids::default();
+    let worker = Worker::new(&mut NativeHost::config(config, &none), parsed, seeds);
+    let define = |name: &str| ffi::define_counter(config, name);
+    let ids = Ids {
+        metrics: worker.metrics().into_iter().filter_map(|m| define(&m.name()).map(|id| (m, id))).collect(),
+        named: worker.named_metrics().into_iter().filter_map(|n| define(&n).map(|id| (n, id))).collect(),
+    };
+    let period = worker.tick_period();
+    let plugin = Arc::new(Plugin { config, ids, state: Mutex::new(Guarded(State { worker })), ticker: Mutex::new(None) });
+    let Some(scheduler) = Scheduler::new(config) else {
+        ffi::log(Level::Error, "tollgate: Envoy gave no scheduler for the filter's tick");
+        return std::ptr::null();
+    };
+    let (stop, stopped) = mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new().name("tollgate-tick".into()).spawn(move || {
+        // the tick's timer: a wait that ends early only to stop
+        while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+            scheduler.commit(0);
+        }
+        scheduler
+    });
+    match spawned {
+        Ok(thread) => *plugin.ticker.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ticker { stop, thread }),
+        Err(e) => {
+            ffi::log(Level::Error, &format!("tollgate: cannot start the tick thread: {e}"));
+            return std::ptr::null();
+        }
+    }
+    Arc::into_raw(plugin).cast()
+}
+
+/// Envoy destroys the configuration (after every stream of it ended): the tick stops. A worker
+/// that still holds queued items (usage events, completions, refunds, responses) is kept, and
+/// the ticks of the configurations still alive send them, for at most the core's grace
+/// (`END_GRACE`, decision 156); with none alive (Envoy stopping), they are lost (decision 254).
+pub fn config_destroy(module: ModulePtr) {
+    if module.is_null() {
+        return;
+    }
+    // SAFETY: Envoy destroys a configuration once: this takes back its reference.
+    let plugin = unsafe { Arc::from_raw(module.cast::<Plugin>()) };
+    plugin.stop_ticker();
+    let config = plugin.config;
+    let done = plugin.locked(|s| s.worker.end(&mut NativeHost::config(config, &plugin.ids)));
+    if done == Some(false) {
+        ending().push(plugin);
+    }
+}
+
+/// The worker's tick, on the main thread; then the ticks of ended configurations' workers that
+/// still hold queued items (decision 254), their calls sent through this configuration.
+pub fn tick(module: ModulePtr) {
+    // SAFETY: Envoy calls the configuration's hooks while it lives.
+    let plugin = unsafe { plugin(module) };
+    let config = plugin.config;
+    let ticked = plugin.locked(|s| {
+        let mut host = NativeHost::config(config, &plugin.ids);
+        // batching is off in this host (nothing to deliver)
+        drop(s.worker.on_tick(&mut host));
+    });
+    if ticked.is_none() {
+        return;
+    }
+    let waiting: Vec<Arc<Plugin>> = ending().clone();
+    for old in waiting {
+        let ended = adopted(&old, &plugin, |w, host| {
+            drop(w.on_tick(host));
+            w.has_ended()
+        });
+        if ended == Some(true) {
+            ending().retain(|p| !Arc::ptr_eq(p, &old));
+        }
+    }
+    run_later();
+}
+
+/// Workers of configurations Envoy destroyed while they still held queued items.
+static ENDING: Mutex<Vec<Arc<Plugin>>> = Mutex::new(Vec::new());
+/// Which ended configuration's worker sent a call, by the configuration it went out through and
+/// its id there.
+type Adopted = HashMap<(usize, u64), Arc<Plugin>>;
+static ADOPTED: LazyLock<Mutex<Adopted>> = LazyLock::new(Mutex::default);
+
+fn ending() -> MutexGuard<'static, Vec<Arc<Plugin>>> {
+    ENDING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn adopted_calls() -> MutexGuard<'static, Adopted> {
+    ADOPTED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` on an ended configuration's worker, its calls going out through `through` (a live
+/// configuration, on the main thread) and counted under that one's counters of the same names.
+fn adopted<R>(old: &Arc<Plugin>, through: &Plugin, f: impl FnOnce(&mut Worker, &mut NativeHost) -> R) -> Option<R> {
+    let (result, sent) = old.locked(|s| {
+        let mut host = NativeHost::config(through.config, &through.ids);
+        let r = f(&mut s.worker, &mut host);
+        (r, host.sent)
+    })?;
+    let mut calls = adopted_calls();
+    for id in sent {
+        calls.insert((through.config.key(), id), old.clone());
+    }
+    Some(result)
+}
+
+/// The answer to a call the worker's jobs sent.
+pub fn config_call_done(module: ModulePtr, id: u64, status: Option<u16>, body: Vec<u8>) {
+    // SAFETY: Envoy calls the configuration's hooks while it lives.
+    let plugin = unsafe { plugin(module) };
+    if inside() {
+        later(move || deliver_config(&plugin, id, status, body));
+        return;
+    }
+    deliver_config(&plugin, id, status, body);
+    run_later();
+}
+
+fn deliver_config(plugin: &Arc<Plugin>, id: u64, status: Option<u16>, body: Vec<u8>) {
+    let config = plugin.config;
+    let owner = adopted_calls().remove(&(config.key(), id));
+    if let Some(old) = owner {
+        adopted(&old, plugin, |w, host| drop(w.on_call_response(host, id as u32, status, || body)));
+        return;
+    }
+    plugin.locked(|s| {
+        let mut host = NativeHost::config(config, &plugin.ids);
+        drop(s.worker.on_call_response(&mut host, id as u32, status, || body));
+    });
+}
+
+pub fn filter_new(module: ModulePtr, _filter: Filter) -> ModulePtr {
+    // SAFETY: Envoy creates filters only from a live configuration.
+    let plugin = unsafe { plugin(module) };
+    let Some(filter) = plugin.locked(|s| Guarded(s.worker.request())) else {
+        return std::ptr::null();
+    };
+    Box::into_raw(Box::new(Stream { plugin, filter: Some(filter), failed: false })).cast()
+}
+
+/// # Safety
+/// `module` is a pointer [`filter_new`] returned and Envoy has not destroyed.
+unsafe fn stream<'a>(module: ModulePtr) -> &'a mut Stream {
+    // SAFETY: per the caller's contract; Envoy runs one stream's hooks one at a time.
+    unsafe { &mut *(module as *mut Stream) }
+}
+
+/// Makes the calls a hook collected, its lock released.
+fn apply(filter: Filter, after: Vec<After>) {
+    for a in after {
+        match a {
+            After::Reply { status, headers, body } => ffi::send_response(filter, status, &headers, &body, "tollgate"),
+            After::ContinueDecoding => ffi::continue_decoding(filter),
+            After::ContinueEncoding => ffi::continue_encoding(filter),
+        }
+    }
+}
+
+fn status_of(phase: Phase, action: Action) -> Status {
+    match (action, phase) {
+        (Action::Continue, _) => CONTINUE,
+        (Action::Hold, Phase::RequestBody(_) | Phase::ResponseBody(_)) => STOP_WATERMARK,
+        (Action::Pause | Action::Hold, _) => STOP,
+    }
+}
+
+/// A stream callback: the filter decides, under the lock; then its replies and resumes.
+pub fn on_phase(filter: Filter, module: ModulePtr, phase: Phase) -> Status {
+    // SAFETY: Envoy calls a stream's hooks while the stream lives.
+    let stream = unsafe { stream(module) };
+    if stream.failed {
+        return CONTINUE;
+    }
+    let plugin = stream.plugin.clone();
+    let Some(http) = stream.filter.as_mut() else { return CONTINUE };
+    let outcome = plugin.locked(|_| {
+        catch_unwind(AssertUnwindSafe(|| {
+            let mut host = NativeHost::stream(filter, &plugin.ids);
+            let f = &mut http.0;
+            let action = match phase {
+                Phase::RequestHeaders(end) => f.on_request_headers(&mut host, end),
+                Phase::RequestBody(end) => {
+                    let size = host.body_size(true);
+                    f.on_request_body(&mut host, size, end)
+                }
+                Phase::RequestTrailers => f.on_request_trailers(&mut host),
+                Phase::ResponseHeaders(end) => f.on_response_headers(&mut host, end),
+                Phase::ResponseBody(end) => {
+                    let size = host.body_size(false);
+                    f.on_response_body(&mut host, size, end)
+                }
+                Phase::ResponseTrailers => f.on_response_trailers(&mut host),
+            };
+            (action, host.after)
+        }))
+    });
+    let status = match outcome {
+        // Envoy ran this hook from inside one of ours on this thread: let the stream go on
+        None => {
+            ffi::log(Level::Warn, &format!("tollgate: {phase:?} ran inside another hook; passed through"));
+            CONTINUE
+        }
+        Some(Ok((action, after))) => {
+            apply(filter, after);
+            status_of(phase, action)
+        }
+        Some(Err(_)) => fail(stream, filter, phase),
+    };
+    run_later();
+    status
+}
+
+/// The filter panicked on this request: it fails closed (a request not yet answered gets 503).
+fn fail(stream: &mut Stream, filter: Filter, phase: Phase) -> Status {
+    stream.failed = true;
+    ffi::log(Level::Error, &format!("tollgate: the filter failed in {phase:?}; answering 503"));
+    match phase {
+        Phase::RequestHeaders(_) | Phase::RequestBody(_) | Phase::RequestTrailers => {
+            let headers = [("content-type".to_string(), "application/json".to_string())];
+            ffi::send_response(filter, 503, &headers, UNAVAILABLE, "tollgate_filter_failed");
+            STOP
+        }
+        _ => CONTINUE,
+    }
+}
+
+/// The answer to a call this stream sent (its decision, mostly).
+pub fn stream_call_done(filter: Filter, module: ModulePtr, id: u64, status: Option<u16>, body: Vec<u8>) {
+    if inside() {
+        later(move || stream_call_done(filter, module, id, status, body));
+        return;
+    }
+    // SAFETY: Envoy calls a stream's hooks while the stream lives.
+    let stream = unsafe { stream(module) };
+    if stream.failed {
+        return;
+    }
+    let plugin = stream.plugin.clone();
+    let Some(http) = stream.filter.as_mut() else { return };
+    let outcome = plugin.locked(|_| {
+        catch_unwind(AssertUnwindSafe(|| {
+            let mut host = NativeHost::stream(filter, &plugin.ids);
+            let f = &mut http.0;
+            if f.on_call_response(&mut host, id as u32, status, &body) == Action::Continue {
+                host.after.push(After::ContinueDecoding);
+            }
+            if f.take_resume_response() {
+                host.after.push(After::ContinueEncoding);
+            }
+            host.after
+        }))
+    });
+    match outcome {
+        Some(Ok(after)) => apply(filter, after),
+        Some(Err(_)) => {
+            fail(stream, filter, Phase::RequestHeaders(false));
+        }
+        None => {}
+    }
+    run_later();
+}
+
+/// The stream ended (before access logs): the filter's `on_log`.
+pub fn stream_complete(filter: Filter, module: ModulePtr) {
+    // SAFETY: Envoy calls a stream's hooks while the stream lives.
+    let stream = unsafe { stream(module) };
+    if stream.failed {
+        return;
+    }
+    let plugin = stream.plugin.clone();
+    let Some(http) = stream.filter.as_mut() else { return };
+    let done = plugin.locked(|_| {
+        let mut host = NativeHost::stream(filter, &plugin.ids);
+        http.0.on_log(&mut host);
+    });
+    if done.is_none() {
+        ffi::log(Level::Warn, "tollgate: a stream completed inside another hook; its end was not recorded");
+    }
+    run_later();
+}
+
+pub fn filter_destroy(module: ModulePtr) {
+    if module.is_null() {
+        return;
+    }
+    // SAFETY: Envoy destroys a stream's filter once: this takes back the box.
+    let stream = unsafe { Box::from_raw(module as *mut Stream) };
+    drop_stream(*stream);
+}
+
+/// Drops a stream's filter under the lock (its `Rc`s are the worker's too).
+fn drop_stream(stream: Stream) {
+    if inside() {
+        later(move || drop_stream(stream));
+        return;
+    }
+    let Stream { plugin, filter, .. } = stream;
+    plugin.locked(move |_| drop(filter));
+}
