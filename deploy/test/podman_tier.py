@@ -270,6 +270,52 @@ class Load:
         return self.by_tenant.get(tenant, {}).get(status, 0)
 
 
+def check_images(tag, wasm):
+    """The images as docs/deploy.md says: non-root, the filter image's single file is the filter."""
+    import hashlib
+    import json
+    for name in ("gateway", "sidecar", "billing"):
+        info = json.loads(run(PM + ["image", "inspect", f"localhost/tollgate-{name}:{tag}"]).stdout)[0]
+        user = info["Config"].get("User", "")
+        if user != "65532:65532":
+            fail(f"tollgate-{name} runs as {user!r}, not 65532:65532")
+    ref = f"localhost/tollgate-filter:{tag}"
+    info = json.loads(run(PM + ["image", "inspect", ref]).stdout)[0]
+    layers = info["RootFS"]["Layers"]
+    root = run(PM + ["image", "mount", ref]).stdout.strip()
+    try:
+        files = sorted(os.listdir(root))
+        with open(os.path.join(root, "plugin.wasm"), "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    finally:
+        run(PM + ["image", "unmount", ref], check=False)
+    with open(wasm, "rb") as f:
+        want = hashlib.sha256(f.read()).hexdigest()
+    if len(layers) != 1 or files != ["plugin.wasm"] or digest != want:
+        fail(f"tollgate-filter: {len(layers)} layers, files {files}, plugin.wasm sha256 {digest} (the filter's: {want})")
+    log(f"images: gateway, sidecar, billing run as 65532:65532; tollgate-filter is one layer holding /plugin.wasm "
+        f"(sha256 {digest[:16]}..., the built filter's)")
+
+
+def check_manifests():
+    """Every manifest of the base and the examples is YAML with an apiVersion, a kind and a name
+    (the examples' CRDs have no schema here to check against: docs/deploy.md)."""
+    import glob
+    import yaml
+    n = 0
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in sorted(glob.glob(os.path.join(here, "..", "k8s", "*", "*.yaml"))):
+        if path.endswith("kustomization.yaml"):
+            continue
+        for doc in yaml.safe_load_all(open(path)):
+            if not doc:
+                continue
+            if not (doc.get("apiVersion") and doc.get("kind") and doc.get("metadata", {}).get("name")):
+                fail(f"{path}: a document without apiVersion, kind or metadata.name")
+            n += 1
+    log(f"manifests: {n} objects in deploy/k8s/base and deploy/k8s/examples parse, each with apiVersion, kind, name")
+
+
 def readme_flow(stack):
     a = stack.ports.gateways["a"]["listen"]
     b = stack.ports.gateways["b"]["listen"]
@@ -346,6 +392,7 @@ def redis_meter(stack, tenant, field):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="tier")
+    ap.add_argument("--wasm", default=os.environ.get("TOLLGATE_WASM", ""), help="the filter the images were built with")
     ap.add_argument("--keep", action="store_true", help="leave the pods running (debugging)")
     ap.add_argument("--seconds", type=float, default=6.0, help="load before, between and after the restarts")
     ap.add_argument("--sidecar-env", action="append", default=[], metavar="K=V",
@@ -353,6 +400,9 @@ def main():
     ap.add_argument("--envoy-env", action="append", default=[], metavar="K=V", help="one for the gateway containers")
     args = ap.parse_args()
     started = time.monotonic()
+    check_manifests()
+    if args.wasm:
+        check_images(args.tag, args.wasm)
     workdir = tempfile.mkdtemp(prefix="tollgate-podman-")
     split = lambda kvs: [tuple(kv.split("=", 1)) for kv in kvs]  # noqa: E731
     stack = Stack(args.tag, workdir, split(args.sidecar_env), split(args.envoy_env))
