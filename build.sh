@@ -141,8 +141,10 @@ build_images() {
   local image
   for image in gateway sidecar billing filter demo; do
     log "podman build tollgate-$image:$tag"
-    pm build -q --network host --build-arg "BASE=$DEBIAN_BASE" --build-arg "VERSION=$version" \
-      --build-arg "REVISION=$revision" -t "localhost/tollgate-$image:$tag" \
+    # labels on the command line: podman 4.3's layer cache does not see a changed --build-arg
+    # used by a LABEL (an image once kept an older commit's revision)
+    pm build -q --network host --build-arg "BASE=$DEBIAN_BASE" --label "org.opencontainers.image.version=$version" \
+      --label "org.opencontainers.image.revision=$revision" -t "localhost/tollgate-$image:$tag" \
       -f "$ROOT/deploy/images/$image/Containerfile" "$ctx" >/dev/null
   done
 }
