@@ -338,7 +338,14 @@ def readme_flow(stack):
             fail("README flow: a 429 without Retry-After")
     if answers.count(200) != 9 or answers.count(429) != 3:
         fail(f"README flow: the demo plan's limit across both pods: {answers}")
-    log(f"README flow: 200 with a key, 401 missing_key, 401 unknown_key; the limit of 10 across both pods: "
+    # the admin CLI in the sidecar image, over the admin API, its token from the mounted Secret
+    sidecar = stack.container("tollgate-gateway-b", "sidecar")
+    out = stack.exec(sidecar, "tollgate", "--admin-url", f"http://127.0.0.1:{stack.ports.gateways['b']['sidecar_admin']}",
+                     "--token-file", "/etc/tollgate/secret/admin-token", "--json", "keys", "list", "--tenant", "demo").stdout
+    if '"demo"' not in out or out.count("\n") != 1:
+        fail(f"tollgate keys list --tenant demo in pod b (admin.token_file): {out[:300]!r}")
+    log(f"README flow: 200 with a key, 401 missing_key, 401 unknown_key; the admin CLI in pod b lists the key "
+        f"(admin API, token from the mounted Secret); the limit of 10 across both pods: "
         f"{1 + answers.count(200)} x 200 then {answers.count(429)} x 429 with Retry-After")
 
 
