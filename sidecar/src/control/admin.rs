@@ -41,6 +41,9 @@ pub struct AdminConfig {
     /// Bearer token every admin request must carry (env `TOLLGATE_SIDECAR_ADMIN__TOKEN`). At
     /// least 16 characters. Never logged.
     pub token: crate::secret::Secret,
+    /// A file holding the token (its surrounding whitespace trimmed), instead of `token`: a
+    /// mounted Kubernetes Secret (deploy/, decision 233).
+    pub token_file: Option<std::path::PathBuf>,
     /// How often each replica compares `cfg:routing:version` with what it loaded, in case a
     /// change event was missed while its pub/sub connection was up but silent. Reconnects always
     /// resynchronise at once.
@@ -55,7 +58,7 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        AdminConfig { listen: None, token: Default::default(), resync_interval: Duration::from_secs(5), subscriber_ping: Duration::from_millis(50) }
+        AdminConfig { listen: None, token: Default::default(), token_file: None, resync_interval: Duration::from_secs(5), subscriber_ping: Duration::from_millis(50) }
     }
 }
 
@@ -65,9 +68,13 @@ impl AdminConfig {
             if !addr.ip().is_loopback() {
                 return Err(invalid("admin.listen", "must be a loopback address"));
             }
+            if self.token_file.is_some() {
+                if !self.token.is_empty() {
+                    return Err(invalid("admin.token", "set admin.token or admin.token_file, not both"));
+                }
             // visible ASCII only (decision 200): a token read from a file with its newline would
             // start, then refuse every call with 401 (a header value cannot carry it)
-            if !crate::secret::well_formed(self.token.expose()) {
+            } else if !crate::secret::well_formed(self.token.expose()) {
                 return Err(invalid("admin.token", "16 to 256 visible ASCII characters (no spaces, no newline) are required when admin.listen is set"));
             }
         }
@@ -78,6 +85,23 @@ impl AdminConfig {
             return Err(invalid("admin.subscriber_ping", "must be at least 10ms"));
         }
         Ok(())
+    }
+
+    /// The token in force: `token`, or the content of `token_file` (read when the sidecar
+    /// starts), well formed.
+    pub fn resolve_token(&self) -> Result<Secret, Invalid> {
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| invalid("admin.token_file", format!("cannot read {}: {e}", path.display())))?;
+                Secret::new(text.trim())
+            }
+            None => self.token.clone(),
+        };
+        if !crate::secret::well_formed(token.expose()) {
+            return Err(invalid("admin.token_file", "the token must be 16 to 256 visible ASCII characters"));
+        }
+        Ok(token)
     }
 }
 

@@ -1,4 +1,5 @@
-//! `tollgate-echo --port P`: the demo upstream (echoes requests as JSON) until SIGTERM/SIGINT.
+//! `tollgate-echo --port P [--host H]`: the demo upstream (echoes requests as JSON) until
+//! SIGTERM/SIGINT, on 127.0.0.1 unless `--host` says otherwise (0.0.0.0 in a container: deploy/).
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
@@ -7,7 +8,8 @@ async fn main() -> std::io::Result<()> {
         Some(p) => p.parse().map_err(|_| std::io::Error::other("--port must be a number"))?,
         None => return Err(std::io::Error::other("usage: tollgate-echo --port P")),
     };
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let host = args.iter().position(|a| a == "--host").and_then(|i| args.get(i + 1)).map_or("127.0.0.1", |h| h.as_str());
+    let listener = tokio::net::TcpListener::bind((host, port)).await?;
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
