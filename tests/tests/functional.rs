@@ -18,6 +18,7 @@ mod hostile;
 mod key_pages;
 mod leases;
 mod limits;
+mod llm;
 mod observability;
 mod plan_refs;
 mod postgres_harness;
