@@ -58,7 +58,7 @@ fn events_reach_kafka_once_each_keyed_and_ordered_by_tenant() {
         assert!(prev.is_none_or(|p| p < e.start_ms), "{} out of order", e.tenant);
     }
     let schema = first_header(&broker.brokers(), "usage_a", "schema", Duration::from_secs(30));
-    assert_eq!(schema.as_deref(), Some("tollgate.usage.v1"), "versioned schema header");
+    assert_eq!(schema.as_deref(), Some("tollgate.usage.v2"), "versioned schema header");
     let parts = partitions_by_key(&broker.brokers(), "usage_a", sent.len(), Duration::from_secs(30));
     for t in tenants {
         assert_eq!(parts[t].len(), 1, "{t} is in one partition: {parts:?}");
@@ -198,7 +198,7 @@ fn a_tenant_above_the_rate_reaches_kafka_as_aggregates_with_their_own_schema() {
         let v: serde_json::Value = serde_json::from_str(value).unwrap();
         assert_eq!(v["tenant"].as_str(), Some(key.as_str()));
         match schema.as_str() {
-            "tollgate.usage.v1" => *single.entry(key.clone()).or_default() += 1,
+            "tollgate.usage.v2" => *single.entry(key.clone()).or_default() += 1,
             "tollgate.usage.aggregate.v1" => {
                 assert_eq!(key, "acme");
                 let a: tollgate_shared::aggregate::UsageAggregate = serde_json::from_str(value).unwrap();
@@ -256,7 +256,7 @@ fn a_batch_sent_again_after_a_crash_between_its_fsync_and_its_answer_counts_once
     let counted: u64 = got
         .iter()
         .map(|(_, schema, value)| match schema.as_str() {
-            "tollgate.usage.v1" => 1,
+            "tollgate.usage.v2" => 1,
             _ => serde_json::from_str::<tollgate_shared::aggregate::UsageAggregate>(value).unwrap().count,
         })
         .sum();

@@ -19,6 +19,7 @@ mod hostile;
 mod key_pages;
 mod leases;
 mod limits;
+mod llm;
 mod observability;
 mod plan_refs;
 mod postgres_harness;

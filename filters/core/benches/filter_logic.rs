@@ -150,6 +150,7 @@ fn route_benches(c: &mut Criterion) {
             cache_ttl_ms: None,
             cache_key_headers: vec![],
             breaker: None,
+            llm: false,
         })
         .collect();
     let table = RouteTable { version: 1, etag: "e".into(), routes };

@@ -364,6 +364,7 @@ pub(crate) mod tests {
                 denied: None,
                 route: None,
                 product: None,
+                llm: None,
             });
         }
         let body = q.begin_flush(2).unwrap();

@@ -291,7 +291,12 @@ mod tests {
     fn usage_is_off_by_default_and_configurable() {
         assert!(!FilterConfig::default().usage.enabled);
         let c = FilterConfig::parse(br#"{"usage":{"enabled":true,"flushInterval":"200ms","maxQueued":10}}"#).unwrap();
-        assert_eq!(c.usage, UsageConfig { enabled: true, flush_interval: Duration::from_millis(200), max_queued: 10, max_queued_bytes: 32 << 20 });
+        assert_eq!(
+            c.usage,
+            UsageConfig { enabled: true, flush_interval: Duration::from_millis(200), max_queued: 10, max_queued_bytes: 32 << 20, llm_all: false }
+        );
+        assert!(FilterConfig::parse(br#"{"usage":{"enabled":true,"llm":"all"}}"#).unwrap().usage.llm_all);
+        assert!(FilterConfig::parse(br#"{"usage":{"llm":"some"}}"#).is_err());
     }
 
     // ---- the breakers section (crate::breaker::config) ----

@@ -45,6 +45,8 @@ pub mod jobs;
 pub mod key;
 /// Leased limits: spending, sizing and renewing leases of limit units (issue 8).
 pub mod lease;
+/// LLM facts: models and tokens apart (issue 42).
+pub mod llm;
 /// A recording host for tests (native and wasm32); compiled always, unused by the cdylib.
 pub mod mock;
 /// Abandoned decisions, queued for the sidecar to refund (issue 15.2).

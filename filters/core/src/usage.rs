@@ -24,6 +24,7 @@ use crate::host::Host;
 use crate::settings::{duration_within, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
+use tollgate_wire::llm::LlmUsage;
 use tollgate_wire::routes::RouteSpec;
 use tollgate_wire::usage::{clamp_tokens, event_authority, event_method, event_path, UsageEvent, MAX_TOKENS};
 
@@ -41,6 +42,10 @@ pub struct UsageConfig {
     /// Bytes (of their JSON) a worker's queued events may take, whatever their count; past it
     /// the oldest are dropped and counted the same way.
     pub max_queued_bytes: usize,
+    /// Which requests are LLM calls whose events carry models and tokens apart (issue 42):
+    /// only those of routes marked `llm` (`false`, the default), or every metered request
+    /// (`usage.llm: "all"`, for a gateway before LLM APIs only, without routing).
+    pub llm_all: bool,
 }
 
 impl Default for UsageConfig {
@@ -50,8 +55,20 @@ impl Default for UsageConfig {
             flush_interval: Duration::from_secs(1),
             max_queued: default_usage_max_queued(),
             max_queued_bytes: default_usage_max_queued_bytes(),
+            llm_all: false,
         }
     }
+}
+
+/// `usage.llm`: which requests are LLM calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LlmScope {
+    /// Requests of routes marked `llm`.
+    #[default]
+    Routes,
+    /// Every metered request.
+    All,
 }
 
 /// `usage` as written in the plugin configuration.
@@ -66,6 +83,8 @@ pub struct RawUsage {
     max_queued: usize,
     #[serde(default = "default_usage_max_queued_bytes")]
     max_queued_bytes: usize,
+    #[serde(default)]
+    llm: LlmScope,
 }
 
 impl Default for RawUsage {
@@ -75,6 +94,7 @@ impl Default for RawUsage {
             flush_interval: default_usage_flush_interval(),
             max_queued: default_usage_max_queued(),
             max_queued_bytes: default_usage_max_queued_bytes(),
+            llm: LlmScope::Routes,
         }
     }
 }
@@ -99,7 +119,13 @@ impl UsageConfig {
         if raw.max_queued_bytes < MAX_BATCH_BYTES || raw.max_queued_bytes > 1 << 30 {
             return Err(ConfigError("usage.maxQueuedBytes: must be between 1048576 (one batch) and 1073741824".into()));
         }
-        Ok(UsageConfig { enabled: raw.enabled, flush_interval, max_queued: raw.max_queued, max_queued_bytes: raw.max_queued_bytes })
+        Ok(UsageConfig {
+            enabled: raw.enabled,
+            flush_interval,
+            max_queued: raw.max_queued,
+            max_queued_bytes: raw.max_queued_bytes,
+            llm_all: raw.llm == LlmScope::All,
+        })
     }
 }
 
@@ -193,12 +219,14 @@ impl RequestInfo {
 }
 
 /// What a request's response said of its token usage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenUse {
     /// The tokens it used, when known.
     pub count: Option<u64>,
     /// It was to be read and could not be (`UsageEvent::tokens_unread`).
     pub unread: bool,
+    /// An LLM call's models and tokens apart (issue 42).
+    pub llm: Option<LlmUsage>,
 }
 
 impl Meter {
@@ -230,6 +258,7 @@ impl Meter {
             denied: None,
             route: route.map(|r| r.id.clone()),
             product: route.and_then(|r| r.product.clone()),
+            llm: tokens.llm,
         };
         self.record(event);
     }
@@ -249,7 +278,7 @@ pub struct Tokens {
 
 impl Tokens {
     /// A JSON number, clamped: negatives to 0, above 2^53 to 2^53; a fraction is rounded down.
-    fn of_number(n: &serde_json::Number) -> Tokens {
+    pub(crate) fn of_number(n: &serde_json::Number) -> Tokens {
         if let Some(u) = n.as_u64() {
             let (count, clamped) = clamp_tokens(u);
             return Tokens { count, clamped };

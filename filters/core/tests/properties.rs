@@ -126,6 +126,7 @@ fn route() -> impl Strategy<Value = RouteSpec> {
             cache_ttl_ms: None,
             cache_key_headers: Vec::new(),
             breaker: None,
+            llm: false,
         })
 }
 

@@ -444,6 +444,9 @@ pub mod breaker;
 /// Usage events (billing-grade metering, issue 6).
 pub mod usage;
 
+/// What a usage event says of an LLM call: models and tokens apart (issue 42).
+pub mod llm;
+
 /// The routing table and its matching rule (issue 4).
 pub mod routes;
 

@@ -65,6 +65,10 @@ pub struct RouteSpec {
     /// The circuit-breaker target guarding this route (default: the target of its cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<String>,
+    /// An LLM route (issue 42): the filter reads the model its requests ask for and its
+    /// responses' models and tokens apart into their usage events.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub llm: bool,
 }
 
 /// The body of `GET /v1/routes`.
@@ -141,6 +145,7 @@ mod tests {
             cache_ttl_ms: None,
             cache_key_headers: vec![],
             breaker: None,
+            llm: false,
         }
     }
 

@@ -89,6 +89,10 @@ pub struct UsageEvent {
     pub route: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub product: Option<String>,
+    /// An LLM call's models and tokens apart (event schema v2, issue 42): on routes marked
+    /// `llm`, when anything of it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<crate::llm::LlmUsage>,
 }
 
 /// The body of `POST /v1/usage`.
@@ -276,6 +280,7 @@ mod tests {
             denied: None,
             route: None,
             product: None,
+            llm: None,
         }
     }
 

@@ -21,8 +21,7 @@ pub use crate::rollup::{rollup, rollup_aggregates, tokens_i64, Rollup};
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 use tokio_util::sync::CancellationToken;
-use tollgate_shared::aggregate::{UsageAggregate, SCHEMA as AGGREGATE_SCHEMA};
-use tollgate_wire::usage::UsageEvent;
+pub use crate::decode::{decode, Decoded};
 
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS usage_events (
@@ -84,9 +83,15 @@ CREATE TABLE IF NOT EXISTS usage_rejects (
 /// Columns added since the first schema (decision 183), by [`Db::migrate`] where missing after a
 /// look in `information_schema`: an `ALTER TABLE` takes its table's exclusive lock even when the
 /// column is there, and would queue every insert behind a long reader at each start.
-const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 7] = [
     ("usage_events", "tokens_unread", "boolean NOT NULL DEFAULT false"),
     ("usage_daily", "requests_tokens_unread", "bigint NOT NULL DEFAULT 0"),
+    // an LLM call's facts (issue 42, event schema v2)
+    ("usage_events", "requested_model", "text"),
+    ("usage_events", "model", "text"),
+    ("usage_events", "input_tokens", "bigint"),
+    ("usage_events", "output_tokens", "bigint"),
+    ("usage_events", "cached_tokens", "bigint"),
 ];
 
 async fn insert_reject(c: &impl tokio_postgres::GenericClient, topic: &str, m: &Consumed, reason: &str) -> Result<(), tokio_postgres::Error> {
@@ -109,57 +114,6 @@ pub fn is_data_error(e: &tokio_postgres::Error) -> bool {
 /// refuses it), so a rejected message is always kept.
 pub fn storable_text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).replace('\0', "\u{FFFD}")
-}
-
-/// A batch, decoded.
-#[derive(Debug, Default)]
-pub struct Decoded<'a> {
-    /// Single events, the first occurrence of each id.
-    pub events: Vec<UsageEvent>,
-    /// Aggregates, the first occurrence of each id.
-    pub aggregates: Vec<UsageAggregate>,
-    /// What is neither, with the reason.
-    pub rejects: Vec<(&'a Consumed, String)>,
-}
-
-/// Decodes a batch. The `schema` header says what a message is; without one (a tool that drops
-/// headers), an event is tried first, then an aggregate.
-pub fn decode(batch: &[Consumed]) -> Decoded<'_> {
-    let mut out = Decoded { events: Vec::with_capacity(batch.len()), ..Decoded::default() };
-    let mut seen = std::collections::HashSet::new();
-    for m in batch {
-        let aggregate = match m.schema.as_deref() {
-            Some(AGGREGATE_SCHEMA) => true,
-            Some(_) => false,
-            None => serde_json::from_slice::<UsageEvent>(&m.payload).is_err(),
-        };
-        if aggregate {
-            match serde_json::from_slice::<UsageAggregate>(&m.payload) {
-                Ok(a) => match a.invalid_reason() {
-                    Some(why) => out.rejects.push((m, format!("invalid aggregate: {why}"))),
-                    None => {
-                        if seen.insert(a.id.clone()) {
-                            out.aggregates.push(a);
-                        }
-                    }
-                },
-                Err(err) => out.rejects.push((m, err.to_string())),
-            }
-            continue;
-        }
-        match serde_json::from_slice::<UsageEvent>(&m.payload) {
-            Ok(e) => match tollgate_shared::events::invalid_reason(&e) {
-                Some(why) => out.rejects.push((m, format!("invalid event: {why}"))),
-                None => {
-                    if seen.insert(e.id.clone()) {
-                        out.events.push(e);
-                    }
-                }
-            },
-            Err(err) => out.rejects.push((m, err.to_string())),
-        }
-    }
-    out
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -266,6 +220,7 @@ impl Db {
             )
             .await?;
         self.client.batch_execute(SCHEMA).await?;
+        self.client.batch_execute(crate::models::SCHEMA).await?;
         for (table, column, definition) in ADDED_COLUMNS {
             if !self.has_column(table, column).await? {
                 self.client.batch_execute(&format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition}")).await?;
@@ -296,7 +251,14 @@ impl Db {
         let (mut status, mut denied, mut method, mut authority, mut path) = (vec![], vec![], vec![], vec![], vec![]);
         let (mut start, mut duration, mut tokens, mut req_b, mut resp_b) = (vec![], vec![], vec![], vec![], vec![]);
         let mut unread = vec![];
+        let (mut asked, mut model, mut input, mut output, mut cached) = (vec![], vec![], vec![], vec![], vec![]);
         for e in &events {
+            let llm = e.llm.clone().unwrap_or_default();
+            asked.push(llm.requested_model);
+            model.push(llm.model);
+            input.push(llm.input_tokens.map(tokens_i64));
+            output.push(llm.output_tokens.map(tokens_i64));
+            cached.push(llm.cached_tokens.map(tokens_i64));
             ids.push(e.id.clone());
             day.push(e.day().iso());
             tenant.push(e.tenant.clone());
@@ -318,25 +280,27 @@ impl Db {
         let rows = tx
             .query(
                 "INSERT INTO usage_events (event_id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
-                                           start_ms, duration_ms, tokens, request_bytes, response_bytes, tokens_unread)
+                                           start_ms, duration_ms, tokens, request_bytes, response_bytes, tokens_unread,
+                                           requested_model, model, input_tokens, output_tokens, cached_tokens)
                  SELECT u.id, u.day::date, u.tenant, u.key_id, u.plan, u.class, u.status, u.denied, u.method, u.authority,
-                        u.path, u.start_ms, u.duration_ms, u.tokens, u.req_b, u.resp_b, u.unread
+                        u.path, u.start_ms, u.duration_ms, u.tokens, u.req_b, u.resp_b, u.unread, u.asked, u.model, u.it, u.ot, u.ct
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int4[], $8::text[],
                              $9::text[], $10::text[], $11::text[], $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::int8[],
-                             $17::bool[])
+                             $17::bool[], $18::text[], $19::text[], $20::int8[], $21::int8[], $22::int8[])
                       AS u(id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
-                           start_ms, duration_ms, tokens, req_b, resp_b, unread)
+                           start_ms, duration_ms, tokens, req_b, resp_b, unread, asked, model, it, ot, ct)
                  ON CONFLICT (event_id) DO NOTHING
                  RETURNING event_id",
                 &[
                     &ids, &day, &tenant, &key_id, &plan, &class, &status, &denied, &method, &authority, &path, &start,
-                    &duration, &tokens, &req_b, &resp_b, &unread,
+                    &duration, &tokens, &req_b, &resp_b, &unread, &asked, &model, &input, &output, &cached,
                 ],
             )
             .await?;
         let inserted: std::collections::HashSet<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
         let new_events = events.iter().filter(|e| inserted.contains(&e.id));
         let mut increments = rollup(new_events);
+        let by_model = crate::models::rollup_models(events.iter().filter(|e| inserted.contains(&e.id)));
         let mut new_aggregates: std::collections::HashSet<String> = std::collections::HashSet::new();
         if !aggregates.is_empty() {
             let (mut ids, mut day, mut tenant, mut second, mut count, mut keys) = (vec![], vec![], vec![], vec![], vec![], vec![]);
@@ -398,6 +362,7 @@ impl Db {
             )
             .await?;
         }
+        crate::models::store(&tx, &by_model).await?;
         for (m, reason) in &rejects {
             insert_reject(&tx, topic, m, reason).await?;
         }
@@ -437,6 +402,11 @@ impl Db {
 
     /// The rollup of one tenant, per day (summed over keys), from `from` to `to` (`yyyy-MM-dd`,
     /// inclusive): `(day, [ok, 4xx, 5xx, denied, aborted], tokens, requests whose tokens were unread)`.
+    /// The PostgreSQL client (crate::models reads its own table through it).
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub async fn daily(&self, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5], i64, i64)>, tokio_postgres::Error> {
         // a database no consumer of decision 183 has migrated yet: none counted
         let unread = if self.has_column("usage_daily", "requests_tokens_unread").await? { "requests_tokens_unread" } else { "0" };
@@ -463,6 +433,8 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_shared::aggregate::{UsageAggregate, SCHEMA as AGGREGATE_SCHEMA};
+    use tollgate_wire::usage::UsageEvent;
 
     fn ev(id: &str, key: &str, status: u16, ms: u64, tokens: Option<u64>) -> UsageEvent {
         UsageEvent {
@@ -483,6 +455,7 @@ mod tests {
             denied: None,
             route: None,
             product: None,
+            llm: None,
         }
     }
 
@@ -514,7 +487,7 @@ mod tests {
         let e = serde_json::to_vec(&ev("0123456789abcdef", "k", 200, 1, None)).unwrap();
         let batch = vec![
             Consumed { partition: 0, offset: 0, payload: e.clone(), schema: None },
-            Consumed { partition: 0, offset: 1, payload: e, schema: Some("tollgate.usage.v1".into()) },
+            Consumed { partition: 0, offset: 1, payload: e, schema: Some("tollgate.usage.v2".into()) },
             Consumed { partition: 0, offset: 2, payload: b"garbage".to_vec(), schema: None },
         ];
         let d = decode(&batch);

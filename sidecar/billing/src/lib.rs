@@ -20,7 +20,9 @@
 
 pub mod config;
 pub mod db;
+pub mod decode;
 pub mod metrics;
+pub mod models;
 pub mod report;
 pub mod rollup;
 
@@ -74,7 +76,7 @@ pub struct Consumed {
     pub partition: i32,
     pub offset: i64,
     pub payload: Vec<u8>,
-    /// The `schema` header (`tollgate.usage.v1` or `tollgate.usage.aggregate.v1`), if any.
+    /// The `schema` header (`tollgate.usage.v2` — or `v1` from an older sidecar — or `tollgate.usage.aggregate.v1`), if any.
     pub schema: Option<String>,
 }
 

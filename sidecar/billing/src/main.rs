@@ -97,5 +97,15 @@ async fn usage(config: &Config, tenant: &str, day: Option<String>, month: Option
     if t.tokens_unread > 0 {
         println!("requests whose token usage could not be read (not in TOKENS): {}", t.tokens_unread);
     }
+    // LLM calls per model (issue 42): the rollup's alone (the Redis meter has no models)
+    let models = tollgate_billing::models::by_model(&db, tenant, &from, &to).await?;
+    if !models.is_empty() {
+        println!();
+        println!("{:<40} {:>10} {:>14} {:>14} {:>14} {:>14}", "MODEL", "REQUESTS", "INPUT", "OUTPUT", "CACHED", "TOKENS");
+        for (model, n) in &models {
+            let name = if model.is_empty() { "(unknown)" } else { model.as_str() };
+            println!("{:<40} {:>10} {:>14} {:>14} {:>14} {:>14}", name, n[0], n[1], n[2], n[3], n[4]);
+        }
+    }
     Ok(())
 }

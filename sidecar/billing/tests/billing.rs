@@ -38,6 +38,7 @@ fn event(tenant: &str, n: u64) -> UsageEvent {
         denied: None,
         route: None,
         product: None,
+        llm: None,
     }
 }
 

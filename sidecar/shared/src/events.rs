@@ -51,6 +51,9 @@ pub fn invalid_reason(e: &UsageEvent) -> Option<&'static str> {
     if e.product.as_deref().is_some_and(|p| Id::parse(p).is_none()) {
         return Some("product");
     }
+    if let Some(why) = e.llm.as_ref().and_then(|l| l.invalid_reason()) {
+        return Some(why);
+    }
     // a deny code: what the gateway answers is `snake_case`, never long (an unbounded one would
     // make a spool line the broker refuses, and hold back every event after it)
     let code_ok = |d: &str| (1..=64).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');

@@ -111,6 +111,11 @@ pub struct Route {
     /// route; default: the target whose cluster is the route's.
     #[serde(default)]
     pub breaker: Option<String>,
+    /// An LLM route (issue 42): its usage events carry the model asked for, the model that
+    /// answered and the tokens apart. Written only when set, so a sidecar that predates it
+    /// reads the routes that are not (decision 291).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub llm: bool,
 }
 
 fn default_priority() -> i32 {

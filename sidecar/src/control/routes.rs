@@ -41,6 +41,7 @@ pub fn table(s: &Snapshot, version: u64) -> RouteTable {
             cache_ttl_ms: r.cache_ttl.map(|d| d.as_millis() as u64).filter(|ms| *ms > 0),
             cache_key_headers: r.cache_key_headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
             breaker: r.breaker.clone(),
+            llm: r.llm,
         })
         .collect();
     let digest = Sha256::digest(serde_json::to_vec(&routes).unwrap_or_default());

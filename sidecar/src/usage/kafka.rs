@@ -68,7 +68,7 @@ impl Default for KafkaConfig {
 
 /// The `schema` header of every single-event usage message (docs/usage-events.md; aggregates
 /// carry tollgate_shared::aggregate::SCHEMA).
-pub const SCHEMA: &str = "tollgate.usage.v1";
+pub const SCHEMA: &str = "tollgate.usage.v2";
 
 /// Properties the billing guarantees depend on: not overridable.
 const FIXED: &[&str] = &["enable.idempotence", "acks", "bootstrap.servers", "message.timeout.ms", "delivery.timeout.ms"];

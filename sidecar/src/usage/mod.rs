@@ -95,6 +95,26 @@ impl UsageConfig {
     }
 }
 
+/// An LLM call's facts as another gateway may have sent them, made storable (decision 292): a
+/// model name that is not one is left out, counts clamped to `0..=2^53`, cached input within
+/// the input. The request stays metered.
+fn normalize_llm(l: &mut tollgate_wire::llm::LlmUsage) {
+    use tollgate_wire::llm::model_name;
+    use tollgate_wire::usage::clamp_tokens;
+    for m in [&mut l.requested_model, &mut l.model] {
+        if m.as_deref().is_some_and(|s| model_name(s).is_none()) {
+            *m = None;
+        }
+    }
+    for n in [&mut l.input_tokens, &mut l.output_tokens, &mut l.cached_tokens] {
+        *n = n.map(|v| clamp_tokens(v).0);
+    }
+    l.cached_tokens = match (l.cached_tokens, l.input_tokens) {
+        (Some(c), Some(i)) => Some(c.min(i)),
+        _ => None,
+    };
+}
+
 /// Bounds what a client chose in `e` instead of refusing it (an older filter may send a long
 /// Host): `authority` cut to 255 bytes, `method` `OTHER` unless 1-16 letters, `path` cut to
 /// 256 bytes, control characters removed; `tokens` clamped to `0..=2^53`. Returns whether the
@@ -105,6 +125,12 @@ pub fn normalize(e: &mut UsageEvent) -> bool {
         e.authority = event_authority(&e.authority);
     }
     e.method = event_method(&e.method);
+    if let Some(llm) = &mut e.llm {
+        normalize_llm(llm);
+        if llm.is_empty() {
+            e.llm = None;
+        }
+    }
     if e.path.len() > MAX_PATH || e.path.bytes().any(|b| b.is_ascii_control()) || e.path.contains(['?', '#']) {
         e.path = bounded_text(&event_path(&e.path), MAX_PATH);
     }
@@ -151,11 +177,13 @@ fn seed_recent(dir: &std::path::Path, recent: &mut RecentIds) {
 }
 
 /// JSON lines of `events`, as the spool stores them; `marks[i]` marks event `i` for aggregation
-/// (tollgate_shared::aggregate; missing marks are `false`).
+/// (tollgate_shared::aggregate; missing marks are `false`). An LLM call's event is never
+/// aggregated (decision 293): an aggregate's per-key sums have no place for its model.
 pub fn encode_lines(events: &[UsageEvent], marks: &[bool]) -> Vec<u8> {
     let mut out = Vec::with_capacity(events.len() * 256);
     for (i, e) in events.iter().enumerate() {
-        tollgate_shared::aggregate::encode_line(&mut out, e, marks.get(i).copied().unwrap_or(false));
+        let mark = marks.get(i).copied().unwrap_or(false) && e.llm.is_none();
+        tollgate_shared::aggregate::encode_line(&mut out, e, mark);
     }
     out
 }
@@ -362,6 +390,7 @@ pub fn denial_event(
         // the filter's route id, if it is one: the request's bytes are no one's to trust
         route: req.route.clone().filter(|r| Id::parse(r).is_some()),
         product: None,
+        llm: None,
     }
 }
 

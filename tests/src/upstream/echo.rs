@@ -103,6 +103,15 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         }
         None => body,
     };
+    // `x-echo-llm: SHAPE`: a provider's answer (llm_answer), its model `x-echo-llm-model`
+    let llm = req.headers().get("x-echo-llm").and_then(|v| v.to_str().ok()).map(|shape| {
+        let model = req.headers().get("x-echo-llm-model").and_then(|v| v.to_str().ok()).unwrap_or("echo-model-1");
+        llm_answer(shape, model)
+    });
+    let (body, llm_stream) = match llm {
+        Some((text, stream)) => (text.into_bytes(), stream),
+        None => (body, false),
+    };
     let delay: u64 = req.headers().get("x-echo-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
     if delay > 0 {
         // `x-echo-delay-ms`: a slow upstream is what the test asked for (requests held in flight
@@ -117,7 +126,7 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         .and_then(|v| v.parse::<u16>().ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::OK);
-    let content_type = if sse.is_some() { "text/event-stream" } else { "application/json" };
+    let content_type = if sse.is_some() || llm_stream { "text/event-stream" } else { "application/json" };
     let mut response = Response::builder().status(status).header(header::CONTENT_TYPE, content_type);
     if let Some(cc) = cache_control {
         response = response.header(header::CACHE_CONTROL, cc);
@@ -155,4 +164,54 @@ pub async fn serve_counted(
 ) -> std::io::Result<()> {
     let app = axum::Router::new().fallback(echo).with_state(seen);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+/// An LLM provider's answer in `shape` (`openai`, `openai-sse`, `anthropic`, `anthropic-sse`,
+/// `gemini`) from `model`, and whether it is an event stream. The tokens are fixed per shape:
+/// OpenAI 20 in (16 cached) + 7 out; Anthropic 5 in + 100 written to + 1000 read from its cache
+/// (1105 in, 1000 cached) + 12 out (streamed: 15 out); Gemini 11 in (4 cached) + 5 + 3 thoughts out.
+pub fn llm_answer(shape: &str, model: &str) -> (String, bool) {
+    let content = (0..20).map(|i| format!("word{i} ")).collect::<String>();
+    match shape {
+        "openai" => (
+            format!(
+                r#"{{"id":"c1","object":"chat.completion","model":"{model}","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":20,"completion_tokens":7,"total_tokens":27,"prompt_tokens_details":{{"cached_tokens":16}}}}}}"#
+            ),
+            false,
+        ),
+        "openai-sse" => {
+            let mut s: String = (0..20)
+                .map(|i| format!("data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"word{i} \"}}}}]}}\n\n"))
+                .collect();
+            s.push_str(&format!(
+                "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"{model}\",\"choices\":[],\"usage\":{{\"prompt_tokens\":20,\"completion_tokens\":7,\"total_tokens\":27,\"prompt_tokens_details\":{{\"cached_tokens\":16}}}}}}\n\ndata: [DONE]\n\n"
+            ));
+            (s, true)
+        }
+        "anthropic" => (
+            format!(
+                r#"{{"id":"msg_1","type":"message","role":"assistant","model":"{model}","content":[{{"type":"text","text":"{content}"}}],"stop_reason":"end_turn","usage":{{"input_tokens":5,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"output_tokens":12}}}}"#
+            ),
+            false,
+        ),
+        "anthropic-sse" => {
+            let mut s = format!(
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"{model}\",\"content\":[],\"usage\":{{\"input_tokens\":5,\"cache_creation_input_tokens\":100,\"cache_read_input_tokens\":1000,\"output_tokens\":1}}}}}}\n\n"
+            );
+            // enough text that the filter keeps only the stream's tail (its last 64 KiB)
+            for i in 0..2000 {
+                s.push_str(&format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"word{i} of a long answer \"}}}}\n\n"));
+            }
+            s.push_str("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n");
+            s.push_str("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+            (s, true)
+        }
+        "gemini" => (
+            format!(
+                r#"{{"candidates":[{{"content":{{"parts":[{{"text":"{content}"}}],"role":"model"}}}}],"usageMetadata":{{"promptTokenCount":11,"candidatesTokenCount":5,"thoughtsTokenCount":3,"totalTokenCount":19,"cachedContentTokenCount":4}},"modelVersion":"{model}"}}"#
+            ),
+            false,
+        ),
+        other => (format!(r#"{{"error":"unknown llm shape {other}"}}"#), false),
+    }
 }

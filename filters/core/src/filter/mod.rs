@@ -12,6 +12,7 @@
 //! The breaker guard runs after an allow; [`crate::http::HttpFilter`] wires the two.
 
 mod call;
+mod llm_call;
 mod outcome;
 pub mod decision;
 pub mod hold;
@@ -109,6 +110,8 @@ pub struct AuthFilter {
     auth_key: Option<SharedKey>,
     /// What a usage event needs from the request (metering on).
     request: Option<RequestInfo>,
+    /// An LLM call's request side (metering on, an LLM route: issue 42).
+    llm: Option<llm_call::LlmCall>,
     /// When the decision call that asks for a lease was sent.
     lease_sent_ms: Option<u64>,
     /// The lease stage found the key's record (`stages::Leased::Miss`).
@@ -157,6 +160,7 @@ impl AuthFilter {
             route: None,
             auth_key: None,
             request: None,
+            llm: None,
             lease_sent_ms: None,
             lease_recorded: false,
             traceparent: None,
@@ -233,6 +237,12 @@ impl AuthFilter {
                 Err(d) => return Decision::Deny(d),
             }
         }
+        if self.request.is_some() && (self.config.usage.llm_all || self.route().is_some_and(|r| r.llm)) {
+            let json = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
+            let within = !content_length_over(&headers, MAX_USAGE_BODY);
+            self.llm = Some(llm_call::LlmCall::start(&keyed.path, json && within));
+            self.response.llm = true;
+        }
         let Some(raw_key) = keyed.key else {
             return Decision::Deny(Denial::local(401, codes::MISSING_KEY, "an API key is required"));
         };
@@ -276,8 +286,10 @@ impl AuthFilter {
         let json_body = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
         // a body announced larger than the filter reads is decided without it at once, as one
         // found larger on the way (decision 139): not buffered up to Envoy's limit and its 413
-        let unread = headers.get("content-length").and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > MAX_USAGE_BODY as u64);
-        if !unread && ((self.config.token_estimate_field.is_some() && json_body) || (lookup.is_some() && !end_of_stream)) {
+        let unread = content_length_over(&headers, MAX_USAGE_BODY);
+        // an LLM call's body is read before its decision too: the model it asks for (issue 42)
+        let reads_json = self.config.token_estimate_field.is_some() || self.llm.is_some();
+        if !unread && ((reads_json && json_body) || (lookup.is_some() && !end_of_stream)) {
             return Decision::AwaitBody(request, lookup);
         }
         if let Some(plan) = &lookup {
@@ -328,7 +340,13 @@ impl AuthFilter {
         match self.state {
             State::AwaitingBody { .. } => {}
             State::Waiting { .. } | State::Queued { .. } => return Action::Pause,
-            State::Start | State::Done => return Action::Continue,
+            State::Start | State::Done => {
+                // let through at once (auth cache, lease): the body streams on, copied for its model
+                if let Some(llm) = &mut self.llm {
+                    llm.on_passing_body(host, body_size, end_of_stream);
+                }
+                return Action::Continue;
+            }
         }
         if !end_of_stream && body_size <= MAX_USAGE_BODY {
             return Action::Pause;
@@ -338,6 +356,9 @@ impl AuthFilter {
         };
         let mut request = *request;
         let body = stages::request_body(host, body_size);
+        if let Some(llm) = &mut self.llm {
+            llm.read_body(body.as_deref());
+        }
         if let (Some(field), Some(b)) = (&self.config.token_estimate_field, &body) {
             request.token_estimate = stages::token_estimate(field, b);
         }
@@ -549,7 +570,7 @@ impl AuthFilter {
         // The client went away while the decision call was in flight: the request was never
         // admitted, and the call's answer is lost with its context.
         self.abandon_call(host);
-        let (tokens, store) = self.response.finish(host);
+        let (tokens, store, facts) = self.response.finish(host);
         if let (Some(item), Some(queue)) = (store, &self.worker.responses) {
             queue.borrow_mut().push(item);
         }
@@ -558,8 +579,14 @@ impl AuthFilter {
             self.worker.completions.borrow_mut().push(Completion { ticket, status, tokens });
         }
         if let (Some(meter), Some(request), Some(who)) = (&self.worker.meter, self.request.take(), self.response.identity.take()) {
-            let tokens = TokenUse { count: tokens, unread: self.response.tokens_unread };
+            let llm = self.llm.take().and_then(|l| facts.into_usage(l.requested_model));
+            let tokens = TokenUse { count: tokens, unread: self.response.tokens_unread, llm };
             meter.borrow_mut().record_request(host, request, who, status, tokens, self.route());
         }
     }
+}
+
+/// Whether the request announces a body larger than `max` bytes (`content-length`).
+fn content_length_over(headers: &RequestHeaders, max: usize) -> bool {
+    headers.get("content-length").and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > max as u64)
 }

@@ -9,6 +9,7 @@ use crate::host::Host;
 use crate::responses::queue::PendingStore;
 use crate::responses::{cacheable_response, freshness_ms, storable_headers};
 use crate::stats::Metric;
+use crate::llm::{response_facts, stream_front_facts, ResponseFacts};
 use crate::usage::{read_tokens, usage_unparsable, Identity};
 use tollgate_wire::responses::{Replay, ReplayKind, StoreItem, StoredResponse, CACHE_STATUS_HEADER, REPLAYED_HEADER, REPLAY_TRUNCATED_HEADER};
 use tollgate_wire::{Header, Ticket};
@@ -57,6 +58,11 @@ pub struct ResponseSide {
     /// Set by [`ResponseSide::finish`]: token usage was to be read and could not be (the body
     /// not kept whole, or the response cut short), as opposed to read and absent.
     pub tokens_unread: bool,
+    /// An LLM call (issue 42): the kept body is read for its model and tokens apart too.
+    pub llm: bool,
+    /// What an event stream's front said before it was dropped to keep its tail (Anthropic's
+    /// `message_start`), read once.
+    front: Option<ResponseFacts>,
 }
 
 impl Default for ResponseSide {
@@ -80,6 +86,8 @@ impl Default for ResponseSide {
             usage_type: false,
             encoded: false,
             tokens_unread: false,
+            llm: false,
+            front: None,
         }
     }
 }
@@ -187,6 +195,9 @@ impl ResponseSide {
             let tail = tailable && (self.cut || !storing);
             let cut = if tail { (body.len() + chunk_size).saturating_sub(SSE_TAIL).min(body.len()) } else { 0 };
             if cut > 0 {
+                if self.llm && self.front.is_none() {
+                    self.front = Some(stream_front_facts(&body[..cut]));
+                }
                 body.drain(..cut);
                 self.kept.give_back(cut);
             }
@@ -293,9 +304,9 @@ impl ResponseSide {
         details == b"via_upstream" || never_sent(&details) || host.property(&["upstream", "address"]).is_none()
     }
 
-    /// The request ended: the tokens its response used (when they were to be read) and what to
-    /// store of it.
-    pub fn finish(&mut self, host: &mut impl Host) -> (Option<u64>, Option<StoreItem>) {
+    /// The request ended: the tokens its response used (when they were to be read), what to
+    /// store of it, and (an LLM call) its model and tokens apart.
+    pub fn finish(&mut self, host: &mut impl Host) -> (Option<u64>, Option<StoreItem>, ResponseFacts) {
         let body = self.body.take();
         // handed on (to the queue, bounded in bytes of its own) or dropped
         self.kept.release();
@@ -303,7 +314,16 @@ impl ResponseSide {
         if tokens.is_some_and(|t| t.clamped) {
             host.count(Metric::TokensClamped);
         }
-        let tokens = tokens.map(|t| t.count);
+        let mut facts = self.front.take().unwrap_or_default();
+        if self.llm && self.want_tokens && !self.encoded {
+            if let Some(b) = body.as_deref() {
+                facts.then(response_facts(b, self.event_stream));
+            }
+        }
+        // a response without `total_tokens` (Anthropic, Gemini): its input + output, once it
+        // ended (a stream cut short has only part of its output counted: its reservation stands)
+        let derived = if self.ended { facts.total() } else { None };
+        let tokens = tokens.map(|t| t.count).or(derived);
         // nothing went upstream: a budget's reservation used none, whatever the gateway's own
         // reply says and whether or not responses are read for usage (`tokenUsage`) — also when
         // Envoy answered itself, finding no upstream to send it to (decision 175)
@@ -317,7 +337,7 @@ impl ResponseSide {
             Some(p) => self.settle(host, p, body.filter(|_| !self.cut)),
             None => None,
         };
-        (tokens, store)
+        (tokens, store, facts)
     }
 }
 

@@ -1,0 +1,93 @@
+//! One LLM request's facts as the filter gathers them (issue 42): the model the request asks
+//! for — from a Gemini-style path at once, from its JSON body once that is in — for its usage
+//! event; the response's model and tokens are read by the response side
+//! ([`super::response::ResponseSide`]) from the body it keeps for token usage.
+//!
+//! The body is read where the filter reads it anyway (a decision that waits for it, up to
+//! [`MAX_USAGE_BODY`]); a request the auth cache or a lease let through at once streams on, and
+//! its body is copied as it passes (never held back), up to the same bound. A larger body, or
+//! one that is not a JSON document with a top-level `model` string, names no model (the event
+//! says none; the request is metered all the same).
+
+use super::MAX_USAGE_BODY;
+use crate::host::Host;
+use crate::llm::{path_model, request_model};
+
+#[derive(Debug, Default)]
+pub struct LlmCall {
+    /// The model the request asks for.
+    pub requested_model: Option<String>,
+    /// The body copied as it passes (bounded), when it is to be read that way.
+    copy: Option<Vec<u8>>,
+}
+
+impl LlmCall {
+    /// An LLM request on `path`; `json_body`: a JSON body follows, small enough to read.
+    pub fn start(path: &str, json_body: bool) -> LlmCall {
+        LlmCall { requested_model: path_model(path), copy: json_body.then(Vec::new) }
+    }
+
+    /// The whole body, read by the filter for its decision.
+    pub fn read_body(&mut self, body: Option<&[u8]>) {
+        self.copy = None;
+        if let Some(model) = body.and_then(request_model) {
+            self.requested_model = Some(model);
+        }
+    }
+
+    /// A chunk of a body that streams on (the filter answered `Continue` before, so Envoy
+    /// presents only this chunk): copied while the body is within bound, read at its end.
+    pub fn on_passing_body(&mut self, host: &impl Host, chunk_size: usize, end_of_stream: bool) {
+        let Some(copy) = &mut self.copy else { return };
+        if copy.len() + chunk_size > MAX_USAGE_BODY {
+            self.copy = None;
+            return;
+        }
+        if chunk_size > 0 {
+            match host.request_body(0, chunk_size) {
+                Some(chunk) => copy.extend_from_slice(&chunk),
+                None => {
+                    self.copy = None;
+                    return;
+                }
+            }
+        }
+        if end_of_stream {
+            let body = self.copy.take();
+            self.read_body(body.as_deref());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::MockHost;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_passing_body_is_copied_chunk_by_chunk() {
+        let mut call = LlmCall::start("/v1/chat/completions", true);
+        let mut host = MockHost::new();
+        host.request_body = br#"{"model":"gpt-"#.to_vec();
+        call.on_passing_body(&host, 14, false);
+        assert_eq!(call.requested_model, None);
+        host.request_body = br#"4o","messages":[]}"#.to_vec();
+        call.on_passing_body(&host, 18, true);
+        assert_eq!(call.requested_model.as_deref(), Some("gpt-4o"));
+    }
+
+    #[test]
+    fn a_body_past_the_bound_names_no_model() {
+        let mut call = LlmCall::start("/v1/messages", true);
+        let mut host = MockHost::new();
+        host.request_body = br#"{"model":"claude"}"#.to_vec();
+        call.on_passing_body(&host, MAX_USAGE_BODY + 1, false);
+        call.on_passing_body(&host, 18, true);
+        assert_eq!(call.requested_model, None);
+        // a Gemini path names its model without a body
+        let call = LlmCall::start("/v1beta/models/gemini-2.5-pro:generateContent", false);
+        assert_eq!(call.requested_model.as_deref(), Some("gemini-2.5-pro"));
+    }
+}
