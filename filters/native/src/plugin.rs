@@ -24,7 +24,7 @@ use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use tollgate_filter_core::config::FilterConfig;
@@ -43,6 +43,11 @@ unsafe impl<T> Send for Guarded<T> {}
 
 struct State {
     worker: Worker,
+    /// Its calls in flight through its own configuration (the tick's and their answers' calls).
+    out: HashSet<u64>,
+    /// Calls it sent that Envoy cancelled with their configuration, answered nothing: each is
+    /// given a failed answer at its next tick, so what it carried is sent again (decision 254).
+    orphans: Vec<u64>,
 }
 
 pub struct Plugin {
@@ -165,7 +170,7 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
         named: worker.named_metrics().into_iter().filter_map(|n| define(&n).map(|id| (n, id))).collect(),
     };
     let period = worker.tick_period();
-    let plugin = Arc::new(Plugin { config, ids, state: Mutex::new(Guarded(State { worker })), ticker: Mutex::new(None) });
+    let plugin = Arc::new(Plugin { config, ids, state: Mutex::new(Guarded(State { worker, out: HashSet::new(), orphans: Vec::new() })), ticker: Mutex::new(None) });
     let Some(scheduler) = Scheduler::new(config) else {
         ffi::log(Level::Error, "tollgate: Envoy gave no scheduler for the filter's tick");
         return std::ptr::null();
@@ -200,7 +205,19 @@ pub fn config_destroy(module: ModulePtr) {
     let plugin = unsafe { Arc::from_raw(module.cast::<Plugin>()) };
     plugin.stop_ticker();
     let config = plugin.config;
-    let done = plugin.locked(|s| s.worker.end(&mut NativeHost::config(config, &plugin.ids)));
+    // Envoy cancels this configuration's calls without an answer: theirs are failed later
+    let cancelled: Vec<(u64, Arc<Plugin>)> = {
+        let mut calls = adopted_calls();
+        let ids: Vec<(usize, u64)> = calls.keys().filter(|(c, _)| *c == config.key()).copied().collect();
+        ids.into_iter().filter_map(|k| calls.remove(&k).map(|p| (k.1, p))).collect()
+    };
+    for (id, old) in cancelled {
+        old.locked(|s| s.orphans.push(id));
+    }
+    let done = plugin.locked(|s| {
+        s.orphans.extend(s.out.drain());
+        s.worker.end(&mut NativeHost::config(config, &plugin.ids))
+    });
     if done == Some(false) {
         ending().push(plugin);
     }
@@ -216,15 +233,19 @@ pub fn tick(module: ModulePtr) {
         let mut host = NativeHost::config(config, &plugin.ids);
         // batching is off in this host (nothing to deliver)
         drop(s.worker.on_tick(&mut host));
+        s.out.extend(host.sent);
     });
     if ticked.is_none() {
         return;
     }
     let waiting: Vec<Arc<Plugin>> = ending().clone();
     for old in waiting {
-        let ended = adopted(&old, &plugin, |w, host| {
-            drop(w.on_tick(host));
-            w.has_ended()
+        let ended = adopted(&old, &plugin, |s, host| {
+            for id in std::mem::take(&mut s.orphans) {
+                drop(s.worker.on_call_response(host, id as u32, None, Vec::new));
+            }
+            drop(s.worker.on_tick(host));
+            s.worker.has_ended()
         });
         if ended == Some(true) {
             ending().retain(|p| !Arc::ptr_eq(p, &old));
@@ -250,10 +271,10 @@ fn adopted_calls() -> MutexGuard<'static, Adopted> {
 
 /// Runs `f` on an ended configuration's worker, its calls going out through `through` (a live
 /// configuration, on the main thread) and counted under that one's counters of the same names.
-fn adopted<R>(old: &Arc<Plugin>, through: &Plugin, f: impl FnOnce(&mut Worker, &mut NativeHost) -> R) -> Option<R> {
+fn adopted<R>(old: &Arc<Plugin>, through: &Plugin, f: impl FnOnce(&mut State, &mut NativeHost) -> R) -> Option<R> {
     let (result, sent) = old.locked(|s| {
         let mut host = NativeHost::config(through.config, &through.ids);
-        let r = f(&mut s.worker, &mut host);
+        let r = f(s, &mut host);
         (r, host.sent)
     })?;
     let mut calls = adopted_calls();
@@ -279,12 +300,14 @@ fn deliver_config(plugin: &Arc<Plugin>, id: u64, status: Option<u16>, body: Vec<
     let config = plugin.config;
     let owner = adopted_calls().remove(&(config.key(), id));
     if let Some(old) = owner {
-        adopted(&old, plugin, |w, host| drop(w.on_call_response(host, id as u32, status, || body)));
+        adopted(&old, plugin, |s, host| drop(s.worker.on_call_response(host, id as u32, status, || body)));
         return;
     }
     plugin.locked(|s| {
+        s.out.remove(&id);
         let mut host = NativeHost::config(config, &plugin.ids);
         drop(s.worker.on_call_response(&mut host, id as u32, status, || body));
+        s.out.extend(host.sent);
     });
 }
 
