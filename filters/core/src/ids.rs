@@ -10,6 +10,18 @@
 
 use sha2::{Digest, Sha256};
 
+/// 32 secret random bytes for a worker's decision ids (both hosts): four keyed hashes whose keys
+/// `RandomState` draws from the host's randomness (the OS's natively, WASI `random_get` in Wasm).
+pub fn random_seed() -> [u8; 32] {
+    use std::hash::BuildHasher;
+    let mut seed = [0u8; 32];
+    for (i, chunk) in seed.chunks_mut(8).enumerate() {
+        let v = std::collections::hash_map::RandomState::new().hash_one(i as u64);
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    seed
+}
+
 /// A worker's source of decision ids.
 #[derive(Debug)]
 pub struct DecisionIds {

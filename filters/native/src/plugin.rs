@@ -137,17 +137,6 @@ unsafe fn plugin(module: ModulePtr) -> Arc<Plugin> {
     Arc::clone(&held)
 }
 
-/// 32 random bytes (keyed hashes whose keys the OS's randomness drew).
-fn random_seed() -> [u8; 32] {
-    use std::hash::BuildHasher;
-    let mut seed = [0u8; 32];
-    for (i, chunk) in seed.chunks_mut(8).enumerate() {
-        let v = std::collections::hash_map::RandomState::new().hash_one(i as u64);
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    seed
-}
-
 fn identity() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::process::id())
@@ -161,7 +150,7 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
             return std::ptr::null();
         }
     };
-    let seeds = Seeds { decision_ids: random_seed(), usage_ids: identity(), hints_owner: identity(), routes_owner: identity(), changes_owner: identity() };
+    let seeds = Seeds { decision_ids: tollgate_filter_core::ids::random_seed(), usage_ids: identity(), hints_owner: identity(), routes_owner: identity(), changes_owner: identity() };
     let none = Ids::default();
     let worker = Worker::new(&mut NativeHost::config(config, &none), parsed, seeds);
     let define = |name: &str| ffi::define_counter(config, name);

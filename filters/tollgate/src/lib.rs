@@ -179,7 +179,7 @@ impl RootContext for Root {
             }
         };
         let seeds = Seeds {
-            decision_ids: random_seed(),
+            decision_ids: tollgate_filter_core::ids::random_seed(),
             usage_ids: vm_identity(),
             hints_owner: vm_identity(),
             routes_owner: vm_identity(),
@@ -484,18 +484,6 @@ fn call_body(num_headers: usize, body_size: usize) -> Vec<u8> {
         return Vec::new();
     }
     raw::buffer(BufferType::HttpCallResponseBody, 0, body_size).unwrap_or_default()
-}
-
-/// 32 secret random bytes for this VM's decision ids: four keyed hashes whose keys `RandomState`
-/// draws from the host's randomness (WASI `random_get`).
-fn random_seed() -> [u8; 32] {
-    use std::hash::BuildHasher;
-    let mut seed = [0u8; 32];
-    for (i, chunk) in seed.chunks_mut(8).enumerate() {
-        let v = std::collections::hash_map::RandomState::new().hash_one(i as u64);
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    seed
 }
 
 /// A random 64-bit identity for this VM (a poller's election, the seed of usage event ids).

@@ -341,23 +341,20 @@ impl Db {
                 cols[7].push(r.response_bytes);
                 cols[8].push(r.tokens_unread);
             }
+            const SUMMED: [&str; 9] = [
+                "requests_ok", "requests_4xx", "requests_5xx", "requests_denied", "requests_aborted", "tokens", "request_bytes",
+                "response_bytes", "requests_tokens_unread",
+            ];
             tx.execute(
-                "INSERT INTO usage_daily AS d (day, tenant, key_id, requests_ok, requests_4xx, requests_5xx, requests_denied,
-                                               requests_aborted, tokens, request_bytes, response_bytes, requests_tokens_unread)
-                 SELECT u.day::date, u.tenant, u.key_id, u.ok, u.c4, u.c5, u.dn, u.ab, u.tk, u.rq, u.rs, u.tu
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
-                             $9::int8[], $10::int8[], $11::int8[], $12::int8[]) AS u(day, tenant, key_id, ok, c4, c5, dn, ab, tk, rq, rs, tu)
-                 ON CONFLICT (day, tenant, key_id) DO UPDATE SET
-                     requests_ok = LEAST(d.requests_ok::numeric + EXCLUDED.requests_ok, 9223372036854775807)::int8,
-                     requests_4xx = LEAST(d.requests_4xx::numeric + EXCLUDED.requests_4xx, 9223372036854775807)::int8,
-                     requests_5xx = LEAST(d.requests_5xx::numeric + EXCLUDED.requests_5xx, 9223372036854775807)::int8,
-                     requests_denied = LEAST(d.requests_denied::numeric + EXCLUDED.requests_denied, 9223372036854775807)::int8,
-                     requests_aborted = LEAST(d.requests_aborted::numeric + EXCLUDED.requests_aborted, 9223372036854775807)::int8,
-                     tokens = LEAST(d.tokens::numeric + EXCLUDED.tokens, 9223372036854775807)::int8,
-                     request_bytes = LEAST(d.request_bytes::numeric + EXCLUDED.request_bytes, 9223372036854775807)::int8,
-                     response_bytes = LEAST(d.response_bytes::numeric + EXCLUDED.response_bytes, 9223372036854775807)::int8,
-                     requests_tokens_unread = LEAST(d.requests_tokens_unread::numeric + EXCLUDED.requests_tokens_unread, 9223372036854775807)::int8,
-                     updated_at = now()",
+                &format!(
+                    "INSERT INTO usage_daily AS d (day, tenant, key_id, {})
+                     SELECT u.day::date, u.tenant, u.key_id, u.ok, u.c4, u.c5, u.dn, u.ab, u.tk, u.rq, u.rs, u.tu
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], $8::int8[],
+                                 $9::int8[], $10::int8[], $11::int8[], $12::int8[]) AS u(day, tenant, key_id, ok, c4, c5, dn, ab, tk, rq, rs, tu)
+                     ON CONFLICT (day, tenant, key_id) DO UPDATE SET {}",
+                    SUMMED.join(", "),
+                    crate::rollup::saturating_sums(&SUMMED)
+                ),
                 &[&d, &t, &k, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5], &cols[6], &cols[7], &cols[8]],
             )
             .await?;

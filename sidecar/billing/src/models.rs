@@ -74,18 +74,17 @@ pub async fn store(
             cols[i].push(n);
         }
     }
+    const SUMMED: [&str; 5] = ["requests", "input_tokens", "output_tokens", "cached_tokens", "tokens"];
     tx.execute(
-        "INSERT INTO usage_daily_models AS d (day, tenant, key_id, model, requests, input_tokens, output_tokens, cached_tokens, tokens)
-         SELECT u.day::date, u.tenant, u.key_id, u.model, u.rq, u.it, u.ot, u.ct, u.tk
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[])
-              AS u(day, tenant, key_id, model, rq, it, ot, ct, tk)
-         ON CONFLICT (day, tenant, key_id, model) DO UPDATE SET
-             requests = LEAST(d.requests::numeric + EXCLUDED.requests, 9223372036854775807)::int8,
-             input_tokens = LEAST(d.input_tokens::numeric + EXCLUDED.input_tokens, 9223372036854775807)::int8,
-             output_tokens = LEAST(d.output_tokens::numeric + EXCLUDED.output_tokens, 9223372036854775807)::int8,
-             cached_tokens = LEAST(d.cached_tokens::numeric + EXCLUDED.cached_tokens, 9223372036854775807)::int8,
-             tokens = LEAST(d.tokens::numeric + EXCLUDED.tokens, 9223372036854775807)::int8,
-             updated_at = now()",
+        &format!(
+            "INSERT INTO usage_daily_models AS d (day, tenant, key_id, model, {})
+             SELECT u.day::date, u.tenant, u.key_id, u.model, u.rq, u.it, u.ot, u.ct, u.tk
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[])
+                  AS u(day, tenant, key_id, model, rq, it, ot, ct, tk)
+             ON CONFLICT (day, tenant, key_id, model) DO UPDATE SET {}",
+            SUMMED.join(", "),
+            crate::rollup::saturating_sums(&SUMMED)
+        ),
         &[&d, &t, &k, &m, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4]],
     )
     .await

@@ -24,6 +24,15 @@ pub fn tokens_i64(n: u64) -> i64 {
     i64::try_from(n.min(tollgate_wire::usage::MAX_TOKENS)).unwrap_or(i64::MAX)
 }
 
+/// The `SET` list of an upsert into a rollup table aliased `d` that adds each of `columns`,
+/// saturating at `int8`'s bound (a sum never wraps and never fails a batch), then stamps
+/// `updated_at`.
+pub fn saturating_sums(columns: &[&str]) -> String {
+    let mut set: String = columns.iter().map(|c| format!("{c} = LEAST(d.{c}::numeric + EXCLUDED.{c}, 9223372036854775807)::int8, ")).collect();
+    set.push_str("updated_at = now()");
+    set
+}
+
 /// A count as PostgreSQL's `int8`, saturated (a message's counts are bounded, their sums may not be).
 fn count_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -63,5 +72,19 @@ pub fn rollup_aggregates<'a>(out: &mut BTreeMap<(String, String, String), Rollup
             r.request_bytes = r.request_bytes.saturating_add(count_i64(k.request_bytes));
             r.response_bytes = r.response_bytes.saturating_add(count_i64(k.response_bytes));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_saturate_in_sql_too() {
+        assert_eq!(
+            saturating_sums(&["tokens", "requests"]),
+            "tokens = LEAST(d.tokens::numeric + EXCLUDED.tokens, 9223372036854775807)::int8, \
+             requests = LEAST(d.requests::numeric + EXCLUDED.requests, 9223372036854775807)::int8, updated_at = now()"
+        );
     }
 }
