@@ -90,8 +90,13 @@ impl Lab {
     }
 
     async fn store(&self, ticket: StoreTicket, response: Option<StoredResponse>) -> tollgate_wire::responses::StoreAck {
+        self.store_for(ticket, response, None).await
+    }
+
+    /// As [`Lab::store`], for a response whose own freshness left is `max_age_ms` (decision 211).
+    async fn store_for(&self, ticket: StoreTicket, response: Option<StoredResponse>, max_age_ms: Option<u64>) -> tollgate_wire::responses::StoreAck {
         let routing = self.decider.routing();
-                let batch = StoreBatch { responses: vec![StoreItem { ticket, response }] };
+        let batch = StoreBatch { responses: vec![StoreItem { ticket, response, max_age_ms }] };
         let with = Storing { route_cache: |r: &str| routing.cache(r), tickets: self.decider.tickets(), now_ms: self.decider.now_ms(), tenant_max_bytes: self.bound, in_flight_ms: 300_000 };
         store_batch(&self.store, &batch, with).await
     }
@@ -206,6 +211,26 @@ async fn cache_miss_store_hit_is_per_tenant_and_route_in_one_round_trip() {
     assert!(beta.is_empty(), "{beta:?}");
     // a cache ticket is taken back no longer than its route's TTL (30 s here)
     assert_eq!(ticket.seal().expires_at_ms, T0 + 30_000);
+}
+
+/// Decision 211: a response whose own `max-age` is below the route's TTL lives that long, and one
+/// stale when it arrived is not stored. Before, every entry lived the route's TTL (30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_own_freshness_below_the_routes_ttl_is_honoured() {
+    let lab = Lab::new().await;
+    let (segment, _) = lab.decider.routing().cache("chat").expect("a caching route");
+    let ticket = allowed(lab.decider.decide(&lab.req(0, "chat")).await.unwrap()).1.expect("a miss");
+    assert_eq!(lab.store_for(ticket, Some(ok("short")), Some(5_000)).await.stored, 1);
+    let ttl: i64 = lab.cmd(&["PTTL", &format!("cache:exact:{{acme}}:p:{segment}:{}", "ab".repeat(32))]);
+    assert!(ttl > 4_000 && ttl <= 5_000, "the response's own 5 s, not the route's 30 s: {ttl}");
+    let stale = DecideRequest { cache_key: Some("cd".repeat(32)), ..lab.req(0, "chat") };
+    let ticket = allowed(lab.decider.decide(&stale).await.unwrap()).1.expect("a miss");
+    assert_eq!(lab.store_for(ticket, Some(ok("stale")), Some(0)).await.refused, 1);
+    let longer = DecideRequest { cache_key: Some("ef".repeat(32)), ..lab.req(0, "chat") };
+    let ticket = allowed(lab.decider.decide(&longer).await.unwrap()).1.expect("a miss");
+    assert_eq!(lab.store_for(ticket, Some(ok("long")), Some(600_000)).await.stored, 1);
+    let ttl: i64 = lab.cmd(&["PTTL", &format!("cache:exact:{{acme}}:p:{segment}:{}", "ef".repeat(32))]);
+    assert!(ttl > 29_000 && ttl <= 30_000, "never past the route's TTL: {ttl}");
 }
 
 /// Decision 202: answers stored under a route are not served once its cluster or TTL changed

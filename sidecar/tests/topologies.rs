@@ -102,7 +102,7 @@ async fn exercise_lookups(decider: &Decider, store: &Store) {
             other => panic!("expected a miss / claim: {other:?}"),
         };
         let response = StoredResponse::new(200, vec![], b"{}".to_vec(), 1);
-        let batch = StoreBatch { responses: vec![StoreItem { ticket, response: Some(response) }] };
+        let batch = StoreBatch { responses: vec![StoreItem { ticket, response: Some(response), max_age_ms: None }] };
         let ack = tollgate_sidecar::decision::responses::store_batch(store, &batch, tollgate_sidecar::decision::responses::Storing { route_cache: |r: &str| routing.cache(r), tickets: decider.tickets(), now_ms: decider.now_ms(), tenant_max_bytes: 1 << 30, in_flight_ms: 300_000 }).await;
         assert_eq!(ack.stored, 1, "{ack:?}");
         match decider.decide(&DecideRequest { request_id: Some("r-11".into()), ..req }).await.unwrap() {

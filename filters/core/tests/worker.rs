@@ -397,6 +397,7 @@ fn store_item(hash: &str) -> StoreItem {
     StoreItem {
         ticket: StoreTicket::Cache { tenant: "t".into(), plan: "p".into(), route: "r".into(), hash: hash.into(), seal: Default::default() },
         response: Some(StoredResponse::new(200, vec![], b"{}".to_vec(), 0)),
+        max_age_ms: None,
     }
 }
 

@@ -203,6 +203,11 @@ pub struct StoreItem {
     pub ticket: StoreTicket,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<StoredResponse>,
+    /// A cache fill's own freshness left when it was received (`Cache-Control` `s-maxage`, else
+    /// `max-age`, less its `Age`), when it says one: the entry lives no longer than that nor
+    /// than the route's TTL (decision 211). A sidecar that does not know the field ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age_ms: Option<u64>,
 }
 
 /// The body of `POST /v1/responses`.
@@ -348,6 +353,7 @@ mod tests {
                 seal: Seal::default(),
             },
             response: None,
+            max_age_ms: None,
         };
         let s = serde_json::to_string(&i).unwrap();
         assert_eq!(s, r#"{"ticket":{"kind":"idempotency","tenant":"acme","keyId":"key_1","digest":"d","key":"k","token":"t"}}"#);

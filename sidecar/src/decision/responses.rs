@@ -271,6 +271,13 @@ fn ledger(tenant: &str) -> Option<(ResponsesLiveKey, ResponsesBytesKey)> {
     Some((ResponsesLiveKey::new(&tenant), ResponsesBytesKey::new(&tenant)))
 }
 
+/// How long a cache entry lives (decision 211): the route's TTL, or the response's own freshness
+/// left (`Cache-Control` `s-maxage` / `max-age` less `Age`, as the filter read it) when that is
+/// shorter; `None` when the response was stale already.
+pub fn entry_ttl_ms(route_ttl_ms: u64, own_ms: Option<u64>) -> Option<u64> {
+    Some(own_ms.map_or(route_ttl_ms, |own| own.min(route_ttl_ms))).filter(|ms| *ms > 0)
+}
+
 async fn store_one<F: Fn(&str) -> Option<(Id, u64)> + Sync>(store: &Store, item: &StoreItem, with: &Storing<'_, F>) -> (&'static str, Done) {
     let kind = match item.ticket {
         StoreTicket::Cache { .. } => "cache",
@@ -283,9 +290,10 @@ async fn store_one<F: Fn(&str) -> Option<(Id, u64)> + Sync>(store: &Store, item:
     match &item.ticket {
         t @ StoreTicket::Cache { tenant, .. } => {
             let response = item.response.as_ref().filter(|r| storable(r));
-            let (Some((key, ttl_ms)), Some((live, bytes)), Some(r)) = (cache_target(t, &with.route_cache), ledger(tenant), response) else {
+            let (Some((key, route_ttl_ms)), Some((live, bytes)), Some(r)) = (cache_target(t, &with.route_cache), ledger(tenant), response) else {
                 return (kind, Done::Refused);
             };
+            let Some(ttl_ms) = entry_ttl_ms(route_ttl_ms, item.max_age_ms) else { return (kind, Done::Refused) };
             let Ok(json) = serde_json::to_string(r) else { return (kind, Done::Refused) };
             // three quarters of the bound for cache fills: the rest stays for idempotency outcomes
             let bound = with.tenant_max_bytes / 4 * 3;
@@ -468,6 +476,14 @@ mod tests {
         assert!(idempotency_target(&l.ticket()).is_some());
         assert_eq!(Lookup::of(&with("", &"0a".repeat(16)), &t, &k, "p", None), None);
         assert_eq!(Lookup::of(&with("k", "short"), &t, &k, "p", None), None);
+    }
+
+    #[test]
+    fn an_entry_lives_the_shorter_of_the_routes_ttl_and_its_own_freshness() {
+        assert_eq!(entry_ttl_ms(60_000, None), Some(60_000));
+        assert_eq!(entry_ttl_ms(60_000, Some(10_000)), Some(10_000), "max-age=10 under a 60 s route");
+        assert_eq!(entry_ttl_ms(60_000, Some(600_000)), Some(60_000), "never past the route's TTL");
+        assert_eq!(entry_ttl_ms(60_000, Some(0)), None, "stale already");
     }
 
     #[test]

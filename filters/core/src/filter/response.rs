@@ -7,7 +7,7 @@ use super::kept::Kept;
 use super::MAX_USAGE_BODY;
 use crate::host::Host;
 use crate::responses::queue::PendingStore;
-use crate::responses::{cacheable_response, storable_headers};
+use crate::responses::{cacheable_response, freshness_ms, storable_headers};
 use crate::stats::Metric;
 use crate::usage::{read_tokens, usage_unparsable, Identity};
 use tollgate_wire::responses::{Replay, ReplayKind, StoreItem, StoredResponse, CACHE_STATUS_HEADER, REPLAYED_HEADER, REPLAY_TRUNCATED_HEADER};
@@ -118,7 +118,9 @@ impl ResponseSide {
                 && if p.is_idempotency() {
                     (200..=299).contains(&status)
                 } else {
-                    all_utf8 && cacheable_response(status, &headers, key_headers)
+                    // a response stale when it arrives (its own lifetime spent) is not stored
+                    p.max_age_ms = freshness_ms(&headers);
+                    all_utf8 && cacheable_response(status, &headers, key_headers) && p.max_age_ms != Some(0)
                 };
             p.complete = end_of_stream;
             if p.storable {
@@ -384,7 +386,7 @@ fn store_item(p: PendingStore, body: Option<Vec<u8>>, now_ms: u64) -> Option<Sto
         _ if idem => None,
         _ => return None,
     };
-    Some(StoreItem { ticket, response })
+    Some(StoreItem { ticket, response, max_age_ms: p.max_age_ms.filter(|_| !idem) })
 }
 
 /// Whether a `content-type` names an event stream (`text/event-stream`, parameters aside, in

@@ -3,8 +3,10 @@
 //!
 //! - **Cache key**: sha256 over method, path, normalized query, the route's key headers and the
 //!   body — JSON bodies canonicalized (object keys sorted, no insignificant whitespace, integral
-//!   numbers written as integers: RFC 8785-like), so key order and whitespace do not matter. Each
-//!   field is length-prefixed, so no two different requests serialize alike.
+//!   numbers written as integers: RFC 8785-like; [`canonical`]), so key order and whitespace do
+//!   not matter; a body the canonical form would not keep whole (a key given twice, an integer
+//!   beyond 64 bits) is keyed by its bytes (decision 210). Each field is length-prefixed, so no
+//!   two different requests serialize alike.
 //! - **Idempotency digest** (seed 002): the first 32 hex of sha256(METHOD + " " + path + JSON(body)),
 //!   path with its query (the API key already stripped), JSON(body) the same canonical form.
 //! - **Idempotency-Key** (IETF httpapi draft): an sf-string (`"…"`), or, leniently, a bare token;
@@ -18,12 +20,14 @@
 //! and are sent by the root context's tick as one `POST /v1/responses` per batch; a batch is sent
 //! once (no retry), and the queue is bounded in items and bytes.
 
+pub mod canonical;
 pub mod claims;
 pub mod queue;
 
+pub use canonical::{canonical_body, canonical_json};
+
 use crate::settings::{given, ConfigError};
 use serde::Deserialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tollgate_wire::responses::MAX_STORED_BODY;
 use tollgate_wire::Header;
@@ -78,66 +82,6 @@ pub const CACHEABLE_METHODS: &[&str] = &["GET", "HEAD", "POST"];
 /// Methods an `Idempotency-Key` applies to (the draft's non-idempotent methods and their kin);
 /// safe methods are idempotent already.
 pub const IDEMPOTENT_METHODS: &[&str] = &["POST", "PATCH", "PUT", "DELETE"];
-
-/// Writes `v` in canonical form: objects with keys sorted (by UTF-16 code units, as RFC 8785),
-/// no whitespace, integral floats within ±2^53 as integers.
-pub fn canonical_json(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push(b'{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_json(&Value::String(k.clone()), out);
-                out.push(b':');
-                if let Some(x) = m.get(k) {
-                    canonical_json(x, out);
-                }
-            }
-            out.push(b'}');
-        }
-        Value::Array(a) => {
-            out.push(b'[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                canonical_json(x, out);
-            }
-            out.push(b']');
-        }
-        Value::Number(n) => match n.as_f64() {
-            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
-                out.extend_from_slice(format!("{}", f as i64).as_bytes());
-            }
-            _ => write_json(v, out),
-        },
-        other => write_json(other, out),
-    }
-}
-
-fn write_json(v: &Value, out: &mut Vec<u8>) {
-    if let Ok(b) = serde_json::to_vec(v) {
-        out.extend_from_slice(&b);
-    }
-}
-
-/// The body as it enters a key or digest: the canonical JSON of a JSON body (by content type, or
-/// when it parses), else the bytes as they are.
-pub fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
-    let looks_json = content_type.is_some_and(|c| c.contains("json")) || matches!(body.first(), Some(b'{' | b'['));
-    if looks_json {
-        if let Ok(v) = serde_json::from_slice::<Value>(body) {
-            let mut out = Vec::with_capacity(body.len());
-            canonical_json(&v, &mut out);
-            return out;
-        }
-    }
-    body.to_vec()
-}
 
 /// Upper-cases the hex digits of percent escapes, decodes escapes of unreserved characters
 /// (RFC 3986 6.2.2), drops empty parameters, and sorts parameters by name (stably: the order of
@@ -273,6 +217,24 @@ pub fn forbids_caching(cache_control: &str) -> bool {
         matches!(name.as_str(), "no-store" | "no-cache" | "private")
             || (matches!(name.as_str(), "max-age" | "s-maxage") && value.parse::<u64>() == Ok(0))
     })
+}
+
+/// A response's own freshness left for a shared cache, in ms, when its `Cache-Control` says one
+/// (decision 211): `s-maxage`, else `max-age` (RFC 9111 5.2.2.10: a shared cache takes
+/// `s-maxage` first), less its `Age`. The entry then lives no longer than that nor than the
+/// route's TTL; before, a `max-age=10` answer lived the route's whole TTL. `Some(0)`: stale
+/// already, not stored. A value that is not a number is no lifetime (the route's TTL holds).
+pub fn freshness_ms(headers: &[(String, String)]) -> Option<u64> {
+    let directive = |wanted: &str| {
+        headers.iter().filter(|(n, _)| n == "cache-control").flat_map(|(_, v)| v.split(',')).find_map(|d| {
+            let (name, value) = d.split_once('=')?;
+            let value = value.trim().trim_matches('"');
+            (name.trim().eq_ignore_ascii_case(wanted) && !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit())).then(|| value.parse::<u64>().unwrap_or(u64::MAX))
+        })
+    };
+    let lifetime = directive("s-maxage").or_else(|| directive("max-age"))?;
+    let age = headers.iter().find(|(n, _)| n == "age").and_then(|(_, v)| v.trim().parse::<u64>().ok()).unwrap_or(0);
+    Some(lifetime.saturating_sub(age).saturating_mul(1000))
 }
 
 /// Headers never stored: hop-by-hop, per-response, per-caller or the gateway's own — a request's
@@ -435,6 +397,20 @@ mod tests {
         for bad in ["", "\"\"", "\"open", "a b", "\"a\", \"b\"", "a,b", "\"\\x\"", "\"é\"", &"a".repeat(256)] {
             assert!(parse_idempotency_key(bad).is_err(), "{bad:?} must be refused");
         }
+    }
+
+    /// Decision 211: a response's own lifetime, `s-maxage` first, less its age.
+    #[test]
+    fn a_responses_own_freshness_is_read() {
+        let h = |pairs: &[(&str, &str)]| pairs.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect::<Vec<_>>();
+        assert_eq!(freshness_ms(&h(&[("cache-control", "public, max-age=10")])), Some(10_000));
+        assert_eq!(freshness_ms(&h(&[("cache-control", "max-age=600, s-maxage=\"5\"")])), Some(5_000));
+        assert_eq!(freshness_ms(&h(&[("cache-control", "max-age=60"), ("age", "45")])), Some(15_000));
+        assert_eq!(freshness_ms(&h(&[("cache-control", "max-age=60"), ("age", "90")])), Some(0), "stale already");
+        assert_eq!(freshness_ms(&h(&[("cache-control", "public"), ("cache-control", "MAX-AGE=7")])), Some(7_000), "every Cache-Control line");
+        assert_eq!(freshness_ms(&h(&[("cache-control", "public")])), None);
+        assert_eq!(freshness_ms(&h(&[("cache-control", "max-age=soon")])), None);
+        assert_eq!(freshness_ms(&h(&[("cache-control", "max-age=99999999999999999999999")])), Some(u64::MAX), "beyond u64: the route's TTL bounds it");
     }
 
     #[test]

@@ -137,11 +137,13 @@ pub struct PendingStore {
     pub complete: bool,
     /// An idempotency claim, kept by the worker while the request runs (decision 186).
     pub claim: Option<std::rc::Rc<super::claims::OpenClaim>>,
+    /// A cache fill's own freshness left, when its `Cache-Control` says one (decision 211).
+    pub max_age_ms: Option<u64>,
 }
 
 impl PendingStore {
     pub fn new(ticket: tollgate_wire::responses::StoreTicket, max_body: usize) -> PendingStore {
-        PendingStore { ticket, status: 0, headers: Vec::new(), storable: false, max_body, complete: false, claim: None }
+        PendingStore { ticket, status: 0, headers: Vec::new(), storable: false, max_body, complete: false, claim: None, max_age_ms: None }
     }
 
     /// Keeps its idempotency claim in `book` while the request runs (from `now_ms`).
@@ -174,6 +176,7 @@ mod tests {
         StoreItem {
             ticket: StoreTicket::Cache { tenant: "t".into(), plan: "p".into(), route: "r".into(), hash: n.to_string(), seal: Default::default() },
             response: Some(StoredResponse::new(200, vec![], vec![b'a'; body], 0)),
+            max_age_ms: None,
         }
     }
 
@@ -209,6 +212,7 @@ mod tests {
         StoreItem {
             ticket: StoreTicket::Cache { tenant: "t".into(), plan: "p".into(), route: "r".into(), hash: n.to_string(), seal: Default::default() },
             response: Some(StoredResponse::new(200, headers, body, 0)),
+            max_age_ms: None,
         }
     }
 
