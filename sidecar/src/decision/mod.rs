@@ -28,6 +28,7 @@
 //! replicas, off the request path).
 
 mod answers;
+mod in_force;
 pub mod cache;
 pub mod checks;
 pub mod complete;
@@ -46,7 +47,7 @@ pub mod tickets;
 #[cfg(test)]
 mod tests;
 
-pub use routing::Routing;
+pub use routing::{InForce, Routing};
 pub use store::DecisionStore;
 
 use crate::apikey::{self, KeyRecord};
@@ -83,11 +84,11 @@ pub struct Decider<S = Store> {
     audited: TtlCache<Id, ()>,
     /// Shadow denials logged recently, per limit (a log line at most once a minute each).
     shadow_logged: TtlCache<String, ()>,
-    plans: std::sync::RwLock<Arc<Plans>>,
+    /// The plans and the routing, one value swapped whole (decision 208).
+    config: std::sync::RwLock<Arc<InForce>>,
     clock: Arc<dyn Clock>,
     /// Usage metering: denials of known tenants become usage events.
     usage: Option<Arc<crate::usage::Usage>>,
-    routing: std::sync::RwLock<Arc<Routing>>,
     /// Random per process: with `changes`, what `GET /v1/changes` answers (the filter drops its
     /// cached answers and leases when either moves).
     epoch: u64,
@@ -142,6 +143,8 @@ struct Cx<'a> {
     fresh: bool,
     /// When the decision's Redis budget runs out.
     deadline: Instant,
+    /// The routing of the configuration the decision reads (with its plans: decision 208).
+    routing: &'a Routing,
 }
 
 /// What a decision's script call asked, to read its reply against.
@@ -167,10 +170,9 @@ impl<S: DecisionStore> Decider<S> {
             cache: TtlCache::new(cache.ttl, cache.stale_grace, cache.max_entries),
             audited: TtlCache::new(minute, minute, cache.max_entries),
             shadow_logged: TtlCache::new(minute, minute, 10_000),
-            plans: std::sync::RwLock::new(Arc::new(plans)),
+            config: std::sync::RwLock::new(Arc::new(InForce { plans: Arc::new(plans), routing: Arc::new(Routing::default()) })),
             clock,
             usage: None,
-            routing: std::sync::RwLock::new(Arc::new(Routing::default())),
             epoch: rand::random::<u64>() >> 11,
             changes: std::sync::atomic::AtomicU64::new(0),
             tickets: tickets::TicketKey::random(),
@@ -228,7 +230,10 @@ impl<S: DecisionStore> Decider<S> {
         let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
         // The route the filter matched: an id this replica does not know (yet, or any more)
         // has no effect — the tables converge within a refresh.
-        let routing = self.routing();
+        // one read of plans and routing together: a route and the plan it names come from the
+        // same configuration (decision 208)
+        let config = self.in_force();
+        let routing = &config.routing;
         let route = req.route.as_deref().and_then(|id| routing.route(id));
         let product = route.and_then(|r| r.product.as_ref());
         if let (Some(r), Some(p), DecideResponse::Allow { .. }) = (&record, product, &response) {
@@ -243,14 +248,13 @@ impl<S: DecisionStore> Decider<S> {
             }
         }
         let plan_override = route.and_then(|x| x.plan.as_deref());
-        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline };
+        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline, routing };
         if req.lease.is_some_and(|l| l.renewal) {
-            return Ok(self.renew(record.as_ref(), response, plan_override, &cx).await);
+            return Ok(self.renew(record.as_ref(), response, plan_override, &cx, &config).await);
         }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
-            let plans = self.plans();
             let plan = plan_override.unwrap_or(r.plan.as_str());
-            let limits = plans.limits(plan);
+            let limits = config.plans.limits(plan);
             let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
             let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, plan, route_cache);
             if !limits.is_empty() || lookup.is_some() {
@@ -296,13 +300,12 @@ impl<S: DecisionStore> Decider<S> {
     /// A lease renewal: the key is judged as for a decision (a revoked key's renewal is denied,
     /// which makes the filter drop its lease), then, for a leasable plan with a fresh key record,
     /// one script call takes the lease and nothing else.
-    async fn renew(&self, record: Option<&KeyRecord>, verdict: DecideResponse, plan_override: Option<&str>, cx: &Cx<'_>) -> DecideResponse {
+    async fn renew(&self, record: Option<&KeyRecord>, verdict: DecideResponse, plan_override: Option<&str>, cx: &Cx<'_>, config: &InForce) -> DecideResponse {
         let (Some(r), DecideResponse::Allow { .. }) = (record, &verdict) else {
             metrics::counter!(m::LEASES, "call" => "renewal", "result" => "denied").increment(1);
             return verdict;
         };
-        let plans = self.plans();
-        let limits = plans.limits(plan_override.unwrap_or(r.plan.as_str()));
+        let limits = config.plans.limits(plan_override.unwrap_or(r.plan.as_str()));
         if !limits::leasable(limits) || !cx.fresh || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
             metrics::counter!(m::LEASES, "call" => "renewal", "result" => "none").increment(1);
             return verdict;
@@ -466,7 +469,7 @@ impl<S: DecisionStore> Decider<S> {
             // a cache ticket lives no longer than the entry it may write (written only where none
             // is, so a replay within its life finds the entry and changes nothing)
             let life = match &t {
-                StoreTicket::Cache { route, .. } => self.routing().cache_ttl_ms(route).unwrap_or(0).min(tickets::STORE_TICKET_TTL_MS),
+                StoreTicket::Cache { route, .. } => cx.routing.cache_ttl_ms(route).unwrap_or(0).min(tickets::STORE_TICKET_TTL_MS),
                 StoreTicket::Idempotency { .. } => self.in_flight_ms,
             };
             self.tickets.seal_store(&mut t, asked.request_id.as_str(), cx.now_ms + life);
@@ -536,56 +539,5 @@ impl<S: DecisionStore> Decider<S> {
                 tracing::info!(target: "audit", event = "api_key.auth_failure", key_id = %key_id, tenant = %tenant, reason);
             }
         });
-    }
-}
-
-/// Live reconfiguration (crate::control): swap the plans and the routing, evict cached key answers.
-impl<S> Decider<S> {
-    /// The plans in force now.
-    pub fn plans(&self) -> Arc<Plans> {
-        self.plans.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// The key tickets are sealed and checked with.
-    pub fn tickets(&self) -> &tickets::TicketKey {
-        &self.tickets
-    }
-
-    /// Now, by the decider's clock (ms since the Unix epoch).
-    pub fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
-    }
-
-    /// The routing in force now.
-    pub fn routing(&self) -> Arc<Routing> {
-        self.routing.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Replaces the routing; decisions and table reads after this call use the new one.
-    pub fn set_routing(&self, routing: Routing) {
-        *self.routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
-    }
-
-    /// Replaces the plans; decisions after this call use the new ones.
-    pub fn set_plans(&self, plans: Plans) {
-        *self.plans.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(plans);
-    }
-
-    /// Forgets the cached answers for `tenant`'s keys, and every cached "no such key" (a key just
-    /// issued must not stay unknown for a TTL). `None` forgets everything.
-    ///
-    /// Then counts the change: filters polling [`Decider::changes`] drop the answers and leases
-    /// they got before it (the count moves only once this replica's cache no longer holds them).
-    pub fn evict(&self, tenant: Option<&Id>) {
-        self.cache.retain(|_, r| match (tenant, r) {
-            (None, _) | (_, None) => false,
-            (Some(t), Some(r)) => &r.tenant != t,
-        });
-        self.changes.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// The change count the filters poll (`GET /v1/changes`).
-    pub fn changes(&self) -> tollgate_wire::changes::Changes {
-        tollgate_wire::changes::Changes { epoch: self.epoch, version: self.changes.load(Ordering::Acquire) }
     }
 }

@@ -3,7 +3,9 @@
 //! product (a tenant must subscribe to it), a plan override, the response cache's TTL. Built from
 //! a configuration snapshot by the configuration plane (`Routing::of`, crate::control::routes).
 
+use super::limits::Plans;
 use crate::keys::Id;
+use std::sync::Arc;
 use std::collections::{BTreeSet, HashMap};
 use tollgate_wire::routes::RouteTable;
 
@@ -54,4 +56,10 @@ impl Routing {
     pub fn cache(&self, route: &str) -> Option<(Id, u64)> {
         self.routes.get(route).and_then(|r| r.cache.clone())
     }
+}
+
+/// The plans and the routing in force: one value, replaced whole (decision 208).
+pub struct InForce {
+    pub plans: Arc<Plans>,
+    pub routing: Arc<Routing>,
 }

@@ -466,3 +466,43 @@ async fn a_late_refund_keeps_asking_when_the_connection_was_replaced() {
     }
     assert_eq!(lab.store.mem().refunds.len(), 4, "asked again past two answers of nothing");
 }
+
+/// Decision 208: plans and routing are swapped as one. Configuration A has route `cheap` naming
+/// plan `one`; B has neither. Both limits are spent, so every decision is a 429 under A (the
+/// route's plan) and under B (the key's plan `two`, the route unknown). A decision that read A's
+/// routing with B's plans found no plan `one` — no limits — and was allowed; one allow is the
+/// failure. Configurations flip on another thread while decisions run.
+#[test]
+fn a_decision_never_sees_a_route_with_the_plans_of_another_configuration() {
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let lab = Lab::new(Duration::from_secs(60));
+    let decide = |r: &DecideRequest| runtime.block_on(lab.decide(r));
+    let k = lab.key("k", "two", KeyStatus::Active);
+    let raw: BTreeMap<String, PlanConfig> = toml::from_str(PLANS).unwrap();
+    let without_one: BTreeMap<String, PlanConfig> = raw.iter().filter(|(id, _)| id.as_str() != "one").map(|(id, p)| (id.clone(), p.clone())).collect();
+    let a = || (Plans::compile(&raw).unwrap(), routing(true));
+    let b = || (Plans::compile(&without_one).unwrap(), Routing::new(Default::default(), HashMap::new(), HashMap::new()));
+    let (plans, routes) = a();
+    lab.decider.set_config(plans, routes);
+    let cheap = DecideRequest { route: Some("cheap".into()), ..req(&k) };
+    for r in [&cheap, &req(&k), &req(&k)] {
+        assert!(matches!(decide(r), DecideResponse::Allow { .. }), "spending the limits");
+    }
+    assert_eq!(denied(&decide(&cheap)).0, 429);
+    assert_eq!(denied(&decide(&req(&k))).0, 429);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let allowed = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut flips = 0usize;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let (plans, routes) = if flips.is_multiple_of(2) { b() } else { a() };
+                lab.decider.set_config(plans, routes);
+                flips += 1;
+            }
+        });
+        let allowed = (0..20_000).filter(|_| matches!(decide(&cheap), DecideResponse::Allow { .. })).count();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        allowed
+    });
+    assert_eq!(allowed, 0, "decisions allowed without the limits of any one configuration");
+}
