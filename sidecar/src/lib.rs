@@ -71,8 +71,8 @@ pub struct Sidecar {
     admin: Option<(tokio::net::TcpListener, secret::Secret)>,
     /// The connection deadlines of the filter-facing server.
     deadlines: conn::Deadlines,
-    /// A Redis node to subscribe to change events on, and the resync interval.
-    propagation: Option<(propagation::SubscribeTo, std::time::Duration)>,
+    /// A Redis node to subscribe to change events on, and how often to resync and ping it.
+    propagation: Option<(propagation::SubscribeTo, propagation::Cadence)>,
 }
 
 impl Sidecar {
@@ -232,7 +232,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
 }
 
 type ConfigParts =
-    (Arc<Control>, Option<(tokio::net::TcpListener, secret::Secret)>, Option<(propagation::SubscribeTo, std::time::Duration)>);
+    (Arc<Control>, Option<(tokio::net::TcpListener, secret::Secret)>, Option<(propagation::SubscribeTo, propagation::Cadence)>);
 
 /// Opens the configuration source (PostgreSQL: connect, migrate, load — an unreachable server is
 /// an error), puts its plans in force, binds the admin listener, picks the pub/sub node.
@@ -240,25 +240,29 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
     use control::model::Snapshot;
     use control::source::{postgres::PgSource, ConfigSource, FileSource, SourceKind};
     use control::Source;
-    let (source, snapshot) = match config.source.kind {
+    let (source, snapshot, unusable) = match config.source.kind {
         SourceKind::File => {
             let s = Snapshot::from_file(&config.tenants, &config.products, &config.plans, &config.routes)?;
-            (Source::File(FileSource::new(s.clone())), s)
+            (Source::File(FileSource::new(s.clone())), s, Vec::new())
         }
         SourceKind::Postgres => {
             let pg = PgSource::connect(&config.source.postgres_url, config.source.connect_timeout)
                 .await
                 .map_err(|e| Error::Config(format!("the PostgreSQL source (source.postgres_url) cannot be used: {e}")))?;
-            let s = pg.load().await.map_err(|e| Error::Config(format!("loading from PostgreSQL: {e}")))?;
+            let (read, unread) = pg.load().await.map_err(|e| Error::Config(format!("loading from PostgreSQL: {e}")))?;
+            // a stored object this sidecar cannot use is left out and reported, never a refused
+            // start (decision 206): an older sidecar starting beside a newer one's rows included
+            let (s, unusable) = control::salvage::salvage(read, unread, &Snapshot::default());
             if !(config.plans.is_empty() && config.tenants.is_empty() && config.products.is_empty() && config.routes.is_empty()) {
                 tracing::warn!("source.kind = postgres: plans, tenants, products and routes of the file are ignored");
             }
-            (Source::Postgres(pg), s)
+            (Source::Postgres(pg), s, unusable)
         }
     };
     let store = state.store.clone();
     let control = Arc::new(Control::new(source, snapshot.clone(), store, state.decider.clone()));
     control.install(snapshot);
+    control.report(unusable);
     let admin = match config.admin.listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
@@ -275,5 +279,6 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
             master_name: config.redis.master_name.clone(),
         }),
     };
-    Ok((control, admin, node.map(|n| (n, config.admin.resync_interval))))
+    let cadence = propagation::Cadence { resync: config.admin.resync_interval, ping: config.admin.subscriber_ping };
+    Ok((control, admin, node.map(|n| (n, cadence))))
 }

@@ -37,6 +37,12 @@ pub const LATE_REFUNDS_PENDING: &str = "tollgate_sidecar_late_refunds_pending";
 /// Redis connections replaced because a new one answered while the old one did not (a peer gone
 /// without a reset; decision 140).
 pub const REDIS_CONNECTIONS_REPLACED: &str = "tollgate_sidecar_redis_connections_replaced_total";
+/// Stored configuration objects this sidecar does not use as stored (a row it cannot read, or
+/// one that breaks a rule): each keeps its last good version or is left out (decision 206).
+pub const CONFIG_UNUSABLE: &str = "tollgate_sidecar_config_unusable_objects";
+/// Pub/sub connections of the configuration subscriber replaced because they stopped answering
+/// its pings (decision 207).
+pub const SUBSCRIBER_REPLACED: &str = "tollgate_sidecar_config_subscriber_replaced_total";
 /// Tokens moved at reconciliation, labelled `direction` (refund | overrun).
 pub const BUDGET_DELTA: &str = "tollgate_sidecar_budget_reconciled_tokens_total";
 /// Lease asks answered, labelled `call` (request | renewal) and `result` (granted | none |

@@ -123,3 +123,24 @@ fn a_revocation_of_a_key_postgresql_lacks_completes_after_an_outage() {
     poll_until("the revocation in force", Duration::from_secs(30), || get(&url, &[("x-api-key", &raw)]).status == 401);
 }
 
+
+/// Decision 209: a key Redis acknowledged and then lost (a failover to a replica it had not
+/// reached; here its records are deleted by hand) is copied back from PostgreSQL at the next
+/// resync, as a lost revocation is (decision 197), and works again. Before, it stayed unknown
+/// (401) until some sidecar restarted, while `keys list` (PostgreSQL) said active.
+#[test]
+fn a_key_redis_lost_is_put_back_from_postgresql() {
+    let g = Gateway::builder().config_in_postgres().admin_api(TOKEN).sidecar_env("TOLLGATE_SIDECAR_ADMIN__RESYNC_INTERVAL", "1s").build();
+    let base = g.replica(0).admin().to_string();
+    let (id, raw) = a_key(&base);
+    let url = g.envoy().url("/");
+    assert_eq!(get(&url, &[("x-api-key", &raw)]).status, 200);
+    let hash: String = g.redis().cmd(&["GET", &format!("apikey-id:{id}")]);
+    let record = format!("apikey:{hash}");
+    let _: () = g.redis().cmd(&["DEL", &record, &format!("apikey-id:{id}")]);
+    poll_until("the lost key restored in Redis", Duration::from_secs(30), || {
+        g.redis().cmd::<Option<String>>(&["HGET", &record, "status"]).as_deref() == Some("active")
+    });
+    assert!(g.sidecar().log_text().contains("restored"), "said in the log");
+    poll_until("the key working", Duration::from_secs(10), || get(&url, &[("x-api-key", &raw)]).status == 200);
+}

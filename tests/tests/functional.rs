@@ -12,6 +12,7 @@ mod batching;
 mod breaker;
 mod cache;
 mod config;
+mod config_faults;
 mod exactness;
 mod faults;
 mod hostile;

@@ -57,7 +57,7 @@ enum Command {
         #[command(subcommand)]
         action: KeyCommand,
     },
-    /// The configuration version.
+    /// The configuration version, and the stored objects this sidecar cannot use as stored.
     Version,
 }
 
@@ -388,7 +388,15 @@ fn run() -> Result<()> {
             }
             KeyCommand::List { tenant } => show(j, &api.all_keys(tenant.as_deref())?, KEY),
         },
-        Command::Version => show(j, &api.call("GET", "/v1/version", None)?, &["version", "loaded"]),
+        Command::Version => {
+            let v = api.call("GET", "/v1/version", None)?;
+            show(j, &v, &["version", "loaded"]);
+            // stored rows this sidecar cannot use as stored (decision 206): each to mend or delete
+            if let Some(rows) = v["unusable"].as_array().filter(|rows| !j && !rows.is_empty()) {
+                println!("\n{} stored object(s) not in force as stored (mend or delete each):", rows.len());
+                table(rows, &["kind", "id", "in_force", "reason"]);
+            }
+        }
     }
     Ok(())
 }

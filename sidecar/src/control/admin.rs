@@ -6,8 +6,10 @@
 //! `INCR cfg:routing:version` + `PUBLISH config_changed:{tenant}` (crate::control::propagation). The token
 //! is compared in constant time and never logged.
 
-use crate::apikey::{self, KeyPage, KeyRecord};
+use crate::apikey::{self, KeyRecord};
 use crate::control::model::{self, Change, Kind, Snapshot};
+use crate::control::salvage::salvage;
+use crate::control::keys::list_query;
 use crate::control::{Control, Source};
 use crate::control::source::postgres::Row;
 use crate::control::source::SourceError;
@@ -44,11 +46,16 @@ pub struct AdminConfig {
     /// resynchronise at once.
     #[serde(with = "humantime_serde")]
     pub resync_interval: Duration,
+    /// How often the change subscriber pings its pub/sub connection; one that does not answer
+    /// within twice this is replaced and the replica resynchronises (decision 207): a connection
+    /// that stopped delivering without closing no longer holds changes back until the resync.
+    #[serde(with = "humantime_serde")]
+    pub subscriber_ping: Duration,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        AdminConfig { listen: None, token: Default::default(), resync_interval: Duration::from_secs(5) }
+        AdminConfig { listen: None, token: Default::default(), resync_interval: Duration::from_secs(5), subscriber_ping: Duration::from_millis(50) }
     }
 }
 
@@ -66,6 +73,9 @@ impl AdminConfig {
         }
         if self.resync_interval.is_zero() {
             return Err(invalid("admin.resync_interval", "must be above zero"));
+        }
+        if self.subscriber_ping < Duration::from_millis(10) {
+            return Err(invalid("admin.subscriber_ping", "must be at least 10ms"));
         }
         Ok(())
     }
@@ -171,7 +181,10 @@ async fn openapi() -> Response {
 
 async fn version(State(s): State<Arc<AdminState>>) -> Response {
     match s.control.routing_version().await {
-        Ok(v) => reply(StatusCode::OK, json!({"version": v, "loaded": s.control.live.version()})),
+        Ok(v) => {
+            let unusable: Vec<Value> = s.control.live.unusable().iter().map(|u| u.to_json()).collect();
+            reply(StatusCode::OK, json!({"version": v, "loaded": s.control.live.version(), "unusable": unusable}))
+        }
         Err(e) => unavailable(e),
     }
 }
@@ -201,6 +214,12 @@ async fn get_one(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(Strin
 
 #[allow(clippy::result_large_err)] // as kind_of
 fn parse_body(body: &Bytes) -> Result<Value, Response> {
+    // decision 208: no object needs more, and every replica reads every row at every change
+    if body.len() > model::MAX_OBJECT_BYTES {
+        let max = model::MAX_OBJECT_BYTES;
+        let message = format!("an object is at most {max} bytes of JSON (this one: {})", body.len());
+        return Err(reply(StatusCode::PAYLOAD_TOO_LARGE, json!({"error": "payload_too_large", "message": message, "field": "body", "limit": max})));
+    }
     let v: Value = serde_json::from_slice(body).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", Some("body"), format!("not JSON: {e}")))?;
     if !v.is_object() {
         return Err(error(StatusCode::BAD_REQUEST, "invalid", Some("body"), "a JSON object is required"));
@@ -265,9 +284,14 @@ async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -
             return error(StatusCode::BAD_REQUEST, "invalid", Some(&field), "control characters are not allowed");
         }
     }
+    let last_good = s.control.live.get();
     let written = pg
-        .write(|stored: Snapshot| {
-            let exists = !id.is_empty() && stored.get(kind, &id).is_some();
+        .write(|read: Snapshot, unread| {
+            // rows this sidecar cannot use are set aside as a reload does: they refuse no write,
+            // and one of them can be deleted or replaced (decision 206)
+            let (stored, unusable) = salvage(read, unread, &last_good);
+            let set_aside = unusable.iter().any(|u| u.kind == kind && u.id == id);
+            let exists = !id.is_empty() && (stored.get(kind, &id).is_some() || set_aside);
             match expect {
                 Expect::Absent if exists => {
                     let what = kind.name();
@@ -278,7 +302,12 @@ async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -
                 }
                 _ => {}
             }
-            let next = stored.apply(&change).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", Some(&e.field), &e))?;
+            let next = match (&change, stored.get(kind, &id)) {
+                // left out already: deleting its row changes nothing else
+                (Change::Delete(..), None) if set_aside => stored.clone(),
+                _ => stored.apply(&change).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", Some(&e.field), &e))?,
+            };
+            let unusable: Vec<_> = unusable.into_iter().filter(|u| !(u.kind == kind && u.id == id)).collect();
             let (row, body) = match &change {
                 Change::Put(..) => {
                     // store the normalised object (defaults filled in)
@@ -287,16 +316,17 @@ async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -
                 }
                 Change::Delete(..) => (Row::Delete(kind, id.clone()), json!({"deleted": id})),
             };
-            Ok((row, (next, body)))
+            Ok((row, (next, body, unusable)))
         })
         .await;
-    let (next, body) = match written {
+    let (next, body, unusable) = match written {
         Ok(Ok(done)) => done,
         Ok(Err(refused)) => return refused,
         Err(e @ SourceError::InUse(_)) => return error(StatusCode::CONFLICT, "in_use", Some("id"), e),
         Err(e) => return unavailable(e),
     };
     s.control.install(next);
+    s.control.report(unusable);
     drop(serial);
     let tenant = model::tenant_of(&change);
     announced(s, tenant.as_ref(), ok, body).await
@@ -432,42 +462,6 @@ async fn revoke_in_redis(s: &Arc<AdminState>, key_id: &Id, now: u64) -> Response
     }
 }
 
-/// `GET /v1/keys`' query: `tenant=<id>`, and a page (`limit`, 1..=10 000; `after=<key id>`,
-/// only with a limit). Ids need no percent-decoding: they are plain ASCII. Other parameters, a
-/// parameter twice, or a value out of its bounds are refused, naming the field.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct ListQuery {
-    tenant: Option<Id>,
-    page: Option<KeyPage>,
-}
-
-fn list_query(uri: &Uri) -> Result<ListQuery, (&'static str, String)> {
-    let (mut tenant, mut limit, mut after) = (None, None, None);
-    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let (slot, field) = match name {
-            "tenant" => (&mut tenant, "tenant"),
-            "limit" => (&mut limit, "limit"),
-            "after" => (&mut after, "after"),
-            _ => return Err(("query", format!("unknown query parameter '{pair}'"))),
-        };
-        if slot.replace(value).is_some() {
-            return Err((field, format!("'{field}' given twice")));
-        }
-    }
-    let tenant = tenant.map(|t| Id::parse(t).ok_or(("tenant", "not a tenant id".to_string()))).transpose()?;
-    let after = after.map(|a| Id::parse(a).ok_or(("after", "not a key id".to_string()))).transpose()?;
-    let page = match limit {
-        None if after.is_some() => return Err(("after", "'after' pages a listing: give 'limit' too".into())),
-        None => None,
-        Some(l) => match l.parse::<usize>() {
-            Ok(limit @ 1..=KeyPage::MAX_LIMIT) if l.bytes().all(|b| b.is_ascii_digit()) => Some(KeyPage { after, limit }),
-            _ => return Err(("limit", format!("a page is 1 to {} keys (digits only)", KeyPage::MAX_LIMIT))),
-        },
-    };
-    Ok(ListQuery { tenant, page })
-}
-
 /// Every key (of a tenant), by creation time; or, with `limit`, one page in key-id order, with a
 /// `Link: <…>; rel="next"` header while more follow (decision 184).
 async fn list_keys(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
@@ -534,30 +528,6 @@ mod tests {
         assert!(!authorized(&h, &t("secret-secret-secret")));
         h.insert(header::AUTHORIZATION, "Bearersecret-secret-secret".parse().unwrap());
         assert!(!authorized(&h, &t("secret-secret-secret")));
-    }
-
-    #[test]
-    fn a_key_listings_query_is_checked_field_by_field() {
-        let q = |s: &str| list_query(&format!("/v1/keys{s}").parse::<Uri>().unwrap());
-        assert_eq!(q(""), Ok(ListQuery::default()));
-        let page = q("?tenant=acme&limit=2&after=key_b").unwrap();
-        assert_eq!(page.tenant, Id::parse("acme"));
-        assert_eq!(page.page, Some(KeyPage { after: Id::parse("key_b"), limit: 2 }));
-        for (query, field) in [
-            ("?limit=0", "limit"),
-            ("?limit=10001", "limit"),
-            ("?limit=-1", "limit"),
-            ("?limit=x", "limit"),
-            ("?limit=+5", "limit"),
-            ("?after=key_a", "after"),
-            ("?limit=5&after=a%20b", "after"),
-            ("?tenant=a&tenant=b", "tenant"),
-            ("?limit=1&limit=2", "limit"),
-            ("?tenant=%00", "tenant"),
-            ("?page=2", "query"),
-        ] {
-            assert_eq!(q(query).map_err(|e| e.0), Err(field), "{query}");
-        }
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! admin API applies it too), and how an issued key is printed (its raw value alone on the last
 //! line, where scripts read it).
 
+use crate::apikey::KeyPage;
+use crate::keys::Id;
+use axum::http::Uri;
+
 /// `keys create | revoke | list`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum KeyCommand {
@@ -66,6 +70,42 @@ pub fn issued_text(key_id: &str, tenant: &str, plan: &str, expires: Option<&str>
     out
 }
 
+/// `GET /v1/keys`' query: `tenant=<id>`, and a page (`limit`, 1..=10 000; `after=<key id>`,
+/// only with a limit). Ids need no percent-decoding: they are plain ASCII. Other parameters, a
+/// parameter twice, or a value out of its bounds are refused, naming the field.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    pub tenant: Option<Id>,
+    pub page: Option<KeyPage>,
+}
+
+pub fn list_query(uri: &Uri) -> Result<ListQuery, (&'static str, String)> {
+    let (mut tenant, mut limit, mut after) = (None, None, None);
+    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (slot, field) = match name {
+            "tenant" => (&mut tenant, "tenant"),
+            "limit" => (&mut limit, "limit"),
+            "after" => (&mut after, "after"),
+            _ => return Err(("query", format!("unknown query parameter '{pair}'"))),
+        };
+        if slot.replace(value).is_some() {
+            return Err((field, format!("'{field}' given twice")));
+        }
+    }
+    let tenant = tenant.map(|t| Id::parse(t).ok_or(("tenant", "not a tenant id".to_string()))).transpose()?;
+    let after = after.map(|a| Id::parse(a).ok_or(("after", "not a key id".to_string()))).transpose()?;
+    let page = match limit {
+        None if after.is_some() => return Err(("after", "'after' pages a listing: give 'limit' too".into())),
+        None => None,
+        Some(l) => match l.parse::<usize>() {
+            Ok(limit @ 1..=KeyPage::MAX_LIMIT) if l.bytes().all(|b| b.is_ascii_digit()) => Some(KeyPage { after, limit }),
+            _ => return Err(("limit", format!("a page is 1 to {} keys (digits only)", KeyPage::MAX_LIMIT))),
+        },
+    };
+    Ok(ListQuery { tenant, page })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,4 +131,29 @@ mod tests {
         assert!(text.contains("expires: never\n"));
         assert!(!issued_text("key_1", "acme", "gold", None, "tg_x").contains("expires"));
     }
+
+    #[test]
+    fn a_key_listings_query_is_checked_field_by_field() {
+        let q = |s: &str| list_query(&format!("/v1/keys{s}").parse::<Uri>().unwrap());
+        assert_eq!(q(""), Ok(ListQuery::default()));
+        let page = q("?tenant=acme&limit=2&after=key_b").unwrap();
+        assert_eq!(page.tenant, Id::parse("acme"));
+        assert_eq!(page.page, Some(KeyPage { after: Id::parse("key_b"), limit: 2 }));
+        for (query, field) in [
+            ("?limit=0", "limit"),
+            ("?limit=10001", "limit"),
+            ("?limit=-1", "limit"),
+            ("?limit=x", "limit"),
+            ("?limit=+5", "limit"),
+            ("?after=key_a", "after"),
+            ("?limit=5&after=a%20b", "after"),
+            ("?tenant=a&tenant=b", "tenant"),
+            ("?limit=1&limit=2", "limit"),
+            ("?tenant=%00", "tenant"),
+            ("?page=2", "query"),
+        ] {
+            assert_eq!(q(query).map_err(|e| e.0), Err(field), "{query}");
+        }
+    }
+
 }

@@ -10,6 +10,7 @@ pub mod keys;
 pub mod model;
 pub mod propagation;
 pub mod routes;
+pub mod salvage;
 pub mod source;
 
 use crate::decision::limits::Plans;
@@ -18,6 +19,7 @@ use crate::keys::{ConfigChangedChannel, Id, RoutingVersionKey};
 use crate::scripts::{copy_key, ScriptError};
 use crate::store::{Store, StoreError};
 use model::Snapshot;
+use salvage::Unusable;
 use redis::AsyncCommands;
 use source::postgres::PgSource;
 use source::{ConfigSource, FileSource, SourceError};
@@ -33,7 +35,7 @@ pub enum Source {
 }
 
 impl ConfigSource for Source {
-    async fn load(&self) -> Result<Snapshot, SourceError> {
+    async fn load(&self) -> Result<(Snapshot, Vec<Unusable>), SourceError> {
         match self {
             Source::File(f) => f.load().await,
             Source::Postgres(p) => p.load().await,
@@ -50,10 +52,11 @@ pub enum RewarmError {
     Store(#[from] ScriptError),
 }
 
-/// How far back each resync re-copies revocations into Redis (decision 197): well past how
-/// long a write can wait to reach a replica before a failover promotes it.
+/// How far back each resync re-copies revocations and new keys into Redis (decisions 197, 209):
+/// well past how long a write can wait to reach a replica before a failover promotes it.
 pub const RECENT_REVOCATIONS: Duration = Duration::from_secs(600);
-/// At most this many of them per resync (the latest): a mass revocation is bounded work.
+/// At most this many of each per resync (the latest): a mass revocation or a bulk creation is
+/// bounded work.
 pub const MAX_RECENT_REVOCATIONS: i64 = 1_000;
 
 /// What the admin API and the subscriber share: the source, the configuration in force, Redis.
@@ -84,8 +87,9 @@ impl Control {
     pub fn install(&self, snapshot: Snapshot) {
         match Plans::compile(&snapshot.plans) {
             Ok(plans) => {
-                self.decider.set_plans(plans);
-                self.decider.set_routing(Routing::of(&snapshot, self.live.version()));
+                // one swap: no decision sees a route of one configuration with the plans of
+                // another (decision 208)
+                self.decider.set_config(plans, Routing::of(&snapshot, self.live.version()));
                 self.live.set(snapshot);
             }
             // cannot happen for a validated snapshot; keep what runs
@@ -97,9 +101,13 @@ impl Control {
     pub async fn reload(&self, tenant: Option<&Id>, version: u64) -> Result<(), SourceError> {
         let _installing = self.installing.lock().await;
         match self.source.load().await {
-            Ok(s) => {
+            Ok((read, unread)) => {
+                // a row this sidecar cannot use keeps its last good version, or is left out: it
+                // fails no reload (decision 206)
+                let (s, unusable) = salvage::salvage(read, unread, &self.live.get());
                 self.live.set_version(version);
                 self.install(s);
+                self.report(unusable);
                 self.decider.evict(tenant);
                 if self.reload_failing.swap(false, Ordering::Relaxed) {
                     tracing::info!(version, "configuration reloads work again");
@@ -115,6 +123,25 @@ impl Control {
                 Err(e)
             }
         }
+    }
+
+    /// Records the stored objects not in force as stored (decision 206): shown by `GET
+    /// /v1/version` and `tollgate version`, counted by a gauge, and logged when the set changes
+    /// (not at every reload).
+    pub fn report(&self, unusable: Vec<Unusable>) {
+        metrics::gauge!(crate::metrics::CONFIG_UNUSABLE).set(unusable.len() as f64);
+        let mut held = self.live.unusable.write().unwrap_or_else(|p| p.into_inner());
+        if *held == unusable {
+            return;
+        }
+        for u in unusable.iter().filter(|u| !held.contains(u)) {
+            let in_force = if u.kept { "its last good version stays in force" } else { "left out" };
+            tracing::warn!(kind = u.kind.name(), id = %u.id, reason = %u.reason, "a stored configuration object cannot be used as stored: {in_force}");
+        }
+        if unusable.is_empty() {
+            tracing::info!("every stored configuration object is in force as stored again");
+        }
+        *held = unusable;
     }
 
     /// After a committed write: bump the generation and tell every replica. Returns the version.
@@ -173,28 +200,37 @@ impl Control {
     }
 
     /// Re-copies into Redis the revocations of the last [`RECENT_REVOCATIONS`] (at most
-    /// [`MAX_RECENT_REVOCATIONS`], the latest): a revocation Redis acknowledged and then lost — a
-    /// failover to a replica that had not received it, a restart without persistence — is in
-    /// force again, and the tenants whose records it restored are announced (their cached
-    /// answers evicted everywhere). Every resync runs it (decision 197); a no-op for the file
-    /// source (Redis is the keys' store there). Returns how many records it restored.
-    pub async fn restore_recent_revocations(&self) -> Result<usize, RewarmError> {
+    /// [`MAX_RECENT_REVOCATIONS`], the latest), and the keys created in that time (as many, the
+    /// latest): a revocation or a new key Redis acknowledged and then lost — a failover to a
+    /// replica that had not received it, a restart without persistence — is in force again, and
+    /// the tenants whose records it restored are announced (their cached answers, an "unknown
+    /// key" among them, evicted everywhere). Every resync runs it (decisions 197 and 209); a
+    /// no-op for the file source (Redis is the keys' store there). Returns how many records it
+    /// restored.
+    pub async fn restore_recent_keys(&self) -> Result<usize, RewarmError> {
         let Source::Postgres(pg) = &self.source else { return Ok(0) };
         let since = crate::decision::unix_now().saturating_sub(RECENT_REVOCATIONS.as_secs());
-        let keys = pg.keys_revoked_since(since, MAX_RECENT_REVOCATIONS).await?;
-        let mut restored = std::collections::BTreeMap::<Id, usize>::new();
-        for (hash, record) in &keys {
+        // revocations last: a key created and revoked within the window is copied revoked
+        let created = pg.keys_created_since(since, MAX_RECENT_REVOCATIONS).await?;
+        let revoked = pg.keys_revoked_since(since, MAX_RECENT_REVOCATIONS).await?;
+        let mut restored = std::collections::BTreeMap::<Id, (usize, usize)>::new();
+        for (i, (hash, record)) in created.iter().chain(&revoked).enumerate() {
             if copy_key::run(&self.store, hash, record).await? == copy_key::Copied::Restored {
-                *restored.entry(record.tenant.clone()).or_default() += 1;
+                let n = restored.entry(record.tenant.clone()).or_default();
+                if i < created.len() && record.status == crate::apikey::KeyStatus::Active {
+                    n.0 += 1;
+                } else {
+                    n.1 += 1;
+                }
             }
         }
-        for (tenant, n) in &restored {
-            tracing::warn!(%tenant, revocations = n, "Redis had lost revocations PostgreSQL holds (a failover, a restart): restored");
+        for (tenant, (keys, revocations)) in &restored {
+            tracing::warn!(%tenant, keys, revocations, "Redis had lost key records PostgreSQL holds (a failover, a restart): restored");
             if let Err(e) = self.announce(Some(tenant)).await {
-                tracing::warn!(%tenant, error = %e, "restored revocations could not be announced: cached answers end within their TTL");
+                tracing::warn!(%tenant, error = %e, "restored key records could not be announced: cached answers end within their TTL");
             }
         }
-        Ok(restored.values().sum())
+        Ok(restored.values().map(|(k, r)| k + r).sum())
     }
 
     /// A revocation the admin API could not finish (PostgreSQL or Redis did not take it): done
@@ -274,11 +310,17 @@ pub async fn announce(store: &Store, tenant: Option<&Id>) -> Result<u64, StoreEr
 pub struct Live {
     snapshot: RwLock<Arc<Snapshot>>,
     version: AtomicU64,
+    /// The stored objects not in force as stored ([`Control::report`]).
+    unusable: RwLock<Vec<Unusable>>,
 }
 
 impl Live {
     pub fn new(snapshot: Snapshot) -> Live {
-        Live { snapshot: RwLock::new(Arc::new(snapshot)), version: AtomicU64::new(0) }
+        Live { snapshot: RwLock::new(Arc::new(snapshot)), version: AtomicU64::new(0), unusable: RwLock::default() }
+    }
+    /// The stored objects not in force as stored, by kind and id.
+    pub fn unusable(&self) -> Vec<Unusable> {
+        self.unusable.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
     pub fn get(&self) -> Arc<Snapshot> {
         self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone()

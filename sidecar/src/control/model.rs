@@ -145,6 +145,21 @@ impl Kind {
     }
 }
 
+/// The most objects of one kind a configuration may hold (decision 208): every replica loads
+/// them all at every change, and the filter matches a request against the routes one by one.
+pub fn max_objects(kind: Kind) -> usize {
+    match kind {
+        Kind::Tenants => 100_000,
+        Kind::Products => 1_000,
+        Kind::Plans => 10_000,
+        Kind::Routes => 1_000,
+    }
+}
+
+/// The largest object the admin API takes, in bytes of its JSON (decision 208): no tenant, plan
+/// or route needs more, and a row is read by every replica at every change.
+pub const MAX_OBJECT_BYTES: usize = 64 * 1024;
+
 /// The first string of `v` (a value or a key) holding a control character, as a field path under
 /// `prefix` (decision 201): no name, host, path or header value of the configuration needs one,
 /// and PostgreSQL's jsonb refuses `\u0000` — a write carrying it was answered 503
@@ -200,13 +215,24 @@ impl Snapshot {
                 return Err(invalid(format!("routes[{i}].id"), "duplicate id"));
             }
         }
+        if let Some(kind) = Kind::ALL.into_iter().find(|k| s.count(*k) > max_objects(*k)) {
+            return Err(invalid(kind.name(), format!("a configuration holds at most {} {}", max_objects(kind), kind.name())));
+        }
         s.validate()?;
         Ok(s)
     }
 
     /// Every rule a configuration in force obeys; the error names the first bad field.
     pub fn validate(&self) -> Result<(), Invalid> {
-        for (id, t) in &self.tenants {
+        self.first_invalid().map_or(Ok(()), |(_, _, e)| Err(e))
+    }
+
+    /// The first object that breaks a rule (in [`Kind::ALL`] order, then by id), with why. Each
+    /// rule is about one object (and what it names), so the object is known, not guessed from
+    /// a field path (ids may hold dots): what the PostgreSQL source needs to set one bad row
+    /// aside and keep the rest (decision 206).
+    pub fn first_invalid(&self) -> Option<(Kind, String, Invalid)> {
+        let tenant = |id: &String, t: &Tenant| -> Result<(), Invalid> {
             let f = format!("tenants.{id}");
             check_id(&format!("{f}.id"), id)?;
             if id.starts_with('_') {
@@ -221,19 +247,65 @@ impl Snapshot {
                     return Err(invalid(format!("{f}.products"), format!("'{p}' listed twice")));
                 }
             }
+            Ok(())
+        };
+        let found = |kind: Kind, id: &String, r: Result<(), Invalid>| r.err().map(|e| (kind, id.clone(), e));
+        self.tenants
+            .iter()
+            .find_map(|(id, t)| found(Kind::Tenants, id, tenant(id, t)))
+            .or_else(|| self.products.keys().find_map(|id| found(Kind::Products, id, check_id(&format!("products.{id}.id"), id))))
+            .or_else(|| {
+                self.plans.iter().find_map(|(id, p)| {
+                    let one = BTreeMap::from([(id.clone(), p.clone())]);
+                    found(Kind::Plans, id, Plans::compile(&one).map(|_| ()))
+                })
+            })
+            .or_else(|| self.routes.iter().find_map(|(id, r)| found(Kind::Routes, id, validate_route(id, r, self))))
+    }
+
+    /// How many objects of `kind` there are.
+    pub fn count(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Tenants => self.tenants.len(),
+            Kind::Products => self.products.len(),
+            Kind::Plans => self.plans.len(),
+            Kind::Routes => self.routes.len(),
         }
-        for id in self.products.keys() {
-            check_id(&format!("products.{id}.id"), id)?;
+    }
+
+    /// Removes an object; whether there was one.
+    pub fn remove(&mut self, kind: Kind, id: &str) -> bool {
+        match kind {
+            Kind::Tenants => self.tenants.remove(id).is_some(),
+            Kind::Products => self.products.remove(id).is_some(),
+            Kind::Plans => self.plans.remove(id).is_some(),
+            Kind::Routes => self.routes.remove(id).is_some(),
         }
-        Plans::compile(&self.plans)?;
-        for (id, r) in &self.routes {
-            validate_route(id, r, self)?;
+    }
+
+    /// Puts an object (JSON as [`Snapshot::get`] shows it) in under `id`, unvalidated.
+    pub fn insert_value(&mut self, kind: Kind, id: &str, v: Value) -> Result<(), serde_json::Error> {
+        let id = id.to_string();
+        match kind {
+            Kind::Tenants => drop(self.tenants.insert(id, serde_json::from_value(v)?)),
+            Kind::Products => drop(self.products.insert(id, serde_json::from_value(v)?)),
+            Kind::Plans => drop(self.plans.insert(id, PlanConfig { limits: serde_json::from_value::<Plan>(v)?.limits })),
+            Kind::Routes => drop(self.routes.insert(id, serde_json::from_value(v)?)),
         }
         Ok(())
     }
 
-    /// The snapshot with `change` applied and validated; `self` is untouched either way.
+    /// The snapshot with `change` applied and validated; `self` is untouched either way. A new
+    /// object past its kind's bound ([`max_objects`]) is refused, naming the kind.
     pub fn apply(&self, change: &Change) -> Result<Snapshot, Invalid> {
+        if let Change::Put(kind, v) = change {
+            let id = v.get("id").and_then(Value::as_str).unwrap_or_default();
+            let max = max_objects(*kind);
+            if self.get(*kind, id).is_none() && self.count(*kind) >= max {
+                let what = kind.name();
+                return Err(invalid(what, format!("a configuration holds at most {max} {what} (delete one first)")));
+            }
+        }
         let mut next = self.clone();
         match change {
             Change::Put(kind, value) => {
@@ -418,6 +490,20 @@ mod tests {
         assert_eq!(at(json!({"id": "acme", "products": ["chat", "x\ny"]})), Some("tenants.acme.products[1]".into()));
         assert_eq!(at(json!({"id": "acme", "match": {"headers": [{"name": "x", "value": "\u{7f}"}]}})), Some("tenants.acme.match.headers[0].value".into()));
         assert_eq!(at(json!({"id": "acme", "name": "Acmé Ltd. — 例"})), None);
+    }
+
+    /// Decision 208: a configuration holds a bounded number of objects of each kind.
+    #[test]
+    fn a_kind_past_its_bound_is_refused_naming_it() {
+        let mut s = base();
+        for i in 0..max_objects(Kind::Products) - 1 {
+            s.products.insert(format!("p{i}"), Product { id: format!("p{i}"), name: String::new() });
+        }
+        assert_eq!(s.apply(&Change::Put(Kind::Products, json!({"id": "one-more"}))).unwrap_err().field, "products");
+        // replacing one that exists is no new object
+        assert!(s.apply(&Change::Put(Kind::Products, json!({"id": "p1", "name": "renamed"}))).is_ok());
+        let products: Vec<Product> = s.products.values().cloned().chain([Product { id: "x".into(), name: String::new() }]).collect();
+        assert_eq!(Snapshot::from_file(&[], &products, &BTreeMap::new(), &[]).unwrap_err().field, "products");
     }
 
     #[test]

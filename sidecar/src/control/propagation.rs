@@ -8,7 +8,10 @@
 //! `admin.resync_interval`, the replica compares `cfg:routing:version` with the version it last
 //! loaded and reloads everything if they differ, so a message missed while disconnected cannot
 //! leave it stale; while it cannot subscribe at all (the node down, pub/sub refused), it still
-//! compares every `admin.resync_interval`, through the store's own connections. On a Cluster
+//! compares every `admin.resync_interval`, through the store's own connections. The connection
+//! is pinged every `admin.subscriber_ping` (50 ms); one that does not answer within twice that —
+//! it stopped delivering without closing — is replaced, and the replica resynchronises (decision
+//! 207). On a Cluster
 //! each attempt to subscribe takes the next configured node. The key cache's TTL stays the last
 //! safety net.
 //!
@@ -80,8 +83,19 @@ impl SubscribeTo {
     }
 }
 
+/// How often the subscriber compares versions and pings its connection (`[admin]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Cadence {
+    /// `admin.resync_interval`.
+    pub resync: Duration,
+    /// `admin.subscriber_ping`: a ping unanswered within twice this replaces the connection.
+    pub ping: Duration,
+}
+
 /// The subscriber: runs until `shutdown`.
-pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Duration, shutdown: CancellationToken) {
+pub async fn run(control: Arc<Control>, to: SubscribeTo, cadence: Cadence, shutdown: CancellationToken) {
+    let resync_interval = cadence.resync;
+    let mut silent = Silences::default();
     if let SubscribeTo::Nodes(urls) = &to {
         if let Some(e) = urls.iter().find_map(|url| redis::Client::open(url.as_str()).err()) {
             tracing::error!(error = %e, "config propagation disabled: bad Redis URL");
@@ -103,7 +117,7 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Durati
             _ = shutdown.cancelled() => return,
             r = tokio::time::timeout(Duration::from_secs(4), subscribed) => r,
         };
-        let mut ps = match ps {
+        let ps = match ps {
             Ok(Ok(ps)) => ps,
             Ok(Err(_)) | Err(_) => {
                 tracing::debug!("cannot subscribe to config changes yet; retrying");
@@ -125,15 +139,29 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Durati
         // Subscribed first, compared second: a change after this point arrives as a message.
         resync(&control).await;
         last_resync = tokio::time::Instant::now();
-        let mut messages = ps.on_message();
+        // The sink pings while the stream delivers: a connection that stopped delivering without
+        // closing (a peer gone without a reset, a frozen path) answers no ping either, and is
+        // replaced within twice the ping interval — not at the next resync (decision 207).
+        let (mut sink, mut messages) = ps.split();
         let mut tick = tokio::time::interval(resync_interval);
         tick.reset();
+        let mut ping = tokio::time::interval(cadence.ping);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.reset();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {
                     resync(&control).await;
                     last_resync = tokio::time::Instant::now();
+                }
+                _ = ping.tick() => {
+                    let answered = tokio::time::timeout(cadence.ping * 2, sink.ping::<redis::Value>()).await;
+                    if !matches!(answered, Ok(Ok(_))) {
+                        metrics::counter!(crate::metrics::SUBSCRIBER_REPLACED).increment(1);
+                        silent.note(cadence.ping * 2);
+                        break;
+                    }
                 }
                 msg = messages.next() => {
                     let Some(msg) = msg else {
@@ -155,16 +183,35 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, resync_interval: Durati
     }
 }
 
+/// Replacements of a silent subscription, logged at most once a minute (a machine too loaded
+/// to answer in time would otherwise log at every ping).
+#[derive(Default)]
+struct Silences {
+    logged: Option<tokio::time::Instant>,
+    since: u64,
+}
+
+impl Silences {
+    fn note(&mut self, waited: Duration) {
+        self.since += 1;
+        if self.logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            tracing::warn!(waited = ?waited, replaced = self.since, "the config change subscription answered no ping: replacing it and resynchronising");
+            self.logged = Some(tokio::time::Instant::now());
+            self.since = 0;
+        }
+    }
+}
+
 /// Reloads everything if `cfg:routing:version` moved past what this replica loaded, and puts
-/// back the recent revocations Redis may have lost (decision 197).
+/// back the recent revocations and new keys Redis may have lost (decisions 197, 209).
 async fn resync(control: &Control) {
     let Ok(version) = control.routing_version().await else { return };
     if version != control.live.version() {
         tracing::info!(from = control.live.version(), to = version, "configuration version moved; resynchronising");
         let _ = control.reload(None, version).await;
     }
-    if let Err(e) = control.restore_recent_revocations().await {
-        tracing::debug!(error = %e, "recent revocations not re-copied this time");
+    if let Err(e) = control.restore_recent_keys().await {
+        tracing::debug!(error = %e, "recent key records not re-copied this time");
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod postgres;
 
 use super::model::{Invalid, Snapshot};
+use super::salvage::Unusable;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::time::Duration;
@@ -33,8 +34,10 @@ pub enum SourceError {
 
 /// A source of configuration snapshots.
 pub trait ConfigSource: Send + Sync {
-    /// The configuration as stored now, validated.
-    fn load(&self) -> impl Future<Output = Result<Snapshot, SourceError>> + Send;
+    /// The configuration as stored now — not validated: what the objects name may be missing —
+    /// and the stored objects that could not be read (decision 206;
+    /// [`crate::control::salvage`] makes the configuration to put in force of both).
+    fn load(&self) -> impl Future<Output = Result<(Snapshot, Vec<Unusable>), SourceError>> + Send;
 }
 
 /// The TOML file's configuration, fixed for the life of the process.
@@ -47,8 +50,8 @@ impl FileSource {
 }
 
 impl ConfigSource for FileSource {
-    async fn load(&self) -> Result<Snapshot, SourceError> {
-        Ok(self.0.clone())
+    async fn load(&self) -> Result<(Snapshot, Vec<Unusable>), SourceError> {
+        Ok((self.0.clone(), Vec::new()))
     }
 }
 

@@ -8,6 +8,7 @@
 
 use super::{ConfigSource, SourceError};
 use crate::control::model::{Kind, Plan, Product, Route, Snapshot, Tenant};
+use crate::control::salvage::Unusable;
 use crate::apikey::{KeyRecord, KeyStatus};
 use crate::keys::{Id, KeyHash};
 use crate::decision::limits::PlanConfig;
@@ -21,6 +22,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("../../../migrations/config/0002_api_keys_plan.sql")),
     (3, include_str!("../../../migrations/config/0003_api_keys_id_order.sql")),
     (4, include_str!("../../../migrations/config/0004_api_keys_recent.sql")),
+    (5, include_str!("../../../migrations/config/0005_api_keys_created.sql")),
 ];
 
 /// How long one use of the connection (a query, a transaction) may wait for the server: a
@@ -156,16 +158,15 @@ impl PgSource {
     /// refusal that stores nothing. So two replicas whose copies each lack the other's change
     /// never store a configuration that fails validation (a plan deleted on one while a route
     /// naming it is written on the other): the second write is checked against the first.
-    pub async fn write<T, E>(&self, check: impl FnOnce(Snapshot) -> Result<(Row, T), E>) -> Result<Result<T, E>, SourceError> {
+    /// `check` gets the rows that could not be read beside the rest (decision 206): it sets them
+    /// aside as a load does, so one such row refuses no write — its own DELETE included.
+    pub async fn write<T, E>(&self, check: impl FnOnce(Snapshot, Vec<Unusable>) -> Result<(Row, T), E>) -> Result<Result<T, E>, SourceError> {
         self.with(async move |c| {
             let tx = c.transaction().await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK]).await?;
             let rows = tx.query(&load_sql(), &[]).await?;
-            let stored = match snapshot_of(&rows) {
-                Ok(s) => s,
-                Err(e) => return Ok(Err(e)),
-            };
-            let (row, answer) = match check(stored) {
+            let (stored, unread) = snapshot_of(&rows);
+            let (row, answer) = match check(stored, unread) {
                 Ok(r) => r,
                 Err(refused) => return Ok(Ok(Err(refused))),
             };
@@ -293,6 +294,22 @@ impl PgSource {
         rows.iter().map(key_row).collect()
     }
 
+    /// The keys created at `since` (Unix seconds) or later, the latest `limit` (decision 209).
+    pub async fn keys_created_since(&self, since: u64, limit: i64) -> Result<Vec<(KeyHash, KeyRecord)>, SourceError> {
+        let since = i64::try_from(since).unwrap_or(i64::MAX);
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
+                     WHERE created_at >= $1 ORDER BY created_at DESC LIMIT $2",
+                    &[&since, &limit],
+                )
+                .await
+            })
+            .await?;
+        rows.iter().map(key_row).collect()
+    }
+
     /// One page of [`PgSource::keys`] in key-id order (byte order, as the file source's; decision
     /// 184), and whether more follow.
     pub async fn keys_page(&self, tenant: Option<&Id>, page: &crate::apikey::KeyPage) -> Result<(Vec<(KeyHash, KeyRecord)>, bool), SourceError> {
@@ -369,39 +386,42 @@ fn load_sql() -> String {
         + " ORDER BY kind, id"
 }
 
-/// The configuration the rows of [`load_sql`] hold, not yet validated.
-fn snapshot_of(rows: &[tokio_postgres::Row]) -> Result<Snapshot, SourceError> {
+/// The configuration the rows of [`load_sql`] hold, not yet validated, and the rows that could
+/// not be read (decision 206): a document that does not parse (a field a newer sidecar wrote, a
+/// hand edit) or whose `id` differs from its key column (decision 208: the admin API would show
+/// one id and the configuration use another) is set aside alone, never failing the rest.
+fn snapshot_of(rows: &[tokio_postgres::Row]) -> (Snapshot, Vec<Unusable>) {
     let mut s = Snapshot::default();
+    let mut unread = Vec::new();
     for r in rows {
-        let kind = usize::try_from(r.get::<_, i32>(0)).ok().and_then(|i| Kind::ALL.get(i).copied());
-        let kind = kind.ok_or_else(|| SourceError::Corrupt("a row of no known table".into()))?;
+        let Some(kind) = usize::try_from(r.get::<_, i32>(0)).ok().and_then(|i| Kind::ALL.get(i).copied()) else { continue };
         let (id, doc) = (r.get::<_, String>(1), r.get::<_, String>(2));
-        let name = format!("{}.{id}", kind.name());
-        let corrupt = |e: serde_json::Error| SourceError::Corrupt(format!("{name}: {e}"));
-        match kind {
-            Kind::Tenants => {
-                s.tenants.insert(id, serde_json::from_str::<Tenant>(&doc).map_err(corrupt)?);
-            }
-            Kind::Products => {
-                s.products.insert(id, serde_json::from_str::<Product>(&doc).map_err(corrupt)?);
-            }
-            Kind::Plans => {
-                let p: Plan = serde_json::from_str(&doc).map_err(corrupt)?;
-                s.plans.insert(id, PlanConfig { limits: p.limits });
-            }
-            Kind::Routes => {
-                s.routes.insert(id, serde_json::from_str::<Route>(&doc).map_err(corrupt)?);
-            }
+        if let Err(reason) = read_row(&mut s, kind, &id, &doc) {
+            unread.push(Unusable::new(kind, id, reason));
         }
     }
-    Ok(s)
+    (s, unread)
+}
+
+/// Puts one stored document into `s`, or says why it cannot be read.
+fn read_row(s: &mut Snapshot, kind: Kind, id: &str, doc: &str) -> Result<(), String> {
+    let v: serde_json::Value = serde_json::from_str(doc).map_err(|e| format!("not JSON: {e}"))?;
+    match v.get("id").and_then(serde_json::Value::as_str) {
+        Some(own) if own != id => return Err(format!("its document's id '{}' differs from its key column", own.escape_debug())),
+        _ => {}
+    }
+    let read = match kind {
+        Kind::Tenants => serde_json::from_value::<Tenant>(v).map(|t| drop(s.tenants.insert(id.to_string(), t))),
+        Kind::Products => serde_json::from_value::<Product>(v).map(|p| drop(s.products.insert(id.to_string(), p))),
+        Kind::Plans => serde_json::from_value::<Plan>(v).map(|p| drop(s.plans.insert(id.to_string(), PlanConfig { limits: p.limits }))),
+        Kind::Routes => serde_json::from_value::<Route>(v).map(|r| drop(s.routes.insert(id.to_string(), r))),
+    };
+    read.map_err(|e| e.to_string())
 }
 
 impl ConfigSource for PgSource {
-    async fn load(&self) -> Result<Snapshot, SourceError> {
+    async fn load(&self) -> Result<(Snapshot, Vec<Unusable>), SourceError> {
         let rows = self.with(async |c| c.query(&load_sql(), &[]).await).await?;
-        let s = snapshot_of(&rows)?;
-        s.validate()?;
-        Ok(s)
+        Ok(snapshot_of(&rows))
     }
 }
