@@ -159,7 +159,12 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, cadence: Cadence, shutd
                     let answered = tokio::time::timeout(cadence.ping * 2, sink.ping::<redis::Value>()).await;
                     if !matches!(answered, Ok(Ok(_))) {
                         metrics::counter!(crate::metrics::SUBSCRIBER_REPLACED).increment(1);
+                        let pause = silent.pause();
                         silent.note(cadence.ping * 2);
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
                         break;
                     }
                 }
@@ -184,15 +189,29 @@ pub async fn run(control: Arc<Control>, to: SubscribeTo, cadence: Cadence, shutd
 }
 
 /// Replacements of a silent subscription, logged at most once a minute (a machine too loaded
-/// to answer in time would otherwise log at every ping).
+/// to answer in time would otherwise log at every ping), and made at most once a second after
+/// the first (each costs a resubscription and a resync).
 #[derive(Default)]
 struct Silences {
     logged: Option<tokio::time::Instant>,
     since: u64,
+    /// When the last replacement subscribes again (after its pause).
+    last: Option<tokio::time::Instant>,
 }
 
 impl Silences {
+    /// How long to wait before subscribing again: nothing after a first replacement (the
+    /// revocation bound), a second after one that came within a second of the last.
+    fn pause(&self) -> Duration {
+        match self.last {
+            Some(t) if tokio::time::Instant::now().saturating_duration_since(t) < Duration::from_secs(1) => Duration::from_secs(1),
+            _ => Duration::ZERO,
+        }
+    }
+
     fn note(&mut self, waited: Duration) {
+        let pause = self.pause();
+        self.last = Some(tokio::time::Instant::now() + pause);
         self.since += 1;
         if self.logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
             tracing::warn!(waited = ?waited, replaced = self.since, "the config change subscription answered no ping: replacing it and resynchronising");
