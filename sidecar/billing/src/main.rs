@@ -98,7 +98,7 @@ async fn usage(config: &Config, tenant: &str, day: Option<String>, month: Option
         println!("requests whose token usage could not be read (not in TOKENS): {}", t.tokens_unread);
     }
     // LLM calls per model (issue 42): the rollup's alone (the Redis meter has no models)
-    let models = tollgate_billing::models::by_model(&db, tenant, &from, &to).await?;
+    let models = tollgate_billing::report::by_model(&db, tenant, &from, &to).await?;
     if !models.is_empty() {
         println!();
         println!("{:<40} {:>10} {:>14} {:>14} {:>14} {:>14}", "MODEL", "REQUESTS", "INPUT", "OUTPUT", "CACHED", "TOKENS");

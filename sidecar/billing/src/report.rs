@@ -144,6 +144,35 @@ pub async fn usage(
     Ok(merge(&rollup, &meter))
 }
 
+/// LLM calls per model (issue 42), from `usage_daily_models` (crate::models): the rollup's
+/// alone, the Redis meter has no models.
+/// A tenant's LLM calls from `from` to `to` (`yyyy-MM-dd`, inclusive) per model billed:
+/// `(model, [requests, input, output, cached, tokens])`, in model order (`''`: neither model
+/// was read). A database no consumer of issue 42 has migrated: none.
+pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5])>, tokio_postgres::Error> {
+    let c = db.client();
+    let exists: bool = c.query_one("SELECT to_regclass('usage_daily_models') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let sum = |col: &str| format!("LEAST(sum({col}), 9223372036854775807)::int8");
+    let rows = c
+        .query(
+            &format!(
+                "SELECT model, {}, {}, {}, {}, {} FROM usage_daily_models
+                 WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date GROUP BY model ORDER BY model",
+                sum("requests"),
+                sum("input_tokens"),
+                sum("output_tokens"),
+                sum("cached_tokens"),
+                sum("tokens")
+            ),
+            &[&tenant, &from, &to],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)])).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
