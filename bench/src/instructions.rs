@@ -454,8 +454,8 @@ pub fn run() {
     // The plugin configuration: the bench's, its sidecar timeout raised for valgrind.
     let plugin = |extra: Value| {
         // authCacheMaxTtl 60 s: the auth cache's refresh is time-driven (a call per key every
-        // 500 ms by default), and under valgrind 2 s of requests are 50× fewer than at speed:
-        // kept at 500 ms, it would charge each request ~50× its share (decision 270)
+        // 500 ms by default), and under valgrind a second holds 50× fewer requests than at
+        // speed: kept at 500 ms, it would charge each request ~50× its share (decision 270)
         let mut config = json!({"sidecar": {"timeout": "5s"}, "failureMode": "closed", "authCacheMaxTtl": "60s"});
         if let (Some(config), Value::Object(extra)) = (config.as_object_mut(), extra) {
             config.extend(extra);
@@ -505,13 +505,13 @@ pub fn run() {
             let _ = std::fs::remove_dir_all(&out);
             std::fs::create_dir_all(&out).expect("create the dump folder");
             std::env::set_var("TOLLGATE_CALLGRIND_OUT", &out);
+            if path.key == KeyOf::Zipf && keys.zipf.is_none() {
+                eprintln!("{label}: not measured (--zipf-keys 0)");
+                continue;
+            }
             let started = Instant::now();
             let envoy = Envoy::start(opts);
             eprint!("{label:<36} Envoy up in {:>4.1}s  ", started.elapsed().as_secs_f64());
-            if path.key == KeyOf::Zipf && keys.zipf.is_none() {
-                eprintln!("not measured (--zipf-keys 0)");
-                continue;
-            }
             match measure(&envoy, &out, &mut keys, path.key, &w) {
                 Ok(f) => {
                     eprintln!(
@@ -540,12 +540,12 @@ pub fn run() {
             }
         }
     }
-    report(&results, &w);
+    report(&results, &w, &dumps);
     drop((sidecar, broker, redis, upstream));
 }
 
 /// The table (docs/benchmarks.md's form), the JSON, and one line per host and path.
-fn report(results: &[Measured], w: &Windows) {
+fn report(results: &[Measured], w: &Windows, dumps: &Path) {
     let Some(base) = results.iter().find(|r| r.path == "envoy-alone").map(|r| r.per_request) else {
         eprintln!("Envoy alone was not measured: no ratios");
         return;
@@ -578,7 +578,7 @@ fn report(results: &[Measured], w: &Windows) {
         "paths": results,
     });
     let _ = std::fs::write(dir.join("instructions.json"), serde_json::to_string_pretty(&doc).unwrap_or_default());
-    println!("\nwrote .tollgate/bench/instructions.json; dumps under .tollgate/bench/callgrind/ (callgrind_annotate)\n");
+    println!("\nwrote .tollgate/bench/instructions.json; dumps under {} (callgrind_annotate)\n", dumps.display());
     for r in results {
         let host = if r.host == "-" { "envoy" } else { r.host };
         println!("{host} {} {:.2}", r.path, r.per_request / base);
