@@ -80,7 +80,7 @@ fn main() {
              \x20      tollgate-bench usage-intake [--aggregate-above-rps N] [--batches B]\n\
              \x20      tollgate-bench usage-shipping [--events E]\n\
              \x20      tollgate-bench instructions [--hosts wasm,native] [--only PATH,PATH] [--warmup N] [--small N] [--large N]\n\
-             \x20                                  [--idle-secs S] [--zipf-keys N] [--zipf-s S] [--dumps DIR]\n\
+             \x20                                  [--idle-secs S] [--zipf-keys N] [--zipf-s S] [--dumps DIR] [--template PATH]\n\
              (docs/benchmarks.md)"
         ),
         _ => compare::run(),

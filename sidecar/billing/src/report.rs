@@ -144,11 +144,10 @@ pub async fn usage(
     Ok(merge(&rollup, &meter))
 }
 
-/// LLM calls per model (issue 42), from `usage_daily_models` (crate::models): the rollup's
-/// alone, the Redis meter has no models.
 /// A tenant's LLM calls from `from` to `to` (`yyyy-MM-dd`, inclusive) per model billed:
 /// `(model, [requests, input, output, cached, tokens])`, in model order (`''`: neither model
-/// was read). A database no consumer of issue 42 has migrated: none.
+/// was read), from `usage_daily_models` (crate::models; the Redis meter has no models). A
+/// database no consumer of issue 42 has migrated: none.
 pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5])>, tokio_postgres::Error> {
     let c = db.client();
     let exists: bool = c.query_one("SELECT to_regclass('usage_daily_models') IS NOT NULL", &[]).await?.get(0);
