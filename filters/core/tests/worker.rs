@@ -8,8 +8,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-use std::cell::Cell;
-use std::rc::Rc;
+use std::{cell::Cell, rc::Rc};
 use std::time::Duration;
 use tollgate_filter_core::breaker::{self, Phase, State};
 use tollgate_filter_core::config::FilterConfig;
