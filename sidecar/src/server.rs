@@ -358,6 +358,7 @@ async fn usage(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("invalid usage batch: {e}")),
     };
     let clamped = batch.events.iter_mut().map(crate::usage::normalize).filter(|c| *c).count();
+    usage.price(&mut batch.events);
     if clamped > 0 {
         metrics::counter!(crate::metrics::TOKENS_CLAMPED, "source" => "usage").increment(clamped as u64);
     }

@@ -13,11 +13,19 @@ use tollgate_tests::{poll_until, post, Gateway};
 const ROUTES: &str = "[[routes]]\nid = \"llm\"\ncluster = \"upstream\"\nllm = true\n[routes.match]\npath_prefix = \"/v1\"\n\
                       [[routes]]\nid = \"plain\"\ncluster = \"upstream\"\n[routes.match]\npath_prefix = \"/plain\"\n";
 
+/// USD micro-units per million tokens: dated OpenAI versions by prefix, Anthropic's price of today
+/// and a later one (not yet in effect), every other model at the default rates.
+const PRICES: &str = "[usage.pricing]\ncurrency = \"USD\"\n\
+    [usage.pricing.default]\ninput_per_mtok = 1000000\noutput_per_mtok = 1000000\n\
+    [[usage.pricing.prices]]\nmodel = \"gpt-4o-mini*\"\ninput_per_mtok = 150000\noutput_per_mtok = 600000\ncached_input_per_mtok = 75000\n\
+    [[usage.pricing.prices]]\nmodel = \"claude-sonnet-4*\"\ninput_per_mtok = 3000000\noutput_per_mtok = 15000000\ncached_input_per_mtok = 300000\n\
+    [[usage.pricing.prices]]\nmodel = \"claude-sonnet-4*\"\ninput_per_mtok = 30000000\noutput_per_mtok = 150000000\neffective_from = \"2099-01-01\"\n";
+
 fn gateway() -> Gateway {
     Gateway::builder()
         .sidecar_toml(&format!(
             "{ROUTES}[[plans.llm.limits]]\nname = \"month\"\nalgorithm = \"token_budget\"\nlimit = 1000000\nestimate = 400\n\
-             [usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n\
+             [usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n{PRICES}\
              [usage.kafka]\nbrokers = \"${{BROKERS}}\"\ntopic = \"usage_events\"\npartitions = 2\ndelivery_timeout = \"3s\"\n"
         ))
         .plugin(json!({
@@ -29,11 +37,11 @@ fn gateway() -> Gateway {
         .build()
 }
 
-/// `(model, requests, input, output, cached, tokens)` of acme's rows in `usage_daily_models`.
+/// `(model, requests, input, output, cached, tokens, cost)` of acme's rows in `usage_daily_models`.
 fn by_model(g: &Gateway) -> Vec<String> {
     psql(
         g.pg(),
-        "SELECT model, sum(requests), sum(input_tokens), sum(output_tokens), sum(cached_tokens), sum(tokens) \
+        "SELECT model, sum(requests), sum(input_tokens), sum(output_tokens), sum(cached_tokens), sum(tokens), sum(cost_micros) \
          FROM usage_daily_models WHERE tenant = 'acme' GROUP BY model ORDER BY model",
     )
     .unwrap_or_default()
@@ -71,11 +79,14 @@ fn llm_routes_bill_models_and_tokens_apart() {
     let r = call(&key.raw, "/plain/chat", chat, "openai", "gpt-4o-mini-2024-07-18");
     assert_eq!(r.status, 200, "{}", r.body);
 
+    // costs in micro-USD: claude 105 × 3 + 1000 × 0.3 + 12 × 15 (795), then 15 out (840), today's
+    // price not the later one; gpt-4o-mini 4 × 0.15 + 16 × 0.075 + 7 × 0.6 = 6 each; the
+    // others at the default 1 per token
     let want = [
-        "claude-sonnet-4-20250514|2|2210|27|2000|2237", // 1105 in (5 + 100 written + 1000 read), 12 and 15 out
-        "gemini-2.5-flash-001|1|11|8|4|19",             // 5 candidates + 3 thoughts out
-        "gpt-4o|1|20|7|16|27",
-        "gpt-4o-mini-2024-07-18|2|40|14|32|54",
+        "claude-sonnet-4-20250514|2|2210|27|2000|2237|1635", // 1105 in (5 + 100 written + 1000 read), 12 and 15 out
+        "gemini-2.5-flash-001|1|11|8|4|19|19",               // 5 candidates + 3 thoughts out
+        "gpt-4o|1|20|7|16|27|27",
+        "gpt-4o-mini-2024-07-18|2|40|14|32|54|12",
     ];
     poll_until("the rollup by model", Duration::from_secs(60), || by_model(&g) == want);
     // every request once, the plain route's without facts, the hostile model left out
@@ -86,6 +97,8 @@ fn llm_routes_bill_models_and_tokens_apart() {
     assert_eq!(events("requested_model = 'claude-sonnet-4'"), 2);
     assert_eq!(events("requested_model = 'gemini-2.5-flash' AND path LIKE '/v1beta/models/%'"), 1, "the model named by the path");
     assert_eq!(events("model = 'gpt-4o' AND requested_model IS NULL"), 1);
+    // each event carries its own cost (a later price never re-prices it)
+    assert_eq!(events("cost_micros = 840 AND model = 'claude-sonnet-4-20250514'"), 1);
     // the token budget was charged the totals Anthropic and Gemini report only in parts
     assert_eq!(psql_i64(g.pg(), "SELECT sum(tokens) FROM usage_daily WHERE tenant = 'acme'"), 54 + 2237 + 19 + 27 + 27);
     assert_eq!(psql_i64(g.pg(), "SELECT count(*) FROM usage_events WHERE tenant = 'acme' AND tokens_unread"), 0);
@@ -94,6 +107,6 @@ fn llm_routes_bill_models_and_tokens_apart() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
     let line = |model: &str| text.lines().find(|l| l.starts_with(model)).map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "));
-    assert_eq!(line("claude-sonnet-4-20250514").as_deref(), Some("2 2210 27 2000 2237"), "{text}");
-    assert_eq!(line("gemini-2.5-flash-001").as_deref(), Some("1 11 8 4 19"), "{text}");
+    assert_eq!(line("claude-sonnet-4-20250514").as_deref(), Some("2 2210 27 2000 2237 0.001635"), "{text}");
+    assert_eq!(line("gemini-2.5-flash-001").as_deref(), Some("1 11 8 4 19 0.000019"), "{text}");
 }

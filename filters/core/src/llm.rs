@@ -191,7 +191,14 @@ impl ResponseFacts {
             (Some(c), Some(i)) => Some(c.min(i)),
             _ => None,
         };
-        let u = LlmUsage { requested_model, model: self.model, input_tokens: self.input, output_tokens: self.output, cached_tokens: cached };
+        let u = LlmUsage {
+            requested_model,
+            model: self.model,
+            input_tokens: self.input,
+            output_tokens: self.output,
+            cached_tokens: cached,
+            cost_micros: None,
+        };
         (!u.is_empty()).then_some(u)
     }
 }

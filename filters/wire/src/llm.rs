@@ -34,6 +34,10 @@ pub struct LlmUsage {
     /// Of the input tokens, those read from the provider's prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// What the call cost, in micro-units of the deployment's currency: written by the sidecar
+    /// that took the event, at the price in effect at the request's arrival (absent: unpriced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
 }
 
 impl LlmUsage {
@@ -55,8 +59,8 @@ impl LlmUsage {
             return Some("llm model: 1-128 of [A-Za-z0-9._:/@+-]");
         }
         let max = crate::usage::MAX_TOKENS;
-        if [self.input_tokens, self.output_tokens, self.cached_tokens].into_iter().flatten().any(|n| n > max) {
-            return Some("llm tokens: above 2^53");
+        if [self.input_tokens, self.output_tokens, self.cached_tokens, self.cost_micros].into_iter().flatten().any(|n| n > max) {
+            return Some("llm tokens or cost: above 2^53");
         }
         if let (Some(cached), Some(input)) = (self.cached_tokens, self.input_tokens) {
             if cached > input {
@@ -99,6 +103,7 @@ mod tests {
             input_tokens: Some(10),
             output_tokens: Some(5),
             cached_tokens: Some(4),
+            cost_micros: None,
         };
         assert_eq!(u.invalid_reason(), None);
         assert_eq!(u.billed_model(), Some("gpt-4o-mini"));

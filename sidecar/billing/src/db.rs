@@ -83,7 +83,7 @@ CREATE TABLE IF NOT EXISTS usage_rejects (
 /// Columns added since the first schema (decision 183), by [`Db::migrate`] where missing after a
 /// look in `information_schema`: an `ALTER TABLE` takes its table's exclusive lock even when the
 /// column is there, and would queue every insert behind a long reader at each start.
-const ADDED_COLUMNS: [(&str, &str, &str); 7] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 8] = [
     ("usage_events", "tokens_unread", "boolean NOT NULL DEFAULT false"),
     ("usage_daily", "requests_tokens_unread", "bigint NOT NULL DEFAULT 0"),
     // an LLM call's facts (issue 42, event schema v2)
@@ -92,6 +92,7 @@ const ADDED_COLUMNS: [(&str, &str, &str); 7] = [
     ("usage_events", "input_tokens", "bigint"),
     ("usage_events", "output_tokens", "bigint"),
     ("usage_events", "cached_tokens", "bigint"),
+    ("usage_events", "cost_micros", "bigint"),
 ];
 
 async fn insert_reject(c: &impl tokio_postgres::GenericClient, topic: &str, m: &Consumed, reason: &str) -> Result<(), tokio_postgres::Error> {
@@ -251,7 +252,7 @@ impl Db {
         let (mut status, mut denied, mut method, mut authority, mut path) = (vec![], vec![], vec![], vec![], vec![]);
         let (mut start, mut duration, mut tokens, mut req_b, mut resp_b) = (vec![], vec![], vec![], vec![], vec![]);
         let mut unread = vec![];
-        let (mut asked, mut model, mut input, mut output, mut cached) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut asked, mut model, mut input, mut output, mut cached, mut cost) = (vec![], vec![], vec![], vec![], vec![], vec![]);
         for e in &events {
             let llm = e.llm.clone().unwrap_or_default();
             asked.push(llm.requested_model);
@@ -259,6 +260,7 @@ impl Db {
             input.push(llm.input_tokens.map(tokens_i64));
             output.push(llm.output_tokens.map(tokens_i64));
             cached.push(llm.cached_tokens.map(tokens_i64));
+            cost.push(llm.cost_micros.map(tokens_i64));
             ids.push(e.id.clone());
             day.push(e.day().iso());
             tenant.push(e.tenant.clone());
@@ -281,19 +283,19 @@ impl Db {
             .query(
                 "INSERT INTO usage_events (event_id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
                                            start_ms, duration_ms, tokens, request_bytes, response_bytes, tokens_unread,
-                                           requested_model, model, input_tokens, output_tokens, cached_tokens)
+                                           requested_model, model, input_tokens, output_tokens, cached_tokens, cost_micros)
                  SELECT u.id, u.day::date, u.tenant, u.key_id, u.plan, u.class, u.status, u.denied, u.method, u.authority,
-                        u.path, u.start_ms, u.duration_ms, u.tokens, u.req_b, u.resp_b, u.unread, u.asked, u.model, u.it, u.ot, u.ct
+                        u.path, u.start_ms, u.duration_ms, u.tokens, u.req_b, u.resp_b, u.unread, u.asked, u.model, u.it, u.ot, u.ct, u.cm
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int4[], $8::text[],
                              $9::text[], $10::text[], $11::text[], $12::int8[], $13::int8[], $14::int8[], $15::int8[], $16::int8[],
-                             $17::bool[], $18::text[], $19::text[], $20::int8[], $21::int8[], $22::int8[])
+                             $17::bool[], $18::text[], $19::text[], $20::int8[], $21::int8[], $22::int8[], $23::int8[])
                       AS u(id, day, tenant, key_id, plan, class, status, denied, method, authority, path,
-                           start_ms, duration_ms, tokens, req_b, resp_b, unread, asked, model, it, ot, ct)
+                           start_ms, duration_ms, tokens, req_b, resp_b, unread, asked, model, it, ot, ct, cm)
                  ON CONFLICT (event_id) DO NOTHING
                  RETURNING event_id",
                 &[
                     &ids, &day, &tenant, &key_id, &plan, &class, &status, &denied, &method, &authority, &path, &start,
-                    &duration, &tokens, &req_b, &resp_b, &unread, &asked, &model, &input, &output, &cached,
+                    &duration, &tokens, &req_b, &resp_b, &unread, &asked, &model, &input, &output, &cached, &cost,
                 ],
             )
             .await?;

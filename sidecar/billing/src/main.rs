@@ -101,10 +101,12 @@ async fn usage(config: &Config, tenant: &str, day: Option<String>, month: Option
     let models = tollgate_billing::report::by_model(&db, tenant, &from, &to).await?;
     if !models.is_empty() {
         println!();
-        println!("{:<40} {:>10} {:>14} {:>14} {:>14} {:>14}", "MODEL", "REQUESTS", "INPUT", "OUTPUT", "CACHED", "TOKENS");
+        // cost in micro-units of the sidecars' `usage.pricing.currency`, shown with 6 decimals
+        println!("{:<40} {:>10} {:>14} {:>14} {:>14} {:>14} {:>18}", "MODEL", "REQUESTS", "INPUT", "OUTPUT", "CACHED", "TOKENS", "COST");
         for (model, n) in &models {
             let name = if model.is_empty() { "(unknown)" } else { model.as_str() };
-            println!("{:<40} {:>10} {:>14} {:>14} {:>14} {:>14}", name, n[0], n[1], n[2], n[3], n[4]);
+            let cost = format!("{}.{:06}", n[5] / 1_000_000, n[5] % 1_000_000);
+            println!("{:<40} {:>10} {:>14} {:>14} {:>14} {:>14} {:>18}", name, n[0], n[1], n[2], n[3], n[4], cost);
         }
     }
     Ok(())

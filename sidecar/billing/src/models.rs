@@ -1,6 +1,7 @@
 //! The rollup of LLM calls by model (issue 42): `usage_daily_models`, one row per
 //! `(day, tenant, key_id, model)` with the requests and the tokens apart — input, output, the
-//! cached part of the input, and the total budgets were charged. Moved in the same transaction
+//! cached part of the input, and the total budgets were charged — and what they cost (the sum
+//! of the events' `costMicros`, priced by the sidecars: crate docs, decision 296). Moved in the same transaction
 //! as `usage_daily`, by the same new events only, so each event counts once here too.
 //!
 //! The model billed is the one that answered, else the one asked for; an LLM call that named
@@ -23,6 +24,7 @@ CREATE TABLE IF NOT EXISTS usage_daily_models (
     output_tokens bigint NOT NULL DEFAULT 0,
     cached_tokens bigint NOT NULL DEFAULT 0,
     tokens        bigint NOT NULL DEFAULT 0,
+    cost_micros   bigint NOT NULL DEFAULT 0,
     updated_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (day, tenant, key_id, model)
 );
@@ -36,6 +38,8 @@ pub struct ModelRollup {
     pub output: i64,
     pub cached: i64,
     pub tokens: i64,
+    /// What the calls cost (micro-units; unpriced calls add nothing).
+    pub cost: i64,
 }
 
 /// The increments of `events`' LLM calls per `(yyyy-MM-dd, tenant, key_id, model)`, in key order.
@@ -51,6 +55,7 @@ pub fn rollup_models<'a>(events: impl IntoIterator<Item = &'a UsageEvent>) -> BT
         r.output = add(r.output, llm.output_tokens);
         r.cached = add(r.cached, llm.cached_tokens);
         r.tokens = add(r.tokens, e.tokens);
+        r.cost = add(r.cost, llm.cost_micros);
     }
     out
 }
@@ -64,28 +69,28 @@ pub async fn store(
         return Ok(());
     }
     let (mut d, mut t, mut k, mut m) = (vec![], vec![], vec![], vec![]);
-    let mut cols: [Vec<i64>; 5] = Default::default();
+    let mut cols: [Vec<i64>; 6] = Default::default();
     for ((day, tenant, key, model), r) in increments {
         d.push(day.clone());
         t.push(tenant.clone());
         k.push(key.clone());
         m.push(model.clone());
-        for (i, n) in [r.requests, r.input, r.output, r.cached, r.tokens].into_iter().enumerate() {
+        for (i, n) in [r.requests, r.input, r.output, r.cached, r.tokens, r.cost].into_iter().enumerate() {
             cols[i].push(n);
         }
     }
-    const SUMMED: [&str; 5] = ["requests", "input_tokens", "output_tokens", "cached_tokens", "tokens"];
+    const SUMMED: [&str; 6] = ["requests", "input_tokens", "output_tokens", "cached_tokens", "tokens", "cost_micros"];
     tx.execute(
         &format!(
             "INSERT INTO usage_daily_models AS d (day, tenant, key_id, model, {})
-             SELECT u.day::date, u.tenant, u.key_id, u.model, u.rq, u.it, u.ot, u.ct, u.tk
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[])
-                  AS u(day, tenant, key_id, model, rq, it, ot, ct, tk)
+             SELECT u.day::date, u.tenant, u.key_id, u.model, u.rq, u.it, u.ot, u.ct, u.tk, u.cm
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[], $7::int8[], $8::int8[], $9::int8[],
+                         $10::int8[]) AS u(day, tenant, key_id, model, rq, it, ot, ct, tk, cm)
              ON CONFLICT (day, tenant, key_id, model) DO UPDATE SET {}",
             SUMMED.join(", "),
             crate::rollup::saturating_sums(&SUMMED)
         ),
-        &[&d, &t, &k, &m, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4]],
+        &[&d, &t, &k, &m, &cols[0], &cols[1], &cols[2], &cols[3], &cols[4], &cols[5]],
     )
     .await
     .map(|_| ())
@@ -121,6 +126,7 @@ mod tests {
             input_tokens: Some(input),
             output_tokens: Some(output),
             cached_tokens: cached,
+            cost_micros: None,
         })
     }
 
@@ -136,8 +142,8 @@ mod tests {
         ];
         let r = rollup_models(&events);
         let row = |m: &str| r.get(&("2025-11-30".into(), "acme".into(), "k1".into(), m.into())).copied();
-        assert_eq!(row("gpt-4o-mini"), Some(ModelRollup { requests: 2, input: 11, output: 7, cached: 4, tokens: 18 }));
-        assert_eq!(row("claude-3-haiku"), Some(ModelRollup { requests: 1, input: 7, output: 0, cached: 0, tokens: 0 }));
+        assert_eq!(row("gpt-4o-mini"), Some(ModelRollup { requests: 2, input: 11, output: 7, cached: 4, tokens: 18, cost: 0 }));
+        assert_eq!(row("claude-3-haiku"), Some(ModelRollup { requests: 1, input: 7, output: 0, cached: 0, tokens: 0, cost: 0 }));
         assert_eq!(row(""), Some(ModelRollup { requests: 1, ..ModelRollup::default() }));
         assert_eq!(row("gpt-4o"), None, "a gateway denial is not billed");
         assert_eq!(r.len(), 3);

@@ -145,10 +145,10 @@ pub async fn usage(
 }
 
 /// A tenant's LLM calls from `from` to `to` (`yyyy-MM-dd`, inclusive) per model billed:
-/// `(model, [requests, input, output, cached, tokens])`, in model order (`''`: neither model
+/// `(model, [requests, input, output, cached, tokens, cost in micro-units])`, in model order (`''`: neither model
 /// was read), from `usage_daily_models` (crate::models; the Redis meter has no models). A
 /// database no consumer of issue 42 has migrated: none.
-pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 5])>, tokio_postgres::Error> {
+pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 6])>, tokio_postgres::Error> {
     let c = db.client();
     let exists: bool = c.query_one("SELECT to_regclass('usage_daily_models') IS NOT NULL", &[]).await?.get(0);
     if !exists {
@@ -158,18 +158,19 @@ pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec
     let rows = c
         .query(
             &format!(
-                "SELECT model, {}, {}, {}, {}, {} FROM usage_daily_models
+                "SELECT model, {}, {}, {}, {}, {}, {} FROM usage_daily_models
                  WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date GROUP BY model ORDER BY model",
                 sum("requests"),
                 sum("input_tokens"),
                 sum("output_tokens"),
                 sum("cached_tokens"),
-                sum("tokens")
+                sum("tokens"),
+                sum("cost_micros")
             ),
             &[&tenant, &from, &to],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)])).collect())
+    Ok(rows.iter().map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)])).collect())
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 pub mod intake;
 pub mod kafka;
 pub mod meter;
+pub mod pricing;
 pub mod spool;
 
 use intake::{Intake, RateTracker, RecentIds};
@@ -60,6 +61,8 @@ pub struct UsageConfig {
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
     pub kafka: KafkaConfig,
+    /// Prices of LLM calls: each call's event is priced as it is taken (`pricing`).
+    pub pricing: pricing::PricingConfig,
 }
 
 impl Default for UsageConfig {
@@ -73,6 +76,7 @@ impl Default for UsageConfig {
             aggregate_above_rps: 0,
             shutdown_grace: Duration::from_secs(5),
             kafka: KafkaConfig::default(),
+            pricing: pricing::PricingConfig::default(),
         }
     }
 }
@@ -91,6 +95,7 @@ impl UsageConfig {
         if self.segment_age < Duration::from_millis(10) || self.segment_age > Duration::from_secs(60) {
             return Err(invalid("usage.segment_age", "between 10ms and 60s"));
         }
+        pricing::Pricing::compile(&self.pricing)?;
         self.kafka.validate()
     }
 }
@@ -200,6 +205,7 @@ pub struct Usage {
     shipper: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When a refused write was last logged (ms since the epoch).
     refusal_logged: std::sync::atomic::AtomicU64,
+    pricing: pricing::Pricing,
 }
 
 /// At most one log line per this many ms for refused spool writes (they come once per batch).
@@ -213,11 +219,14 @@ pub enum UsageError {
     SpoolDir { dir: PathBuf, source: std::io::Error },
     #[error("usage: {0}")]
     Kafka(#[from] kafka::SetupError),
+    #[error("usage: {0}")]
+    Pricing(#[from] crate::invalid::Invalid),
 }
 
 impl Usage {
     /// Opens the spool and starts the shipper (needs a tokio runtime). Kafka need not be up.
     pub fn start(config: &UsageConfig, store: Store) -> Result<Usage, UsageError> {
+        let pricing = pricing::Pricing::compile(&config.pricing)?;
         let sealed = Arc::new(tokio::sync::Notify::new());
         let spool = Spool::start(&config.spool_dir, config.max_spool_mb << 20, config.segment_age, sealed.clone())
             .map_err(|source| UsageError::SpoolDir { dir: config.spool_dir.clone(), source })?;
@@ -247,7 +256,18 @@ impl Usage {
             stop,
             shipper: tokio::sync::Mutex::new(Some(handle)),
             refusal_logged: Default::default(),
+            pricing,
         })
+    }
+
+    /// Prices the LLM calls among `events` (pricing): each call's cost at the price in effect at
+    /// its arrival, replacing whatever cost the sender wrote.
+    pub fn price(&self, events: &mut [UsageEvent]) {
+        for e in events {
+            if let Some(llm) = &mut e.llm {
+                self.pricing.price(llm, e.start_ms);
+            }
+        }
     }
 
     /// Makes `events` (already validated) durable, then meters them. `Ok` means the sender may
