@@ -125,3 +125,34 @@ fn a_silent_subscription_is_replaced_and_a_revocation_still_arrives() {
     assert!(sidecar.metric("tollgate_sidecar_config_subscriber_replaced_total") >= 1);
     assert!(sidecar.log_text().contains("answered no ping"));
 }
+
+/// Decision 212: a replica that revokes a key through its own admin API while it cannot hear its
+/// own change message (pub/sub refused here; in life, its subscription dropped or being replaced
+/// at that moment) still tells its own filters. Before, it marked the version it wrote as loaded,
+/// its resync found nothing moved, and its Envoy kept letting the revoked key through from its
+/// cached allow (here a 60 s key cache and resync: the 10 s bound failed).
+#[test]
+fn a_revocation_reaches_the_writers_own_filters_without_its_message() {
+    let g = Gateway::builder()
+        .config_in_postgres()
+        .admin_api(TOKEN)
+        .sidecar_env("TOLLGATE_SIDECAR_CACHE__TTL", "60s")
+        .sidecar_env("TOLLGATE_SIDECAR_ADMIN__RESYNC_INTERVAL", "60s")
+        .build();
+    let base = g.replica(0).admin().to_string();
+    assert_eq!(admin("POST", &base, "/v1/products", Some(json!({"id": "chat"}))).status, 201);
+    assert_eq!(admin("POST", &base, "/v1/tenants", Some(json!({"id": "acme", "products": ["chat"]}))).status, 201);
+    assert_eq!(admin("POST", &base, "/v1/plans", Some(json!({"id": "p", "limits": []}))).status, 201);
+    let key = admin("POST", &base, "/v1/keys", Some(json!({"tenant": "acme", "plan": "p"}))).json();
+    let (id, raw) = (key["key_id"].as_str().unwrap().to_string(), key["key"].as_str().unwrap().to_string());
+    let url = g.replica(0).envoy().url("/");
+    let status = || get(&url, &[("x-api-key", raw.as_str())]).status;
+    assert_eq!(status(), 200, "the key works, and its allow is now cached");
+    let mut c = g.redis().connection().unwrap();
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("default").arg("-psubscribe").query(&mut c).unwrap();
+    let killed: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query(&mut c).unwrap();
+    assert!(killed >= 1, "the sidecar held a pub/sub connection ({killed})");
+    assert_eq!(status(), 200);
+    assert_eq!(admin("POST", &base, &format!("/v1/keys/{id}/revoke"), None).status, 200);
+    poll_until("the revocation through the writer's own Envoy", Duration::from_secs(10), || status() == 401);
+}

@@ -145,7 +145,13 @@ impl Control {
     }
 
     /// After a committed write: bump the generation and tell every replica. Returns the version.
+    ///
+    /// The writer forgets its own cached answers for `tenant` first, at once (decision 212): it
+    /// marks the version it wrote as loaded, so when its own message is lost — its subscription
+    /// dropped or replaced just then — no resync of its would find anything moved, and its
+    /// filters kept a revoked key's cached allow for as long as it was cached.
     pub async fn announce(&self, tenant: Option<&Id>) -> Result<u64, StoreError> {
+        self.decider.evict(tenant);
         announce(&self.store, tenant).await
     }
 
