@@ -110,3 +110,29 @@ fn llm_routes_bill_models_and_tokens_apart() {
     assert_eq!(line("claude-sonnet-4-20250514").as_deref(), Some("2 2210 27 2000 2237 0.001635"), "{text}");
     assert_eq!(line("gemini-2.5-flash-001").as_deref(), Some("1 11 8 4 19 0.000019"), "{text}");
 }
+
+/// Decision 294: a request the auth cache lets through at once is not held for its body; its
+/// model is read from the body as Envoy streams it past (a plan without limits: its allows are
+/// cached). Every request's event names the model asked for, the cached ones' too.
+#[test]
+fn the_model_of_a_request_the_auth_cache_answers_is_read_as_its_body_passes() {
+    let g = gateway();
+    let key = g.sidecar().create_key("cachey", "free", &[]);
+    let call = || {
+        post(
+            &g.envoy().url("/v1/chat/completions"),
+            &[("x-api-key", key.raw.as_str()), ("content-type", "application/json"), ("x-echo-llm", "openai"), ("x-echo-llm-model", "m-1")],
+            r#"{"model":"gpt-4o-mini","messages":[]}"#,
+        )
+    };
+    poll_until("the routing table in the filter", Duration::from_secs(20), || call().status == 200);
+    let hits = g.envoy().counter("wasmcustom.tollgate.auth_cache.hits");
+    for _ in 0..5 {
+        assert_eq!(call().status, 200);
+    }
+    poll_until("the auth cache answered", Duration::from_secs(10), || g.envoy().counter("wasmcustom.tollgate.auth_cache.hits") > hits);
+    let count = |cond: &str| psql_i64(g.pg(), &format!("SELECT count(*) FROM usage_events WHERE tenant = 'cachey' AND {cond}"));
+    poll_until("every event billed", Duration::from_secs(60), || count("path = '/v1/chat/completions'") >= 6);
+    let all = count("path = '/v1/chat/completions'");
+    assert_eq!(count("requested_model = 'gpt-4o-mini' AND model = 'm-1'"), all, "every request names its model");
+}
