@@ -362,8 +362,20 @@ impl Envoy {
         }
     }
 
-    /// Starts Envoy; `Err` with its log when it exits instead of becoming ready.
+    /// Starts Envoy; `Err` with its log when it exits instead of becoming ready. An Envoy that
+    /// could not bind its ports (another process took one after [`free_port`] checked it) is
+    /// started again on other ports, twice at most.
     pub fn try_start(opts: EnvoyOptions) -> Result<Envoy, String> {
+        let mut attempt = 0;
+        loop {
+            match Envoy::start_once(opts.clone()) {
+                Err(why) if attempt < 2 && why.contains("Address already in use") => attempt += 1,
+                started => return started,
+            }
+        }
+    }
+
+    fn start_once(opts: EnvoyOptions) -> Result<Envoy, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let (port, admin_port) = (free_port(), free_port());
         let mut yaml = render(&opts, port, admin_port);
@@ -400,6 +412,7 @@ impl Envoy {
         let proc = Proc::spawn("envoy", cmd, dir.path().join("envoy.log"));
         let mut envoy = Envoy { port, admin_port, proc, opts: opts.clone(), _dir: dir };
         let ready_url = format!("http://127.0.0.1:{admin_port}/ready");
+        let info_url = format!("http://127.0.0.1:{admin_port}/server_info");
         // 60 s; longer for an Envoy under valgrind (`tollgate-bench instructions`: ~50× slower)
         let ready_within = Duration::from_secs(std::env::var("TOLLGATE_ENVOY_READY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60));
         let start = Instant::now();
@@ -409,7 +422,8 @@ impl Envoy {
                 envoy.proc.forget();
                 return Err(format!("envoy exited ({status}):\n{log}"));
             }
-            if get(&ready_url, &[]).status == 200 {
+            // Ready, and this Envoy: `/server_info` names the configuration file it was given.
+            if get(&ready_url, &[]).status == 200 && get(&info_url, &[]).body.contains(&*config.to_string_lossy()) {
                 return Ok(envoy);
             }
             if start.elapsed() > ready_within {

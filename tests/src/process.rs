@@ -75,16 +75,40 @@ pub fn redis_server_bin() -> PathBuf {
 }
 
 /// A free loopback port, never handed out twice by this process.
+///
+/// It is taken below the kernel's ephemeral range (`ip_local_port_range`), where neither an
+/// outgoing connection nor another `bind(:0)` of the tests (an upstream, a relay) can take it
+/// between this check and its user's bind: a port taken from `bind(:0)` once went to a test's
+/// own stub sidecar in that gap, which answered Envoy's readiness probe for it (CI of stop 40).
+/// The walk starts at an offset from the process id, so two test processes rarely meet.
 pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
-    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-    let given = given.get_or_insert_with(HashSet::new);
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind :0");
-        if given.insert(port) {
+    static NEXT: Mutex<Option<(u16, HashSet<u16>)>> = Mutex::new(None);
+    let (low, high) = fixed_port_range();
+    let span = u32::from(high - low);
+    let mut state = NEXT.lock().unwrap_or_else(|p| p.into_inner());
+    let (next, given) = state.get_or_insert_with(|| ((u64::from(std::process::id()) * 7919 % u64::from(span)) as u16, HashSet::new()));
+    for _ in 0..span {
+        let port = low + *next;
+        *next = ((u32::from(*next) + 1) % span) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
             return port;
         }
     }
+    panic!("no free loopback port in {low}..{high}");
+}
+
+/// The ports [`free_port`] hands out: from 10000 to the start of the ephemeral range.
+fn fixed_port_range() -> (u16, u16) {
+    let ephemeral_low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    assert!(ephemeral_low > 12000, "the ephemeral port range starts at {ephemeral_low}: no room below it for the tests' ports");
+    (10000, ephemeral_low)
 }
 
 /// Polls `ready` until it returns true or `deadline` passes (then panics naming `what`).
