@@ -108,6 +108,12 @@ deps() {
     log "installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $VENV (the manifests' schema check)"
     "$VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || log "kubernetes-validate could not be installed: the tier will not check the manifests' schemas"
   fi
+  # The CloudEvents export's schema check (billing tests): jsonschema and its RFC 3339 / 3986
+  # format checkers (without them jsonschema skips `date-time` and `uri-reference` silently)
+  if ! "$VENV/bin/python" -c "import jsonschema, rfc3339_validator, rfc3986_validator" 2>/dev/null; then
+    log "installing jsonschema and its format checkers into $VENV (the CloudEvents schema check)"
+    "$VENV/bin/pip" install -q "jsonschema==4.26.0" "rfc3339-validator==0.1.4" "rfc3986-validator==0.1.1"
+  fi
 }
 
 # ---- containers (issue 40, docs/deploy.md) ---------------------------------------------------
@@ -244,6 +250,7 @@ test_env() {
   export TOLLGATE_BILLING_BIN="$native/tollgate-billing"
   export TOLLGATE_CLI="$native/tollgate"
   export TOLLGATE_PROMETHEUS_BIN="$(command -v prometheus)"
+  export TOLLGATE_PYTHON="$VENV/bin/python"
 }
 
 run_tests() {

@@ -31,6 +31,51 @@ pub struct Config {
     /// Serve the consumer's metrics (Prometheus text) on this address, e.g. `127.0.0.1:9095`.
     /// Off by default.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Usage as CloudEvents to a Kafka topic (issue 42 item 6; crate::outbox). Off by default.
+    pub export: ExportConfig,
+}
+
+/// The CloudEvents export (docs/usage-events.md, "CloudEvents export").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportConfig {
+    /// The topic the CloudEvents go to; empty: no export.
+    pub topic: String,
+    /// The Kafka cluster of that topic (`host:port,…`, e.g. the metering system's); empty: `kafka.brokers`.
+    pub brokers: String,
+    /// Every event's `source` (a URI reference naming this deployment).
+    pub source: String,
+    /// The ISO 4217 code of the sidecars' `usage.pricing.currency`, written beside each cost.
+    pub currency: String,
+    /// Most events sent per round.
+    pub batch_max: usize,
+    /// How long the exporter waits for its round's deliveries (librdkafka's `message.timeout.ms`).
+    #[serde(with = "humantime_serde")]
+    pub delivery_timeout: Duration,
+}
+
+impl Default for ExportConfig {
+    fn default() -> Self {
+        ExportConfig {
+            topic: String::new(),
+            brokers: String::new(),
+            source: "tollgate".into(),
+            currency: "USD".into(),
+            batch_max: 500,
+            delivery_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ExportConfig {
+    pub fn enabled(&self) -> bool {
+        !self.topic.is_empty()
+    }
+
+    /// Who the events come from, for [`crate::cloudevents`].
+    pub fn origin(&self) -> crate::cloudevents::Origin {
+        crate::cloudevents::Origin { source: self.source.clone(), currency: self.currency.clone() }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +116,7 @@ impl Default for Config {
             events_retention: Duration::from_secs(35 * 24 * 3600),
             log: LogConfig { format: "json".into(), level: "info".into() },
             metrics_listen: None,
+            export: ExportConfig::default(),
         }
     }
 }
@@ -147,6 +193,25 @@ impl Config {
         if self.events_retention < Duration::from_secs(8 * 24 * 3600) {
             return Err(invalid("events_retention", "at least 8 days (longer than the topic's 7-day retention)"));
         }
+        let e = &self.export;
+        if e.topic == self.kafka.topic && (e.brokers.is_empty() || e.brokers == self.kafka.brokers) {
+            return Err(invalid("export.topic", "another topic than kafka.topic on the same brokers (the usage events themselves)"));
+        }
+        if e.topic.len() > 249 || !e.topic.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+            return Err(invalid("export.topic", "a Kafka topic name: at most 249 of [A-Za-z0-9._-]"));
+        }
+        if let Some(why) = crate::cloudevents::invalid_source(&e.source) {
+            return Err(invalid("export.source", why));
+        }
+        if e.currency.len() != 3 || !e.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(invalid("export.currency", "an ISO 4217 code such as USD"));
+        }
+        if e.batch_max == 0 || e.batch_max > 10_000 {
+            return Err(invalid("export.batch_max", "between 1 and 10000"));
+        }
+        if e.delivery_timeout < Duration::from_millis(100) || e.delivery_timeout > Duration::from_secs(300) {
+            return Err(invalid("export.delivery_timeout", "between 100ms and 5m"));
+        }
         if self.postgres.url.is_empty() || self.postgres.url.parse::<tokio_postgres::Config>().is_err() {
             return Err(invalid("postgres.url", "not a PostgreSQL connection string"));
         }
@@ -172,6 +237,23 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("events_retention"));
         let c = Config { postgres: PostgresConfig { url: "nope://".into() }, ..Config::default() };
         assert!(c.validate().unwrap_err().to_string().contains("postgres.url"));
+    }
+
+    #[test]
+    fn the_export_is_off_by_default_and_its_bad_settings_are_refused_by_name() {
+        assert!(!Config::default().export.enabled());
+        let with = |f: &dyn Fn(&mut ExportConfig)| {
+            let mut c = Config::default();
+            c.export.topic = "usage_cloudevents".into();
+            f(&mut c.export);
+            c.validate().map_err(|e| e.to_string())
+        };
+        with(&|_| {}).unwrap();
+        assert!(with(&|e| e.topic = "usage_events".into()).unwrap_err().contains("export.topic"));
+        assert!(with(&|e| e.topic = "a b".into()).unwrap_err().contains("export.topic"));
+        assert!(with(&|e| e.source = "has space".into()).unwrap_err().contains("export.source"));
+        assert!(with(&|e| e.currency = "usd".into()).unwrap_err().contains("export.currency"));
+        assert!(with(&|e| e.batch_max = 0).unwrap_err().contains("export.batch_max"));
     }
 
     #[test]

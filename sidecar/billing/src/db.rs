@@ -141,6 +141,8 @@ impl std::ops::AddAssign for Stored {
 
 pub struct Db {
     client: Client,
+    /// Set when the CloudEvents export is on: each batch's new events go to the outbox too.
+    export: Option<crate::cloudevents::Origin>,
 }
 
 impl Db {
@@ -174,7 +176,7 @@ impl Db {
         // even on a server whose default is `synchronous_commit = off` (found by the outage test:
         // an immediate shutdown lost the last commits).
         client.batch_execute("SET synchronous_commit = on").await?;
-        Ok(Db { client })
+        Ok(Db { client, export: None })
     }
 
     /// Connects, retrying with backoff until it works or `stop` (then `None`). Logs once.
@@ -204,6 +206,16 @@ impl Db {
         }
     }
 
+    /// Puts every new event and aggregate in the export outbox too, in the batch's transaction.
+    pub fn exporting(&mut self, origin: Option<crate::cloudevents::Origin>) {
+        self.export = origin;
+    }
+
+    /// A transaction on this connection (the export's rounds take theirs).
+    pub(crate) async fn transaction(&mut self) -> Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+        self.client.transaction().await
+    }
+
     pub fn is_closed(&self) -> bool {
         self.client.is_closed()
     }
@@ -222,6 +234,7 @@ impl Db {
             .await?;
         self.client.batch_execute(SCHEMA).await?;
         self.client.batch_execute(crate::models::SCHEMA).await?;
+        self.client.batch_execute(crate::outbox::SCHEMA).await?;
         for (table, column, definition) in ADDED_COLUMNS {
             if !self.has_column(table, column).await? {
                 self.client.batch_execute(&format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition}")).await?;
@@ -362,6 +375,10 @@ impl Db {
             .await?;
         }
         crate::models::store(&tx, &by_model).await?;
+        if let Some(origin) = &self.export {
+            let new_events = events.iter().filter(|e| inserted.contains(&e.id));
+            crate::outbox::enqueue(&tx, origin, new_events, aggregates.iter().filter(|a| new_aggregates.contains(&a.id))).await?;
+        }
         for (m, reason) in &rejects {
             insert_reject(&tx, topic, m, reason).await?;
         }

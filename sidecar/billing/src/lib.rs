@@ -18,11 +18,16 @@
 //! Ordering and locks: events are keyed by tenant, so one tenant's events are in one partition
 //! and only one consumer of the group writes a tenant's rollup rows (no cross-consumer deadlocks).
 
+pub mod cloudevents;
 pub mod config;
 pub mod db;
 pub mod decode;
+pub mod export;
+pub mod exporter;
+pub mod invoice;
 pub mod metrics;
 pub mod models;
+pub mod outbox;
 pub mod report;
 pub mod rollup;
 
@@ -102,7 +107,16 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
             stop.cancel();
         });
     }
-    let mut db = db::Db::connect_retrying(&config.postgres.url, &stop).await;
+    let export = config.export.enabled().then(|| config.export.origin());
+    let connect = |stop: CancellationToken| {
+        let (url, export) = (config.postgres.url.clone(), export.clone());
+        async move {
+            let mut db = db::Db::connect_retrying(&url, &stop).await?;
+            db.exporting(export);
+            Some(db)
+        }
+    };
+    let mut db = connect(stop.clone()).await;
     let Some(db_ref) = db.as_mut() else { return Ok(()) };
     db_ref.migrate().await?;
 
@@ -113,6 +127,12 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
     let stats = metrics::BillingMetrics::new();
     if let Some(addr) = config.metrics_listen {
         metrics::serve(addr, stats.clone(), stop.clone()).await.map_err(|e| Error::Metrics(addr, e))?;
+    }
+    if config.export.enabled() {
+        let producer = exporter::producer(config)?;
+        stats.export_backlog.store(0, std::sync::atomic::Ordering::Relaxed);
+        tokio::spawn(exporter::run(config.clone(), producer, stats.clone(), stop.clone()));
+        tracing::info!(topic = %config.export.topic, "billing: exporting usage as CloudEvents");
     }
     let consumer: StreamConsumer = cc.create()?;
     consumer.subscribe(&[&config.kafka.topic])?;
@@ -133,7 +153,7 @@ pub async fn run(config: &Config, shutdown: impl Future<Output = ()> + Send + 's
         let mut logged = false;
         loop {
             if db.is_none() {
-                db = db::Db::connect_retrying(&config.postgres.url, &stop).await;
+                db = connect(stop.clone()).await;
                 if db.is_none() {
                     return Ok(()); // stopped while waiting
                 }

@@ -33,6 +33,48 @@ enum Command {
         #[arg(long)]
         redis: Option<String>,
     },
+    /// A tenant's invoice-ready month: LLM calls by model (requests, input/output/cached
+    /// tokens, cost) and the billable requests, from the rollup.
+    Invoice {
+        #[arg(long)]
+        tenant: String,
+        /// yyyy-MM.
+        #[arg(long)]
+        month: String,
+        #[arg(long, value_enum, default_value = "text")]
+        format: InvoiceFormat,
+    },
+    /// A month's usage as a file: CloudEvents in JSON Lines, or CSV (every stored event of the
+    /// month; written aside, renamed into place once complete).
+    Export {
+        /// yyyy-MM.
+        #[arg(long)]
+        month: String,
+        /// One tenant only (default: every tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, value_enum)]
+        format: FileFormat,
+        /// The file to write (replaced once the export is complete).
+        #[arg(long)]
+        out: PathBuf,
+        /// Write the file even when the month's events may have been pruned (events_retention).
+        #[arg(long)]
+        partial: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum InvoiceFormat {
+    Text,
+    Json,
+    Csv,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum FileFormat {
+    Csv,
+    Jsonl,
 }
 
 fn main() -> Result<()> {
@@ -51,6 +93,22 @@ fn main() -> Result<()> {
             runtime.block_on(async { tollgate_billing::run(&config, shutdown_signal()).await.context("billing consumer failed") })
         }
         Some(Command::Usage { tenant, day, month, redis }) => runtime.block_on(usage(&config, &tenant, day, month, redis.as_deref())),
+        Some(Command::Invoice { tenant, month, format }) => runtime.block_on(invoice(&config, &tenant, &month, format)),
+        Some(Command::Export { month, tenant, format, out, partial }) => {
+            let format = match format {
+                FileFormat::Csv => tollgate_billing::export::Format::Csv,
+                FileFormat::Jsonl => tollgate_billing::export::Format::JsonLines,
+            };
+            let job = tollgate_billing::export::MonthExport {
+                month: &month,
+                tenant: tenant.as_deref(),
+                format,
+                out: &out,
+                partial,
+                retention: config.events_retention,
+            };
+            runtime.block_on(export(&config, &job))
+        }
     }
 }
 
@@ -66,6 +124,25 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+async fn invoice(config: &Config, tenant: &str, month: &str, format: InvoiceFormat) -> Result<()> {
+    let db = tollgate_billing::db::Db::connect(&config.postgres.url).await.context("connecting to postgres")?;
+    let inv = tollgate_billing::invoice::read(&db, tenant, month, &config.export.currency).await?;
+    match format {
+        InvoiceFormat::Text => print!("{}", inv.text()),
+        InvoiceFormat::Json => println!("{}", serde_json::to_string_pretty(&inv)?),
+        InvoiceFormat::Csv => print!("{}", inv.csv()),
+    }
+    Ok(())
+}
+
+async fn export(config: &Config, job: &tollgate_billing::export::MonthExport<'_>) -> Result<()> {
+    let db = tollgate_billing::db::Db::connect(&config.postgres.url).await.context("connecting to postgres")?;
+    let origin = config.export.origin();
+    let n = tollgate_billing::export::month(&db, &origin, job, |n| eprintln!("exported {n} events …")).await?;
+    eprintln!("exported {n} events of {} to {}", job.month, job.out.display());
+    Ok(())
 }
 
 async fn usage(config: &Config, tenant: &str, day: Option<String>, month: Option<String>, redis_url: Option<&str>) -> Result<()> {

@@ -25,12 +25,18 @@ pub struct BillingMetrics {
     pub last_commit: AtomicU64,
     /// Messages on the topic after our committed offsets, summed over our partitions (-1: unknown).
     pub lag: AtomicI64,
+    /// The CloudEvents export (crate::outbox): events the broker acknowledged, failed rounds,
+    /// and events waiting in the outbox (-1: unknown or no export).
+    pub export_sent: AtomicU64,
+    pub export_errors: AtomicU64,
+    pub export_backlog: AtomicI64,
 }
 
 impl BillingMetrics {
     pub fn new() -> Arc<BillingMetrics> {
         let m = BillingMetrics::default();
         m.lag.store(-1, Ordering::Relaxed);
+        m.export_backlog.store(-1, Ordering::Relaxed);
         Arc::new(m)
     }
 
@@ -52,6 +58,12 @@ impl BillingMetrics {
         let lag = self.lag.load(Ordering::Relaxed);
         if lag >= 0 {
             family("tollgate_billing_lag_messages", "gauge", "Messages on the topic after the committed offsets of this consumer's partitions.", lag.to_string());
+        }
+        let backlog = self.export_backlog.load(Ordering::Relaxed);
+        if backlog >= 0 {
+            family("tollgate_billing_export_sent_total", "counter", "CloudEvents the export topic's broker acknowledged.", g(&self.export_sent).to_string());
+            family("tollgate_billing_export_errors_total", "counter", "Export rounds that could not send everything (retried).", g(&self.export_errors).to_string());
+            family("tollgate_billing_export_backlog_events", "gauge", "Events waiting in the export outbox.", backlog.to_string());
         }
         out
     }

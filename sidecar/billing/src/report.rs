@@ -80,6 +80,11 @@ fn parse_day(s: &str) -> Option<i64> {
     Some(Day { year, month, day }.days_since_epoch())
 }
 
+/// The first millisecond of a day `yyyy-MM-dd` (UTC), since the Unix epoch.
+pub fn day_start_ms(day: &str) -> Option<i64> {
+    parse_day(day).map(|d| d * 86_400_000)
+}
+
 /// Days from `from` to `to` (inclusive, `yyyy-MM-dd`), at most 366.
 pub fn days(from: &str, to: &str) -> Option<Vec<String>> {
     let (a, b) = (parse_day(from)?, parse_day(to)?);

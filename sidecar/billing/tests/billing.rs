@@ -13,6 +13,9 @@ use tollgate_tests::postgres::Postgres;
 use tollgate_tests::{poll_until, Redis};
 use tollgate_wire::usage::UsageEvent;
 
+#[path = "billing/export.rs"]
+mod export;
+
 const DAY: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
 
 fn event(tenant: &str, n: u64) -> UsageEvent {
