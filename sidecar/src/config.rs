@@ -63,6 +63,8 @@ pub struct Config {
     pub usage: crate::usage::UsageConfig,
     /// Per-tenant series for operators (`[telemetry]`, see crate::telemetry).
     pub telemetry: crate::telemetry::TelemetryConfig,
+    /// Budget alerts and their webhooks (`[alerts]`, crate::alerts).
+    pub alerts: crate::alerts::AlertsConfig,
     /// Threads of the sidecar's async runtime; 0 (the default): one per CPU core.
     pub worker_threads: usize,
 }
@@ -102,6 +104,7 @@ impl Default for Config {
             routes: Vec::new(),
             usage: Default::default(),
             telemetry: Default::default(),
+            alerts: Default::default(),
             worker_threads: 0,
         }
     }
@@ -195,6 +198,7 @@ impl Config {
         self.limits.validate()?;
         self.usage.validate()?;
         self.telemetry.validate()?;
+        self.alerts.validate()?;
         if self.log.filter().is_err() {
             return bad("log.level", "not a tracing filter directive");
         }

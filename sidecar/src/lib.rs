@@ -13,6 +13,7 @@
 //! [`metrics`], [`invalid`]. The shared modules use no plane; `scripts/module-graph.py` checks
 //! that no module imports another in a circle.
 
+pub mod alerts;
 pub mod apikey;
 pub mod clock;
 pub mod config;
@@ -77,6 +78,8 @@ pub struct Sidecar {
     /// After the shutdown signal: serve on until the filter is quiet this long, at most this
     /// long (`server.shutdown_quiet`, `server.shutdown_wait`; crate::lifecycle).
     stop_after: (std::time::Duration, std::time::Duration),
+    /// Budget alerts (`[alerts]`): delivered by a loop of this sidecar's.
+    alerts: Arc<alerts::Alerts>,
 }
 
 impl Sidecar {
@@ -127,10 +130,12 @@ impl Sidecar {
             responses: config.responses.clone(),
             filter_calls: Arc::new(lifecycle::FilterCalls::default()),
         });
+        // the first sidecar of a process installs them (one per process outside tests)
+        let alerts = alerts::install(state.store.clone(), config.alerts.clone());
         let (control, admin, propagation) = config_parts(config, state.clone()).await?;
         let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };
         let stop_after = (config.server.shutdown_quiet, config.server.shutdown_wait);
-        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after })
+        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after, alerts })
     }
 
     /// The admin API's address, when it is on.
@@ -169,6 +174,7 @@ impl Sidecar {
         if !local.configured() {
             tasks.spawn(decision::replicas::run(self.state.store.clone(), self.state.decider.clone(), background.clone()));
         }
+        tasks.spawn(alerts::deliver::run(self.alerts.clone(), background.clone()));
         if let Some((listener, token)) = self.admin {
             let router = admin::router(self.control.clone(), token);
             tasks.spawn(admin::run(listener, router, self.deadlines, background.clone()));

@@ -32,6 +32,7 @@ pub mod redis;
 pub mod relay;
 pub mod sidecar;
 pub mod upstream;
+pub mod webhook;
 
 pub use envoy::{render_template, sidecar_address_yaml, sidecar_protocol_yaml, Envoy, EnvoyOptions, SidecarTransport};
 pub use gateway::{default_plugin, Gateway, GatewayBuilder, Replica, Topology};

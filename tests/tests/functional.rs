@@ -7,6 +7,7 @@
 //! heavy one. Run one area with `cargo test --release -p tollgate-tests --test functional -- <area>::`.
 
 mod admin_faults;
+mod alerts;
 mod auth;
 mod batching;
 mod breaker;

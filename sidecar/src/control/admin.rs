@@ -120,6 +120,7 @@ pub fn router(control: Arc<Control>, token: Secret) -> (Router, TaskTracker) {
     let state = Arc::new(AdminState { control, token });
     let api = Router::new()
         .route("/v1/version", get(version))
+        .route("/v1/alerts", get(alerts))
         .route("/v1/keys", get(list_keys).post(create_key))
         .route("/v1/keys/{id}/revoke", post(revoke_key))
         .route("/v1/{kind}", get(list).post(create))
@@ -160,6 +161,16 @@ async fn detached(State(writes): State<TaskTracker>, req: axum::extract::Request
     match writes.spawn(next.run(req)).await {
         Ok(r) => r,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", None, format!("the write's task ended: {e}")),
+    }
+}
+
+/// `GET /v1/alerts` (crate::control::admin_alerts).
+async fn alerts(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
+    use super::admin_alerts::{log, LogError};
+    match log(&s.control.store, uri.query()).await {
+        Ok(body) => reply(StatusCode::OK, body),
+        Err(LogError::Invalid(field, why)) => error(StatusCode::BAD_REQUEST, "invalid", Some(field), why),
+        Err(LogError::Store(e)) => unavailable(e),
     }
 }
 

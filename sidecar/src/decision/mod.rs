@@ -361,6 +361,7 @@ impl<S: DecisionStore> Decider<S> {
         };
         self.note_shadow_denials(r, &asked.meta, &reply.states);
         crate::telemetry::observe_limits(r.tenant.as_str(), &asked.meta, &reply.states, reply.denied);
+        crate::alerts::observe(r.tenant.as_str(), budget_uses(&asked.meta, &reply.states), cx.now_ms);
         match reply.denied {
             Some(i) => too_many(&asked.meta[i], &reply.states[i]),
             None => {
@@ -540,4 +541,11 @@ impl<S: DecisionStore> Decider<S> {
             }
         });
     }
+}
+
+/// The budgets of a decision and their usage after it (spent and reserved), for alerts.
+fn budget_uses<'a>(meta: &'a [Meta], states: &'a [crate::scripts::decide::LimitState]) -> impl Iterator<Item = crate::alerts::BudgetUse<'a>> {
+    meta.iter().zip(states).filter(|(m, _)| !m.shadow).filter_map(|(m, s)| {
+        m.budget.map(|(period, _)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
+    })
 }

@@ -5,6 +5,8 @@
 //! at the top of its `.lua` file) and its module change together.
 
 mod call;
+pub mod alert_claim;
+pub mod alert_fire;
 pub mod complete;
 pub mod copy_key;
 pub mod decide;
