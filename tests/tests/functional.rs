@@ -25,6 +25,7 @@ mod plan_refs;
 mod postgres_harness;
 mod refunds;
 mod revocation;
+mod spend;
 mod topologies;
 mod transport;
 mod trust;
