@@ -21,6 +21,7 @@ mod leases;
 mod limits;
 mod llm;
 mod observability;
+mod openai_client;
 mod plan_refs;
 mod postgres_harness;
 mod refunds;
