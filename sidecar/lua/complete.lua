@@ -4,10 +4,11 @@
 -- KEYS: when ARGV[5] = '1': KEYS[1] month counter (q:tokens:…), KEYS[2] reservation
 --       (q:reserved:…); then, when ARGV[6] = '1', the in-flight zset (q:conc:…). All keys share
 --       the tenant's hash tag, so the script runs on Redis Cluster.
+-- (A money budget's counter, q:spend:…, is settled alike, in micro-units: ARGV[1] its real cost.)
 -- ARGV[1] actual tokens used (0..2^53: exact as a Lua number)
 -- ARGV[2] the estimate that was reserved at decide time
 -- ARGV[3] request id (the slot's member)
--- ARGV[4] counter TTL in ms (re-applied on write)
+-- ARGV[4] counter TTL in ms (re-applied on write; the counter's own: a day's money counter's is shorter)
 -- ARGV[5] '1' if the request reserved budget, else '0'
 -- ARGV[6] '1' if the request took a concurrency slot, else '0'
 -- ARGV[7] TTL in ms of the settled marker: at least the reservation's, and until the ticket expires

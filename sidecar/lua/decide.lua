@@ -15,7 +15,8 @@
 --   kind      fixed | sliding | bucket | log | budget | conc
 --   limit     max per window / bucket capacity / monthly budget / max in flight
 --   window_ms window / bucket refill time from empty / reservation TTL / slot timeout
---   cost      units this request takes (budget: the estimate)
+--   cost      units this request takes (budget: the estimate; a money budget's counter, q:spend:…,
+--             is the same kind in micro-units: its reservation is the request's most cost)
 --   shadow    1 = count would-deny, never block
 --   aux_ms    kind-specific: budget → counter TTL and ms to the period's end (encoded "ttl:reset")
 -- then, optional (leased limits; absent = no lease; present, as 0 0 2, whenever a lookup follows):

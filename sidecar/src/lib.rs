@@ -120,7 +120,9 @@ impl Sidecar {
                     .with_usage(usage.clone())
                     .with_ticket_key(ticket_key)
                     .with_local(Arc::new(decision::local::LocalLimits::new(&config.limits)))
-                    .with_responses(&config.responses),
+                    .with_responses(&config.responses)
+                    // money budgets reserve and settle at the prices usage events are billed at
+                    .with_pricing(Arc::new(usage::pricing::Pricing::compile(&config.usage.pricing)?)),
             ),
             store,
             prometheus: metrics::handle(),

@@ -198,6 +198,7 @@ pub fn kind(a: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "token_bucket",
         Algorithm::SlidingLog => "sliding_log",
         Algorithm::TokenBudget => "token_budget",
+        Algorithm::SpendBudget => "spend_budget",
         Algorithm::Concurrency => "concurrency",
     }
 }

@@ -16,6 +16,7 @@ mod limits;
 mod redis_server;
 mod refunds;
 mod responses;
+mod spend;
 mod topologies;
 mod unix_socket;
 mod usage;

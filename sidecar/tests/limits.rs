@@ -227,13 +227,13 @@ async fn token_budget_reserves_then_reconciles_refunds_and_overruns() {
     assert!((290..=300).contains(&rttl), "5-minute reservation TTL: {rttl}");
 
     // refund: used 100 of 400
-    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100), llm: None }).await.unwrap();
     assert_eq!(used(&lab), 500);
     // the same report again (a retried batch) changes nothing
-    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100), llm: None }).await.unwrap();
     assert_eq!(used(&lab), 500);
     // overrun: used 700 of 400
-    lab.decider.complete(&Completion { ticket: t2, status: 200, tokens: Some(700) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: t2, status: 200, tokens: Some(700), llm: None }).await.unwrap();
     assert_eq!(used(&lab), 800);
     // 800 used: another 400 does not fit, and the denial reserved nothing
     assert_eq!(denial(&lab.call().await).1, "quota_exceeded");
@@ -259,13 +259,13 @@ async fn each_token_budget_of_a_request_reserves_and_settles_on_its_own() {
     assert_eq!(lab.keys(&format!("q:reserved:{{acme}}:*:{}", t1.request_id)).len(), 2);
 
     // each budget settles at the actual usage: 100 used of 400, then 700 of 400
-    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: t1.clone(), status: 200, tokens: Some(100), llm: None }).await.unwrap();
     assert_eq!((counter(&lab, "per-key"), counter(&lab, "per-tenant")), (500, 500));
-    lab.decider.complete(&Completion { ticket: t2.clone(), status: 200, tokens: Some(700) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: t2.clone(), status: 200, tokens: Some(700), llm: None }).await.unwrap();
     assert_eq!((counter(&lab, "per-key"), counter(&lab, "per-tenant")), (800, 800), "both meters at 100 + 700 used");
     // idempotent: the same reports again (a retried batch) change nothing
     for t in [t1, t2] {
-        lab.decider.complete(&Completion { ticket: t, status: 200, tokens: Some(100) }).await.unwrap();
+        lab.decider.complete(&Completion { ticket: t, status: 200, tokens: Some(100), llm: None }).await.unwrap();
     }
     assert_eq!((counter(&lab, "per-key"), counter(&lab, "per-tenant")), (800, 800));
     let settled: Vec<String> = lab.keys("q:reserved:*").iter().map(|k| lab.cmd(&["GET", k])).collect();
@@ -286,15 +286,15 @@ async fn an_unreconciled_reservation_stays_charged() {
     }
     poll_until("reservations to expire", Duration::from_secs(5), || lab.keys("q:reserved:*").len() == 1);
     // late report of a smaller use: no refund (never under-charge)
-    lab.decider.complete(&Completion { ticket: a, status: 200, tokens: Some(100) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: a, status: 200, tokens: Some(100), llm: None }).await.unwrap();
     let used: i64 = lab.cmd(&["GET", &counter]);
     assert_eq!(used, 1200);
     // late report of a larger use: the overrun is still charged
-    lab.decider.complete(&Completion { ticket: b, status: 200, tokens: Some(900) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: b, status: 200, tokens: Some(900), llm: None }).await.unwrap();
     let used: i64 = lab.cmd(&["GET", &counter]);
     assert_eq!(used, 1700);
     // a report without usage keeps the reservation as the charge
-    lab.decider.complete(&Completion { ticket: c, status: 502, tokens: None }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: c, status: 502, tokens: None, llm: None }).await.unwrap();
     let used: i64 = lab.cmd(&["GET", &counter]);
     assert_eq!(used, 1700);
     // every key written carries a TTL
@@ -332,7 +332,7 @@ async fn concurrency_slots_free_on_completion_or_by_themselves() {
     let a = ticket_of(&lab.call().await);
     let _b = ticket_of(&lab.call().await);
     assert_eq!(denial(&lab.call().await), (429, "concurrency_limited".into(), Some("conc".into()), Some(1)));
-    lab.decider.complete(&Completion { ticket: a, status: 200, tokens: None }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: a, status: 200, tokens: None, llm: None }).await.unwrap();
     let _c = ticket_of(&lab.call().await);
     assert!(!allowed(&lab.call().await));
     // b and c never complete (their Envoy crashed): 30 s later their slots are free again
@@ -440,13 +440,13 @@ async fn limits_of_one_name_in_two_plans_keep_their_own_state() {
     assert_eq!(denial(&lab.call_on(None).await).1, "concurrency_limited");
     assert_eq!(denial(&lab.call_on(Some("r_long")).await).1, "concurrency_limited");
     for ticket in jobs {
-        lab.decider.complete(&Completion { ticket, status: 200, tokens: None }).await.unwrap();
+        lab.decider.complete(&Completion { ticket, status: 200, tokens: None, llm: None }).await.unwrap();
     }
     // the long plan's bucket kept its own tokens (3 - 2, plus 301 s of 3 an hour): one more
     let fast = lab.call_on(None).await;
-    lab.decider.complete(&Completion { ticket: ticket_of(&fast), status: 200, tokens: None }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: ticket_of(&fast), status: 200, tokens: None, llm: None }).await.unwrap();
     let one = lab.call_on(Some("r_long")).await;
-    lab.decider.complete(&Completion { ticket: ticket_of(&one), status: 200, tokens: None }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: ticket_of(&one), status: 200, tokens: None, llm: None }).await.unwrap();
     let d = denial(&lab.call_on(Some("r_long")).await);
     assert_eq!((d.1.as_str(), d.2.as_deref()), ("rate_limited", Some("rate")), "{d:?}");
 }

@@ -190,7 +190,7 @@ async fn a_denied_decision_and_a_completed_one_are_not_refunded() {
     assert_eq!(lab.refund(&denied).await, Refunded::Nothing);
     assert_eq!(lab.state(), before);
     // the allowed one completes (served, 300 tokens): its record goes, a refund gives nothing back
-    lab.decider.complete(&Completion { ticket, status: 200, tokens: Some(300) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket, status: 200, tokens: Some(300), llm: None }).await.unwrap();
     assert!(lab.redis.keys(&format!("dec:*{done}")).is_empty(), "the completion deleted the record");
     let completed = lab.state();
     assert_eq!(lab.refund(&done).await, Refunded::Nothing);

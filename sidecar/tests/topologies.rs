@@ -63,7 +63,7 @@ async fn exercise(decider: &Decider, store: &Store) {
         DecideResponse::Deny { status: 429, limit: Some(l), .. } => assert_eq!(l, "fw"),
         other => panic!("expected the fixed window to deny: {other:?}"),
     }
-    decider.complete(&Completion { ticket: tickets.remove(0), status: 200, tokens: Some(4) }).await.unwrap();
+    decider.complete(&Completion { ticket: tickets.remove(0), status: 200, tokens: Some(4), llm: None }).await.unwrap();
     // an abandoned decision is refunded (issue 15.2): the record and every key it names are in
     // the tenant's slot; the completed one has nothing left to give back
     let abandoned = |n: u32| Abandoned { decision_id: format!("{n:032x}"), key_hash: key.hash.as_str().to_string() };

@@ -25,6 +25,10 @@ pub fn bin(var: &str, default: PathBuf) -> PathBuf {
     std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
 }
 
+/// The project's Python (build.sh's venv, with the official `openai` client installed).
+pub fn python_bin() -> PathBuf {
+    bin("TOLLGATE_PYTHON", root().join(".tollgate/tools/venv/bin/python"))
+}
 pub fn envoy_bin() -> PathBuf {
     bin("TOLLGATE_ENVOY_BIN", root().join(".tollgate/tools/venv/lib/python3.11/site-packages/envoy/_bin/envoy"))
 }

@@ -295,6 +295,7 @@ fn typical_request() -> tollgate_wire::DecideRequest {
         cache_key: None,
         idempotency: None,
         lease: None,
+        llm: None,
     }
 }
 

@@ -306,6 +306,7 @@ pub(crate) mod tests {
             ticket: Ticket::new("t", id, vec![], vec![]),
             status: 200,
             tokens: None,
+            llm: None,
         }
     }
 

@@ -245,14 +245,35 @@ pub fn stream_front_facts(front: &[u8]) -> ResponseFacts {
 /// The model a request body asks for: its top-level `model` (OpenAI, Anthropic and most
 /// OpenAI-compatible APIs), when it is a [`model_name`].
 pub fn request_model(body: &[u8]) -> Option<String> {
+    request_ask(body).0
+}
+
+/// The model a request body asks for ([`request_model`]) and the output it allows: its
+/// top-level `max_tokens` (OpenAI chat, Anthropic), `max_completion_tokens` (OpenAI chat),
+/// `max_output_tokens` (OpenAI responses) or Gemini's `generationConfig.maxOutputTokens` — the
+/// first present, a count as token counts are read (clamped; another type is none).
+pub fn request_ask(body: &[u8]) -> (Option<String>, Option<u64>) {
     #[derive(Deserialize)]
     struct Asked {
         model: Option<Loose>,
+        max_tokens: Option<Count>,
+        max_completion_tokens: Option<Count>,
+        max_output_tokens: Option<Count>,
+        #[serde(rename = "generationConfig")]
+        generation_config: Option<GenerationConfig>,
     }
-    if !names_facts(body) {
-        return None;
+    #[derive(Deserialize)]
+    struct GenerationConfig {
+        #[serde(rename = "maxOutputTokens")]
+        max_output_tokens: Option<Count>,
     }
-    serde_json::from_slice::<Asked>(body).ok()?.model?.model()
+    if !body.windows(4).any(|w| w == b"\"max" || w == b"\"mod" || w == b"\"gen") {
+        return (None, None);
+    }
+    let Ok(a) = serde_json::from_slice::<Asked>(body) else { return (None, None) };
+    let gemini = a.generation_config.as_ref().and_then(|g| Count::get(&g.max_output_tokens));
+    let max = Count::get(&a.max_tokens).or(Count::get(&a.max_completion_tokens)).or(Count::get(&a.max_output_tokens)).or(gemini);
+    (a.model.and_then(Loose::model), max)
 }
 
 /// The model a Gemini-style path names: `…/models/{model}:generateContent` (and
@@ -345,6 +366,18 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         assert_eq!(f.into_usage(None).unwrap().cached_tokens, None);
         assert_eq!(ResponseFacts::default().into_usage(None), None);
         assert_eq!(ResponseFacts::default().into_usage(Some("m".into())).unwrap().requested_model.as_deref(), Some("m"));
+    }
+
+    #[test]
+    fn the_output_a_request_allows() {
+        assert_eq!(request_ask(br#"{"model":"gpt-4o","max_tokens":50}"#), (Some("gpt-4o".into()), Some(50)));
+        assert_eq!(request_ask(br#"{"max_completion_tokens":7,"model":"o1"}"#), (Some("o1".into()), Some(7)));
+        assert_eq!(request_ask(br#"{"model":"gpt-4.1","max_output_tokens":9}"#).1, Some(9));
+        assert_eq!(request_ask(br#"{"contents":[],"generationConfig":{"maxOutputTokens":64}}"#), (None, Some(64)));
+        assert_eq!(request_ask(br#"{"model":"m","max_tokens":"many"}"#), (Some("m".into()), None), "another type is none");
+        assert_eq!(request_ask(br#"{"model":"m","max_tokens":-3}"#).1, Some(0), "clamped as counts are");
+        assert_eq!(request_ask(br#"{"messages":[{"content":"\"max_tokens\": 5"}]}"#), (None, None), "content is never read");
+        assert_eq!(request_ask(b"max_tokens 5"), (None, None));
     }
 
     #[test]

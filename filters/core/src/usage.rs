@@ -216,6 +216,11 @@ impl RequestInfo {
             start_ms: now_ms,
         }
     }
+
+    /// When the filter took the request (ms since the epoch).
+    pub fn start_ms(&self) -> u64 {
+        self.start_ms
+    }
 }
 
 /// What a request's response said of its token usage.

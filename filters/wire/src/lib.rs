@@ -117,6 +117,9 @@ pub struct DecideRequest {
     /// Leased limits: the filter would take a lease of units with this decision (see [`LeaseAsk`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseAsk>,
+    /// An LLM route's request: what money budgets reserve from (issue 42; [`llm::LlmAsk`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<llm::LlmAsk>,
 }
 
 impl DecideRequest {
@@ -291,8 +294,12 @@ pub struct BudgetHold {
     pub subject: String,
     /// `yyyyMM` of the counter that was charged.
     pub period: u32,
-    /// Tokens reserved (the estimate).
+    /// Tokens reserved (the estimate); a money budget's: micro-units.
     pub reserved: u64,
+    /// A money budget (`spend_budget`): the moment its reservation was priced at, and its
+    /// settlement will be (absent: a token budget). Its `period` is `yyyyMM` or `yyyyMMdd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priced_at_ms: Option<u64>,
 }
 
 /// A concurrency slot.
@@ -313,6 +320,10 @@ pub struct Completion {
     /// Tokens actually used (`usage.total_tokens` of an LLM response), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
+    /// An LLM call's model and tokens apart, when its usage was read (`tokens` known) and its
+    /// ticket holds a money budget: what the sidecar prices to reconcile the reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<llm::LlmUsage>,
 }
 
 /// The body of `POST /v1/completions`: completions batched by the filter (no call per request).
@@ -337,6 +348,10 @@ pub mod codes {
     pub const RATE_LIMITED: &str = "rate_limited";
     /// A token budget is exhausted: 429.
     pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+    /// A money budget (`spend_budget`) cannot cover the request's reservation: 429.
+    pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
+    /// A money budget cannot price the model asked for and is set to refuse it: 403.
+    pub const MODEL_NOT_PRICED: &str = "model_not_priced";
     /// Too many requests in flight: 429.
     pub const CONCURRENCY_LIMITED: &str = "concurrency_limited";
     /// Redis could not answer and a fail-closed limit applies: 503.
@@ -369,6 +384,8 @@ pub mod codes {
         EXPIRED_KEY,
         RATE_LIMITED,
         QUOTA_EXCEEDED,
+        BUDGET_EXHAUSTED,
+        MODEL_NOT_PRICED,
         CONCURRENCY_LIMITED,
         LIMITS_UNAVAILABLE,
         NO_ROUTE,

@@ -71,6 +71,30 @@ impl LlmUsage {
     }
 }
 
+/// What a money budget (`spend_budget`, issue 42 item 3) needs to know of an LLM request when it
+/// is decided: the most it may cost is its input (estimated from its size) and the most output
+/// it lets the model write, priced at the model's rates. Sent by the filter on LLM routes only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LlmAsk {
+    /// The model the request asks for (body `model`, or a Gemini path's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The request body's size in bytes (as read, else as announced by `content-length`): the
+    /// sidecar estimates the input at one token per 4 bytes, rounded up.
+    #[serde(default)]
+    pub input_bytes: u64,
+    /// The output the request allows: its `max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens` or Gemini's `generationConfig.maxOutputTokens` (absent: the limit's
+    /// configured default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// When the filter took the request (ms since the epoch): the moment its usage event is
+    /// priced at, so its reservation and its reconciliation use the same prices as its bill.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ms: Option<u64>,
+}
+
 /// `name` as a model name when it is one: 1-[`MAX_MODEL`] bytes of ASCII letters, digits and
 /// `._:/@+-` (every provider's names: `gpt-4o-mini`, `claude-3-5-sonnet-20241022`,
 /// `models/gemini-1.5-pro-002`, `meta-llama/Llama-3-8b@v2`). Anything else is no name.

@@ -43,3 +43,15 @@ pub fn too_many(meta: &Meta, state: &LimitState) -> DecideResponse {
         response_headers: headers,
     }
 }
+
+/// A 403 `model_not_priced`: money budget `limit` cannot price the model asked for (decision 301).
+pub fn not_priced(limit: String, why: super::spend::NotPriced) -> DecideResponse {
+    let model = why.model.map_or_else(|| "a request that names no model".to_string(), |m| format!("model '{m}'"));
+    DecideResponse::Deny {
+        status: 403,
+        error: tollgate_wire::codes::MODEL_NOT_PRICED.into(),
+        message: format!("budget '{limit}' cannot price {model}: it has no price"),
+        limit: Some(limit),
+        response_headers: vec![],
+    }
+}

@@ -6,18 +6,38 @@
 //! then take from all only if all pass, so a denied request consumes nothing.
 
 use super::limits::{Algorithm, Limit, LimitFailureMode, SubjectKind, LEASE_MAX_UNITS, LEASE_SHARE_DIVISOR};
+use super::spend;
 use crate::keys::{
-    ConcurrencyKey, FixedWindowKey, Id, ReservationKey, SlidingLogKey, SlidingWindowKey, Subject, TokenBucketKey,
+    BudgetCounter, ConcurrencyKey, SpendBudgetKey, FixedWindowKey, Id, ReservationKey, SlidingLogKey, SlidingWindowKey, Subject, TokenBucketKey,
     TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS,
 };
 use crate::scripts::decide::{Check, Lease, LimitCheck, LimitState};
+use crate::usage::pricing::{Pricing, Rates};
 use std::net::IpAddr;
+use tollgate_wire::llm::LlmAsk;
 use tollgate_wire::usage::Day;
 use tollgate_wire::{codes, BudgetHold, Header, SlotHold, Ticket};
 
 /// The largest token budget `decide.lua` is given: a month's counter is an i64 in Redis, and a
 /// limit above this (up to any u64) behaves as this one, which no month reaches (decision 177).
 pub const BUDGET_LIMIT_IN_SCRIPT: u64 = 1 << 62;
+
+/// Rates that price nothing (a money budget that cannot price refused the request before).
+const NO_RATES: Rates = Rates { input_per_mtok: 0, output_per_mtok: 0, cached_input_per_mtok: None };
+
+/// The first money budget (not shadow) of `limits` that cannot price the request: its name and
+/// why — answered 403 `model_not_priced` before any limit is checked or taken (decision 301).
+pub fn unpriced(limits: &[Limit], ctx: &RequestCtx<'_>) -> Option<(String, spend::NotPriced)> {
+    limits.iter().filter(|l| l.algorithm == Algorithm::SpendBudget && !l.shadow).find_map(|l| {
+        let spec = l.spend.unwrap_or_default();
+        let at = spend::priced_at(ctx.llm, ctx.now_ms, RESERVATION_TTL_MS);
+        let priced = match ctx.pricing {
+            Some(p) => spend::rates(&spec, ctx.llm, p, at).map(|_| ()),
+            None => Err(spend::NotPriced { model: ctx.llm.and_then(|a| a.model.clone()) }),
+        };
+        priced.err().map(|e| (l.name.to_string(), e))
+    })
+}
 
 /// What one request is, for its limits.
 #[derive(Debug, Clone)]
@@ -31,6 +51,10 @@ pub struct RequestCtx<'a> {
     pub now_ms: u64,
     /// Tokens the request says it may use (e.g. `max_tokens`), for budgets.
     pub token_estimate: Option<u64>,
+    /// An LLM request's model, size and output bound, for money budgets.
+    pub llm: Option<&'a LlmAsk>,
+    /// The prices money budgets reserve at (none: a money budget cannot price, see [`unpriced`]).
+    pub pricing: Option<&'a Pricing>,
 }
 
 /// What one limit's entry in the reply is about.
@@ -45,8 +69,8 @@ pub struct Meta {
     pub shadow: bool,
     pub failure_mode: LimitFailureMode,
     pub subject: String,
-    /// Budgets: the period charged and the tokens reserved.
-    pub budget: Option<(u32, u64)>,
+    /// Budgets: the period charged, the units reserved and, for money, the moment priced at.
+    pub budget: Option<(u32, u64, Option<u64>)>,
 }
 
 fn subject_of(kind: &SubjectKind, ctx: &RequestCtx<'_>) -> Subject {
@@ -102,13 +126,31 @@ pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
                 // client must not choose that charge (decision 159).
                 let estimate = ctx.token_estimate.map_or(l.estimate, |e| e.max(l.estimate)).max(1);
                 let check = Check::Budget {
-                    counter: TokenBudgetKey::new(tenant, name, &subject, period),
+                    counter: TokenBudgetKey::new(tenant, name, &subject, period).into(),
                     reservation: ReservationKey::new(tenant, name, &subject, ctx.request_id),
                     reservation_ttl_ms: RESERVATION_TTL_MS,
                     counter_ttl_ms: TOKEN_BUDGET_TTL_MS,
                     period_left_ms: to_end,
                 };
-                (check, estimate, Some((period, estimate)))
+                (check, estimate, Some((period, estimate, None)))
+            }
+            Algorithm::SpendBudget => {
+                let spec = l.spend.unwrap_or_default();
+                let (period, to_end) = spend::period_of(ctx.now_ms, spec.period, spec.offset_min);
+                let at = spend::priced_at(ctx.llm, ctx.now_ms, RESERVATION_TTL_MS);
+                // `unpriced` refused the request before any check when this cannot price it
+                let rates = ctx.pricing.and_then(|p| spend::rates(&spec, ctx.llm, p, at).ok()).unwrap_or(NO_RATES);
+                let (input, output) = spend::counts(&spec, ctx.llm);
+                let reserved = spend::reservation(&rates, input, output);
+                let counter = BudgetCounter::Spend(SpendBudgetKey::new(tenant, name, &subject, period));
+                let check = Check::Budget {
+                    counter_ttl_ms: counter.ttl_ms(),
+                    counter,
+                    reservation: ReservationKey::new(tenant, name, &subject, ctx.request_id),
+                    reservation_ttl_ms: RESERVATION_TTL_MS,
+                    period_left_ms: to_end,
+                };
+                (check, reserved, Some((period, reserved, Some(at))))
             }
             Algorithm::Concurrency => (Check::Concurrency { key: ConcurrencyKey::new(tenant, name, &subject), slot_timeout_ms: w }, 1, None),
         };
@@ -142,6 +184,7 @@ pub fn lease(want: u64, renewal: bool) -> Lease {
 pub fn deny_code(a: Algorithm) -> &'static str {
     match a {
         Algorithm::TokenBudget => codes::QUOTA_EXCEEDED,
+        Algorithm::SpendBudget => codes::BUDGET_EXHAUSTED,
         Algorithm::Concurrency => codes::CONCURRENCY_LIMITED,
         _ => codes::RATE_LIMITED,
     }
@@ -185,7 +228,7 @@ pub fn ticket(meta: &[Meta], tenant: &Id, request_id: &Id) -> Option<Ticket> {
     let budgets: Vec<BudgetHold> = meta
         .iter()
         .filter_map(|m| {
-            m.budget.map(|(period, reserved)| BudgetHold { limit: m.name.clone(), subject: m.subject.clone(), period, reserved })
+            m.budget.map(|(period, reserved, priced_at_ms)| BudgetHold { limit: m.name.clone(), subject: m.subject.clone(), period, reserved, priced_at_ms })
         })
         .collect();
     let slots: Vec<SlotHold> = meta
@@ -238,6 +281,8 @@ mod tests {
             request_id: &r,
             now_ms: 1_764_374_400_000, // 2025-11-29T00:00:00Z
             token_estimate: Some(5_000),
+            llm: None,
+            pricing: None,
         };
         let limits = [
             Limit::example(Algorithm::FixedWindow, SubjectKind::Key),
@@ -270,7 +315,7 @@ mod tests {
         // the budget takes the request's estimate (above the limit's 1000) and reserves for 5 minutes
         assert_eq!(&args[3 + 4 * 6..3 + 5 * 6], &["budget", "10", "300000", "5000", "0", &format!("{TOKEN_BUDGET_TTL_MS}:{}", 2 * 86_400_000)]);
         let t = ticket(&planned.meta, &t, &r).unwrap();
-        assert_eq!(t.budgets, vec![BudgetHold { limit: "l".into(), subject: "k.key_1".into(), period: 202511, reserved: 5_000 }]);
+        assert_eq!(t.budgets, vec![BudgetHold { limit: "l".into(), subject: "k.key_1".into(), period: 202511, reserved: 5_000, priced_at_ms: None }]);
         // one below the limit's estimate reserves the limit's (decision 159)
         let low = checks(&limits, &RequestCtx { token_estimate: Some(50), ..ctx });
         let low = DecideCall { now_ms: ctx.now_ms, request_id: r.clone(), limits: low.checks, lease: None, lookup: None, record: None };

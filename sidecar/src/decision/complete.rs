@@ -2,7 +2,8 @@
 //! reservations (actual vs reserved) and concurrency slots — through `complete.lua`.
 
 use super::{DecisionStore, Decider};
-use crate::keys::{ConcurrencyKey, DecisionRecordKey, Id, ReservationKey, Subject, TokenBudgetKey};
+use super::spend;
+use crate::keys::{BudgetCounter, ConcurrencyKey, DecisionRecordKey, Id, ReservationKey, SpendBudgetKey, Subject, TokenBudgetKey};
 use crate::metrics as m;
 use crate::scripts::complete::CompleteCall;
 use crate::store::StoreError;
@@ -44,17 +45,22 @@ impl<S: DecisionStore> Decider<S> {
         for b in &t.budgets {
             let limit = Id::parse(&b.limit).ok_or_else(|| bad("budgets.limit"))?;
             let subject = Subject::parse(&b.subject).ok_or_else(|| bad("budgets.subject"))?;
-            if !(190_001..=999_912).contains(&b.period) {
-                return Err(bad("budgets.period"));
-            }
-            calls.push(CompleteCall {
-                budget: Some((
-                    TokenBudgetKey::new(&tenant, &limit, &subject, b.period),
-                    ReservationKey::new(&tenant, &limit, &subject, &request_id),
-                )),
-                slot: slots.pop(),
+            let month = (190_001..=999_912).contains(&b.period);
+            let (counter, actual) = match b.priced_at_ms {
                 // No usage reported: the reservation stands as the charge.
-                actual: c.tokens.unwrap_or(b.reserved),
+                None if month => (TokenBudgetKey::new(&tenant, &limit, &subject, b.period).into(), c.tokens.unwrap_or(b.reserved)),
+                // A money budget (month or day): the real cost at the prices it was reserved at,
+                // which its usage event is billed at too (decision 302).
+                Some(at) if month || (19_000_101..=99_991_231).contains(&b.period) => {
+                    let real = self.pricing.as_deref().and_then(|p| spend::real_cost(p, c.llm.as_ref(), at));
+                    (BudgetCounter::Spend(SpendBudgetKey::new(&tenant, &limit, &subject, b.period)), spend::settled(b.reserved, real, c.tokens))
+                }
+                _ => return Err(bad("budgets.period")),
+            };
+            calls.push(CompleteCall {
+                budget: Some((counter, ReservationKey::new(&tenant, &limit, &subject, &request_id))),
+                slot: slots.pop(),
+                actual,
                 estimate: b.reserved,
                 request_id: request_id.to_string(),
                 record: None,
@@ -71,6 +77,10 @@ impl<S: DecisionStore> Decider<S> {
         for call in calls {
             let (delta, settled) = self.store.complete(&call).await?;
             metrics::counter!(m::COMPLETIONS, "outcome" => settled.as_str()).increment(1);
+            // tokens only: a money budget's delta is micro-units
+            if matches!(call.budget, Some((BudgetCounter::Spend(_), _))) {
+                continue;
+            }
             if delta > 0 {
                 metrics::counter!(m::BUDGET_DELTA, "direction" => "overrun").increment(delta as u64);
             } else if delta < 0 {

@@ -10,6 +10,7 @@
 //! lives at most `LEASE_MAX_TTL_MS`, never past the end of the window it was taken from. The
 //! limit is therefore never over-admitted; leased units left unspent at expiry are under-use.
 
+use super::spend::{parse_offset, Period, SpendSpec, Unpriced};
 use crate::invalid::{invalid, Invalid};
 use crate::keys::Id;
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,10 @@ pub enum Algorithm {
     SlidingLog,
     /// Seed 000: monthly tokens, reserved at decide time and reconciled at completion.
     TokenBudget,
+    /// Issue 42: money (micro-units of `[usage.pricing] currency`) per calendar month or day,
+    /// reserved at the request's most it can cost and reconciled to its real cost
+    /// (super::spend).
+    SpendBudget,
     /// Seed 000: requests in flight; `window` = how long a slot lives without a completion.
     Concurrency,
 }
@@ -113,6 +118,19 @@ pub struct LimitConfig {
     /// `exact` (default) or `leased` (fixed_window / token_bucket; see [`LimitMode`]).
     #[serde(default, skip_serializing_if = "LimitMode::is_exact")]
     pub mode: LimitMode,
+    /// Money budgets: `month` (default) or `day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<Period>,
+    /// Money budgets: the output reserved for a request that does not say (default 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// Money budgets: a model without a price of its own is priced by the `default` rates
+    /// (default) or refused (`refuse`: 403 `model_not_priced`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpriced: Option<Unpriced>,
+    /// Money budgets: the periods' time zone, a fixed offset from UTC (default `+00:00`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utc_offset: Option<String>,
 }
 
 fn default_subject() -> String {
@@ -155,6 +173,8 @@ pub struct Limit {
     pub failure_mode: LimitFailureMode,
     pub auth_class: bool,
     pub mode: LimitMode,
+    /// A money budget's own settings (only for [`Algorithm::SpendBudget`]).
+    pub spend: Option<SpendSpec>,
 }
 
 #[cfg(test)]
@@ -173,6 +193,7 @@ impl Limit {
             failure_mode: LimitFailureMode::Open,
             auth_class: false,
             mode: LimitMode::Exact,
+            spend: (algorithm == Algorithm::SpendBudget).then(SpendSpec::default),
         }
     }
 }
@@ -252,7 +273,8 @@ impl Plans {
                     (Algorithm::SlidingLog, Some(c)) => return Err(invalid(format!("{at}.class"), format!("'{c}' is not api or auth"))),
                     (_, Some(_)) => return Err(invalid(format!("{at}.class"), "only sliding_log limits have a class")),
                 };
-                if l.failure_mode == LimitFailureMode::Local && matches!(l.algorithm, Algorithm::TokenBudget | Algorithm::Concurrency) {
+                let spend = spend_spec(l, &at)?;
+                if l.failure_mode == LimitFailureMode::Local && matches!(l.algorithm, Algorithm::TokenBudget | Algorithm::SpendBudget | Algorithm::Concurrency) {
                     // A budget's reservation and a concurrency slot are settled by the completion
                     // path in Redis: a local share of them would never be given back.
                     return Err(invalid(
@@ -280,13 +302,19 @@ impl Plans {
                     algorithm: l.algorithm,
                     subject,
                     limit: l.limit,
-                    window_ms: window.as_millis() as u64,
+                    // a money budget's window is its period's (what RateLimit-Policy says)
+                    window_ms: match spend.map(|s| s.period) {
+                        Some(Period::Day) => 86_400_000,
+                        Some(Period::Month) => 30 * 86_400_000,
+                        None => window.as_millis() as u64,
+                    },
                     cost: l.cost,
                     estimate: l.estimate.unwrap_or(1000).max(1),
                     shadow: l.shadow,
                     failure_mode: l.failure_mode,
                     auth_class,
                     mode: l.mode,
+                    spend,
                 });
             }
             out.insert(plan.clone(), limits);
@@ -319,6 +347,29 @@ impl Plans {
         v.dedup();
         v
     }
+}
+
+/// A money budget's settings, checked; `None` for other limits (which must not set them).
+fn spend_spec(l: &LimitConfig, at: &str) -> Result<Option<SpendSpec>, Invalid> {
+    if l.algorithm != Algorithm::SpendBudget {
+        let set = l.period.is_some() || l.max_output_tokens.is_some() || l.unpriced.is_some() || l.utc_offset.is_some();
+        return match set {
+            true => Err(invalid(at, "period, max_output_tokens, unpriced and utc_offset are for spend_budget limits only")),
+            false => Ok(None),
+        };
+    }
+    if l.estimate.is_some() {
+        return Err(invalid(format!("{at}.estimate"), "a spend_budget reserves the most a request can cost: set max_output_tokens"));
+    }
+    let max_output_tokens = l.max_output_tokens.unwrap_or(super::spend::DEFAULT_MAX_OUTPUT_TOKENS);
+    if max_output_tokens == 0 || max_output_tokens > MAX_COUNT {
+        return Err(invalid(format!("{at}.max_output_tokens"), format!("must be between 1 and {MAX_COUNT} (2^53)")));
+    }
+    let offset_min = match &l.utc_offset {
+        Some(o) => parse_offset(o, &format!("{at}.utc_offset"))?,
+        None => 0,
+    };
+    Ok(Some(SpendSpec { period: l.period.unwrap_or_default(), max_output_tokens, unpriced: l.unpriced.unwrap_or_default(), offset_min }))
 }
 
 /// Whether a plan's limits can be leased: all of them are `leased` (an exact limit needs a call
@@ -423,6 +474,28 @@ mod tests {
     }
 
     #[test]
+    fn a_spend_budget_has_a_period_an_output_bound_and_a_zone() {
+        let p = plans("[[plans.p.limits]]\nname = \"d\"\nalgorithm = \"spend_budget\"\nlimit = 5\nperiod = \"day\"\nmax_output_tokens = 64\nunpriced = \"refuse\"\nutc_offset = \"-08:00\"\n").unwrap();
+        let l = &p.limits("p")[0];
+        let spend = SpendSpec { period: Period::Day, max_output_tokens: 64, unpriced: Unpriced::Refuse, offset_min: -480 };
+        assert_eq!((l.spend, l.window_ms), (Some(spend), 86_400_000));
+        let month = plans("[[plans.p.limits]]\nname = \"m\"\nalgorithm = \"spend_budget\"\nlimit = 5\n").unwrap();
+        assert_eq!((month.limits("p")[0].spend, month.limits("p")[0].window_ms), (Some(SpendSpec::default()), 30 * 86_400_000));
+        for (bad, needle) in [
+            ("algorithm = \"fixed_window\"\nlimit = 1\nperiod = \"day\"", "spend_budget limits only"),
+            ("algorithm = \"spend_budget\"\nlimit = 1\nestimate = 5", "max_output_tokens"),
+            ("algorithm = \"spend_budget\"\nlimit = 1\nmax_output_tokens = 0", "max_output_tokens"),
+            ("algorithm = \"spend_budget\"\nlimit = 1\nutc_offset = \"CET\"", "utc_offset"),
+            ("algorithm = \"spend_budget\"\nlimit = 1\nperiod = \"week\"", "unknown variant"),
+            ("algorithm = \"spend_budget\"\nlimit = 1\nfailure_mode = \"local\"", "open or closed"),
+            ("algorithm = \"spend_budget\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
+            ("algorithm = \"spend_budget\"\nlimit = 9007199254740993", "2^53"),
+        ] {
+            refused(&format!("[[plans.p.limits]]\nname = \"a\"\n{bad}"), needle);
+        }
+    }
+
+    #[test]
     fn leased_mode_is_for_fixed_windows_and_buckets_per_key_tenant_or_product() {
         let p = plans(
             "[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9\nmode = \"leased\"\n\
@@ -459,6 +532,10 @@ mod tests {
             failure_mode: LimitFailureMode::Open,
             class: None,
             mode: LimitMode::Exact,
+            period: None,
+            max_output_tokens: None,
+            unpriced: None,
+            utc_offset: None,
         };
         assert!(!serde_json::to_string(&cfg).unwrap().contains(r#""mode""#));
         let leased = LimitConfig { mode: LimitMode::Leased, ..cfg };

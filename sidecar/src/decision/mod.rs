@@ -42,6 +42,7 @@ pub mod outcomes;
 pub mod replicas;
 pub mod responses;
 pub mod routing;
+pub mod spend;
 pub mod store;
 pub mod tickets;
 #[cfg(test)]
@@ -107,6 +108,8 @@ pub struct Decider<S = Store> {
     in_flight_ms: u64,
     /// A tenant's bound of stored responses (`[responses] tenant_max_mb`; decision 185).
     tenant_max_bytes: u64,
+    /// The prices money budgets reserve and settle at (`[usage.pricing]`; none: they refuse).
+    pricing: Option<Arc<crate::usage::pricing::Pricing>>,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -181,7 +184,14 @@ impl<S: DecisionStore> Decider<S> {
             rechecks: Arc::new(late::LateRefunds::rechecks()),
             in_flight_ms: crate::keys::IDEMPOTENCY_IN_FLIGHT_TTL_MS,
             tenant_max_bytes: responses::ResponsesConfig::default().tenant_max_bytes(),
+            pricing: None,
         }
+    }
+
+    /// Money budgets reserve and settle at these prices (those usage events are priced at).
+    pub fn with_pricing(mut self, pricing: Arc<crate::usage::pricing::Pricing>) -> Decider<S> {
+        self.pricing = Some(pricing);
+        self
     }
 
     /// Stored responses as `[responses]` says: idempotency claims stay in flight
@@ -330,7 +340,12 @@ impl<S: DecisionStore> Decider<S> {
             request_id: &request_id,
             now_ms: cx.now_ms,
             token_estimate: req.token_estimate.filter(|n| *n > 0).map(|n| m::clamp_tokens(n, "estimate")),
+            llm: req.llm.as_ref(),
+            pricing: self.pricing.as_deref(),
         };
+        if let Some((limit, why)) = checks::unpriced(limits, &ctx) {
+            return answers::not_priced(limit, why);
+        }
         let Checks { checks, meta } = checks::checks(limits, &ctx);
         let (lease, lease_ttl_ms) = Self::lease(cx, r, limits);
         // A decision the filter named can be reported abandoned (its answer lost): record what it

@@ -445,6 +445,7 @@ mod tests {
             cache_key: Some("cd".repeat(32)),
             idempotency: None,
             lease: None,
+            llm: None,
         }
     }
 

@@ -358,18 +358,18 @@ async fn completions_settle_budgets_and_slots_and_refuse_bad_tickets() {
     let mut ticket = Ticket::new(
         "acme",
         "req-1",
-        vec![BudgetHold { limit: "tokens".into(), subject: "k.key_1".into(), period: 202511, reserved: 50 }],
+        vec![BudgetHold { limit: "tokens".into(), subject: "k.key_1".into(), period: 202511, reserved: 50, priced_at_ms: None }],
         vec![SlotHold { limit: "inflight".into(), subject: "k.key_1".into() }, SlotHold { limit: "other".into(), subject: "t".into() }],
     );
-    let unsealed = lab.decider.complete(&Completion { ticket: ticket.clone(), status: 200, tokens: Some(0) }).await.unwrap_err();
+    let unsealed = lab.decider.complete(&Completion { ticket: ticket.clone(), status: 200, tokens: Some(0), llm: None }).await.unwrap_err();
     assert!(matches!(unsealed, super::complete::CompleteError::Refused(super::tickets::Refused::Mac)), "{unsealed}");
     lab.decider.tickets().seal(&mut ticket, T0, 0);
     let mut refund = ticket.clone();
     refund.budgets[0].reserved = 1_000_000;
-    let altered = lab.decider.complete(&Completion { ticket: refund, status: 200, tokens: Some(0) }).await.unwrap_err();
+    let altered = lab.decider.complete(&Completion { ticket: refund, status: 200, tokens: Some(0), llm: None }).await.unwrap_err();
     assert!(matches!(altered, super::complete::CompleteError::Refused(super::tickets::Refused::Mac)), "{altered}");
     assert!(lab.store.mem().completions.is_empty(), "nothing settled by a refused ticket");
-    lab.decider.complete(&Completion { ticket: ticket.clone(), status: 200, tokens: Some(70) }).await.unwrap();
+    lab.decider.complete(&Completion { ticket: ticket.clone(), status: 200, tokens: Some(70), llm: None }).await.unwrap();
     let done = lab.store.mem().completions.clone();
     assert_eq!(done.len(), 2, "the budget with one slot, then the other slot");
     let (counter, reservation) = done[0].budget.clone().unwrap();
@@ -382,11 +382,11 @@ async fn completions_settle_budgets_and_slots_and_refuse_bad_tickets() {
 
     let mut bad = Ticket { budgets: vec![BudgetHold { period: 1, ..ticket.budgets[0].clone() }], ..ticket.clone() };
     lab.decider.tickets().seal(&mut bad, T0, 0);
-    let err = lab.decider.complete(&Completion { ticket: bad, status: 200, tokens: None }).await.unwrap_err();
+    let err = lab.decider.complete(&Completion { ticket: bad, status: 200, tokens: None, llm: None }).await.unwrap_err();
     assert!(matches!(err, super::complete::CompleteError::BadTicket(f) if f == "budgets.period"));
 
     lab.clock.advance(super::tickets::COMPLETION_TICKET_TTL_MS + 1);
-    let late = lab.decider.complete(&Completion { ticket, status: 200, tokens: Some(0) }).await.unwrap_err();
+    let late = lab.decider.complete(&Completion { ticket, status: 200, tokens: Some(0), llm: None }).await.unwrap_err();
     assert!(matches!(late, super::complete::CompleteError::Refused(super::tickets::Refused::Expired)), "{late}");
     assert_eq!(lab.store.mem().completions.len(), 2, "nothing settled after the ticket expired");
 }

@@ -111,6 +111,15 @@ fn completion_canon(t: &Ticket) -> Canon {
     for s in &t.slots {
         c.str(&s.limit).str(&s.subject);
     }
+    // Money budgets' pricing moments (issue 42), after everything else and only when there is
+    // one: a ticket without any encodes as before (tickets sealed by an older sidecar hold), and
+    // one with them has bytes past where any without ends, so no two share an encoding.
+    if t.budgets.iter().any(|b| b.priced_at_ms.is_some()) {
+        c.str("spend");
+        for b in &t.budgets {
+            c.num(b.priced_at_ms.map_or(0, |at| at.saturating_add(1)));
+        }
+    }
     c
 }
 
@@ -222,7 +231,7 @@ mod tests {
         Ticket::new(
             "acme",
             "0123456789abcdef0123456789abcdef",
-            vec![BudgetHold { limit: "tokens".into(), subject: "k.key_1".into(), period: 202612, reserved: 100 }],
+            vec![BudgetHold { limit: "tokens".into(), subject: "k.key_1".into(), period: 202612, reserved: 100, priced_at_ms: None }],
             vec![SlotHold { limit: "conc".into(), subject: "t".into() }],
         )
     }
@@ -249,6 +258,7 @@ mod tests {
             Box::new(|t: &mut Ticket| t.budgets[0].limit = "other".into()),
             Box::new(|t: &mut Ticket| t.budgets[0].subject = "t".into()),
             Box::new(|t: &mut Ticket| t.budgets[0].period = 202611),
+            Box::new(|t: &mut Ticket| t.budgets[0].priced_at_ms = Some(0)),
             Box::new(|t: &mut Ticket| t.budgets.clear()),
             Box::new(|t: &mut Ticket| t.slots.push(SlotHold { limit: "conc".into(), subject: "k.key_2".into() })),
             Box::new(|t: &mut Ticket| t.expires_at_ms += 1),

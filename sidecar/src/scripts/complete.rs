@@ -2,7 +2,7 @@
 //! reserved) and free its concurrency slot. Idempotent: a retried report changes nothing twice.
 
 use super::call::Invocation;
-use crate::keys::{ConcurrencyKey, DecisionRecordKey, ReservationKey, TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS};
+use crate::keys::{BudgetCounter, ConcurrencyKey, DecisionRecordKey, ReservationKey, RESERVATION_TTL_MS};
 use crate::store::{Store, StoreError};
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -15,8 +15,9 @@ const DEADLINE: Duration = Duration::from_secs(2);
 /// One `complete.lua` call: a budget reservation and/or a concurrency slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompleteCall {
-    /// The month counter and the reservation of a budget the request reserved from.
-    pub budget: Option<(TokenBudgetKey, ReservationKey)>,
+    /// The period's counter (tokens or money) and the reservation of a budget the request
+    /// reserved from.
+    pub budget: Option<(BudgetCounter, ReservationKey)>,
     pub slot: Option<ConcurrencyKey>,
     /// Tokens used (the reservation when the response did not say).
     pub actual: u64,
@@ -70,7 +71,7 @@ impl CompleteCall {
             self.actual.to_string(),
             self.estimate.to_string(),
             self.request_id.clone(),
-            TOKEN_BUDGET_TTL_MS.to_string(),
+            self.budget.as_ref().map_or(0, |(c, _)| c.ttl_ms()).to_string(),
             flag(self.budget.is_some()),
             flag(self.slot.is_some()),
             self.marker_ttl_ms.max(RESERVATION_TTL_MS).to_string(),
@@ -100,14 +101,14 @@ pub async fn run(store: &Store, call: &CompleteCall) -> Result<(i64, Settled), S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{Id, Subject};
+    use crate::keys::{Id, Subject, TokenBudgetKey, TOKEN_BUDGET_TTL_MS};
 
     #[test]
     fn a_budget_and_a_slot_in_the_contracts_order() {
         let (t, l, r) = (Id::parse("acme").unwrap(), Id::parse("l").unwrap(), Id::parse("req-1").unwrap());
         let s = Subject::tenant();
         let both = CompleteCall {
-            budget: Some((TokenBudgetKey::new(&t, &l, &s, 202511), ReservationKey::new(&t, &l, &s, &r))),
+            budget: Some((TokenBudgetKey::new(&t, &l, &s, 202511).into(), ReservationKey::new(&t, &l, &s, &r))),
             slot: Some(ConcurrencyKey::new(&t, &l, &s)),
             actual: 70,
             estimate: 50,

@@ -8,8 +8,8 @@
 
 use super::call::{BadReply, Invocation, ScriptError};
 use crate::keys::{
-    ConcurrencyKey, DecisionRecordKey, FixedWindowKey, Id, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ReservationKey,
-    ResponseCacheKey, ResponsesBytesKey, ResponsesLiveKey, SlidingLogKey, SlidingWindowKey, TokenBucketKey, TokenBudgetKey,
+    BudgetCounter, ConcurrencyKey, DecisionRecordKey, FixedWindowKey, Id, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ReservationKey,
+    ResponseCacheKey, ResponsesBytesKey, ResponsesLiveKey, SlidingLogKey, SlidingWindowKey, TokenBucketKey,
 };
 use crate::store::Store;
 use std::sync::LazyLock;
@@ -47,9 +47,10 @@ pub enum Check {
     Bucket { key: TokenBucketKey, refill_ms: u64 },
     /// A zset of request timestamps.
     Log { key: SlidingLogKey, window_ms: u64 },
-    /// A monthly token counter (TTL `counter_ttl_ms`, the period ends in `period_left_ms`) and the
-    /// request's reservation (TTL `reservation_ttl_ms`).
-    Budget { counter: TokenBudgetKey, reservation: ReservationKey, reservation_ttl_ms: u64, counter_ttl_ms: u64, period_left_ms: u64 },
+    /// A period's counter — a month's tokens, or a month's or day's micro-units of money (TTL
+    /// `counter_ttl_ms`, the period ends in `period_left_ms`) — and the request's reservation
+    /// (TTL `reservation_ttl_ms`).
+    Budget { counter: BudgetCounter, reservation: ReservationKey, reservation_ttl_ms: u64, counter_ttl_ms: u64, period_left_ms: u64 },
     /// A zset of in-flight request ids; a slot lives `slot_timeout_ms` without a completion.
     Concurrency { key: ConcurrencyKey, slot_timeout_ms: u64 },
 }
@@ -294,7 +295,7 @@ pub fn parse(values: &[redis::Value], n: usize) -> Result<DecideReply, BadReply>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{CacheHash, IdemKey, Subject};
+    use crate::keys::{CacheHash, IdemKey, Subject, TokenBudgetKey};
     use redis::Value::{BulkString, Int};
 
     fn id(s: &str) -> Id {
@@ -314,7 +315,7 @@ mod tests {
     fn every_kind_lays_out_its_keys_and_six_arguments() {
         let (t, l, s) = (id("acme"), id("l"), Subject::tenant());
         let budget = Check::Budget {
-            counter: TokenBudgetKey::new(&t, &l, &s, 202511),
+            counter: TokenBudgetKey::new(&t, &l, &s, 202511).into(),
             reservation: ReservationKey::new(&t, &l, &s, &id("req-1")),
             reservation_ttl_ms: 300_000,
             counter_ttl_ms: 9,

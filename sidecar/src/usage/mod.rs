@@ -542,6 +542,7 @@ mod tests {
             cache_key: None,
             idempotency: None,
             lease: None,
+            llm: None,
         };
         let a = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);
         let b = denial_event("acme", "key_1", "gold", &req, 429, "rate_limited", DAY);

@@ -141,24 +141,39 @@ impl Pricing {
     }
 
     /// The rates of `model` at `at_ms`: an exact name first, then the longest prefix, each the
-    /// latest in effect.
-    fn rates(&self, model: &str, at_ms: u64) -> Option<Rates> {
+    /// latest in effect (not the default).
+    pub fn rates_of(&self, model: &str, at_ms: u64) -> Option<Rates> {
         let in_effect = || self.prices.iter().filter(|(_, _, from, _)| *from <= at_ms);
         if let Some((_, _, _, r)) = in_effect().find(|(m, prefix, _, _)| !prefix && m == model) {
             return Some(*r);
         }
-        in_effect().filter(|(m, prefix, _, _)| *prefix && model.starts_with(m.as_str())).max_by_key(|(m, _, _, _)| m.len()).map(|(_, _, _, r)| *r)
+        // the longest prefix; of one prefix, the latest in effect: the first (min_by_key keeps
+        // the first of equals, where max_by_key would keep the last — the oldest price)
+        in_effect()
+            .filter(|(m, prefix, _, _)| *prefix && model.starts_with(m.as_str()))
+            .min_by_key(|(m, _, _, _)| std::cmp::Reverse(m.len()))
+            .map(|(_, _, _, r)| *r)
     }
 
     /// Prices one call (its cost in `llm.cost_micros`, replacing whatever the event said): the
     /// model that answered, else the one asked for, else the default rates, at `at_ms`.
     pub fn price(&self, llm: &mut LlmUsage, at_ms: u64) {
+        llm.cost_micros = self.cost_of(llm, at_ms);
+    }
+
+    /// What [`Self::price`] writes: the call's cost, or none (no counts, or no rates).
+    pub fn cost_of(&self, llm: &LlmUsage, at_ms: u64) -> Option<u64> {
         let named = [llm.model.as_deref(), llm.requested_model.as_deref()];
-        let rates = named.into_iter().flatten().find_map(|m| self.rates(m, at_ms)).or(self.default);
-        llm.cost_micros = match (rates, llm.input_tokens.is_some() || llm.output_tokens.is_some()) {
+        let rates = named.into_iter().flatten().find_map(|m| self.rates_of(m, at_ms)).or(self.default);
+        match (rates, llm.input_tokens.is_some() || llm.output_tokens.is_some()) {
             (Some(r), true) => Some(r.cost(llm.input_tokens.unwrap_or(0), llm.output_tokens.unwrap_or(0), llm.cached_tokens.unwrap_or(0))),
             _ => None,
-        };
+        }
+    }
+
+    /// The rates of a model no price names, when configured.
+    pub fn default_rates(&self) -> Option<Rates> {
+        self.default
     }
 }
 
@@ -227,6 +242,17 @@ mod tests {
         assert_eq!(cost("gpt-4o-mini", JAN - 1), Some(2), "before the new price");
         assert_eq!(cost("gpt-4o-mini", JAN), Some(3), "from its moment on");
         assert_eq!(cost("gpt-4o-mini-2024-07-18", JAN), Some(1), "the longest prefix");
+        // a prefix priced again later: the latest in effect
+        let twice = Pricing::compile(&PricingConfig {
+            prices: vec![price("o3*", rates(1_000_000, 0, None), None), price("o3*", rates(4_000_000, 0, None), Some("2026-01-01"))],
+            ..config.clone()
+        })
+        .unwrap();
+        let mut c = call(Some("o3-2025"), None, 1, 0, None);
+        twice.price(&mut c, JAN - 1);
+        assert_eq!(c.cost_micros, Some(1));
+        twice.price(&mut c, JAN);
+        assert_eq!(c.cost_micros, Some(4), "the later price of the same prefix");
         assert_eq!(cost("gpt-4o-2024-08-06", JAN), Some(9));
         assert_eq!(cost("claude-3-haiku", JAN), None, "no price, no default: unpriced");
         // the model asked for when the answer names none priced; the default last

@@ -11,12 +11,15 @@
 
 use super::MAX_USAGE_BODY;
 use crate::host::Host;
-use crate::llm::{path_model, request_model};
+use crate::llm::{path_model, request_ask};
+use tollgate_wire::llm::LlmAsk;
 
 #[derive(Debug, Default)]
 pub struct LlmCall {
     /// The model the request asks for.
     pub requested_model: Option<String>,
+    /// The output the request allows (`max_tokens` and the like), for money budgets.
+    max_output_tokens: Option<u64>,
     /// The body copied as it passes (bounded), when it is to be read that way.
     copy: Option<Vec<u8>>,
 }
@@ -24,15 +27,23 @@ pub struct LlmCall {
 impl LlmCall {
     /// An LLM request on `path`; `json_body`: a JSON body follows, small enough to read.
     pub fn start(path: &str, json_body: bool) -> LlmCall {
-        LlmCall { requested_model: path_model(path), copy: json_body.then(Vec::new) }
+        LlmCall { requested_model: path_model(path), max_output_tokens: None, copy: json_body.then(Vec::new) }
     }
 
     /// The whole body, read by the filter for its decision.
     pub fn read_body(&mut self, body: Option<&[u8]>) {
         self.copy = None;
-        if let Some(model) = body.and_then(request_model) {
+        let (model, max) = body.map(request_ask).unwrap_or_default();
+        if let Some(model) = model {
             self.requested_model = Some(model);
         }
+        self.max_output_tokens = max;
+    }
+
+    /// What the decision call says of this request for money budgets: `input_bytes`, the body's
+    /// size as the filter knows it (read, else announced); `start_ms`, when the filter took it.
+    pub fn ask(&self, input_bytes: u64, start_ms: Option<u64>) -> LlmAsk {
+        LlmAsk { model: self.requested_model.clone(), input_bytes, max_output_tokens: self.max_output_tokens, start_ms }
     }
 
     /// A chunk of a body that streams on (the filter answered `Continue` before, so Envoy
@@ -76,6 +87,16 @@ mod tests {
         host.request_body = br#"4o","messages":[]}"#.to_vec();
         call.on_passing_body(&host, 18, true);
         assert_eq!(call.requested_model.as_deref(), Some("gpt-4o"));
+    }
+
+    #[test]
+    fn a_read_body_says_what_a_money_budget_reserves_from() {
+        let mut call = LlmCall::start("/v1/chat/completions", true);
+        call.read_body(Some(br#"{"model":"gpt-4o","max_tokens":20,"messages":[]}"#));
+        let ask = call.ask(48, Some(7));
+        assert_eq!(ask, LlmAsk { model: Some("gpt-4o".into()), input_bytes: 48, max_output_tokens: Some(20), start_ms: Some(7) });
+        call.read_body(None);
+        assert_eq!(call.ask(0, None).max_output_tokens, None, "an unread body allows what the limit says");
     }
 
     #[test]

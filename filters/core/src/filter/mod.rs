@@ -283,6 +283,10 @@ impl AuthFilter {
             }
         }
         request.client_ip = host.client_ip();
+        if let Some(llm) = &self.llm {
+            let announced = headers.get("content-length").and_then(|n| n.trim().parse().ok());
+            request.llm = Some(llm.ask(announced.unwrap_or(0), self.request.as_ref().map(RequestInfo::start_ms)));
+        }
         let json_body = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
         // a body announced larger than the filter reads is decided without it at once, as one
         // found larger on the way (decision 139): not buffered up to Envoy's limit and its 413
@@ -358,6 +362,7 @@ impl AuthFilter {
         let body = stages::request_body(host, body_size);
         if let Some(llm) = &mut self.llm {
             llm.read_body(body.as_deref());
+            request.llm = Some(llm.ask(body_size as u64, self.request.as_ref().map(RequestInfo::start_ms)));
         }
         if let (Some(field), Some(b)) = (&self.config.token_estimate_field, &body) {
             request.token_estimate = stages::token_estimate(field, b);
@@ -575,11 +580,13 @@ impl AuthFilter {
             queue.borrow_mut().push(item);
         }
         let status = self.response.status;
+        let llm = self.llm.take().and_then(|l| facts.into_usage(l.requested_model));
         if let Some(ticket) = self.response.ticket.take() {
-            self.worker.completions.borrow_mut().push(Completion { ticket, status, tokens });
+            // a money budget is settled at the cost of the usage read (decision 302)
+            let spend = tokens.is_some() && ticket.budgets.iter().any(|b| b.priced_at_ms.is_some());
+            self.worker.completions.borrow_mut().push(Completion { ticket, status, tokens, llm: llm.clone().filter(|_| spend) });
         }
         if let (Some(meter), Some(request), Some(who)) = (&self.worker.meter, self.request.take(), self.response.identity.take()) {
-            let llm = self.llm.take().and_then(|l| facts.into_usage(l.requested_model));
             let tokens = TokenUse { count: tokens, unread: self.response.tokens_unread, llm };
             meter.borrow_mut().record_request(host, request, who, status, tokens, self.route());
         }

@@ -256,6 +256,7 @@ pub fn decide_request(config: &FilterConfig, headers: &RequestHeaders, key_hash:
         cache_key: None,
         idempotency: None,
         lease: None,
+        llm: None,
     }
 }
 

@@ -20,8 +20,10 @@
 //! - `rl:api|auth:{tenant}:{limit}:{subject}:{window_ms}` — sliding log zset, PEXPIRE window (seed
 //!   002, with the window after it: decision 180).
 //! - `q:tokens:{tenant}:{limit}:{subject}:{yyyyMM}` — monthly token counter, 40 days (seed 000).
-//! - `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — one budget's token reservation by one
-//!   decision, 5 minutes (seed 000). Per budget: each budget of a request settles on its own.
+//! - `q:spend:{tenant}:{limit}:{subject}:{yyyyMM|yyyyMMdd}` — a money budget's counter of
+//!   micro-units per calendar month or day (issue 42), 40 days (month) or 3 days (day).
+//! - `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — one budget's reservation (tokens, or
+//!   micro-units) by one decision, 5 minutes (seed 000). Per budget: each settles on its own.
 //! - `q:conc:{tenant}:{limit}:{subject}` — in-flight zset scored by the ms each slot frees itself
 //!   (start + its slot timeout; decision 180), PEXPIRE the longest slot timeout (seed 000 has a
 //!   Set; a scored zset lets the script prune slots whose completion never came).
@@ -129,6 +131,11 @@ redis_key!(
     TokenBudgetKey
 );
 redis_key!(
+    /// `q:spend:{tenant}:{limit}:{subject}:{yyyyMM|yyyyMMdd}` — a money budget's counter of
+    /// micro-units for one calendar month or day (issue 42 item 3).
+    SpendBudgetKey
+);
+redis_key!(
     /// `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — what one decision reserved from one
     /// budget (the budget's counter is `q:tokens:{tenant}:{limit}:{subject}:…`).
     ReservationKey
@@ -228,6 +235,47 @@ impl TokenBudgetKey {
     }
 }
 
+impl SpendBudgetKey {
+    /// `period` is `yyyyMM` (a month) or `yyyyMMdd` (a day), in the limit's time zone.
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, period: u32) -> Self {
+        Self(format!("q:spend:{}:{limit}:{}:{period:06}", tag(tenant), subject.as_str()))
+    }
+}
+
+/// The counter a budget reserves from: tokens or money (`decide.lua`'s `budget` kind and
+/// `complete.lua` treat both alike: integer units, reserved then reconciled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetCounter {
+    Tokens(TokenBudgetKey),
+    Spend(SpendBudgetKey),
+}
+
+impl BudgetCounter {
+    pub fn as_str(&self) -> &str {
+        match self {
+            BudgetCounter::Tokens(k) => k.as_str(),
+            BudgetCounter::Spend(k) => k.as_str(),
+        }
+    }
+
+    /// The counter's TTL, set on every write: past its period's end by at least the longest
+    /// a reservation lives (a late settlement still finds it).
+    pub fn ttl_ms(&self) -> u64 {
+        match self {
+            BudgetCounter::Tokens(_) => TOKEN_BUDGET_TTL_MS,
+            // the key ends with its period: `yyyyMMdd` is a day's
+            BudgetCounter::Spend(k) if k.0.rsplit(':').next().is_some_and(|p| p.len() == 8) => SPEND_DAY_TTL_MS,
+            BudgetCounter::Spend(_) => TOKEN_BUDGET_TTL_MS,
+        }
+    }
+}
+
+impl From<TokenBudgetKey> for BudgetCounter {
+    fn from(k: TokenBudgetKey) -> Self {
+        BudgetCounter::Tokens(k)
+    }
+}
+
 impl ReservationKey {
     /// One per budget and decision: a request with two budgets holds two reservations, settled
     /// one by one (a single key for both let the first settle mark the second settled too).
@@ -257,6 +305,9 @@ pub const DECISION_RECORD_TTL_MS: u64 = 60_000;
 
 /// TTL of [`TokenBudgetKey`]: 40 days (seed 000).
 pub const TOKEN_BUDGET_TTL_MS: u64 = 40 * 24 * 3600 * 1000;
+/// TTL of a day's [`SpendBudgetKey`] (set on every write): 3 days, past the day's end in any
+/// time zone by far more than a reservation lives. A month's lives as a token budget's.
+pub const SPEND_DAY_TTL_MS: u64 = 3 * 24 * 3600 * 1000;
 /// TTL of [`ReservationKey`]: 5 minutes, set on every write (seed 000).
 pub const RESERVATION_TTL_MS: u64 = 5 * 60 * 1000;
 
@@ -322,6 +373,12 @@ mod tests {
         assert_eq!(SlidingLogKey::new(true, &t, &l, &k, 60_000).as_str(), "rl:auth:{acme}:per-min:k.key_1:60000");
         assert_eq!(TokenBudgetKey::new(&t, &l, &k, 202611).as_str(), "q:tokens:{acme}:per-min:k.key_1:202611");
         assert_eq!(ReservationKey::new(&t, &l, &k, &Id::parse("req-1").unwrap()).as_str(), "q:reserved:{acme}:per-min:k.key_1:req-1");
+        let month = SpendBudgetKey::new(&t, &l, &k, 202612);
+        let day = SpendBudgetKey::new(&t, &l, &Subject::tenant(), 20261205);
+        assert_eq!((month.as_str(), day.as_str()), ("q:spend:{acme}:per-min:k.key_1:202612", "q:spend:{acme}:per-min:t:20261205"));
+        assert_eq!(BudgetCounter::Spend(month).ttl_ms(), TOKEN_BUDGET_TTL_MS);
+        assert_eq!(BudgetCounter::Spend(day).ttl_ms(), SPEND_DAY_TTL_MS);
+        assert_eq!(BudgetCounter::from(TokenBudgetKey::new(&t, &l, &k, 202611)).ttl_ms(), TOKEN_BUDGET_TTL_MS);
         assert_eq!(ConcurrencyKey::new(&t, &l, &k).as_str(), "q:conc:{acme}:per-min:k.key_1");
         assert_eq!(DecisionRecordKey::new(&t, &Id::parse(&"ab".repeat(16)).unwrap()).as_str(), format!("dec:{{acme}}:{}", "ab".repeat(16)));
         assert_eq!(Subject::product(&Id::parse("chat").unwrap()).as_str(), "p.chat");
