@@ -125,8 +125,10 @@ impl AlertsConfig {
 pub struct BudgetUse<'a> {
     pub limit: &'a str,
     pub subject: &'a str,
-    /// `yyyyMM`.
+    /// `yyyyMM` (a month) or `yyyyMMdd` (a day: daily money budgets).
     pub period: u32,
+    /// What the budget counts: `tokens`, or `micros` (micro-units of the pricing currency).
+    pub unit: &'static str,
     /// Spent and reserved after this decision.
     pub used: u64,
     pub budget: u64,
@@ -152,8 +154,10 @@ pub struct Alert {
     pub tenant: String,
     pub limit: String,
     pub subject: String,
-    /// `yyyy-MM`.
+    /// `yyyy-MM`, or `yyyy-MM-dd` for a daily budget.
     pub period: String,
+    /// `tokens`, or `micros` of the pricing currency (money budgets).
+    pub unit: String,
     pub threshold: u8,
     pub used: u64,
     pub budget: u64,
@@ -175,12 +179,21 @@ impl Alert {
             tenant: tenant.into(),
             limit: u.limit.into(),
             subject: u.subject.into(),
-            period: format!("{:04}-{:02}", u.period / 100, u.period % 100),
+            period: period_text(u.period),
+            unit: u.unit.into(),
             threshold,
             used: u.used,
             budget: u.budget,
             at_ms,
         }
+    }
+}
+
+/// `202612` → `2026-12`; `20261205` → `2026-12-05`.
+pub fn period_text(period: u32) -> String {
+    match period {
+        p if p > 999_999 => format!("{:04}-{:02}-{:02}", p / 10_000, p / 100 % 100, p % 100),
+        p => format!("{:04}-{:02}", p / 100, p % 100),
     }
 }
 
@@ -318,13 +331,14 @@ mod tests {
 
     #[test]
     fn an_alert_is_named_by_its_threshold_and_period_alone() {
-        let u = BudgetUse { limit: "monthly", subject: "k.key_1", period: 202612, used: 81, budget: 100 };
+        let u = BudgetUse { limit: "monthly", subject: "k.key_1", period: 202612, unit: "tokens", used: 81, budget: 100 };
         let a = Alert::new("acme", &u, 80, 1);
         let later = Alert::new("acme", &BudgetUse { used: 95, ..u.clone() }, 80, 2);
         assert_eq!(a.id, later.id, "the same crossing on another replica, later, is the same alert");
         assert_ne!(a.id, Alert::new("acme", &u, 50, 1).id);
         assert_ne!(a.id, Alert::new("acme", &BudgetUse { period: 202701, ..u.clone() }, 80, 1).id);
         assert_eq!(a.period, "2026-12");
+        assert_eq!(period_text(20261205), "2026-12-05", "a daily budget's period");
         assert!(Alert::marker("acme", &u, 80).starts_with("{alerts}:fired:acme:"));
     }
 

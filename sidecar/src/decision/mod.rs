@@ -561,6 +561,7 @@ impl<S: DecisionStore> Decider<S> {
 /// The budgets of a decision and their usage after it (spent and reserved), for alerts.
 fn budget_uses<'a>(meta: &'a [Meta], states: &'a [crate::scripts::decide::LimitState]) -> impl Iterator<Item = crate::alerts::BudgetUse<'a>> {
     meta.iter().zip(states).filter(|(m, _)| !m.shadow).filter_map(|(m, s)| {
-        m.budget.map(|(period, _)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
+        let unit = if m.algorithm == limits::Algorithm::SpendBudget { "micros" } else { "tokens" };
+        m.budget.map(|(period, ..)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, unit, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
     })
 }
