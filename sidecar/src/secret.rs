@@ -2,6 +2,7 @@
 //! in a `Debug` print (`--check-config`, logs), and compared in constant time.
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 /// A secret setting. `Debug` prints `"<redacted>"` (or `""` when unset), never the value.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +66,36 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// HMAC-SHA256 (RFC 2104) of `msg` under `key`.
+pub fn hmac_sha256(key: &[u8], msg: &[&[u8]]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(block.map(|b| b ^ 0x36));
+    for m in msg {
+        inner.update(m);
+    }
+    let mut outer = Sha256::new();
+    outer.update(block.map(|b| b ^ 0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    const H: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(H[usize::from(b >> 4)] as char);
+        s.push(H[usize::from(b & 15)] as char);
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +120,15 @@ mod tests {
         assert_eq!(redact_url("postgres://u:p@w@h:5432/db?x=1"), "postgres://u:<redacted>@h:5432/db?x=1");
         assert_eq!(redact_url("redis://h:1/"), "redis://h:1/");
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        // test case 2
+        let mac = hmac_sha256(b"Jefe", &[b"what do ya want ", b"for nothing?"]);
+        assert_eq!(hex(&mac), "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+        // test case 6: a key longer than the block is hashed first
+        let mac = hmac_sha256(&[0xaa; 131], &[b"Test Using Larger Than Block-Size Key - Hash Key First"]);
+        assert_eq!(hex(&mac), "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
     }
 }

@@ -22,10 +22,16 @@ const PRICES: &str = "[usage.pricing]\ncurrency = \"USD\"\n\
     [[usage.pricing.prices]]\nmodel = \"claude-sonnet-4*\"\ninput_per_mtok = 30000000\noutput_per_mtok = 150000000\neffective_from = \"2099-01-01\"\n";
 
 fn gateway() -> Gateway {
+    metered(&format!("{ROUTES}[[plans.llm.limits]]\nname = \"month\"\nalgorithm = \"token_budget\"\nlimit = 1000000\nestimate = 400\n"), PRICES).build()
+}
+
+/// A gateway whose sidecars take `config` (routes, plans) and price LLM calls at `prices`, its
+/// filter metering usage and matching routes, its usage shipped to Kafka and billed (the LLM
+/// areas' common set-up: llm, spend, openai_client).
+pub(crate) fn metered(config: &str, prices: &str) -> tollgate_tests::GatewayBuilder {
     Gateway::builder()
         .sidecar_toml(&format!(
-            "{ROUTES}[[plans.llm.limits]]\nname = \"month\"\nalgorithm = \"token_budget\"\nlimit = 1000000\nestimate = 400\n\
-             [usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n{PRICES}\
+            "{config}[usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n{prices}\
              [usage.kafka]\nbrokers = \"${{BROKERS}}\"\ntopic = \"usage_events\"\npartitions = 2\ndelivery_timeout = \"3s\"\n"
         ))
         .plugin(json!({
@@ -34,7 +40,6 @@ fn gateway() -> Gateway {
             "routing": {"enabled": true, "refreshInterval": "50ms"},
         }))
         .billing("usage_events", "billing")
-        .build()
 }
 
 /// `(model, requests, input, output, cached, tokens, cost)` of acme's rows in `usage_daily_models`.

@@ -5,11 +5,10 @@
 //! client's two minutes). The checks are asserts in tests/python/openai_client.py; this test
 //! starts the gateway, runs the script, and checks what the gateway counted and billed.
 
-use serde_json::json;
 use std::process::Command;
 use std::time::Duration;
 use tollgate_tests::billing::psql_i64;
-use tollgate_tests::{poll_until, post, python_bin, root, Gateway};
+use tollgate_tests::{poll_until, post, python_bin, root};
 
 const ROUTES: &str = "[[routes]]\nid = \"llm\"\ncluster = \"upstream\"\nllm = true\n[routes.match]\npath_prefix = \"/v1\"\n";
 const PLANS: &str = "[[plans.main.limits]]\nname = \"month\"\nalgorithm = \"spend_budget\"\nlimit = 1000000\n\
@@ -20,18 +19,7 @@ const PRICES: &str = "[usage.pricing]\ncurrency = \"USD\"\n\
 
 #[test]
 fn the_official_openai_client_calls_through_the_gateway() {
-    let g = Gateway::builder()
-        .sidecar_toml(&format!(
-            "{ROUTES}{PLANS}[usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n{PRICES}\
-             [usage.kafka]\nbrokers = \"${{BROKERS}}\"\ntopic = \"usage_events\"\npartitions = 2\ndelivery_timeout = \"3s\"\n"
-        ))
-        .plugin(json!({
-            "sidecar": {"timeout": "2s"},
-            "usage": {"enabled": true, "flushInterval": "100ms"},
-            "routing": {"enabled": true, "refreshInterval": "50ms"},
-        }))
-        .billing("usage_events", "billing")
-        .build();
+    let g = crate::llm::metered(&format!("{ROUTES}{PLANS}"), PRICES).build();
     let (main, tight, broke) = (g.sidecar().create_key("acme", "main", &[]), g.sidecar().create_key("tight", "tight", &[]), g.sidecar().create_key("broke", "broke", &[]));
     let warm = g.sidecar().create_key("warm", "free", &[]);
     poll_until("the routing table in the filter", Duration::from_secs(20), || {

@@ -9,7 +9,6 @@
 //! output tokens: at gpt-4o-mini's prices (0.15 / 0.075 / 0.60 USD per million) a call costs
 //! 4 × 0.15 + 16 × 0.075 + 7 × 0.6 = 6 micro-USD.
 
-use serde_json::json;
 use std::time::Duration;
 use tollgate_tests::billing::psql_i64;
 use tollgate_tests::{poll_until, post, Gateway, Resp};
@@ -22,19 +21,7 @@ const PRICES: &str = "[usage.pricing]\ncurrency = \"USD\"\n\
 const REAL: i64 = 6;
 
 fn gateway(plans: &str, replicas: usize) -> Gateway {
-    Gateway::builder()
-        .sidecar_toml(&format!(
-            "{ROUTES}{plans}[usage]\nenabled = true\nspool_dir = \"${{SPOOL_DIR}}\"\nsegment_age = \"50ms\"\n{PRICES}\
-             [usage.kafka]\nbrokers = \"${{BROKERS}}\"\ntopic = \"usage_events\"\npartitions = 2\ndelivery_timeout = \"3s\"\n"
-        ))
-        .plugin(json!({
-            "sidecar": {"timeout": "2s"},
-            "usage": {"enabled": true, "flushInterval": "100ms"},
-            "routing": {"enabled": true, "refreshInterval": "50ms"},
-        }))
-        .billing("usage_events", "billing")
-        .replicas(replicas)
-        .build()
+    crate::llm::metered(&format!("{ROUTES}{plans}"), PRICES).replicas(replicas).build()
 }
 
 /// A chat completion of `model` allowing `max_tokens`, its body padded to 100 bytes: reserved
