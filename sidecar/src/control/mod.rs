@@ -6,6 +6,7 @@
 //! [`Control::install`] hands it (plans and routing) and the key records in Redis.
 
 pub mod admin;
+pub mod admin_keys;
 pub mod keys;
 pub mod model;
 pub mod propagation;
