@@ -9,6 +9,8 @@
 use crate::control::model::{self, Change, Kind, Snapshot};
 use crate::control::salvage::salvage;
 use crate::control::{Control, Source};
+pub use super::admin_http::AdminState;
+use super::admin_http::{error, reply, unavailable};
 use crate::control::source::postgres::Row;
 use crate::control::source::SourceError;
 use crate::invalid::{invalid, Invalid};
@@ -104,10 +106,6 @@ impl AdminConfig {
 /// The OpenAPI document, served at `GET /openapi.json` and kept in docs/.
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
-pub struct AdminState {
-    pub control: Arc<Control>,
-    token: Secret,
-}
 
 /// The admin API's routes, and the writes under way in tasks of their own (`detached`), which
 /// [`run`] waits for before it returns.
@@ -156,22 +154,6 @@ async fn detached(State(writes): State<TaskTracker>, req: axum::extract::Request
         Ok(r) => r,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", None, format!("the write's task ended: {e}")),
     }
-}
-
-pub(super) fn reply(status: StatusCode, body: Value) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
-}
-
-pub(super) fn error(status: StatusCode, code: &str, field: Option<&str>, message: impl std::fmt::Display) -> Response {
-    let mut body = json!({"error": code, "message": message.to_string()});
-    if let Some(f) = field {
-        body["field"] = json!(f);
-    }
-    reply(status, body)
-}
-
-pub(super) fn unavailable(e: impl std::fmt::Display) -> Response {
-    error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", None, e)
 }
 
 /// Whether the headers carry `Authorization: Bearer <token>` (the scheme in any case, RFC 7235),
@@ -352,18 +334,10 @@ async fn write(s: &AdminState, change: Change, expect: Expect, ok: StatusCode) -
 }
 
 /// Announces a committed change; the reply says whether replicas were told.
-pub(super) async fn announced(s: &AdminState, tenant: Option<&Id>, ok: StatusCode, mut body: Value) -> Response {
-    match s.control.announce(tenant).await {
-        Ok(v) => {
-            s.control.live.advance_version(v);
-            body["version"] = json!(v);
-        }
-        Err(e) => {
-            // the version did not move: no replica's resync would see it (decision 198)
-            tracing::warn!(error = %e, "a committed change could not be announced; announcing it again until Redis takes it");
-            s.control.announce_later();
-            body["propagated"] = json!(false);
-        }
+async fn announced(s: &AdminState, tenant: Option<&Id>, ok: StatusCode, mut body: Value) -> Response {
+    match s.control.publish(tenant).await {
+        Some(v) => body["version"] = json!(v),
+        None => body["propagated"] = json!(false),
     }
     reply(ok, body)
 }
@@ -394,7 +368,7 @@ mod tests {
     #[test]
     fn the_openapi_document_is_json_and_lists_every_path() {
         let doc: Value = serde_json::from_str(OPENAPI).unwrap();
-        for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/version"] {
+        for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/keys/{id}/rotate", "/v1/version"] {
             assert!(doc["paths"].get(p).is_some(), "{p} missing from docs/openapi.json");
         }
     }

@@ -1,13 +1,12 @@
-//! The admin API's key routes (docs/openapi.json): issue, revoke and list API keys. Split from
-//! [`super::admin`], whose token check, write tracking and error shape they share.
+//! The admin API's key routes (docs/openapi.json): issue, rotate, revoke and list API keys. Split
+//! from [`super::admin`], whose token check, write tracking and error shape they share; the
+//! lifecycle itself is [`crate::control::keys::ops`], which the console calls as well.
 
-use super::admin::{announced, error, reply, unavailable, AdminState};
-use crate::apikey::{self, KeyRecord};
-use crate::control::keys::list_query;
+use super::admin_http::{error, reply, unavailable, AdminState};
+use crate::apikey::KeyRecord;
+use crate::control::keys::{self, list_query, KeyError};
 use crate::control::Source;
-use crate::control::source::SourceError;
-use crate::decision::unix_now;
-use crate::keys::{Id, KeyHash};
+use crate::keys::Id;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode, Uri};
@@ -20,10 +19,62 @@ use std::sync::Arc;
 
 /// The key routes, merged into the admin router (under its token check and write tracking).
 pub(super) fn routes() -> Router<Arc<AdminState>> {
-    Router::new().route("/v1/keys", get(list_keys).post(create_key)).route("/v1/keys/{id}/revoke", post(revoke_key))
+    Router::new()
+        .route("/v1/keys", get(list_keys).post(create_key))
+        .route("/v1/keys/{id}/revoke", post(revoke_key))
+        .route("/v1/keys/{id}/rotate", post(rotate_key))
 }
 
-#[derive(Deserialize)]
+/// A key as the admin API shows it (never its hash or raw value).
+pub fn key_json(r: &KeyRecord) -> Value {
+    json!({
+        "key_id": r.key_id.as_str(), "tenant": r.tenant.as_str(), "plan": r.plan.as_str(), "status": r.status.as_str(),
+        "created_at": r.created_at, "expires_at": r.expires_at, "revoked_at": r.revoked_at,
+    })
+}
+
+/// A key operation's refusal as the admin API answers it.
+fn refused(e: KeyError) -> Response {
+    match e {
+        KeyError::Invalid { field, message } => error(StatusCode::BAD_REQUEST, "invalid", Some(field), message),
+        KeyError::NotFound(m) => error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), m),
+        KeyError::Conflict { code, message } => error(StatusCode::CONFLICT, code, Some("key_id"), message),
+        KeyError::Unavailable(m) => unavailable(m),
+    }
+}
+
+/// The reply to a committed key change: `version` when announced, else `propagated: false`.
+fn done(status: StatusCode, mut body: Value, version: Option<u64>) -> Response {
+    match version {
+        Some(v) => body["version"] = json!(v),
+        None => body["propagated"] = json!(false),
+    }
+    reply(status, body)
+}
+
+/// An optional JSON body: empty, or `null`, is every default.
+#[allow(clippy::result_large_err)] // the error is the reply itself; built once per bad request
+fn body_of<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, Response> {
+    let bad = |e: serde_json::Error| {
+        let m = e.to_string();
+        let field = m.split('`').nth(1).filter(|_| m.contains("field")).unwrap_or("body").to_string();
+        error(StatusCode::BAD_REQUEST, "invalid", Some(&field), m)
+    };
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    match serde_json::from_slice::<Value>(body).map_err(bad)? {
+        Value::Null => Ok(T::default()),
+        v => serde_json::from_value(v).map_err(bad),
+    }
+}
+
+#[allow(clippy::result_large_err)] // as body_of
+fn key_id(id: &str) -> Result<Id, Response> {
+    Id::parse(id).ok_or_else(|| error(StatusCode::BAD_REQUEST, "invalid", Some("key_id"), "not a key id"))
+}
+
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct NewKey {
     tenant: String,
@@ -33,109 +84,69 @@ struct NewKey {
     expires_in: Option<String>,
 }
 
-fn key_json(r: &KeyRecord) -> Value {
-    json!({
-        "key_id": r.key_id.as_str(), "tenant": r.tenant.as_str(), "plan": r.plan.as_str(), "status": r.status.as_str(),
-        "created_at": r.created_at, "expires_at": r.expires_at, "revoked_at": r.revoked_at,
-    })
-}
-
 async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
-    let bad = |field: &str, m: String| error(StatusCode::BAD_REQUEST, "invalid", Some(field), m);
     let req: NewKey = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
             let m = e.to_string();
             let field = m.split('`').nth(1).filter(|_| m.contains("field")).unwrap_or("body").to_string();
-            return bad(&field, m);
+            return error(StatusCode::BAD_REQUEST, "invalid", Some(&field), m);
         }
     };
-    let Some(tenant) = Id::parse(&req.tenant) else { return bad("tenant", "use 1-64 of letters, digits, '_', '-', '.'".into()) };
-    let Some(plan) = Id::parse(&req.plan) else { return bad("plan", "use 1-64 of letters, digits, '_', '-', '.'".into()) };
-    let snapshot = s.control.live.get();
-    if !snapshot.plans.contains_key(plan.as_str()) {
-        return bad("plan", format!("no plan '{plan}'"));
-    }
-    let pg = match &s.control.source {
-        Source::Postgres(pg) => {
-            if !snapshot.tenants.contains_key(tenant.as_str()) {
-                return bad("tenant", format!("no tenant '{tenant}'"));
-            }
-            Some(pg)
+    let new = keys::ops::NewKey { tenant: req.tenant, plan: req.plan, expires_in: req.expires_in };
+    match keys::create(&s.control, &new).await {
+        Ok(issued) => {
+            let mut body = key_json(&issued.record);
+            body["key"] = json!(issued.raw);
+            done(StatusCode::CREATED, body, issued.version)
         }
-        Source::File(_) => None,
-    };
-    let now = unix_now();
-    let Ok(expires_at) = super::keys::expiry(req.expires_in.as_deref(), now) else {
-        return bad("expires_in", "a duration above zero and at most 100 years, e.g. \"30d\"".into());
-    };
-    let issued = apikey::issue(tenant, plan, now, expires_at);
-    if let Some(pg) = pg {
-        match pg.create_key(&issued.hash, &issued.record).await {
-            Ok(()) => {}
-            // deleted since this replica's copy said it was there (decision 174)
-            Err(SourceError::Missing(field, m)) => return bad(field, m),
-            Err(e) => return unavailable(e),
-        }
+        Err(e) => refused(e),
     }
-    if let Err(e) = s.control.store.create_key(&issued.hash, &issued.record).await {
-        // The raw key is never shown: PostgreSQL must not keep an active record of it, which
-        // the next start would copy into Redis (a key listed as active that nobody holds).
-        if let Some(pg) = pg {
-            if let Err(undo) = pg.delete_key(&issued.record.key_id).await {
-                tracing::warn!(key_id = %issued.record.key_id, error = %undo, "a key whose creation failed stays in PostgreSQL; revoke it");
-            }
-        }
-        return unavailable(format!("the key could not be written to Redis: {e}"));
-    }
-    let mut body = key_json(&issued.record);
-    body["key"] = json!(issued.raw);
-    announced(&s, Some(&issued.record.tenant), StatusCode::CREATED, body).await
 }
 
 async fn revoke_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {
-    let Some(key_id) = Id::parse(&id) else {
-        return error(StatusCode::BAD_REQUEST, "invalid", Some("key_id"), "not a key id");
+    let id = match key_id(&id) {
+        Ok(id) => id,
+        Err(r) => return r,
     };
-    let now = unix_now();
-    let record = match &s.control.source {
-        Source::Postgres(pg) => {
-            // Not taken by both stores: this sidecar keeps at it until they do (decision 130).
-            let (hash, record): (KeyHash, KeyRecord) = match pg.revoke_key(&key_id, now).await {
-                Ok(Some(r)) => r,
-                // A key PostgreSQL lacks (created in Redis alone by an older `keys create`) still
-                // authenticates: Redis is where it lives, as `tollgate-sidecar keys revoke` does.
-                Ok(None) => return revoke_in_redis(&s, &key_id, now).await,
-                Err(e) => {
-                    s.control.complete_revocation(key_id, now);
-                    return unavailable(format!(
-                        "not in force yet: {e}; this sidecar keeps trying until PostgreSQL and Redis take the revocation (retrying is safe)"
-                    ));
-                }
-            };
-            if let Err(e) = s.control.store.create_key(&hash, &record).await {
-                s.control.complete_revocation(key_id, now);
-                return unavailable(format!(
-                    "not in force yet: revoked in PostgreSQL, but Redis did not take it ({e}); this sidecar keeps trying until it does (retrying is safe)"
-                ));
-            }
-            record
-        }
-        Source::File(_) => return revoke_in_redis(&s, &key_id, now).await,
-    };
-    announced(&s, Some(&record.tenant), StatusCode::OK, key_json(&record)).await
-}
-
-/// Revokes a key whose record lives in Redis alone (the file source's keys, or a key PostgreSQL
-/// lacks) and announces it; 404 when Redis has no such key either.
-async fn revoke_in_redis(s: &Arc<AdminState>, key_id: &Id, now: u64) -> Response {
-    match s.control.store.revoke_key(key_id, now).await {
-        Ok(record) => announced(s, Some(&record.tenant), StatusCode::OK, key_json(&record)).await,
-        Err(crate::store::StoreError::NotFound(m)) => error(StatusCode::NOT_FOUND, "not_found", Some("key_id"), m),
-        Err(e) => unavailable(e),
+    match keys::revoke(&s.control, &id).await {
+        Ok(c) => done(StatusCode::OK, key_json(&c.record), c.version),
+        Err(e) => refused(e),
     }
 }
 
+/// `POST /v1/keys/{id}/rotate`'s body (optional).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Rotation {
+    /// How long the previous key keeps working, e.g. "24h" (the default).
+    #[serde(default)]
+    overlap: Option<String>,
+    /// The successor's lifetime; default: the one the previous key was given.
+    #[serde(default)]
+    expires_in: Option<String>,
+}
+
+async fn rotate_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>, body: Bytes) -> Response {
+    let (id, req) = match (key_id(&id), body_of::<Rotation>(&body)) {
+        (Ok(id), Ok(req)) => (id, req),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let overlap = match keys::ops::overlap(req.overlap.as_deref()) {
+        Ok(o) => o,
+        Err(e) => return refused(e),
+    };
+    match keys::rotate(&s.control, &id, overlap, req.expires_in.as_deref()).await {
+        Ok(r) => {
+            let mut body = key_json(&r.successor.record);
+            body["key"] = json!(r.successor.raw);
+            body["rotated_from"] = json!(r.previous.key_id.as_str());
+            body["previous"] = key_json(&r.previous);
+            done(StatusCode::CREATED, body, r.successor.version)
+        }
+        Err(e) => refused(e),
+    }
+}
 /// Every key (of a tenant), by creation time; or, with `limit`, one page in key-id order, with a
 /// `Link: <…>; rel="next"` header while more follow (decision 184).
 async fn list_keys(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
