@@ -18,6 +18,7 @@ mod faults;
 mod hostile;
 mod key_lifecycle;
 mod key_pages;
+mod key_scopes;
 mod leases;
 mod limits;
 mod llm;

@@ -368,7 +368,7 @@ mod tests {
     #[test]
     fn the_openapi_document_is_json_and_lists_every_path() {
         let doc: Value = serde_json::from_str(OPENAPI).unwrap();
-        for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/keys/{id}/rotate", "/v1/version"] {
+        for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/keys/{id}/rotate", "/v1/keys/{id}", "/v1/version"] {
             assert!(doc["paths"].get(p).is_some(), "{p} missing from docs/openapi.json");
         }
     }

@@ -7,6 +7,7 @@ use crate::apikey::KeyRecord;
 use crate::control::keys::{self, list_query, KeyError};
 use crate::control::Source;
 use crate::keys::Id;
+use crate::scopes::KeyScopes;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode, Uri};
@@ -23,6 +24,7 @@ pub(super) fn routes() -> Router<Arc<AdminState>> {
         .route("/v1/keys", get(list_keys).post(create_key))
         .route("/v1/keys/{id}/revoke", post(revoke_key))
         .route("/v1/keys/{id}/rotate", post(rotate_key))
+        .route("/v1/keys/{id}", get(get_key).put(put_key).patch(patch_key))
 }
 
 /// A key as the admin API shows it (never its hash or raw value).
@@ -30,6 +32,7 @@ pub fn key_json(r: &KeyRecord) -> Value {
     json!({
         "key_id": r.key_id.as_str(), "tenant": r.tenant.as_str(), "plan": r.plan.as_str(), "status": r.status.as_str(),
         "created_at": r.created_at, "expires_at": r.expires_at, "revoked_at": r.revoked_at,
+        "label": r.label, "scopes": r.scopes.to_json(), "last_used_at": r.last_used_at,
     })
 }
 
@@ -82,6 +85,18 @@ struct NewKey {
     /// e.g. "30d"
     #[serde(default)]
     expires_in: Option<String>,
+    #[serde(default)]
+    label: Option<String>,
+    #[serde(default)]
+    scopes: Option<Value>,
+}
+
+#[allow(clippy::result_large_err)] // as body_of
+fn scopes_of(v: Option<&Value>) -> Result<KeyScopes, Response> {
+    match v {
+        None | Some(Value::Null) => Ok(KeyScopes::default()),
+        Some(v) => KeyScopes::from_json(v).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid", Some(e.field), e.message)),
+    }
 }
 
 async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
@@ -93,7 +108,11 @@ async fn create_key(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
             return error(StatusCode::BAD_REQUEST, "invalid", Some(&field), m);
         }
     };
-    let new = keys::ops::NewKey { tenant: req.tenant, plan: req.plan, expires_in: req.expires_in };
+    let scopes = match scopes_of(req.scopes.as_ref()) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let new = keys::ops::NewKey { tenant: req.tenant, plan: req.plan, expires_in: req.expires_in, label: req.label, scopes };
     match keys::create(&s.control, &new).await {
         Ok(issued) => {
             let mut body = key_json(&issued.record);
@@ -113,6 +132,71 @@ async fn revoke_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) ->
         Ok(c) => done(StatusCode::OK, key_json(&c.record), c.version),
         Err(e) => refused(e),
     }
+}
+
+async fn get_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>) -> Response {
+    let id = match key_id(&id) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    match keys::get(&s.control, &id).await {
+        Ok(r) => reply(StatusCode::OK, key_json(&r)),
+        Err(e) => refused(e),
+    }
+}
+
+/// `PUT|PATCH /v1/keys/{id}`: a key's `label`, `scopes` and `expires_at` (unix seconds or null).
+/// A PUT sets all three (an absent one is cleared); a PATCH only those given (`null` clears).
+/// The rest of a key (tenant, plan, status) is not changed here.
+async fn change_key(s: &AdminState, id: &str, body: &Bytes, replace: bool) -> Response {
+    let id = match key_id(id) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let v = match body_of::<Value>(body) {
+        Ok(Value::Object(o)) => o,
+        Ok(_) => return error(StatusCode::BAD_REQUEST, "invalid", Some("body"), "a JSON object is required"),
+        Err(r) => return r,
+    };
+    if let Some(k) = v.keys().find(|k| !matches!(k.as_str(), "key_id" | "label" | "scopes" | "expires_at")) {
+        return error(StatusCode::BAD_REQUEST, "invalid", Some(k), format!("'{}' cannot be changed (label, scopes, expires_at)", k.escape_debug()));
+    }
+    if v.get("key_id").is_some_and(|k| k.as_str() != Some(id.as_str())) {
+        return error(StatusCode::BAD_REQUEST, "invalid", Some("key_id"), "differs from the id in the path");
+    }
+    let mut change = keys::KeyChange::default();
+    match v.get("label") {
+        None if !replace => {}
+        None | Some(Value::Null) => change.label = Some(None),
+        Some(Value::String(l)) => change.label = Some(Some(l.clone())),
+        Some(_) => return error(StatusCode::BAD_REQUEST, "invalid", Some("label"), "a string or null"),
+    }
+    if replace || v.contains_key("scopes") {
+        change.scopes = match scopes_of(v.get("scopes")) {
+            Ok(s) => Some(s),
+            Err(r) => return r,
+        };
+    }
+    match v.get("expires_at") {
+        None if !replace => {}
+        None | Some(Value::Null) => change.expires_at = Some(None),
+        Some(e) => match e.as_u64() {
+            Some(at) => change.expires_at = Some(Some(at)),
+            None => return error(StatusCode::BAD_REQUEST, "invalid", Some("expires_at"), "unix seconds or null"),
+        },
+    }
+    match keys::update(&s.control, &id, change).await {
+        Ok(c) => done(StatusCode::OK, key_json(&c.record), c.version),
+        Err(e) => refused(e),
+    }
+}
+
+async fn put_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>, body: Bytes) -> Response {
+    change_key(&s, &id, &body, true).await
+}
+
+async fn patch_key(State(s): State<Arc<AdminState>>, Path(id): Path<String>, body: Bytes) -> Response {
+    change_key(&s, &id, &body, false).await
 }
 
 /// `POST /v1/keys/{id}/rotate`'s body (optional).

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod admin_http;
 pub mod admin_keys;
 pub mod keys;
+pub mod last_used;
 pub mod model;
 pub mod propagation;
 pub mod routes;

@@ -123,6 +123,33 @@ impl Store {
         self.lookup_admin(&hash).await?.ok_or_else(|| StoreError::NotFound(key_id.to_string()))
     }
 
+    /// Writes a key's label, scopes and expiry into its existing Redis record, removing the
+    /// fields of those it no longer has; never its status (a revocation made meanwhile stays).
+    pub async fn update_key_fields(&self, hash: &KeyHash, r: &KeyRecord) -> Result<(), StoreError> {
+        let rec_key = ApiKeyRecordKey::new(hash);
+        let mut set: Vec<(&'static str, String)> = r.scopes.to_fields();
+        if let Some(l) = &r.label {
+            set.push(("label", l.clone()));
+        }
+        if let Some(e) = r.expires_at {
+            set.push(("expires_at", e.to_string()));
+        }
+        let del: Vec<&'static str> =
+            ["label", "expires_at"].into_iter().chain(crate::scopes::KeyScopes::FIELDS).filter(|f| !set.iter().any(|(n, _)| n == f)).collect();
+        self.run_with_deadline("update_key", Self::ADMIN_DEADLINE, |mut c| async move {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            if !set.is_empty() {
+                pipe.hset_multiple(&rec_key, &set).ignore();
+            }
+            if !del.is_empty() {
+                pipe.hdel(&rec_key, &del).ignore();
+            }
+            pipe.query_async::<()>(&mut c).await
+        })
+        .await
+    }
+
     async fn hash_of(&self, key_id: &Id) -> Result<KeyHash, StoreError> {
         let id_key = ApiKeyIdKey::new(key_id);
         let h: Option<String> = self.run_with_deadline("get_key_id", Self::ADMIN_DEADLINE, |mut c| async move { c.get(id_key).await }).await?;

@@ -6,7 +6,7 @@
 
 pub mod ops;
 
-pub use ops::{create, expiry, get, revoke, rotate, BadLifetime, KeyError};
+pub use ops::{create, expiry, get, revoke, rotate, update, BadLifetime, KeyChange, KeyError};
 
 use crate::apikey::KeyPage;
 use crate::keys::Id;
@@ -24,6 +24,17 @@ pub enum KeyCommand {
         /// Lifetime, e.g. "30d" or "12h"; default: never expires.
         #[arg(long)]
         expires_in: Option<String>,
+        #[command(flatten)]
+        scope: ScopeArgs,
+    },
+    /// Change a key's label and scopes (only those given; the scopes given replace all of them).
+    Update {
+        key_id: String,
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Remove every scope: the key may reach whatever its tenant subscribes to.
+        #[arg(long, conflicts_with_all = ["routes", "products", "methods", "networks"])]
+        no_scopes: bool,
     },
     /// Revoke a key by its id.
     Revoke { key_id: String },
@@ -40,6 +51,38 @@ pub enum KeyCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
+}
+
+/// A key's label and scopes on the command line (each list comma-separated or repeated).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct ScopeArgs {
+    /// What the key is for, shown in listings.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Routes (ids) the key may be used on; default: any.
+    #[arg(long = "route", value_delimiter = ',')]
+    pub routes: Vec<String>,
+    /// API products (ids) the key may be used for; default: any its tenant subscribes to.
+    #[arg(long = "product", value_delimiter = ',')]
+    pub products: Vec<String>,
+    /// HTTP methods (upper case) the key may be used with; default: any.
+    #[arg(long = "method", value_delimiter = ',')]
+    pub methods: Vec<String>,
+    /// Client networks (CIDRs or addresses) the key may be used from; default: any.
+    #[arg(long = "network", value_delimiter = ',')]
+    pub networks: Vec<String>,
+}
+
+impl ScopeArgs {
+    /// Whether any scope list was given.
+    pub fn any_scope(&self) -> bool {
+        !(self.routes.is_empty() && self.products.is_empty() && self.methods.is_empty() && self.networks.is_empty())
+    }
+
+    /// The scopes as the admin API takes them.
+    pub fn scopes_json(&self) -> serde_json::Value {
+        serde_json::json!({"routes": self.routes, "products": self.products, "methods": self.methods, "networks": self.networks})
+    }
 }
 
 /// What is printed when a key is issued; `expires` is printed when given.

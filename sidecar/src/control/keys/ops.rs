@@ -11,6 +11,7 @@ use crate::control::source::SourceError;
 use crate::control::{Control, Source};
 use crate::decision::unix_now;
 use crate::keys::Id;
+use crate::scopes::KeyScopes;
 use crate::scripts::copy_key;
 use crate::store::StoreError;
 use std::sync::Arc;
@@ -72,6 +73,35 @@ pub struct NewKey {
     pub plan: String,
     /// A lifetime, e.g. "30d"; `None`: never expires.
     pub expires_in: Option<String>,
+    pub label: Option<String>,
+    /// What the key may reach (crate::scopes); the default restricts nothing.
+    pub scopes: KeyScopes,
+}
+
+/// A change of a key's label, scopes or expiry: `None` leaves each as it is (`PATCH`); a `PUT`
+/// gives all three.
+#[derive(Debug, Clone, Default)]
+pub struct KeyChange {
+    pub label: Option<Option<String>>,
+    pub scopes: Option<KeyScopes>,
+    /// Unix seconds; `Some(None)`: never expires.
+    pub expires_at: Option<Option<u64>>,
+}
+
+/// Checks a label and scopes against the configuration in force: every route and product a
+/// scope names exists.
+fn check(control: &Control, label: Option<&str>, scopes: &KeyScopes) -> Result<(), KeyError> {
+    if let Some(l) = label {
+        crate::scopes::check_label(l).map_err(|e| invalid(e.field, e.message))?;
+    }
+    let snapshot = control.live.get();
+    if let Some(r) = scopes.routes.iter().find(|r| !snapshot.routes.contains_key(r.as_str())) {
+        return Err(invalid("scopes.routes", format!("no route '{r}'")));
+    }
+    if let Some(p) = scopes.products.iter().find(|p| !snapshot.products.contains_key(p.as_str())) {
+        return Err(invalid("scopes.products", format!("no product '{p}'")));
+    }
+    Ok(())
 }
 
 /// A key just made: its raw value (shown once, never stored) and its record.
@@ -140,7 +170,10 @@ pub async fn create(control: &Arc<Control>, new: &NewKey) -> Result<Issued, KeyE
     let now = unix_now();
     let expires_at = expiry(new.expires_in.as_deref(), now)
         .map_err(|_| invalid("expires_in", "a duration above zero and at most 100 years, e.g. \"30d\""))?;
-    let issued = apikey::issue(tenant, plan, now, expires_at);
+    check(control, new.label.as_deref(), &new.scopes)?;
+    let mut issued = apikey::issue(tenant, plan, now, expires_at);
+    issued.record.label = new.label.clone().filter(|l| !l.is_empty());
+    issued.record.scopes = new.scopes.clone();
     store_new(control, &issued).await?;
     let version = control.publish(Some(&issued.record.tenant)).await;
     Ok(Issued { raw: issued.raw, record: issued.record, version })
@@ -246,7 +279,10 @@ pub async fn rotate(control: &Arc<Control>, key_id: &Id, overlap: Duration, expi
             .map_err(|_| invalid("expires_in", "a duration above zero and at most 100 years, e.g. \"30d\""))?,
         None => successor_expiry(&previous, now),
     };
-    let issued = apikey::issue(previous.tenant.clone(), previous.plan.clone(), now, expires_at);
+    let mut issued = apikey::issue(previous.tenant.clone(), previous.plan.clone(), now, expires_at);
+    // the same label and scopes: a rotation replaces the credential, not what it may do
+    issued.record.label = previous.label.clone();
+    issued.record.scopes = previous.scopes.clone();
     store_new(control, &issued).await?;
     let ends = previous_expiry(&previous, now, overlap);
     let previous = match shorten(control, key_id, ends).await {
@@ -261,6 +297,40 @@ pub async fn rotate(control: &Arc<Control>, key_id: &Id, overlap: Duration, expi
     };
     let version = control.publish(Some(&previous.tenant)).await;
     Ok(Rotated { successor: Issued { raw: issued.raw, record: issued.record, version }, previous })
+}
+
+/// Changes a key's label, scopes or expiry: the store of record, then the Redis record's fields
+/// (never its status: a revocation made meanwhile stays), then announced — every replica drops
+/// the tenant's cached answers at once, so a narrowed scope holds within one change poll
+/// (decision 335). A revoked key is not changed (409 `key_revoked`).
+pub async fn update(control: &Arc<Control>, key_id: &Id, change: KeyChange) -> Result<Changed, KeyError> {
+    let current = get(control, key_id).await?;
+    if current.status == KeyStatus::Revoked {
+        return Err(KeyError::Conflict { code: "key_revoked", message: format!("key {key_id} is revoked") });
+    }
+    let label = change.label.unwrap_or(current.label).filter(|l| !l.is_empty());
+    let scopes = change.scopes.unwrap_or(current.scopes);
+    let expires_at = change.expires_at.unwrap_or(current.expires_at);
+    check(control, label.as_deref(), &scopes)?;
+    if expires_at.is_some_and(|e| e > unix_now().saturating_add(100 * 366 * 86_400)) {
+        return Err(invalid("expires_at", "at most 100 years from now"));
+    }
+    let unavailable = |e: &dyn std::fmt::Display| KeyError::Unavailable(format!("not in force yet: {e} (retrying is safe)"));
+    let in_pg = match &control.source {
+        Source::Postgres(pg) => pg.update_key(key_id, label.as_deref(), &scopes, expires_at).await.map_err(|e| unavailable(&e))?,
+        Source::File(_) => None,
+    };
+    let (hash, record) = match in_pg {
+        Some(found) => found,
+        None => {
+            let (hash, mut r) = control.store.key_by_id(key_id).await.map_err(|e| unavailable(&e))?.ok_or_else(|| KeyError::NotFound(format!("no key with id {key_id}")))?;
+            (r.label, r.scopes, r.expires_at) = (label, scopes, expires_at);
+            (hash, r)
+        }
+    };
+    control.store.update_key_fields(&hash, &record).await.map_err(|e| unavailable(&e))?;
+    let version = control.publish(Some(&record.tenant)).await;
+    Ok(Changed { record, version })
 }
 
 /// Sets a key's expiry to `at` unless it expires sooner: the store of record, then Redis (the
@@ -290,7 +360,7 @@ mod tests {
 
     fn record(created_at: u64, expires_at: Option<u64>) -> KeyRecord {
         let id = |s: &str| Id::parse(s).unwrap();
-        KeyRecord { key_id: id("key_a"), tenant: id("acme"), plan: id("free"), status: KeyStatus::Active, created_at, expires_at, revoked_at: None }
+        KeyRecord { key_id: id("key_a"), tenant: id("acme"), plan: id("free"), status: KeyStatus::Active, created_at, expires_at, revoked_at: None, label: None, scopes: Default::default(), last_used_at: None }
     }
 
     #[test]
