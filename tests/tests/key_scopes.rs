@@ -205,3 +205,30 @@ fn the_cli_sets_and_clears_a_keys_scopes() {
     poll_until("the cleared scope is in force", Duration::from_secs(2), || through("POST") == 200);
     assert_eq!(get(&g.envoy().url("/x"), &[("x-api-key", raw.as_str())]).status, 200);
 }
+
+/// Behind a trusted proxy (`xff_num_trusted_hops: 1`), a network scope reads the address that
+/// proxy forwarded — Envoy's downstream address, as the filter reads it on both hosts — while an
+/// Envoy that trusts no proxy reads the peer, whatever `X-Forwarded-For` says.
+#[test]
+fn a_network_scope_reads_the_address_a_trusted_proxy_forwarded() {
+    let g = Gateway::builder().admin_api(TOKEN).build();
+    let template = std::fs::read_to_string(tollgate_tests::root().join("envoy/tollgate.yaml.tmpl")).unwrap();
+    assert!(template.contains("xff_num_trusted_hops: 0"), "the shipped template trusts no proxy");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trusting-one-proxy.yaml.tmpl");
+    std::fs::write(&path, template.replace("xff_num_trusted_hops: 0", "xff_num_trusted_hops: 1")).unwrap();
+    let path: &'static str = Box::leak(path.to_string_lossy().into_owned().into_boxed_str());
+    let behind_proxy = g.start_envoy(|o| tollgate_tests::EnvoyOptions { template: path, ..o });
+    let (status, v) = call(&g, "POST", "/v1/keys", Some(json!({"tenant": "acme", "plan": "free", "scopes": {"networks": ["203.0.113.0/24"]}})));
+    assert_eq!(status, 201, "{v}");
+    let raw = v["key"].as_str().unwrap().to_string();
+    let at = |envoy: &tollgate_tests::Envoy, xff: Option<&str>| {
+        let mut headers = vec![("x-api-key", raw.as_str())];
+        headers.extend(xff.map(|x| ("x-forwarded-for", x)));
+        get(&envoy.url("/x"), &headers).status
+    };
+    assert_eq!(at(&behind_proxy, Some("203.0.113.7")), 200, "the proxy's client is in the scope");
+    assert_eq!(at(&behind_proxy, Some("203.0.113.7, 198.51.100.1")), 403, "the proxy appended another client");
+    assert_eq!(at(&behind_proxy, None), 403, "no forwarded address: the peer, outside the scope");
+    assert_eq!(at(g.envoy(), Some("203.0.113.7")), 403, "an Envoy trusting no proxy reads the peer");
+}
