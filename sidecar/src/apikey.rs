@@ -5,6 +5,7 @@
 //! what is stored is its sha256 ([`KeyHash`]).
 
 use crate::keys::{Id, KeyHash};
+use crate::scopes::KeyScopes;
 use rand::distr::{Alphanumeric, SampleString};
 use std::collections::HashMap;
 use tollgate_wire::{codes, DecideResponse};
@@ -39,6 +40,13 @@ pub struct KeyRecord {
     /// Unix seconds; `None` = never expires.
     pub expires_at: Option<u64>,
     pub revoked_at: Option<u64>,
+    /// A name people give the key (what it is for); never used to decide.
+    pub label: Option<String>,
+    /// What the key may reach, and from where (crate::scopes; decision 333).
+    pub scopes: KeyScopes,
+    /// Unix seconds, to the minute: when a decision last authenticated the key (written off the
+    /// request path, batched: decision 336).
+    pub last_used_at: Option<u64>,
 }
 
 impl KeyRecord {
@@ -56,6 +64,13 @@ impl KeyRecord {
         }
         if let Some(r) = self.revoked_at {
             f.push(("revoked_at", r.to_string()));
+        }
+        if let Some(l) = &self.label {
+            f.push(("label", l.clone()));
+        }
+        f.extend(self.scopes.to_fields());
+        if let Some(u) = self.last_used_at {
+            f.push(("last_used_at", u.to_string()));
         }
         f
     }
@@ -87,6 +102,9 @@ impl KeyRecord {
             created_at: num("created_at")?.unwrap_or(0),
             expires_at: num("expires_at")?,
             revoked_at: num("revoked_at")?,
+            label: map.get("label").filter(|l| !l.is_empty()).cloned(),
+            scopes: KeyScopes::from_fields(|n| map.get(n).cloned()).ok_or(BadRecord::Invalid("scope"))?,
+            last_used_at: num("last_used_at")?,
         }))
     }
 }
@@ -138,6 +156,9 @@ pub fn issue(tenant: Id, plan: Id, now: u64, expires_at: Option<u64>) -> IssuedK
         created_at: now,
         expires_at,
         revoked_at: None,
+        label: None,
+        scopes: KeyScopes::default(),
+        last_used_at: None,
     };
     IssuedKey { raw, hash, record }
 }
@@ -174,6 +195,9 @@ mod tests {
             created_at: 100,
             expires_at: Some(200),
             revoked_at: None,
+            label: Some("ci".into()),
+            scopes: KeyScopes::from_lists(&["chat".into()], &[], &["GET".into()], &["10.0.0.0/8".into()]).unwrap(),
+            last_used_at: Some(120),
         }
     }
 

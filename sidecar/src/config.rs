@@ -187,6 +187,9 @@ impl Config {
         if self.cache.max_entries == 0 {
             return bad("cache.max_entries", "must be at least 1");
         }
+        if self.cache.last_used_interval < std::time::Duration::from_millis(100) {
+            return bad("cache.last_used_interval", "must be at least 100ms");
+        }
         if !(1..=crate::decision::responses::ResponsesConfig::MAX_MB).contains(&self.responses.tenant_max_mb) {
             return bad("responses.tenant_max_mb", "must be 1 to 1048576 (MiB)");
         }

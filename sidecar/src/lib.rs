@@ -24,6 +24,7 @@ pub mod errors;
 pub mod invalid;
 pub mod lifecycle;
 pub mod metrics;
+pub mod scopes;
 pub mod scripts;
 pub mod secret;
 pub mod server;
@@ -80,6 +81,8 @@ pub struct Sidecar {
     stop_after: (std::time::Duration, std::time::Duration),
     /// Budget alerts (`[alerts]`): delivered by a loop of this sidecar's.
     alerts: Arc<alerts::Alerts>,
+    /// How often keys' last-use times are written (`cache.last_used_interval`).
+    last_used_interval: std::time::Duration,
 }
 
 impl Sidecar {
@@ -137,7 +140,8 @@ impl Sidecar {
         let (control, admin, propagation) = config_parts(config, state.clone()).await?;
         let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };
         let stop_after = (config.server.shutdown_quiet, config.server.shutdown_wait);
-        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after, alerts })
+        let last_used_interval = config.cache.last_used_interval;
+        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after, last_used_interval, alerts })
     }
 
     /// The admin API's address, when it is on.
@@ -177,6 +181,7 @@ impl Sidecar {
             tasks.spawn(decision::replicas::run(self.state.store.clone(), self.state.decider.clone(), background.clone()));
         }
         tasks.spawn(alerts::deliver::run(self.alerts.clone(), background.clone()));
+        tasks.spawn(control::last_used::run(self.control.clone(), self.last_used_interval, background.clone()));
         if let Some((listener, token)) = self.admin {
             let router = admin::router(self.control.clone(), token);
             tasks.spawn(admin::run(listener, router, self.deadlines, background.clone()));

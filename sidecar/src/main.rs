@@ -112,7 +112,7 @@ async fn store_of_record(config: &Config) -> Result<Option<PgSource>> {
 async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
     let store = Store::new(&config.redis)?;
     match action {
-        KeyCommand::Create { tenant, plan, expires_in } => {
+        KeyCommand::Create { tenant, plan, expires_in, scope } => {
             let tenant = parse_id("tenant", &tenant)?;
             let plan = parse_id("plan", &plan)?;
             let now = unix_now();
@@ -126,7 +126,13 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
                     bail!("--plan '{plan}': no such plan in the configuration");
                 }
             }
-            let issued = apikey::issue(tenant, plan, now, expires_at);
+            let mut issued = apikey::issue(tenant, plan, now, expires_at);
+            if let Some(l) = scope.label.filter(|l| !l.is_empty()) {
+                tollgate_sidecar::scopes::check_label(&l).map_err(|e| anyhow::anyhow!("--label: {}", e.message))?;
+                issued.record.label = Some(l);
+            }
+            issued.record.scopes = tollgate_sidecar::scopes::KeyScopes::from_lists(&scope.routes, &scope.products, &scope.methods, &scope.networks)
+                .map_err(|e| anyhow::anyhow!("{}: {}", e.field, e.message))?;
             if let Some(pg) = &pg {
                 pg.create_key(&issued.hash, &issued.record).await.context("storing the key in PostgreSQL")?;
             }
@@ -162,6 +168,14 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
             // Every replica forgets the key's cached answers now, not when its cache entry ends.
             tollgate_sidecar::control::announce(&store, Some(&r.tenant)).await.context("announcing the revocation")?;
             println!("revoked {} (tenant {})", r.key_id, r.tenant);
+        }
+        KeyCommand::Update { .. } => {
+            anyhow::bail!("change a key's label or scopes through the admin API: `tollgate keys update <key-id> …` (every replica is told)");
+        }
+        KeyCommand::Rotate { .. } => {
+            // a successor and the old key's expiry written in both stores together, announced:
+            // the admin API's work (crate::control::keys::rotate), not a single store's write
+            anyhow::bail!("rotate a key through the admin API: `tollgate keys rotate <key-id> [--overlap 24h]`");
         }
         KeyCommand::List { tenant } => {
             let tenant = tenant.map(|t| parse_id("tenant", &t)).transpose()?;

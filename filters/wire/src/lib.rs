@@ -376,6 +376,10 @@ pub mod codes {
     /// The request cannot be read safely (a path or API key that is not UTF-8, two different API
     /// keys): 400, decided by the filter.
     pub const INVALID_REQUEST: &str = "invalid_request";
+    /// The request is outside what its API key may reach (a route, an API product, a method or a
+    /// client network the key's scopes leave out): 403, decided by the sidecar before any
+    /// upstream call (issue 43).
+    pub const KEY_SCOPE: &str = "key_scope";
     /// Every deny code this version knows, for per-reason metrics.
     pub const ALL_DENY: &[&str] = &[
         MISSING_KEY,
@@ -397,6 +401,7 @@ pub mod codes {
         IDEMPOTENCY_KEY_REUSED,
         IDEMPOTENCY_STORAGE_FULL,
         INVALID_REQUEST,
+        KEY_SCOPE,
     ];
 }
 

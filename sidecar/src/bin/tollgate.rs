@@ -157,6 +157,7 @@ impl Api {
             ("GET", _) => self.agent.get(&url).header("authorization", &auth).call(),
             ("DELETE", _) => self.agent.delete(&url).header("authorization", &auth).call(),
             ("PUT", b) => self.agent.put(&url).header("authorization", &auth).header("content-type", "application/json").send(b.unwrap_or(json!({})).to_string()),
+            ("PATCH", b) => self.agent.patch(&url).header("authorization", &auth).header("content-type", "application/json").send(b.unwrap_or(json!({})).to_string()),
             (_, b) => self.agent.post(&url).header("authorization", &auth).header("content-type", "application/json").send(b.unwrap_or(json!({})).to_string()),
         };
         let mut resp = match resp {
@@ -309,7 +310,7 @@ fn run() -> Result<()> {
     const PRODUCT: &[&str] = &["id", "name"];
     const PLAN: &[&str] = &["id", "limits"];
     const ROUTE: &[&str] = &["id", "priority", "match", "cluster", "product", "plan"];
-    const KEY: &[&str] = &["key_id", "tenant", "plan", "status", "created_at", "expires_at"];
+    const KEY: &[&str] = &["key_id", "tenant", "plan", "status", "created_at", "expires_at", "last_used_at", "label"];
     match cli.command {
         Command::Tenants { action } => match action {
             TenantAction::Create { id, name, products } => {
@@ -366,10 +367,16 @@ fn run() -> Result<()> {
             RouteAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/routes/{}", checked(&id)?), None)?, &["deleted", "version"]),
         },
         Command::Keys { action } => match action {
-            KeyCommand::Create { tenant, plan, expires_in } => {
+            KeyCommand::Create { tenant, plan, expires_in, scope } => {
                 let mut body = json!({"tenant": tenant, "plan": plan});
                 if let Some(e) = expires_in {
                     body["expires_in"] = json!(e);
+                }
+                if let Some(l) = &scope.label {
+                    body["label"] = json!(l);
+                }
+                if scope.any_scope() {
+                    body["scopes"] = scope.scopes_json();
                 }
                 let v = api.call("POST", "/v1/keys", Some(body))?;
                 if j {
@@ -384,6 +391,27 @@ fn run() -> Result<()> {
                     println!("{v}");
                 } else {
                     println!("revoked {} (tenant {})", cell(&v, "key_id"), cell(&v, "tenant"));
+                }
+            }
+            KeyCommand::Update { key_id, scope, no_scopes } => {
+                let mut body = json!({});
+                if let Some(l) = &scope.label {
+                    body["label"] = json!(l);
+                }
+                if scope.any_scope() || no_scopes {
+                    body["scopes"] = scope.scopes_json();
+                }
+                let v = api.call("PATCH", &format!("/v1/keys/{}", checked(&key_id)?), Some(body))?;
+                show(j, &v, KEY);
+            }
+            KeyCommand::Rotate { key_id, overlap } => {
+                let body = overlap.map(|o| json!({"overlap": o}));
+                let v = api.call("POST", &format!("/v1/keys/{}/rotate", checked(&key_id)?), body)?;
+                if j {
+                    println!("{v}");
+                } else {
+                    println!("rotated {}: it keeps working until {} (unix seconds), then expires", cell(&v, "rotated_from"), cell(&v["previous"], "expires_at"));
+                    println!("{}", issued_text(&cell(&v, "key_id"), &cell(&v, "tenant"), &cell(&v, "plan"), None, &cell(&v, "key")));
                 }
             }
             KeyCommand::List { tenant } => show(j, &api.all_keys(tenant.as_deref())?, KEY),
@@ -419,6 +447,11 @@ mod tests {
     fn keys_take_the_global_json_flag() {
         let cli = Cli::try_parse_from(["tollgate", "keys", "list", "--json"]).unwrap();
         assert!(cli.json && matches!(cli.command, Command::Keys { action: KeyCommand::List { tenant: None } }));
+        let cli = Cli::try_parse_from(["tollgate", "keys", "create", "--tenant", "t", "--plan", "p", "--route", "a,b", "--method", "GET", "--method", "POST"]).unwrap();
+        assert!(matches!(&cli.command, Command::Keys { action: KeyCommand::Create { scope, .. } } if scope.routes == ["a", "b"] && scope.methods == ["GET", "POST"]));
+        assert!(Cli::try_parse_from(["tollgate", "keys", "update", "key_a", "--no-scopes", "--route", "a"]).is_err(), "clearing and setting at once");
+        let cli = Cli::try_parse_from(["tollgate", "keys", "rotate", "key_a", "--overlap", "2s"]).unwrap();
+        assert!(matches!(cli.command, Command::Keys { action: KeyCommand::Rotate { key_id, overlap: Some(o) } } if key_id == "key_a" && o == "2s"));
         <Cli as clap::CommandFactory>::command().debug_assert();
     }
 

@@ -1,12 +1,31 @@
 //! `GET /v1/alerts?tenant=<id>[&limit=N]`: a tenant's budget alerts and their deliveries, newest
-//! first (crate::alerts; the log keeps the last 1 000 entries, for the alerts' lifetime). The
-//! admin router's handler answers with what [`log`] reads or refuses.
+//! first (crate::alerts; the log keeps the last 1 000 entries, for the alerts' lifetime).
 
+use super::admin_http::{error, reply, unavailable, AdminState};
 use crate::keys::Id;
 use crate::scripts::alert_fire::log_key;
 use crate::store::{Store, StoreError};
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The alert routes, merged into the admin router (under its token check).
+pub(super) fn routes() -> Router<Arc<AdminState>> {
+    Router::new().route("/v1/alerts", get(list))
+}
+
+async fn list(State(s): State<Arc<AdminState>>, uri: Uri) -> Response {
+    match log(&s.control.store, uri.query()).await {
+        Ok(body) => reply(StatusCode::OK, body),
+        Err(LogError::Invalid(field, why)) => error(StatusCode::BAD_REQUEST, "invalid", Some(field), why),
+        Err(LogError::Store(e)) => unavailable(e),
+    }
+}
 
 /// Why a log read was refused or failed.
 pub enum LogError {

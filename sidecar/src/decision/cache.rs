@@ -24,11 +24,15 @@ pub struct CacheConfig {
     pub stale_grace: Duration,
     /// Bound on cached entries (a flood of random keys cannot grow memory past it).
     pub max_entries: usize,
+    /// How often the keys' last-use times (to the minute) are written to Redis and PostgreSQL,
+    /// in one batch (decision 336).
+    #[serde(with = "humantime_serde")]
+    pub last_used_interval: Duration,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        CacheConfig { ttl: Duration::from_millis(500), stale_grace: Duration::from_secs(60), max_entries: 100_000 }
+        CacheConfig { ttl: Duration::from_millis(500), stale_grace: Duration::from_secs(60), max_entries: 100_000, last_used_interval: Duration::from_secs(60) }
     }
 }
 

@@ -33,6 +33,7 @@ pub mod cache;
 pub mod checks;
 pub mod complete;
 pub mod hints;
+pub mod last_used;
 pub mod late;
 pub mod refund;
 pub mod limits;
@@ -110,6 +111,8 @@ pub struct Decider<S = Store> {
     tenant_max_bytes: u64,
     /// The prices money budgets reserve and settle at (`[usage.pricing]`; none: they refuse).
     pricing: Option<Arc<crate::usage::pricing::Pricing>>,
+    /// When each key was last used, until the flusher takes it (decision 336).
+    used: last_used::LastUsed,
 }
 
 /// Whether `s` is a decision id as the filter makes them: 32 lowercase hex.
@@ -185,6 +188,7 @@ impl<S: DecisionStore> Decider<S> {
             in_flight_ms: crate::keys::IDEMPOTENCY_IN_FLIGHT_TTL_MS,
             tenant_max_bytes: responses::ResponsesConfig::default().tenant_max_bytes(),
             pricing: None,
+            used: last_used::LastUsed::default(),
         }
     }
 
@@ -206,6 +210,11 @@ impl<S: DecisionStore> Decider<S> {
     /// How long an idempotency claim stays in flight without word from its request.
     pub fn in_flight_ms(&self) -> u64 {
         self.in_flight_ms
+    }
+
+    /// The keys used since the last call, to the minute (the last-use flusher's batch).
+    pub fn take_used(&self) -> Vec<(KeyHash, Id, u64)> {
+        self.used.take()
     }
 
     /// The counters of `local` limits (the replica heartbeat sets their discovered count).
@@ -238,6 +247,9 @@ impl<S: DecisionStore> Decider<S> {
         let (record, fresh_for) = self.record(&hash, deadline, false).await?;
         let now_ms = self.clock.now_ms();
         let mut response = apikey::verdict(record.as_ref(), now_ms / 1000);
+        if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
+            self.used.note(&hash, &r.key_id, now_ms);
+        }
         // The route the filter matched: an id this replica does not know (yet, or any more)
         // has no effect — the tables converge within a refresh.
         // one read of plans and routing together: a route and the plan it names come from the
@@ -257,6 +269,18 @@ impl<S: DecisionStore> Decider<S> {
                 };
             }
         }
+        if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
+            // before any limit or lease: a request outside the key's scopes takes nothing
+            let asked = crate::scopes::Asked {
+                route: req.route.as_deref(),
+                product: product.map(Id::as_str),
+                method: &req.method,
+                client_ip: req.client_ip.as_deref(),
+            };
+            if let Some(why) = r.scopes.refusal(&asked) {
+                response = DecideResponse::Deny { status: 403, error: codes::KEY_SCOPE.into(), message: why, limit: None, response_headers: vec![] };
+            }
+        }
         let plan_override = route.and_then(|x| x.plan.as_deref());
         let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline, routing };
         if req.lease.is_some_and(|l| l.renewal) {
@@ -269,10 +293,11 @@ impl<S: DecisionStore> Decider<S> {
             let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, plan, route_cache);
             if !limits.is_empty() || lookup.is_some() {
                 response = self.limit(&cx, r, limits, lookup).await;
-            } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for)) = (&mut response, fresh_for) {
+            } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for), true) = (&mut response, fresh_for, r.scopes.reusable()) {
                 // No limits: the answer is the same for every request of this key, so the filter
                 // may reuse it while ours is fresh — never past the key's expiry: a revocation
-                // still applies within one cache TTL end to end.
+                // still applies within one cache TTL end to end. Not for a key whose method or
+                // client network decides: the filter's reuse does not look at them (decision 334).
                 let ms = (fresh_for.as_millis() as u64).min(key_left_ms(r, now_ms));
                 *cache_for_ms = (ms > 0).then_some(ms);
             }
@@ -316,7 +341,7 @@ impl<S: DecisionStore> Decider<S> {
             return verdict;
         };
         let limits = config.plans.limits(plan_override.unwrap_or(r.plan.as_str()));
-        if !limits::leasable(limits) || !cx.fresh || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
+        if !limits::leasable(limits) || !cx.fresh || !r.scopes.reusable() || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
             metrics::counter!(m::LEASES, "call" => "renewal", "result" => "none").increment(1);
             return verdict;
         }
@@ -382,7 +407,7 @@ impl<S: DecisionStore> Decider<S> {
             None => {
                 let mut answer = self.allowed(cx, r, asked, reply);
                 // the filter need not observe or ask for what is never granted
-                if let (DecideResponse::Allow { no_lease, .. }, false) = (&mut answer, limits::leasable(limits)) {
+                if let (DecideResponse::Allow { no_lease, .. }, false) = (&mut answer, limits::leasable(limits) && r.scopes.reusable()) {
                     *no_lease = true;
                 }
                 answer
@@ -396,7 +421,7 @@ impl<S: DecisionStore> Decider<S> {
     /// nothing can be granted: it admits no request.
     fn lease(cx: &Cx<'_>, r: &KeyRecord, limits: &[Limit]) -> (Option<Lease>, u64) {
         let Some(ask) = cx.req.lease else { return (None, 0) };
-        let ttl = match cx.fresh && limits::leasable(limits) {
+        let ttl = match cx.fresh && limits::leasable(limits) && r.scopes.reusable() {
             true => limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)),
             false => 0,
         };

@@ -66,6 +66,9 @@ impl Lab {
             created_at: 1,
             expires_at: None,
             revoked_at: None,
+            label: None,
+            scopes: Default::default(),
+            last_used_at: None,
         };
         let hash = hash_raw_key(raw);
         self.store.put(&hash, record);
@@ -505,4 +508,48 @@ fn a_decision_never_sees_a_route_with_the_plans_of_another_configuration() {
         allowed
     });
     assert_eq!(allowed, 0, "decisions allowed without the limits of any one configuration");
+}
+
+/// Decisions 333-334: a request outside a key's scopes is 403 `key_scope` and takes nothing; a
+/// key scoped by method or network gets no reusable answer (no cache hint, no lease), a key
+/// scoped by route alone does; a use is noted for the last-use flusher.
+#[tokio::test]
+async fn scopes_refuse_before_the_limits_and_method_scoped_answers_are_never_reused() {
+    let lab = Lab::new(Duration::from_secs(60));
+    let scoped = |raw: &str, plan: &str, scopes: crate::scopes::KeyScopes| {
+        let hash = lab.key(raw, plan, KeyStatus::Active);
+        let mut r = lab.store.mem().records[hash.as_str()].clone();
+        r.scopes = scopes;
+        lab.store.put(&hash, r);
+        hash
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let by_method = scoped("m", "free", crate::scopes::KeyScopes::from_lists(&[], &[], &s(&["GET"]), &[]).unwrap());
+    let by_route = scoped("r", "free", crate::scopes::KeyScopes::from_lists(&s(&["chat"]), &[], &[], &[]).unwrap());
+    let leased = scoped("l", "leased", crate::scopes::KeyScopes::from_lists(&[], &[], &[], &s(&["10.0.0.0/8"])).unwrap());
+    // `req` is a POST with no route
+    assert_eq!(denied(&lab.decide(&req(&by_method)).await), (403, "key_scope"));
+    assert_eq!(denied(&lab.decide(&req(&by_route)).await), (403, "key_scope"));
+    let get = DecideRequest { method: "GET".into(), ..req(&by_method) };
+    match lab.decide(&get).await {
+        DecideResponse::Allow { cache_for_ms, .. } => assert_eq!(cache_for_ms, None, "a method is not in the filter's cache key"),
+        other => panic!("{other:?}"),
+    }
+    let on_chat = DecideRequest { route: Some("chat".into()), ..req(&by_route) };
+    match lab.decide(&on_chat).await {
+        DecideResponse::Allow { cache_for_ms, .. } => assert!(cache_for_ms.is_some(), "a route is: the answer may be reused"),
+        other => panic!("{other:?}"),
+    }
+    // a network-scoped key on a leased plan: refused from elsewhere (its limit untouched), and
+    // allowed from inside without a lease
+    let from = |ip: &str| DecideRequest { client_ip: Some(ip.into()), lease: Some(LeaseAsk { want: 50, renewal: false }), ..req(&leased) };
+    let calls = lab.store.mem().calls.len();
+    assert_eq!(denied(&lab.decide(&from("192.168.1.1")).await), (403, "key_scope"));
+    assert_eq!(lab.store.mem().calls.len(), calls, "a refused request reached the limits");
+    match lab.decide(&from("10.1.2.3")).await {
+        DecideResponse::Allow { lease, no_lease, .. } => assert!(lease.is_none() && no_lease, "a network is not in the lease's key"),
+        other => panic!("{other:?}"),
+    }
+    let used: Vec<Id> = lab.decider.take_used().into_iter().map(|(_, id, _)| id).collect();
+    assert!(used.contains(&id("key_m")) && used.contains(&id("key_l")), "{used:?}");
 }

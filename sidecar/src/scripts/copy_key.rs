@@ -89,6 +89,9 @@ mod tests {
             created_at: 10,
             expires_at: None,
             revoked_at: Some(20),
+            label: None,
+            scopes: Default::default(),
+            last_used_at: None,
         };
         let hash = KeyHash::parse(&"ab".repeat(32)).unwrap();
         let mut want = vec!["ab".repeat(32), "key_1".to_string()];

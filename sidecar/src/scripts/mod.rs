@@ -14,6 +14,7 @@ pub mod idem_complete;
 pub mod idem_keep;
 pub mod refund;
 pub mod store_response;
+pub mod touch_key;
 
 pub use call::{BadReply, ScriptError};
 

@@ -11,6 +11,7 @@ use crate::control::model::{Kind, Plan, Product, Route, Snapshot, Tenant};
 use crate::control::salvage::Unusable;
 use crate::apikey::{KeyRecord, KeyStatus};
 use crate::keys::{Id, KeyHash};
+use crate::scopes::KeyScopes;
 use crate::decision::limits::PlanConfig;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -23,6 +24,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("../../../migrations/config/0003_api_keys_id_order.sql")),
     (4, include_str!("../../../migrations/config/0004_api_keys_recent.sql")),
     (5, include_str!("../../../migrations/config/0005_api_keys_created.sql")),
+    (6, include_str!("../../../migrations/config/0006_api_keys_scopes.sql")),
 ];
 
 /// How long one use of the connection (a query, a transaction) may wait for the server: a
@@ -34,6 +36,13 @@ pub const QUERY_DEADLINE: Duration = Duration::from_secs(10);
 const MIGRATION_LOCK: i64 = 0x7011_6a7e;
 /// Another: the one every replica's admin writes take (decision 157).
 const WRITE_LOCK: i64 = 0x7011_6a7f;
+
+/// The `api_keys` columns [`key_row`] reads, in its order.
+macro_rules! key_columns {
+    () => {
+        "key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at, label, scopes::text, last_used_at"
+    };
+}
 
 /// The row an admin write stores.
 #[derive(Debug, Clone, PartialEq)]
@@ -214,6 +223,7 @@ impl PgSource {
     pub async fn create_key(&self, hash: &KeyHash, r: &KeyRecord) -> Result<(), SourceError> {
         let to_i = |v: Option<u64>| v.map(|x| x as i64);
         let (created, expires, revoked) = (r.created_at as i64, to_i(r.expires_at), to_i(r.revoked_at));
+        let scopes = scopes_text(&r.scopes);
         self.with(async |c| {
             let tx = c.transaction().await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK]).await?;
@@ -230,9 +240,9 @@ impl PgSource {
                 return Ok(Err(SourceError::Missing("plan", format!("no plan '{}'", r.plan))));
             }
             tx.execute(
-                "INSERT INTO api_keys (key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                &[&r.key_id.as_str(), &hash.as_str(), &r.tenant.as_str(), &r.plan.as_str(), &r.status.as_str(), &created, &expires, &revoked],
+                "INSERT INTO api_keys (key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at, label, scopes) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::text::jsonb)",
+                &[&r.key_id.as_str(), &hash.as_str(), &r.tenant.as_str(), &r.plan.as_str(), &r.status.as_str(), &created, &expires, &revoked, &r.label, &scopes],
             )
             .await?;
             tx.commit().await?;
@@ -252,8 +262,8 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "UPDATE api_keys SET status = 'revoked', revoked_at = COALESCE(revoked_at, $2) WHERE key_id = $1 \
-                     RETURNING key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at",
+                    concat!("UPDATE api_keys SET status = 'revoked', revoked_at = COALESCE(revoked_at, $2) WHERE key_id = $1 \
+                     RETURNING ", key_columns!()),
                     &[&key_id.as_str(), &(now as i64)],
                 )
                 .await
@@ -262,14 +272,72 @@ impl PgSource {
         rows.first().map(key_row).transpose()
     }
 
+    /// The record of one key (with its hash), or `None` if there is no such key.
+    pub async fn key(&self, key_id: &Id) -> Result<Option<(KeyHash, KeyRecord)>, SourceError> {
+        let rows = self
+            .with(async |c| c.query(concat!("SELECT ", key_columns!(), " FROM api_keys WHERE key_id = $1"), &[&key_id.as_str()]).await)
+            .await?;
+        rows.first().map(key_row).transpose()
+    }
+
+    /// Sets a key's expiry to `at` unless it expires sooner (a rotation's end of the previous
+    /// key); its hash and updated record, or `None` if there is no such key.
+    pub async fn shorten_key(&self, key_id: &Id, at: u64) -> Result<Option<(KeyHash, KeyRecord)>, SourceError> {
+        let at = i64::try_from(at).unwrap_or(i64::MAX);
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    concat!("UPDATE api_keys SET expires_at = LEAST(COALESCE(expires_at, $2), $2) WHERE key_id = $1 RETURNING ", key_columns!()),
+                    &[&key_id.as_str(), &at],
+                )
+                .await
+            })
+            .await?;
+        rows.first().map(key_row).transpose()
+    }
+
+    /// Sets a key's label, scopes and expiry (a `PATCH /v1/keys/{id}`; its status untouched);
+    /// its hash and updated record, or `None` if there is no such key.
+    pub async fn update_key(&self, key_id: &Id, label: Option<&str>, scopes: &KeyScopes, expires_at: Option<u64>) -> Result<Option<(KeyHash, KeyRecord)>, SourceError> {
+        let scopes = scopes_text(scopes);
+        let expires = expires_at.map(|e| i64::try_from(e).unwrap_or(i64::MAX));
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    concat!("UPDATE api_keys SET label = $2, scopes = $3::text::jsonb, expires_at = $4 WHERE key_id = $1 RETURNING ", key_columns!()),
+                    &[&key_id.as_str(), &label, &scopes, &expires],
+                )
+                .await
+            })
+            .await?;
+        rows.first().map(key_row).transpose()
+    }
+
+    /// Records when keys were last used (unix seconds), never moving one back: one statement
+    /// for a batch (decision 336).
+    pub async fn touch_keys(&self, used: &[(Id, u64)]) -> Result<(), SourceError> {
+        let ids: Vec<&str> = used.iter().map(|(id, _)| id.as_str()).collect();
+        let at: Vec<i64> = used.iter().map(|(_, t)| i64::try_from(*t).unwrap_or(i64::MAX)).collect();
+        self.with(async |c| {
+            c.execute(
+                "UPDATE api_keys SET last_used_at = u.at FROM unnest($1::text[], $2::bigint[]) AS u(id, at) \
+                 WHERE api_keys.key_id = u.id AND (api_keys.last_used_at IS NULL OR api_keys.last_used_at < u.at)",
+                &[&ids, &at],
+            )
+            .await
+            .map(|_| ())
+        })
+        .await
+    }
+
     /// Key records (with their hashes), of one tenant or all, by creation time.
     pub async fn keys(&self, tenant: Option<&Id>) -> Result<Vec<(KeyHash, KeyRecord)>, SourceError> {
         let t = tenant.map(|t| t.to_string());
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
-                     WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY created_at, key_id",
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
+                     WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY created_at, key_id"),
                     &[&t],
                 )
                 .await
@@ -284,8 +352,8 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
-                     WHERE revoked_at >= $1 ORDER BY revoked_at DESC LIMIT $2",
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
+                     WHERE revoked_at >= $1 ORDER BY revoked_at DESC LIMIT $2"),
                     &[&since, &limit],
                 )
                 .await
@@ -300,8 +368,8 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
-                     WHERE created_at >= $1 ORDER BY created_at DESC LIMIT $2",
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
+                     WHERE created_at >= $1 ORDER BY created_at DESC LIMIT $2"),
                     &[&since, &limit],
                 )
                 .await
@@ -319,9 +387,9 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
                      WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR key_id COLLATE \"C\" > $2) \
-                     ORDER BY key_id COLLATE \"C\" LIMIT $3",
+                     ORDER BY key_id COLLATE \"C\" LIMIT $3"),
                     &[&t, &after, &limit],
                 )
                 .await
@@ -349,6 +417,11 @@ async fn keys_holding(tx: &tokio_postgres::Transaction<'_>, column: &str, id: &s
     Ok(tx.query_one(&sql, &[&id, &now]).await?.get(0))
 }
 
+/// A key's scopes as stored: `NULL` when they restrict nothing.
+fn scopes_text(s: &KeyScopes) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_json().to_string())
+}
+
 fn key_row(row: &tokio_postgres::Row) -> Result<(KeyHash, KeyRecord), SourceError> {
     let bad = |f: &str| SourceError::Corrupt(format!("api_keys.{f}"));
     let id = |i: usize, f: &str| Id::parse(row.get::<_, &str>(i)).ok_or_else(|| bad(f));
@@ -369,6 +442,12 @@ fn key_row(row: &tokio_postgres::Row) -> Result<(KeyHash, KeyRecord), SourceErro
             created_at: row.get::<_, i64>(5).max(0) as u64,
             expires_at: opt(6),
             revoked_at: opt(7),
+            label: row.get::<_, Option<String>>(8),
+            scopes: match row.get::<_, Option<&str>>(9) {
+                None => KeyScopes::default(),
+                Some(text) => serde_json::from_str(text).ok().and_then(|v| KeyScopes::from_json(&v).ok()).ok_or_else(|| bad("scopes"))?,
+            },
+            last_used_at: opt(10),
         },
     ))
 }

@@ -4,11 +4,15 @@
 //! admin API applies it too), and how an issued key is printed (its raw value alone on the last
 //! line, where scripts read it).
 
+pub mod ops;
+
+pub use ops::{create, expiry, get, revoke, rotate, update, BadLifetime, KeyChange, KeyError};
+
 use crate::apikey::KeyPage;
 use crate::keys::Id;
 use axum::http::Uri;
 
-/// `keys create | revoke | list`.
+/// `keys create | revoke | rotate | list`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum KeyCommand {
     /// Issue a key: prints its id, then the raw key alone on the last line (shown only now).
@@ -20,9 +24,28 @@ pub enum KeyCommand {
         /// Lifetime, e.g. "30d" or "12h"; default: never expires.
         #[arg(long)]
         expires_in: Option<String>,
+        #[command(flatten)]
+        scope: ScopeArgs,
+    },
+    /// Change a key's label and scopes (only those given; the scopes given replace all of them).
+    Update {
+        key_id: String,
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Remove every scope: the key may reach whatever its tenant subscribes to.
+        #[arg(long, conflicts_with_all = ["routes", "products", "methods", "networks"])]
+        no_scopes: bool,
     },
     /// Revoke a key by its id.
     Revoke { key_id: String },
+    /// Rotate a key: prints its successor's id, then the successor's raw key alone on the last
+    /// line (shown only now); the old key keeps working for the overlap, then expires.
+    Rotate {
+        key_id: String,
+        /// How long the old key keeps working, e.g. "24h" (the default) or "2s"; at most 30d.
+        #[arg(long)]
+        overlap: Option<String>,
+    },
     /// List keys (never their hashes or raw values).
     List {
         #[arg(long)]
@@ -30,33 +53,36 @@ pub enum KeyCommand {
     },
 }
 
-/// A lifetime that makes no key.
-#[derive(Debug, thiserror::Error)]
-pub enum BadLifetime {
-    #[error("not a duration (e.g. \"30d\"): {0}")]
-    Unreadable(#[from] humantime::DurationError),
-    #[error("must be above zero")]
-    Zero,
-    #[error("must be at most 100 years")]
-    TooLong,
+/// A key's label and scopes on the command line (each list comma-separated or repeated).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct ScopeArgs {
+    /// What the key is for, shown in listings.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Routes (ids) the key may be used on; default: any.
+    #[arg(long = "route", value_delimiter = ',')]
+    pub routes: Vec<String>,
+    /// API products (ids) the key may be used for; default: any its tenant subscribes to.
+    #[arg(long = "product", value_delimiter = ',')]
+    pub products: Vec<String>,
+    /// HTTP methods (upper case) the key may be used with; default: any.
+    #[arg(long = "method", value_delimiter = ',')]
+    pub methods: Vec<String>,
+    /// Client networks (CIDRs or addresses) the key may be used from; default: any.
+    #[arg(long = "network", value_delimiter = ',')]
+    pub networks: Vec<String>,
 }
 
-/// The longest key lifetime: a bound that keeps `now + lifetime` (and its milliseconds) far from
-/// overflowing, and the PostgreSQL column positive.
-const MAX_LIFETIME_SECS: u64 = 100 * 366 * 86_400;
+impl ScopeArgs {
+    /// Whether any scope list was given.
+    pub fn any_scope(&self) -> bool {
+        !(self.routes.is_empty() && self.products.is_empty() && self.methods.is_empty() && self.networks.is_empty())
+    }
 
-/// When a key issued at `now` (unix seconds) with lifetime `expires_in` expires: `None` without
-/// one; at least a second later with one.
-pub fn expiry(expires_in: Option<&str>, now: u64) -> Result<Option<u64>, BadLifetime> {
-    let Some(text) = expires_in else { return Ok(None) };
-    let d = humantime::parse_duration(text)?;
-    if d.is_zero() {
-        return Err(BadLifetime::Zero);
+    /// The scopes as the admin API takes them.
+    pub fn scopes_json(&self) -> serde_json::Value {
+        serde_json::json!({"routes": self.routes, "products": self.products, "methods": self.methods, "networks": self.networks})
     }
-    if d.as_secs() > MAX_LIFETIME_SECS {
-        return Err(BadLifetime::TooLong);
-    }
-    Ok(Some(now.saturating_add(d.as_secs().max(1))))
 }
 
 /// What is printed when a key is issued; `expires` is printed when given.
