@@ -55,6 +55,8 @@ pub struct Config {
     pub source: crate::control::source::SourceConfig,
     /// The admin HTTP API (`[admin]`, crate::control::admin).
     pub admin: crate::control::admin::AdminConfig,
+    /// The web console on the admin listener (`[console]`, crate::console).
+    pub console: crate::console::config::ConsoleConfig,
     /// File source: tenants (`[[tenants]]`), API products (`[[products]]`), routes (`[[routes]]`).
     pub tenants: Vec<crate::control::model::Tenant>,
     pub products: Vec<crate::control::model::Product>,
@@ -97,6 +99,7 @@ impl Default for Config {
             breaker: Default::default(),
             source: Default::default(),
             admin: Default::default(),
+            console: Default::default(),
             tenants: Vec::new(),
             products: Vec::new(),
             routes: Vec::new(),
@@ -223,6 +226,7 @@ impl Config {
     fn validate_config_model(&self) -> Result<(), ConfigError> {
         use crate::control::{model::Snapshot, source::SourceKind};
         self.admin.validate()?;
+        self.console.validate(self.admin.listen.is_some())?;
         if self.source.kind == SourceKind::Postgres && self.source.postgres_url.parse::<tokio_postgres::Config>().is_err() {
             return Err(invalid("source.postgres_url", "not a PostgreSQL URL (postgres://user@host:port/db)").into());
         }
