@@ -163,6 +163,11 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
             tollgate_sidecar::control::announce(&store, Some(&r.tenant)).await.context("announcing the revocation")?;
             println!("revoked {} (tenant {})", r.key_id, r.tenant);
         }
+        KeyCommand::Rotate { .. } => {
+            // a successor and the old key's expiry written in both stores together, announced:
+            // the admin API's work (crate::control::keys::rotate), not a single store's write
+            anyhow::bail!("rotate a key through the admin API: `tollgate keys rotate <key-id> [--overlap 24h]`");
+        }
         KeyCommand::List { tenant } => {
             let tenant = tenant.map(|t| parse_id("tenant", &t)).transpose()?;
             let records = store.list_keys(tenant.as_ref()).await.context("listing keys")?;

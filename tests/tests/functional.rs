@@ -17,6 +17,7 @@ mod config_faults;
 mod exactness;
 mod faults;
 mod hostile;
+mod key_lifecycle;
 mod key_pages;
 mod leases;
 mod limits;

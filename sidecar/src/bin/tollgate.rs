@@ -386,6 +386,16 @@ fn run() -> Result<()> {
                     println!("revoked {} (tenant {})", cell(&v, "key_id"), cell(&v, "tenant"));
                 }
             }
+            KeyCommand::Rotate { key_id, overlap } => {
+                let body = overlap.map(|o| json!({"overlap": o}));
+                let v = api.call("POST", &format!("/v1/keys/{}/rotate", checked(&key_id)?), body)?;
+                if j {
+                    println!("{v}");
+                } else {
+                    println!("rotated {}: it keeps working until {} (unix seconds), then expires", cell(&v, "rotated_from"), cell(&v["previous"], "expires_at"));
+                    println!("{}", issued_text(&cell(&v, "key_id"), &cell(&v, "tenant"), &cell(&v, "plan"), None, &cell(&v, "key")));
+                }
+            }
             KeyCommand::List { tenant } => show(j, &api.all_keys(tenant.as_deref())?, KEY),
         },
         Command::Version => {
@@ -419,6 +429,8 @@ mod tests {
     fn keys_take_the_global_json_flag() {
         let cli = Cli::try_parse_from(["tollgate", "keys", "list", "--json"]).unwrap();
         assert!(cli.json && matches!(cli.command, Command::Keys { action: KeyCommand::List { tenant: None } }));
+        let cli = Cli::try_parse_from(["tollgate", "keys", "rotate", "key_a", "--overlap", "2s"]).unwrap();
+        assert!(matches!(cli.command, Command::Keys { action: KeyCommand::Rotate { key_id, overlap: Some(o) } } if key_id == "key_a" && o == "2s"));
         <Cli as clap::CommandFactory>::command().debug_assert();
     }
 

@@ -6,6 +6,8 @@
 //! [`Control::install`] hands it (plans and routing) and the key records in Redis.
 
 pub mod admin;
+pub mod admin_http;
+pub mod admin_keys;
 pub mod keys;
 pub mod model;
 pub mod propagation;
@@ -153,6 +155,24 @@ impl Control {
     pub async fn announce(&self, tenant: Option<&Id>) -> Result<u64, StoreError> {
         self.decider.evict(tenant);
         announce(&self.store, tenant).await
+    }
+
+    /// Announces a committed change ([`Control::announce`]) and marks its version loaded here;
+    /// `None` when Redis did not take the announcement: it is then made again in the background
+    /// until Redis does (decision 198).
+    pub async fn publish(self: &Arc<Self>, tenant: Option<&Id>) -> Option<u64> {
+        match self.announce(tenant).await {
+            Ok(v) => {
+                self.live.advance_version(v);
+                Some(v)
+            }
+            Err(e) => {
+                // the version did not move: no replica's resync would see it
+                tracing::warn!(error = %e, "a committed change could not be announced; announcing it again until Redis takes it");
+                self.announce_later();
+                None
+            }
+        }
     }
 
     /// A committed change whose announcement Redis did not take (out of memory, restarting):

@@ -98,6 +98,31 @@ impl Store {
         self.lookup_admin(&hash).await?.ok_or_else(|| StoreError::NotFound(key_id.to_string()))
     }
 
+    /// The hash and record a key id maps to, or `None` when there is none.
+    pub async fn key_by_id(&self, key_id: &Id) -> Result<Option<(KeyHash, KeyRecord)>, StoreError> {
+        let hash = match self.hash_of(key_id).await {
+            Ok(h) => h,
+            Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(self.lookup_admin(&hash).await?.map(|r| (hash, r)))
+    }
+
+    /// Sets a key's `expires_at` to `at` unless it expires sooner (a rotation's end of the
+    /// previous key). Only that field is written, so a revocation made meanwhile stays. Returns
+    /// the updated record.
+    pub async fn shorten_key(&self, key_id: &Id, at: u64) -> Result<KeyRecord, StoreError> {
+        let Some((hash, record)) = self.key_by_id(key_id).await? else {
+            return Err(StoreError::NotFound(format!("no key with id {key_id}")));
+        };
+        if record.expires_at.is_none_or(|e| e > at) {
+            let rec_key = ApiKeyRecordKey::new(&hash);
+            self.run_with_deadline("shorten_key", Self::ADMIN_DEADLINE, |mut c| async move { c.hset::<_, _, _, ()>(rec_key, "expires_at", at).await })
+                .await?;
+        }
+        self.lookup_admin(&hash).await?.ok_or_else(|| StoreError::NotFound(key_id.to_string()))
+    }
+
     async fn hash_of(&self, key_id: &Id) -> Result<KeyHash, StoreError> {
         let id_key = ApiKeyIdKey::new(key_id);
         let h: Option<String> = self.run_with_deadline("get_key_id", Self::ADMIN_DEADLINE, |mut c| async move { c.get(id_key).await }).await?;

@@ -35,6 +35,13 @@ const MIGRATION_LOCK: i64 = 0x7011_6a7e;
 /// Another: the one every replica's admin writes take (decision 157).
 const WRITE_LOCK: i64 = 0x7011_6a7f;
 
+/// The `api_keys` columns [`key_row`] reads, in its order.
+macro_rules! key_columns {
+    () => {
+        "key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at"
+    };
+}
+
 /// The row an admin write stores.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Row {
@@ -252,9 +259,33 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "UPDATE api_keys SET status = 'revoked', revoked_at = COALESCE(revoked_at, $2) WHERE key_id = $1 \
-                     RETURNING key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at",
+                    concat!("UPDATE api_keys SET status = 'revoked', revoked_at = COALESCE(revoked_at, $2) WHERE key_id = $1 \
+                     RETURNING ", key_columns!()),
                     &[&key_id.as_str(), &(now as i64)],
+                )
+                .await
+            })
+            .await?;
+        rows.first().map(key_row).transpose()
+    }
+
+    /// The record of one key (with its hash), or `None` if there is no such key.
+    pub async fn key(&self, key_id: &Id) -> Result<Option<(KeyHash, KeyRecord)>, SourceError> {
+        let rows = self
+            .with(async |c| c.query(concat!("SELECT ", key_columns!(), " FROM api_keys WHERE key_id = $1"), &[&key_id.as_str()]).await)
+            .await?;
+        rows.first().map(key_row).transpose()
+    }
+
+    /// Sets a key's expiry to `at` unless it expires sooner (a rotation's end of the previous
+    /// key); its hash and updated record, or `None` if there is no such key.
+    pub async fn shorten_key(&self, key_id: &Id, at: u64) -> Result<Option<(KeyHash, KeyRecord)>, SourceError> {
+        let at = i64::try_from(at).unwrap_or(i64::MAX);
+        let rows = self
+            .with(async |c| {
+                c.query(
+                    concat!("UPDATE api_keys SET expires_at = LEAST(COALESCE(expires_at, $2), $2) WHERE key_id = $1 RETURNING ", key_columns!()),
+                    &[&key_id.as_str(), &at],
                 )
                 .await
             })
@@ -268,8 +299,8 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
-                     WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY created_at, key_id",
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
+                     WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY created_at, key_id"),
                     &[&t],
                 )
                 .await
@@ -284,8 +315,8 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
-                     WHERE revoked_at >= $1 ORDER BY revoked_at DESC LIMIT $2",
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
+                     WHERE revoked_at >= $1 ORDER BY revoked_at DESC LIMIT $2"),
                     &[&since, &limit],
                 )
                 .await
@@ -300,8 +331,8 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
-                     WHERE created_at >= $1 ORDER BY created_at DESC LIMIT $2",
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
+                     WHERE created_at >= $1 ORDER BY created_at DESC LIMIT $2"),
                     &[&since, &limit],
                 )
                 .await
@@ -319,9 +350,9 @@ impl PgSource {
         let rows = self
             .with(async |c| {
                 c.query(
-                    "SELECT key_id, key_hash, tenant_id, plan_id, status, created_at, expires_at, revoked_at FROM api_keys \
+                    concat!("SELECT ", key_columns!(), " FROM api_keys \
                      WHERE ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR key_id COLLATE \"C\" > $2) \
-                     ORDER BY key_id COLLATE \"C\" LIMIT $3",
+                     ORDER BY key_id COLLATE \"C\" LIMIT $3"),
                     &[&t, &after, &limit],
                 )
                 .await

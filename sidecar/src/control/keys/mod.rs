@@ -4,11 +4,15 @@
 //! admin API applies it too), and how an issued key is printed (its raw value alone on the last
 //! line, where scripts read it).
 
+pub mod ops;
+
+pub use ops::{create, expiry, get, revoke, rotate, BadLifetime, KeyError};
+
 use crate::apikey::KeyPage;
 use crate::keys::Id;
 use axum::http::Uri;
 
-/// `keys create | revoke | list`.
+/// `keys create | revoke | rotate | list`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum KeyCommand {
     /// Issue a key: prints its id, then the raw key alone on the last line (shown only now).
@@ -23,40 +27,19 @@ pub enum KeyCommand {
     },
     /// Revoke a key by its id.
     Revoke { key_id: String },
+    /// Rotate a key: prints its successor's id, then the successor's raw key alone on the last
+    /// line (shown only now); the old key keeps working for the overlap, then expires.
+    Rotate {
+        key_id: String,
+        /// How long the old key keeps working, e.g. "24h" (the default) or "2s"; at most 30d.
+        #[arg(long)]
+        overlap: Option<String>,
+    },
     /// List keys (never their hashes or raw values).
     List {
         #[arg(long)]
         tenant: Option<String>,
     },
-}
-
-/// A lifetime that makes no key.
-#[derive(Debug, thiserror::Error)]
-pub enum BadLifetime {
-    #[error("not a duration (e.g. \"30d\"): {0}")]
-    Unreadable(#[from] humantime::DurationError),
-    #[error("must be above zero")]
-    Zero,
-    #[error("must be at most 100 years")]
-    TooLong,
-}
-
-/// The longest key lifetime: a bound that keeps `now + lifetime` (and its milliseconds) far from
-/// overflowing, and the PostgreSQL column positive.
-const MAX_LIFETIME_SECS: u64 = 100 * 366 * 86_400;
-
-/// When a key issued at `now` (unix seconds) with lifetime `expires_in` expires: `None` without
-/// one; at least a second later with one.
-pub fn expiry(expires_in: Option<&str>, now: u64) -> Result<Option<u64>, BadLifetime> {
-    let Some(text) = expires_in else { return Ok(None) };
-    let d = humantime::parse_duration(text)?;
-    if d.is_zero() {
-        return Err(BadLifetime::Zero);
-    }
-    if d.as_secs() > MAX_LIFETIME_SECS {
-        return Err(BadLifetime::TooLong);
-    }
-    Ok(Some(now.saturating_add(d.as_secs().max(1))))
 }
 
 /// What is printed when a key is issued; `expires` is printed when given.
