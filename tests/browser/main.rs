@@ -1,7 +1,10 @@
 //! The console in a real browser (issue 43): a headless Chromium driven over WebDriver by its
 //! own chromedriver (tollgate_tests::webdriver), against a real gateway — Envoy, sidecar with its
 //! console, Redis, PostgreSQL (configuration and the billing rollup), the broker and the billing
-//! consumer. Its own test binary and its own tier of `./build.sh test` (tier 7): it needs the
+//! consumer. The flow of issue 43: an operator makes a tenant, a plan, a key and a tenant user in
+//! the console; the tenant signs in, sees only its keys, rotates one (old and new both pass
+//! through Envoy during the overlap, the old one fails after it), and finds its traffic in the
+//! usage chart. Its own test binary and its own tier of `./build.sh test` (tier 7): it needs the
 //! Debian packages `chromium` and `chromium-driver`.
 //!
 //! Each page the flow reaches is written as a PNG to `target/console-screenshots/` (docs/console.md
@@ -127,6 +130,21 @@ fn an_operator_and_a_tenant_use_the_console_in_chromium() {
     assert!(!b.source().contains(&beta_key_id));
     shot(&b, "10-usage");
 
+    // rotate the tenant's key with a 30 s overlap: old and new both pass, then the old one fails
+    b.goto(&format!("{base}/console/portal"));
+    b.find(&format!("#overlap-{tenant_key_id}")).fill("30s");
+    b.find(&format!("button[aria-label='Rotate {tenant_key_id}']")).click();
+    let successor = b.find("#rawkey").value();
+    let successor_id = b.find("#newkeyid").text();
+    assert!(successor.starts_with("tg_") && successor_id != tenant_key_id);
+    b.wait_for_text(&format!("It replaces {tenant_key_id}"));
+    shot(&b, "11-key-rotated");
+    let status = |key: &str| get(&g.envoy().url("/v1/items"), &[("x-api-key", key)]).status;
+    assert_eq!(status(&tenant_key), 200, "the old key passes during the overlap");
+    assert_eq!(status(&successor), 200, "the successor passes at once");
+    poll_until("the old key refused after the overlap", Duration::from_secs(120), || status(&tenant_key) == 401);
+    assert_eq!(status(&successor), 200, "the successor still passes");
+
     // revoke the operator's key from the portal: Envoy refuses it from then on
     b.goto(&format!("{base}/console/portal"));
     b.find(&format!("button[aria-label='Revoke {operator_key_id}']")).click();
@@ -134,11 +152,11 @@ fn an_operator_and_a_tenant_use_the_console_in_chromium() {
     poll_until("the revoked key refused through Envoy", Duration::from_secs(30), || {
         get(&g.envoy().url("/v1/items"), &[("x-api-key", &operator_key)]).status == 401
     });
-    assert_eq!(get(&g.envoy().url("/v1/items"), &[("x-api-key", &tenant_key)]).status, 200, "the other key still passes");
+    assert_eq!(status(&successor), 200, "the tenant's key still passes");
 
     // a phone-width window: the same portal, one column
     b.set_window(390, 844);
     b.goto(&format!("{base}/console/portal"));
     b.wait_for_text("Your API keys");
-    shot(&b, "11-portal-phone");
+    shot(&b, "12-portal-phone");
 }

@@ -2,7 +2,7 @@
 //! tenant's session would: tenant A's session cannot read or change tenant B's keys, usage or
 //! users through any console or API URL (B's key ids named in URLs and forms, fields added to
 //! forms, B's CSRF token replayed); a write without the CSRF token is refused; a copy of the
-//! cookie is worth nothing after sign-out; 20 wrong passwords lock a user; an invite works once;
+//! cookie is worth nothing after sign-out; another tenant's key cannot be revoked or rotated; 20 wrong passwords lock a user; an invite works once;
 //! the admin API still wants its token whatever cookie comes with the call.
 
 use serde_json::{json, Value};
@@ -67,6 +67,14 @@ fn a_tenant_session_reaches_only_its_own_tenant() {
     let acme = keys_of(&base, "acme");
     assert_eq!(acme.len(), 1, "{acme:?}");
     assert_eq!((acme[0]["key_id"].as_str(), acme[0]["plan"].as_str()), (Some(ana_key.as_str()), Some("basic")));
+    // her own key rotates: the successor is acme's too, on the same plan
+    let r = ana.post(&format!("/console/portal/keys/{ana_key}/rotate"), &ana_csrf, &[("overlap", "1h")]);
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert!(r.body.contains(&format!("It replaces {ana_key}")), "{}", r.body);
+    let acme = keys_of(&base, "acme");
+    assert_eq!(acme.len(), 2, "{acme:?}");
+    assert!(acme.iter().all(|k| k["plan"] == "basic" && k["status"] == "active"));
+    assert!(acme.iter().any(|k| k["key_id"] == ana_key.as_str() && k["expires_at"].is_u64()), "the old key got its overlap's expiry");
     assert!(keys_of(&base, "beta").iter().all(|k| k["key_id"] != ana_key.as_str()));
 
     // ana's pages show acme's keys alone
@@ -77,7 +85,11 @@ fn a_tenant_session_reaches_only_its_own_tenant() {
     assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(ana.post(&format!("/console/portal/keys/{bob_key}/revoke"), &bob_csrf, &[]).status, 403);
     assert_eq!(ana.post(&format!("/console/portal/keys/{ana_key}/revoke"), &bob_csrf, &[]).status, 403, "a CSRF token is its session's");
-    assert!(keys_of(&base, "beta").iter().all(|k| k["status"] == "active"), "bob's key stays active");
+    let r = ana.post(&format!("/console/portal/keys/{bob_key}/rotate"), &ana_csrf, &[("overlap", "0s")]);
+    assert_eq!(r.status, 404, "another tenant's key cannot be rotated: {}", r.body);
+    assert_eq!(ana.post(&format!("/console/portal/keys/{bob_key}/rotate"), &bob_csrf, &[]).status, 403);
+    assert!(keys_of(&base, "beta").iter().all(|k| k["status"] == "active" && k["expires_at"].is_null()), "bob's key stays active, with no expiry");
+    assert_eq!(keys_of(&base, "beta").len(), 1, "no successor was made for beta");
     assert!(keys_of(&base, "acme").iter().all(|k| k["status"] == "active"));
     // the operator's pages and writes: forbidden to a tenant session
     for path in ["/console/operator", "/console/operator/keys", "/console/operator/keys?tenant=beta", "/console/operator/tenants", "/console/operator/users?tenant=beta", "/console/operator/tenants/beta"] {
@@ -87,6 +99,7 @@ fn a_tenant_session_reaches_only_its_own_tenant() {
     }
     for (path, fields) in [
         (format!("/console/operator/keys/{bob_key}/revoke"), vec![]),
+        (format!("/console/operator/keys/{bob_key}/rotate"), vec![]),
         ("/console/operator/keys".to_string(), vec![("tenant", "beta"), ("plan", "premium")]),
         ("/console/operator/users".to_string(), vec![("tenant", "beta"), ("login", "eve@beta.io"), ("plan", "premium"), ("password", PASSWORD)]),
         ("/console/operator/users/bob@beta.io/delete".to_string(), vec![("tenant", "beta")]),
@@ -121,7 +134,7 @@ fn a_tenant_session_reaches_only_its_own_tenant() {
     let r = stolen.get("/console/portal");
     assert_eq!(r.status, 303, "a signed-out session still works: {}", r.body);
     assert_eq!(stolen.post("/console/portal/keys", &ana_csrf, &[]).status, 303);
-    assert_eq!(keys_of(&base, "acme").len(), 1, "nothing was issued with the stolen cookie");
+    assert_eq!(keys_of(&base, "acme").len(), 2, "nothing was issued with the stolen cookie");
     // a sign-out without the CSRF token is refused (no signing a victim out from another site)
     assert_eq!(bob.post_raw("/console/signout", &[]).status, 403);
     assert_eq!(bob.get("/console/portal").status, 200);

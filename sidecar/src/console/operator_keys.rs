@@ -21,6 +21,7 @@ pub fn routes() -> Router<Shared> {
     Router::new()
         .route("/console/operator/keys", get(keys).post(create_key))
         .route("/console/operator/keys/{id}/revoke", post(revoke_key))
+        .route("/console/operator/keys/{id}/rotate", post(rotate_key))
         .route("/console/operator/users", get(users_page).post(create_user))
         .route("/console/operator/invites", post(create_invite))
         .route("/console/operator/users/{login}/delete", post(delete_user))
@@ -41,9 +42,9 @@ fn select(id: &str, label: &str, options: &[String], chosen: &str) -> Markup {
     }
 }
 
-/// A table of key records (the API's JSON), with a revoke button each when `revoke` names the
-/// form's action prefix.
-pub fn key_table(keys: &[Value], csrf: &str, revoke: Option<&str>, extra: Option<&dyn Fn(&str) -> Markup>) -> Markup {
+/// A table of key records (the API's JSON), with rotate and revoke buttons on each active one
+/// when `revoke` names the forms' action prefix.
+pub fn key_table(keys: &[Value], csrf: &str, revoke: Option<&str>) -> Markup {
     html! {
         table.keys {
             thead { tr { th scope="col" { "Key id" } th scope="col" { "Tenant" } th scope="col" { "Plan" } th scope="col" { "Status" } th scope="col" { "Created" } th scope="col" { "Expires" } th scope="col" { "" } } }
@@ -59,7 +60,12 @@ pub fn key_table(keys: &[Value], csrf: &str, revoke: Option<&str>, extra: Option
                     td { (view::time(k["expires_at"].as_u64())) }
                     td.actions {
                         @if let (Some(prefix), "active") = (revoke, status) {
-                            @if let Some(f) = extra { (f(id)) }
+                            form.rotate method="post" action={ (prefix) (view::q(id)) "/rotate" } {
+                                (csrf_field(csrf))
+                                label.inline for={ "overlap-" (id) } { "Overlap" }
+                                input id={ "overlap-" (id) } name="overlap" type="text" placeholder="24h" size="5";
+                                button type="submit" aria-label={ "Rotate " (id) } { "Rotate" }
+                            }
                             form method="post" action={ (prefix) (view::q(id)) "/revoke" } {
                                 (csrf_field(csrf))
                                 button type="submit" aria-label={ "Revoke " (id) } { "Revoke" }
@@ -74,8 +80,9 @@ pub fn key_table(keys: &[Value], csrf: &str, revoke: Option<&str>, extra: Option
 
 /// The page that shows a new raw key, the only time it is shown.
 pub fn issued(title: &str, nav: Nav, key: &Value, back: &str) -> Response {
+    let rotated = key["rotated_from"].as_str().map(|old| format!(" It replaces {old}, which keeps working until the overlap ends (then it is refused); usage stays counted per key."));
     let body = html! {
-        (note("ok", "Key created. Copy it now: it is shown this once and never stored (only its hash is)."))
+        (note("ok", &format!("Key created. Copy it now: it is shown this once and never stored (only its hash is).{}", rotated.unwrap_or_default())))
         label for="rawkey" { "API key" }
         input #rawkey type="text" readonly value=(key["key"].as_str().unwrap_or_default());
         table.kv {
@@ -117,7 +124,7 @@ async fn keys_page(c: &Shared, csrf: &str, q: &HashMap<String, String>, error: O
         }
         @if !reply.ok() { (note("error", &format!("Keys could not be listed: {}", reply.error()))) }
         @else if reply.items().is_empty() { (note("empty", "No key yet.")) }
-        @else { (key_table(&reply.items(), csrf, Some("/console/operator/keys/"), None)) }
+        @else { (key_table(&reply.items(), csrf, Some("/console/operator/keys/"))) }
         @if let Some(n) = &reply.next { p.pager { a rel="next" href={ "/console/operator/keys?tenant=" (view::q(&tenant)) "&after=" (view::q(n)) } { "Next page →" } } }
         section aria-labelledby="new-key-h" {
             h2 #new-key-h { "Issue a key" }
@@ -164,6 +171,29 @@ async fn revoke_key(State(c): State<Shared>, headers: HeaderMap, Path(id): Path<
     let reply = c.api.send(Method::POST, &format!("/v1/keys/{}/revoke", view::q(&id)), &json!({})).await;
     if reply.ok() {
         return see_other(&format!("/console/operator/keys?done={}", view::q(&format!("Revoked {id}."))));
+    }
+    keys_page(&c, &s.csrf, &HashMap::new(), Some(&reply.error()), reply.status).await
+}
+
+/// The rotation request of a form: its overlap when one was typed (the API's default else).
+pub fn rotation(form: &HashMap<String, String>) -> Value {
+    match form.get("overlap").map(|o| o.trim()).filter(|o| !o.is_empty()) {
+        Some(o) => json!({"overlap": o}),
+        None => json!({}),
+    }
+}
+
+async fn rotate_key(State(c): State<Shared>, headers: HeaderMap, Path(id): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    let s = match operator(&c, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if let Err(r) = check_csrf(&s, &form) {
+        return r;
+    }
+    let reply = c.api.send(Method::POST, &format!("/v1/keys/{}/rotate", view::q(&id)), &rotation(&form)).await;
+    if reply.ok() {
+        return issued("Key rotated", Nav::Operator { csrf: &s.csrf }, &reply.body, "/console/operator/keys");
     }
     keys_page(&c, &s.csrf, &HashMap::new(), Some(&reply.error()), reply.status).await
 }

@@ -1,11 +1,11 @@
 //! The tenant portal: a signed-in tenant user sees and changes only its own tenant's keys
-//! (issue, revoke; the raw key shown once), its limits and how much of each it has used, and its
+//! (issue, rotate, revoke; the raw key shown once), its limits and how much of each it has used, and its
 //! usage by day and by key (chart, numbers, CSV). Every key id a request names is checked
 //! against the session's tenant first: another tenant's key is "not found", whatever the form
 //! or URL says.
 
 use super::figures;
-use super::operator_keys::{issued, key_table};
+use super::operator_keys::{issued, key_table, rotation};
 use super::signin::{check_csrf, html, store_down, tenant};
 use super::usage::{self, UsageError};
 use super::users;
@@ -26,6 +26,7 @@ pub fn routes() -> Router<Shared> {
         .route("/console/portal", get(home))
         .route("/console/portal/keys", post(create_key))
         .route("/console/portal/keys/{id}/revoke", post(revoke_key))
+        .route("/console/portal/keys/{id}/rotate", post(rotate_key))
         .route("/console/portal/usage", get(usage_page))
         .route("/console/portal/usage.csv", get(usage_csv))
 }
@@ -76,7 +77,7 @@ async fn render_home(c: &Shared, s: &super::auth::Session, t: &Id, login: &Login
             @match &keys {
                 Err(e) => (note("error", &format!("Your keys could not be read: {e}"))),
                 Ok(k) if k.is_empty() => (note("empty", "No key yet: issue one below.")),
-                Ok(k) => (key_table(k, &s.csrf, Some("/console/portal/keys/"), None)),
+                Ok(k) => (key_table(k, &s.csrf, Some("/console/portal/keys/"))),
             }
             form method="post" action="/console/portal/keys" {
                 (csrf_field(&s.csrf))
@@ -136,6 +137,20 @@ async fn create_key(State(c): State<Shared>, headers: HeaderMap, Form(form): For
 }
 
 async fn revoke_key(State(c): State<Shared>, headers: HeaderMap, Path(id): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    own_key_change(c, headers, id, form, Change::Revoke).await
+}
+
+async fn rotate_key(State(c): State<Shared>, headers: HeaderMap, Path(id): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    own_key_change(c, headers, id, form, Change::Rotate).await
+}
+
+enum Change {
+    Revoke,
+    Rotate,
+}
+
+/// Revokes or rotates a key of the session's tenant: any other id is "not found".
+async fn own_key_change(c: Shared, headers: HeaderMap, id: String, form: HashMap<String, String>, change: Change) -> Response {
     let (s, t, login) = match tenant(&c, &headers).await {
         Ok(w) => w,
         Err(r) => return r,
@@ -150,6 +165,13 @@ async fn revoke_key(State(c): State<Shared>, headers: HeaderMap, Path(id): Path<
     if !owned {
         // another tenant's key and no key at all look the same
         return render_home(&c, &s, &t, &login, None, Some(&format!("No key '{id}' of yours.")), StatusCode::NOT_FOUND).await;
+    }
+    if let Change::Rotate = change {
+        let reply = c.api.send(Method::POST, &format!("/v1/keys/{}/rotate", view::q(&id)), &rotation(&form)).await;
+        if reply.ok() {
+            return issued("Your rotated key", Nav::Tenant { csrf: &s.csrf, tenant: t.as_str() }, &reply.body, "/console/portal");
+        }
+        return render_home(&c, &s, &t, &login, None, Some(&reply.error()), reply.status).await;
     }
     let reply = c.api.send(Method::POST, &format!("/v1/keys/{}/revoke", view::q(&id)), &json!({})).await;
     if reply.ok() {
