@@ -3,12 +3,16 @@
 //! users through any console or API URL (B's key ids named in URLs and forms, fields added to
 //! forms, B's CSRF token replayed); a write without the CSRF token is refused; a copy of the
 //! cookie is worth nothing after sign-out; another tenant's key cannot be revoked or rotated; 20 wrong passwords lock a user; an invite works once;
-//! the admin API still wants its token whatever cookie comes with the call.
+//! the admin API still wants its token whatever cookie comes with the call; the overview's
+//! figures come from Prometheus when it is configured.
 
 use serde_json::{json, Value};
+use std::time::Duration;
 use tollgate_tests::billing::psql;
 use tollgate_tests::console::{csrf_of, ConsoleClient};
-use tollgate_tests::{admin_call, send, Gateway};
+use tollgate_tests::prometheus::{Job, Prometheus};
+use tollgate_tests::sidecar::Sidecar;
+use tollgate_tests::{admin_call, free_port, get, poll_until, send, Gateway};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 const PASSWORD: &str = "a long passphrase 1";
@@ -214,4 +218,47 @@ fn the_console_is_off_unless_enabled_and_says_when_redis_is_down() {
     let r = op.get("/console/operator");
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.body.contains("Redis does not answer"), "{}", r.body);
+}
+
+/// With `console.prometheus_url`, the overview's figures per tenant are every replica's, from
+/// Prometheus: a sidecar that saw none of a tenant's requests shows them; with Prometheus gone, it
+/// says so and falls back to its own counters.
+#[test]
+fn the_overview_reads_every_replicas_figures_from_prometheus() {
+    let g = Gateway::builder()
+        .sidecar_toml(
+            "[usage]\nenabled = true\nspool_dir = \"${SPOOL_DIR}\"\nsegment_age = \"50ms\"\n\
+             [usage.kafka]\nbrokers = \"${BROKERS}\"\ntopic = \"usage_events\"\npartitions = 1\ndelivery_timeout = \"3s\"\n",
+        )
+        .plugin(json!({"sidecar": {"timeout": "2s"}, "usage": {"enabled": true, "flushInterval": "100ms"}}))
+        .broker()
+        .build();
+    let key = g.sidecar().create_key("acme", "free", &[]);
+    for _ in 0..3 {
+        assert_eq!(get(&g.envoy().url("/v1/items"), &[("x-api-key", &key.raw)]).status, 200);
+    }
+    let prom = Prometheus::start(&[Job::new("sidecar", "/metrics", [format!("127.0.0.1:{}", g.sidecar().port)])]);
+    poll_until("acme's requests in Prometheus", Duration::from_secs(90), || {
+        prom.query("sum(tollgate_requests_total{tenant=\"acme\"})").first().and_then(|s| s["value"][1].as_str().map(|v| v == "3")).unwrap_or(false)
+    });
+    // another sidecar on the same Redis, with the console: it saw none of acme's requests
+    let listen = format!("127.0.0.1:{}", free_port());
+    let prom_url = prom.url();
+    let _other = Sidecar::start(
+        &g.redis().url(),
+        &[
+            ("TOLLGATE_SIDECAR_ADMIN__LISTEN", &listen),
+            ("TOLLGATE_SIDECAR_ADMIN__TOKEN", TOKEN),
+            ("TOLLGATE_SIDECAR_CONSOLE__ENABLED", "true"),
+            ("TOLLGATE_SIDECAR_CONSOLE__PROMETHEUS_URL", &prom_url),
+        ],
+    );
+    let (mut op, _) = ConsoleClient::operator(&format!("http://{listen}"), TOKEN);
+    let page = op.get("/console/operator");
+    assert!(page.body.contains("From Prometheus"), "{}", page.body);
+    assert!(page.body.contains(r#"<th scope="row">acme</th><td>3</td><td>3</td>"#), "acme's 3 allowed requests: {}", page.body);
+    drop(prom);
+    let page = op.get("/console/operator");
+    assert!(page.body.contains("Prometheus did not answer"), "{}", page.body);
+    assert!(!page.body.contains(r#"<th scope="row">acme</th>"#), "this sidecar's own counters have none: {}", page.body);
 }

@@ -24,6 +24,9 @@ pub struct ConsoleConfig {
     /// The PostgreSQL database of the billing consumer (`usage_daily`), for the portal's usage
     /// chart and CSV. Empty: the portal says no usage store is configured.
     pub usage_url: Option<String>,
+    /// Prometheus's HTTP API (e.g. `http://127.0.0.1:9090`): the operator overview's figures per
+    /// tenant from every replica's series. Unset, or not answering: this sidecar's own counters.
+    pub prometheus_url: Option<String>,
 }
 
 impl Default for ConsoleConfig {
@@ -35,6 +38,7 @@ impl Default for ConsoleConfig {
             lockout_for: Duration::from_secs(15 * 60),
             invite_ttl: Duration::from_secs(72 * 3600),
             usage_url: None,
+            prometheus_url: None,
         }
     }
 }
@@ -58,6 +62,11 @@ impl ConsoleConfig {
                 return Err(invalid("console.usage_url", "not a PostgreSQL URL (postgres://user@host:port/db)"));
             }
         }
+        if let Some(url) = &self.prometheus_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid("console.prometheus_url", "an http:// or https:// URL"));
+            }
+        }
         Ok(())
     }
 }
@@ -76,5 +85,7 @@ mod tests {
         assert_eq!(c.validate(true).unwrap_err().field, "console.usage_url");
         let c = ConsoleConfig { lockout_after: 0, ..Default::default() };
         assert_eq!(c.validate(true).unwrap_err().field, "console.lockout_after");
+        let c = ConsoleConfig { prometheus_url: Some("127.0.0.1:9090".into()), ..Default::default() };
+        assert_eq!(c.validate(true).unwrap_err().field, "console.prometheus_url");
     }
 }

@@ -101,6 +101,41 @@ pub fn per_tenant(samples: &[Sample]) -> BTreeMap<String, TenantFigures> {
     out
 }
 
+/// The PromQL of the overview's figures per tenant (every replica's series).
+pub const PROMQL_OUTCOMES: &str = "sum by (tenant, outcome) (tollgate_requests_total)";
+pub const PROMQL_TOKENS: &str = "sum by (tenant) (tollgate_request_tokens_total)";
+
+/// Figures per tenant from the answers of Prometheus's `/api/v1/query` to [`PROMQL_OUTCOMES`] and
+/// [`PROMQL_TOKENS`]; `None` when an answer is not a successful vector.
+pub fn from_prometheus(outcomes: &serde_json::Value, tokens: &serde_json::Value) -> Option<BTreeMap<String, TenantFigures>> {
+    let vector = |v: &serde_json::Value| -> Option<Vec<serde_json::Value>> {
+        (v["status"] == "success" && v["data"]["resultType"] == "vector").then(|| v["data"]["result"].as_array().cloned().unwrap_or_default())
+    };
+    let value = |s: &serde_json::Value| s["value"][1].as_str().and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0) as u64;
+    let mut out: BTreeMap<String, TenantFigures> = BTreeMap::new();
+    for s in vector(outcomes)? {
+        let (Some(t), Some(o)) = (s["metric"]["tenant"].as_str(), s["metric"]["outcome"].as_str()) else { continue };
+        *out.entry(t.to_string()).or_default().outcomes.entry(o.to_string()).or_default() += value(&s);
+    }
+    for s in vector(tokens)? {
+        let Some(t) = s["metric"]["tenant"].as_str() else { continue };
+        out.entry(t.to_string()).or_default().tokens += value(&s);
+    }
+    out.retain(|_, f| f.requests() > 0 || f.tokens > 0);
+    Some(out)
+}
+
+/// Asks Prometheus (blocking: run it off the async workers) for the figures per tenant.
+pub fn query_prometheus(base: &str) -> Result<BTreeMap<String, TenantFigures>, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(5))).build().into();
+    let ask = |q: &str| -> Result<serde_json::Value, String> {
+        let mut r = agent.get(&format!("{}/api/v1/query", base.trim_end_matches('/'))).query("query", q).call().map_err(|e| e.to_string())?;
+        let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    };
+    from_prometheus(&ask(PROMQL_OUTCOMES)?, &ask(PROMQL_TOKENS)?).ok_or_else(|| "not a successful vector answer".to_string())
+}
+
 /// The sum of a metric's samples (over every label set).
 pub fn total(samples: &[Sample], name: &str) -> f64 {
     samples.iter().filter(|s| s.name == name).map(|s| s.value).sum()
@@ -132,5 +167,19 @@ mod tests {
         assert_eq!(acme.used["per_minute"], 0.25);
         assert_eq!(t["we,ird \"x\""].requests(), 1, "escaped label values");
         assert_eq!(total(&s, "tollgate_sidecar_usage_spool_bytes"), 42.0);
+    }
+
+    #[test]
+    fn prometheus_answers_are_read() {
+        let outcomes = serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"tenant": "acme", "outcome": "allowed"}, "value": [1.0, "12"]},
+            {"metric": {"tenant": "acme", "outcome": "rate_limited"}, "value": [1.0, "3"]},
+            {"metric": {"tenant": "beta", "outcome": "allowed"}, "value": [1.0, "1"]}]}});
+        let tokens = serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"tenant": "acme"}, "value": [1.0, "900"]}]}});
+        let t = from_prometheus(&outcomes, &tokens).unwrap();
+        assert_eq!((t["acme"].requests(), t["acme"].throttled(), t["acme"].tokens), (15, 3, 900));
+        assert_eq!(t["beta"].requests(), 1);
+        assert!(from_prometheus(&serde_json::json!({"status": "error"}), &tokens).is_none());
     }
 }

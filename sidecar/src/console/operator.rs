@@ -66,7 +66,15 @@ async fn overview(State(c): State<Shared>, headers: HeaderMap) -> Response {
         Err(r) => return r,
     };
     let samples = figures::parse(&c.app.prometheus.render());
-    let tenants = figures::per_tenant(&samples);
+    // every replica's figures from Prometheus when it is configured and answers; else this one's
+    let (tenants, figures_from, prometheus_error) = match c.config.prometheus_url.clone() {
+        Some(url) => match tokio::task::spawn_blocking(move || figures::query_prometheus(&url)).await {
+            Ok(Ok(t)) => (t, "Prometheus (every replica's series, since each started)", None),
+            Ok(Err(e)) => (figures::per_tenant(&samples), "this replica's own counters since it started", Some(e)),
+            Err(e) => (figures::per_tenant(&samples), "this replica's own counters since it started", Some(e.to_string())),
+        },
+        None => (figures::per_tenant(&samples), "this replica's own counters since it started (console.prometheus_url is not set)", None),
+    };
     let version = c.api.get("/v1/version").await;
     let store = &c.app.store;
     let redis = if store.is_failing_fast() { "down (failing fast, probing)" } else if store.is_up() { "up" } else { "down" };
@@ -102,7 +110,8 @@ async fn overview(State(c): State<Shared>, headers: HeaderMap) -> Response {
         }
         section aria-labelledby="figures-h" {
             h2 #figures-h { "Requests per tenant" }
-            p.hint { "This replica's own counters since it started (Prometheus has every replica's)." }
+            p.hint #figures-source { "From " (figures_from) "." }
+            @if let Some(e) = &prometheus_error { (note("error", &format!("Prometheus did not answer ({e}): showing this replica's own counters."))) }
             @if tenants.is_empty() { (note("empty", "No request seen yet.")) }
             @else {
                 table {
