@@ -115,10 +115,12 @@ url = "redis://127.0.0.1:$REDIS_PORT/"
 listen = "127.0.0.1:$ADMIN_PORT"
 token = "$ADMIN_TOKEN"
 
-# The web console on the admin listener (docs/console.md); usage from the billing rollup.
+# The web console on the admin listener (docs/console.md); usage from the billing rollup,
+# figures per tenant from the Prometheus started below.
 [console]
 enabled = true
 usage_url = "postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+prometheus_url = "http://127.0.0.1:$PROMETHEUS_PORT"
 
 # The demo tenant (its console user is made below).
 [[tenants]]
