@@ -50,14 +50,14 @@ pub fn key_table(keys: &[Value], csrf: &str, revoke: Option<&str>) -> Markup {
             thead { tr { th scope="col" { "Key id" } th scope="col" { "Tenant" } th scope="col" { "Plan" } th scope="col" { "Status" } th scope="col" { "Created" } th scope="col" { "Expires" } th scope="col" { "" } } }
             tbody { @for k in keys {
                 @let id = k["key_id"].as_str().unwrap_or_default();
-                @let status = k["status"].as_str().unwrap_or_default();
+                @let status = shown_status(k, crate::decision::unix_now());
                 tr {
                     th scope="row" { code { (id) } }
-                    td { (k["tenant"].as_str().unwrap_or_default()) }
-                    td { (k["plan"].as_str().unwrap_or_default()) }
-                    td class={ "status " (status) } { (status) }
-                    td { (view::time(k["created_at"].as_u64())) }
-                    td { (view::time(k["expires_at"].as_u64())) }
+                    td data-label="Tenant" { (k["tenant"].as_str().unwrap_or_default()) }
+                    td data-label="Plan" { (k["plan"].as_str().unwrap_or_default()) }
+                    td data-label="Status" class={ "status " (status) } { (status) }
+                    td data-label="Created" { (view::time(k["created_at"].as_u64())) }
+                    td data-label="Expires" { (view::time(k["expires_at"].as_u64())) }
                     td.actions {
                         @if let (Some(prefix), "active") = (revoke, status) {
                             form.rotate method="post" action={ (prefix) (view::q(id)) "/rotate" } {
@@ -75,6 +75,15 @@ pub fn key_table(keys: &[Value], csrf: &str, revoke: Option<&str>) -> Markup {
                 }
             } }
         }
+    }
+}
+
+/// A key's status as a person reads it: an active key past its expiry (a rotated key after its
+/// overlap) is `expired`, as the gateway treats it.
+pub fn shown_status(k: &Value, now: u64) -> &str {
+    match (k["status"].as_str().unwrap_or_default(), k["expires_at"].as_u64()) {
+        ("active", Some(e)) if e <= now => "expired",
+        (s, _) => s,
     }
 }
 
@@ -351,5 +360,19 @@ async fn delete_user(State(c): State<Shared>, headers: HeaderMap, Path(login): P
     match users::delete_user(&c.app.store, &tenant, &login).await {
         Ok(_) => see_other(&format!("/console/operator/users?tenant={}&done={}", view::q(tenant.as_str()), view::q(&format!("Deleted user {login}; its sessions ended with it.")))),
         Err(e) => store_down(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_past_its_expiry_shows_as_expired() {
+        let k = json!({"status": "active", "expires_at": 100});
+        assert_eq!(shown_status(&k, 99), "active");
+        assert_eq!(shown_status(&k, 100), "expired");
+        assert_eq!(shown_status(&json!({"status": "revoked", "expires_at": 100}), 200), "revoked");
+        assert_eq!(shown_status(&json!({"status": "active"}), 200), "active");
     }
 }
