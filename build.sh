@@ -110,6 +110,8 @@ deps() {
     cargo install -q wasm-bindgen-cli --version "$want" --force
   fi
   command -v node >/dev/null || apt_install nodejs
+  # the console's browser tests (tier 7): a headless Chromium driven over WebDriver by chromedriver
+  apt_install chromium chromium-driver
   # containers (images, the podman tier): optional — a machine without them skips that tier
   apt_install podman buildah runc mmdebstrap python3-yaml || log "podman could not be installed: \`images\` and the podman tier will not run"
   if [ ! -x "$VENV/bin/kubernetes-validate" ] || ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KUBERNETES_VALIDATE_VERSION"; then
@@ -325,6 +327,8 @@ run_tests() {
   # .wasm (tests/src/envoy.rs). Three tests of Wasm-only behaviour say they are skipped
   # (`wasm_host_only`: a Wasm VM's replacement, decision batching).
   TOLLGATE_HOST=native run_by_area functional "$ROOT/tests/tests/functional.rs"
+  log "tier 7: the console in a real browser: headless Chromium over WebDriver (tests/browser), screenshots in target/console-screenshots"
+  cargo test -q --profile ci "${TESTED[@]}" --test browser -- --test-threads 1
 }
 
 # The packages every native `cargo test` run names (see run_tests).

@@ -115,6 +115,18 @@ url = "redis://127.0.0.1:$REDIS_PORT/"
 listen = "127.0.0.1:$ADMIN_PORT"
 token = "$ADMIN_TOKEN"
 
+# The web console on the admin listener (docs/console.md); usage from the billing rollup,
+# figures per tenant from the Prometheus started below.
+[console]
+enabled = true
+usage_url = "postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+prometheus_url = "http://127.0.0.1:$PROMETHEUS_PORT"
+
+# The demo tenant (its console user is made below).
+[[tenants]]
+id = "demo"
+name = "Demo tenant"
+
 [usage]
 enabled = true
 spool_dir = "$RUN/usage-spool"
@@ -179,6 +191,20 @@ key_out="$("$TOLLGATE_SIDECAR_BIN" keys create --tenant demo --plan demo)"
 DEMO_KEY="$(tail -n 1 <<<"$key_out")"
 DEMO_KEY_ID="$(sed -n 's/^key id: *//p' <<<"$key_out")"
 
+# The demo tenant's console user, made through the console's own operator forms (the token read
+# from its file, never on a command line); its password is fresh per `up`, in an owner-only file.
+CONSOLE="http://127.0.0.1:$ADMIN_PORT/console"
+DEMO_PASSWORD="demo-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+rm -f "$RUN/console.password"
+( umask 077; printf '%s\n' "$DEMO_PASSWORD" > "$RUN/console.password"; printf 'token=%s' "$ADMIN_TOKEN" > "$RUN/console.signin" )
+console_cookie="$(curl -s -D - -o /dev/null --data-binary "@$RUN/console.signin" "$CONSOLE/operator/signin" | tr -d '\r' | sed -n 's/^[Ss]et-[Cc]ookie: \(tollgate_console=[^;]*\).*/\1/p')"
+rm -f "$RUN/console.signin"
+console_csrf="$(curl -s -H "cookie: $console_cookie" "$CONSOLE/operator" | sed -n 's/.*name="csrf" value="\([^"]*\)".*/\1/p')"
+made="$(curl -s -o /dev/null -w '%{http_code}' -H "cookie: $console_cookie" --data-urlencode "csrf=$console_csrf" --data-urlencode tenant=demo \
+  --data-urlencode login=demo@example.com --data-urlencode name=Demo --data-urlencode plan=demo --data-urlencode "password=$DEMO_PASSWORD" "$CONSOLE/operator/users")"
+[ "$made" = 303 ] || echo "warning: the demo tenant's console user was not made (HTTP $made); see .tollgate/run/sidecar.log" >&2
+curl -s -o /dev/null -H "cookie: $console_cookie" --data-urlencode "csrf=$console_csrf" "$CONSOLE/signout"
+
 # The CLI reads the admin token from an owner-only file: a shell that sources demo.env passes no
 # secret on to what it starts.
 rm -f "$RUN/admin.token"
@@ -225,6 +251,10 @@ Logs: .tollgate/run/*.log
   curl -s "\$TOLLGATE_PROMETHEUS_URL/api/v1/query" --data-urlencode \\
     'query=sum by (tenant, outcome) (tollgate_requests_total)'                     # requests per tenant and outcome
   tollgate keys list --tenant demo                                                  # the admin CLI (on PATH after sourcing demo.env)
+
+The console (docs/console.md): $CONSOLE
+  operator:    sign in with the admin token:   cat .tollgate/run/admin.token
+  demo tenant: demo@example.com, password:     cat .tollgate/run/console.password
 
 Stop everything with ./build.sh down
 MSG

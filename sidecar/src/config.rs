@@ -55,6 +55,8 @@ pub struct Config {
     pub source: crate::control::source::SourceConfig,
     /// The admin HTTP API (`[admin]`, crate::control::admin).
     pub admin: crate::control::admin::AdminConfig,
+    /// The web console on the admin listener (`[console]`, crate::console).
+    pub console: crate::console::config::ConsoleConfig,
     /// File source: tenants (`[[tenants]]`), API products (`[[products]]`), routes (`[[routes]]`).
     pub tenants: Vec<crate::control::model::Tenant>,
     pub products: Vec<crate::control::model::Product>,
@@ -99,6 +101,7 @@ impl Default for Config {
             breaker: Default::default(),
             source: Default::default(),
             admin: Default::default(),
+            console: Default::default(),
             tenants: Vec::new(),
             products: Vec::new(),
             routes: Vec::new(),
@@ -217,6 +220,7 @@ impl Config {
         c.redis.url = redact_url(&c.redis.url);
         c.redis.nodes = c.redis.nodes.iter().map(|n| redact_url(n)).collect();
         c.source.postgres_url = redact_url(&c.source.postgres_url);
+        c.console.usage_url = c.console.usage_url.as_deref().map(redact_url);
         for (name, value) in c.usage.kafka.properties.iter_mut() {
             let n = name.to_ascii_lowercase();
             if n.contains("password") || n.contains("secret") || n.ends_with(".pem") || n.contains("oauthbearer.config") || n.contains("jaas") {
@@ -230,6 +234,7 @@ impl Config {
     fn validate_config_model(&self) -> Result<(), ConfigError> {
         use crate::control::{model::Snapshot, source::SourceKind};
         self.admin.validate()?;
+        self.console.validate(self.admin.listen.is_some())?;
         if self.source.kind == SourceKind::Postgres && self.source.postgres_url.parse::<tokio_postgres::Config>().is_err() {
             return Err(invalid("source.postgres_url", "not a PostgreSQL URL (postgres://user@host:port/db)").into());
         }
@@ -345,11 +350,12 @@ mod tests {
         let c = Config::from_toml(
             "[server]\nsecret = \"filter-secret-0123456789\"\nticket_key = \"ticket-key-0123456789\"\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = \"admin-token-0123456789\"\n\
              [redis]\nurl = \"redis://:redispass123@127.0.0.1:6379/\"\n[source]\npostgres_url = \"postgres://u:pgpass123@h/db\"\n\
+             [console]\nusage_url = \"postgres://u:consolepass123@h/db\"\n\
              [usage.kafka.properties]\n\"sasl.password\" = \"kafkapass123\"\n\"compression.type\" = \"zstd\"\n",
         )
         .unwrap();
         let printed = format!("{:#?}", c.redacted());
-        for secret in ["filter-secret", "ticket-key", "admin-token", "redispass123", "pgpass123", "kafkapass123"] {
+        for secret in ["filter-secret", "ticket-key", "admin-token", "redispass123", "pgpass123", "consolepass123", "kafkapass123"] {
             assert!(!printed.contains(secret), "{secret} printed:\n{printed}");
         }
         assert!(printed.contains("zstd") && printed.contains("127.0.0.1:6379"), "{printed}");

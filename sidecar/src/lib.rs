@@ -18,6 +18,7 @@ pub mod apikey;
 pub mod clock;
 pub mod config;
 pub mod conn;
+pub mod console;
 pub mod control;
 pub mod decision;
 pub mod errors;
@@ -72,6 +73,8 @@ pub struct Sidecar {
     control: Arc<Control>,
     /// The admin API's listener and token, when `admin.listen` is set.
     admin: Option<(tokio::net::TcpListener, secret::Secret)>,
+    /// `[console]`: served on the admin listener when enabled.
+    console: console::config::ConsoleConfig,
     /// The connection deadlines of the filter-facing server.
     deadlines: conn::Deadlines,
     /// A Redis node to subscribe to change events on, and how often to resync and ping it.
@@ -141,7 +144,7 @@ impl Sidecar {
         let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };
         let stop_after = (config.server.shutdown_quiet, config.server.shutdown_wait);
         let last_used_interval = config.cache.last_used_interval;
-        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after, last_used_interval, alerts })
+        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after, last_used_interval, alerts, console: config.console.clone() })
     }
 
     /// The admin API's address, when it is on.
@@ -183,7 +186,12 @@ impl Sidecar {
         tasks.spawn(alerts::deliver::run(self.alerts.clone(), background.clone()));
         tasks.spawn(control::last_used::run(self.control.clone(), self.last_used_interval, background.clone()));
         if let Some((listener, token)) = self.admin {
-            let router = admin::router(self.control.clone(), token);
+            let (router, writes) = admin::router(self.control.clone(), token.clone());
+            // the console on the same listener, calling the API's handlers in-process (crate::console)
+            let router = match self.console.enabled {
+                true => (router.clone().merge(console::router::router(self.console.clone(), router, token, self.control.clone(), self.state.clone())), writes),
+                false => (router, writes),
+            };
             tasks.spawn(admin::run(listener, router, self.deadlines, background.clone()));
         }
         // One shutdown for both listeners: each stops accepting and drains its connections

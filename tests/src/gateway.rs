@@ -76,6 +76,7 @@ pub struct GatewayBuilder {
     postgres: bool,
     config_in_postgres: bool,
     admin_token: Option<String>,
+    console: bool,
     broker: bool,
     billing: Option<(String, String)>,
     envoy: bool,
@@ -124,6 +125,9 @@ impl GatewayBuilder {
         postgres() => postgres = true;
         /// Every sidecar serves its admin API on a free port with this bearer token.
         admin_api(token: &str) => admin_token = Some(token.to_string());
+        /// The web console on the admin listener (with [`GatewayBuilder::admin_api`]); its usage
+        /// store is the gateway's PostgreSQL when it has one.
+        console() => console = true;
         /// A tansu broker (usage events).
         broker() => broker = true;
         /// Sidecars without an Envoy in front (start them later with [`Gateway::start_envoys`],
@@ -309,6 +313,7 @@ impl Gateway {
             postgres: false,
             config_in_postgres: false,
             admin_token: None,
+            console: false,
             broker: false,
             billing: None,
             envoy: true,
@@ -467,6 +472,12 @@ impl Gateway {
             let port = free_port();
             env.push(("TOLLGATE_SIDECAR_ADMIN__LISTEN".into(), format!("127.0.0.1:{port}")));
             env.push(("TOLLGATE_SIDECAR_ADMIN__TOKEN".into(), token.clone()));
+            if self.spec.console {
+                env.push(("TOLLGATE_SIDECAR_CONSOLE__ENABLED".into(), "true".into()));
+                if let Some(pg) = &self.pg {
+                    env.push(("TOLLGATE_SIDECAR_CONSOLE__USAGE_URL".into(), pg.url()));
+                }
+            }
             format!("http://127.0.0.1:{port}")
         });
         env.extend(self.spec.sidecar_env.iter().cloned());

@@ -16,6 +16,7 @@
 pub mod billing;
 /// A real Kafka-compatible broker (tansu) and a topic reader (usage tests).
 pub mod broker;
+pub mod console;
 pub mod envoy;
 pub mod fixtures;
 pub mod gateway;
@@ -33,6 +34,7 @@ pub mod relay;
 pub mod sidecar;
 pub mod upstream;
 pub mod webhook;
+pub mod webdriver;
 
 pub use envoy::{render_template, sidecar_address_yaml, sidecar_protocol_yaml, Envoy, EnvoyOptions, SidecarTransport};
 pub use gateway::{default_plugin, Gateway, GatewayBuilder, Replica, Topology};

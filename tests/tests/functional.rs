@@ -13,6 +13,7 @@ mod batching;
 mod breaker;
 mod cache;
 mod config;
+mod console;
 mod config_faults;
 mod exactness;
 mod faults;

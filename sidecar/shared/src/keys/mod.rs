@@ -29,6 +29,9 @@
 //!   Set; a scored zset lets the script prune slots whose completion never came).
 //! - `dec:{tenant}:{decisionId}` — string, what one allowed decision took (decide.lua writes it in
 //!   the same call), so a decision the filter abandoned can be refunded (refund.lua); 60 s.
+//!
+//! The console's keys (`console:user:`, `console:users:`, `console:session:`, `console:invite:`,
+//! `console:failures:`) are in [`console`]'s module.
 
 use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 use std::fmt;
@@ -591,3 +594,6 @@ pub use responses::{
     CacheHash, IdemKey, IdempotencyMemoKey, IdempotencyOwnerKey, RequestDigest, ResponseCacheKey, ResponsesBytesKey, ResponsesLiveKey,
     IDEMPOTENCY_IN_FLIGHT_TTL_MS, IDEMPOTENCY_TTL_MS,
 };
+
+mod console;
+pub use console::{ConsoleFailuresKey, ConsoleInviteKey, ConsoleSessionKey, ConsoleUserKey, ConsoleUsersKey, Login, SecretHash};
