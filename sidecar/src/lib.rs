@@ -144,7 +144,8 @@ impl Sidecar {
         let deadlines = conn::Deadlines { header_read: config.server.header_read_timeout, idle: config.server.idle_timeout };
         let stop_after = (config.server.shutdown_quiet, config.server.shutdown_wait);
         let last_used_interval = config.cache.last_used_interval;
-        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after, last_used_interval, alerts, console: config.console.clone() })
+        let console = console::config::ConsoleConfig { currency: config.usage.pricing.currency.clone(), ..config.console.clone() };
+        Ok(Sidecar { listener, unix, state, control, admin, deadlines, propagation, stop_after, last_used_interval, alerts, console })
     }
 
     /// The admin API's address, when it is on.

@@ -128,8 +128,14 @@ fn a_tenant_session_reaches_only_its_own_tenant() {
     assert_eq!(csv.status, 200, "{}", csv.body);
     assert!(csv.body.contains(&format!(",{ana_key},7,0,70")), "{}", csv.body);
     assert!(!csv.body.contains(&bob_key) && !csv.body.contains(",5,0,50"), "{}", csv.body);
+    // LLM calls by model with their cost (the rollup's `usage_daily_models`): acme's alone
+    psql(pg, "CREATE TABLE IF NOT EXISTS usage_daily_models (day date, tenant text, key_id text, model text, requests bigint DEFAULT 0, input_tokens bigint DEFAULT 0, output_tokens bigint DEFAULT 0, cached_tokens bigint DEFAULT 0, tokens bigint DEFAULT 0, cost_micros bigint DEFAULT 0)").unwrap();
+    psql(pg, &format!("INSERT INTO usage_daily_models (day, tenant, key_id, model, requests, input_tokens, output_tokens, cost_micros) VALUES \
+         (current_date, 'acme', '{ana_key}', 'gpt-4o-mini', 3, 300, 90, 1500007), (current_date, 'beta', '{bob_key}', 'claude-secret-model', 1, 1, 1, 99)")).unwrap();
     let usage = ana.get("/console/portal/usage");
     assert!(usage.body.contains("<svg") && usage.body.contains(&ana_key) && !usage.body.contains(&bob_key), "{}", usage.body);
+    assert!(usage.body.contains("gpt-4o-mini") && usage.body.contains("1.500007"), "acme's model and its cost: {}", usage.body);
+    assert!(!usage.body.contains("claude-secret-model"), "another tenant's model: {}", usage.body);
 
     // sign-out ends the session on the server: a copy of the cookie taken before is worth nothing
     let mut stolen = ana.clone();

@@ -27,6 +27,10 @@ pub struct ConsoleConfig {
     /// Prometheus's HTTP API (e.g. `http://127.0.0.1:9090`): the operator overview's figures per
     /// tenant from every replica's series. Unset, or not answering: this sidecar's own counters.
     pub prometheus_url: Option<String>,
+    /// The pricing currency (`usage.pricing.currency`) the portal names beside costs: set from
+    /// the sidecar's configuration, not a console setting.
+    #[serde(skip)]
+    pub currency: String,
 }
 
 impl Default for ConsoleConfig {
@@ -38,6 +42,7 @@ impl Default for ConsoleConfig {
             lockout_for: Duration::from_secs(15 * 60),
             invite_ttl: Duration::from_secs(72 * 3600),
             usage_url: None,
+            currency: String::new(),
             prometheus_url: None,
         }
     }

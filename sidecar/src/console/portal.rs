@@ -186,6 +186,8 @@ async fn usage_page(State(c): State<Shared>, headers: HeaderMap) -> Response {
         Err(r) => return r,
     };
     let rows = c.usage.rows(&t).await;
+    let models = c.usage.models(&t).await.unwrap_or_default();
+    let currency = &c.config.currency;
     let body = html! {
         p.hint { "The last " (usage::DAYS) " days, from the billing rollup (requests of every outcome; the rollup follows the traffic by a few seconds)." }
         @match &rows {
@@ -195,6 +197,18 @@ async fn usage_page(State(c): State<Shared>, headers: HeaderMap) -> Response {
             Ok(r) => {
                 (view::bar_chart("Requests by day", "requests", &usage::by_day(r)))
                 (view::bar_chart("Requests by key", "requests", &usage::by_key(r)))
+                @if !models.is_empty() {
+                    (view::bar_chart(&format!("Cost by model (micro-units of {currency})"), "micro-units", &models.iter().map(|m| (model_name(&m.model), m.cost_micros)).collect::<Vec<_>>()))
+                    table {
+                        caption { "LLM calls by model" }
+                        thead { tr { th scope="col" { "Model" } th scope="col" { "Calls" } th scope="col" { "Input tokens" } th scope="col" { "Output tokens" } th scope="col" { "Cached input" } th scope="col" { "Cost (" (currency) ")" } } }
+                        tbody {
+                            @for m in &models {
+                                tr { td { (model_name(&m.model)) } td { (m.requests) } td { (m.input) } td { (m.output) } td { (m.cached) } td { (usage::money(m.cost_micros)) } }
+                            }
+                        }
+                    }
+                }
                 p { a href="/console/portal/usage.csv" download="usage.csv" { "Download as CSV" } }
             },
         }
@@ -216,4 +230,9 @@ async fn usage_csv(State(c): State<Shared>, headers: HeaderMap) -> Response {
             .into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], e.to_string()).into_response(),
     }
+}
+
+/// A model as the portal names it (`(unknown)` when no model was read).
+fn model_name(m: &str) -> String {
+    if m.is_empty() { "(unknown)".into() } else { m.to_string() }
 }

@@ -46,40 +46,85 @@ impl UsageDb {
         self.url.is_some()
     }
 
-    /// The rows of `tenant` (of one key when `key` is set) of the last [`DAYS`] days, by day.
+    /// The rows of `tenant` of the last [`DAYS`] days, by day.
     pub async fn rows(&self, tenant: &Id) -> Result<Vec<Row>, UsageError> {
+        let sql = "SELECT to_char(day, 'YYYY-MM-DD'), key_id, \
+                   (requests_ok + requests_4xx + requests_5xx + requests_denied + requests_aborted)::bigint, \
+                   requests_denied, tokens \
+                   FROM usage_daily WHERE tenant = $1 AND day >= current_date - $2::int ORDER BY day, key_id";
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(self
+            .query(sql, tenant)
+            .await?
+            .iter()
+            .map(|r| Row { day: r.get(0), key_id: r.get(1), requests: n(r.get(2)), denied: n(r.get(3)), tokens: n(r.get(4)) })
+            .collect())
+    }
+
+    /// The LLM calls of `tenant` of the last [`DAYS`] days by model, with their cost
+    /// (`usage_daily_models`, issue 42): none before any LLM call was billed.
+    pub async fn models(&self, tenant: &Id) -> Result<Vec<ModelRow>, UsageError> {
+        let sum = |c: &str| format!("LEAST(sum({c}), 9223372036854775807)::bigint");
+        let sql = format!(
+            "SELECT model, {}, {}, {}, {}, {} FROM usage_daily_models \
+             WHERE tenant = $1 AND day >= current_date - $2::int GROUP BY model ORDER BY model",
+            sum("requests"),
+            sum("input_tokens"),
+            sum("output_tokens"),
+            sum("cached_tokens"),
+            sum("cost_micros")
+        );
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(self
+            .query(&sql, tenant)
+            .await?
+            .iter()
+            .map(|r| ModelRow { model: r.get(0), requests: n(r.get(1)), input: n(r.get(2)), output: n(r.get(3)), cached: n(r.get(4)), cost_micros: n(r.get(5)) })
+            .collect())
+    }
+
+    /// One query of `tenant` over the last [`DAYS`] days (`$1`, `$2`); a table the billing
+    /// consumer has not created yet is no rows.
+    async fn query(&self, sql: &str, tenant: &Id) -> Result<Vec<tokio_postgres::Row>, UsageError> {
         let Some(url) = &self.url else { return Err(UsageError::NotConfigured) };
         let mut guard = self.client.lock().await;
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             *guard = Some(connect(url).await?);
         }
         let Some(client) = guard.as_ref() else { return Err(UsageError::Unavailable("no connection".into())) };
-        let sql = "SELECT to_char(day, 'YYYY-MM-DD'), key_id, \
-                   (requests_ok + requests_4xx + requests_5xx + requests_denied + requests_aborted)::bigint, \
-                   requests_denied, tokens \
-                   FROM usage_daily WHERE tenant = $1 AND day >= current_date - $2::int ORDER BY day, key_id";
         let tenant = tenant.as_str();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&tenant, &DAYS];
-        let query = client.query(sql, &params);
-        let rows = match tokio::time::timeout(QUERY_TIMEOUT, query).await {
+        match tokio::time::timeout(QUERY_TIMEOUT, client.query(sql, &params)).await {
             Err(_) => {
                 *guard = None;
-                return Err(UsageError::Unavailable("the query timed out".into()));
+                Err(UsageError::Unavailable("the query timed out".into()))
             }
-            // the billing consumer creates the table when it starts: none yet is no usage yet
-            Ok(Err(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => return Ok(Vec::new()),
+            Ok(Err(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(Vec::new()),
             Ok(Err(e)) => {
                 *guard = None;
-                return Err(UsageError::Unavailable(e.to_string()));
+                Err(UsageError::Unavailable(e.to_string()))
             }
-            Ok(Ok(r)) => r,
-        };
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        Ok(rows
-            .iter()
-            .map(|r| Row { day: r.get(0), key_id: r.get(1), requests: n(r.get(2)), denied: n(r.get(3)), tokens: n(r.get(4)) })
-            .collect())
+            Ok(Ok(r)) => Ok(r),
+        }
     }
+}
+
+/// One model's LLM calls over the portal's days.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRow {
+    /// `''` when neither the answer nor the request named a model.
+    pub model: String,
+    pub requests: u64,
+    pub input: u64,
+    pub output: u64,
+    pub cached: u64,
+    /// Micro-units of the gateway's pricing currency.
+    pub cost_micros: u64,
+}
+
+/// Micro-units as a decimal with six places (`1.500000`), made from the integer.
+pub fn money(micros: u64) -> String {
+    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client, UsageError> {
@@ -151,6 +196,13 @@ mod tests {
     fn csv_is_quoted_and_defused() {
         let text = csv(&[row("2026-12-01", "key_a", 3), row("2026-12-01", "=cmd,x", 1)]);
         assert_eq!(text, "day,key_id,requests,denied,tokens\r\n2026-12-01,key_a,3,1,10\r\n2026-12-01,\"'=cmd,x\",1,1,10\r\n");
+    }
+
+    #[test]
+    fn money_is_printed_from_integer_micro_units() {
+        assert_eq!(money(0), "0.000000");
+        assert_eq!(money(1_500_007), "1.500007");
+        assert_eq!(money(u64::MAX), "18446744073709.551615");
     }
 
     #[tokio::test]
