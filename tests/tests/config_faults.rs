@@ -59,7 +59,7 @@ fn rows_a_sidecar_cannot_use_are_reported_and_set_aside_while_every_other_change
     poll_until("the rows reported", Duration::from_secs(20), || unusable(&base) == want);
     assert_eq!(admin("GET", &base, "/v1/routes/r", None).json()["cluster"], "upstream", "the route's last good version in force");
     assert_eq!(g.sidecar().metric("tollgate_sidecar_config_unusable_objects"), 3);
-    assert!(g.sidecar().log_text().contains("cannot be used as stored"), "said in the log");
+    poll_until("the unusable rows said in the log", Duration::from_secs(10), || g.sidecar().log_text().contains("cannot be used as stored"));
     let cli = tollgate_tests::process::native_bin("TOLLGATE_CLI", "tollgate");
     let out = Command::new(cli).env("TOLLGATE_ADMIN_URL", &base).env("TOLLGATE_ADMIN_TOKEN", TOKEN).arg("version").output().expect("run tollgate");
     let text = String::from_utf8_lossy(&out.stdout);

@@ -3,6 +3,7 @@
 //! edited and deleted through the admin API's own handlers (so with its validation and errors).
 //! Keys and tenant users are [`super::operator_keys`].
 
+use super::auth::Session;
 use super::figures;
 use super::signin::{check_csrf, html, operator};
 use super::view::{self, csrf_field, note, Nav};
@@ -129,6 +130,16 @@ async fn overview(State(c): State<Shared>, headers: HeaderMap) -> Response {
     html(StatusCode::OK, view::page("Overview", Nav::Operator { csrf: &session.csrf }, body))
 }
 
+/// An operator's write to a collection: the session, its CSRF token checked, the collection known.
+async fn write_session(c: &Shared, headers: &HeaderMap, form: &HashMap<String, String>, kind: &str) -> Result<Session, Response> {
+    let session = operator(c, headers).await?;
+    check_csrf(&session, form)?;
+    match bad_kind(kind) {
+        Some(r) => Err(r),
+        None => Ok(session),
+    }
+}
+
 fn bad_kind(kind: &str) -> Option<Response> {
     (!KINDS.contains(&kind)).then(|| html(StatusCode::NOT_FOUND, view::page("Not found", Nav::None, note("error", &format!("No collection '{kind}'.")))))
 }
@@ -203,16 +214,10 @@ fn form_json(form: &HashMap<String, String>) -> Result<Value, String> {
 }
 
 async fn create(State(c): State<Shared>, headers: HeaderMap, Path(kind): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
-    let session = match operator(&c, &headers).await {
+    let session = match write_session(&c, &headers, &form, &kind).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = check_csrf(&session, &form) {
-        return r;
-    }
-    if let Some(r) = bad_kind(&kind) {
-        return r;
-    }
     let text = form.get("json").cloned().unwrap_or_default();
     let reply = match form_json(&form) {
         Ok(v) => c.api.send(Method::POST, &format!("/v1/{kind}"), &v).await,
@@ -256,16 +261,10 @@ async fn edit_page(c: &Shared, csrf: &str, kind: &str, id: &str, error: Option<&
 }
 
 async fn save(State(c): State<Shared>, headers: HeaderMap, Path((kind, id)): Path<(String, String)>, Form(form): Form<HashMap<String, String>>) -> Response {
-    let session = match operator(&c, &headers).await {
+    let session = match write_session(&c, &headers, &form, &kind).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = check_csrf(&session, &form) {
-        return r;
-    }
-    if let Some(r) = bad_kind(&kind) {
-        return r;
-    }
     let text = form.get("json").cloned().unwrap_or_default();
     let reply = match form_json(&form) {
         Ok(v) => c.api.send(Method::PUT, &format!("/v1/{kind}/{}", view::q(&id)), &v).await,
@@ -278,16 +277,10 @@ async fn save(State(c): State<Shared>, headers: HeaderMap, Path((kind, id)): Pat
 }
 
 async fn delete(State(c): State<Shared>, headers: HeaderMap, Path((kind, id)): Path<(String, String)>, Form(form): Form<HashMap<String, String>>) -> Response {
-    let session = match operator(&c, &headers).await {
+    let session = match write_session(&c, &headers, &form, &kind).await {
         Ok(s) => s,
         Err(r) => return r,
     };
-    if let Err(r) = check_csrf(&session, &form) {
-        return r;
-    }
-    if let Some(r) = bad_kind(&kind) {
-        return r;
-    }
     let reply = c.api.send(Method::DELETE, &format!("/v1/{kind}/{}", view::q(&id)), &Value::Null).await;
     if reply.ok() {
         return see_other(&format!("/console/operator/{kind}?done={}", view::q(&format!("Deleted {} '{id}'.", singular(&kind)))));
