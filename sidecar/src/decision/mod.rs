@@ -81,7 +81,9 @@ pub enum DecideError {
 pub struct Decider<S = Store> {
     store: S,
     ttl: Duration,
-    cache: TtlCache<KeyHash, Option<KeyRecord>>,
+    /// Boxed: an unknown key's entry (most of a flood of random keys) takes a pointer, not a
+    /// whole record's room.
+    cache: TtlCache<KeyHash, Option<Arc<KeyRecord>>>,
     /// Keys audited recently by this process: spares Redis the SET NX on every repeat.
     audited: TtlCache<Id, ()>,
     /// Shadow denials logged recently, per limit (a log line at most once a minute each).
@@ -526,7 +528,7 @@ impl<S: DecisionStore> Decider<S> {
         let cached = self.cache.get(hash, now);
         if let Lookup::Fresh(r, left) = cached {
             metrics::counter!(m::CACHE, "result" => "fresh").increment(1);
-            return Ok((r, Some(left)));
+            return Ok((r.map(|r| KeyRecord::clone(&r)), Some(left)));
         }
         let changes = self.changes.load(Ordering::Acquire);
         match crate::trace::redis_call(self.store.key_record(hash, deadline.saturating_duration_since(now), off_path)).await {
@@ -537,7 +539,7 @@ impl<S: DecisionStore> Decider<S> {
                     // Use it for this decision only, and let nobody reuse the answer.
                     return Ok((r, Some(Duration::ZERO)));
                 }
-                self.cache.insert(hash.clone(), r.clone(), now);
+                self.cache.insert(hash.clone(), r.clone().map(Arc::new), now);
                 Ok((r, Some(self.ttl)))
             }
             Err(e) if e.is_about_the_record() => {
@@ -551,7 +553,7 @@ impl<S: DecisionStore> Decider<S> {
             Err(e) => match cached {
                 Lookup::Stale(r) => {
                     metrics::counter!(m::CACHE, "result" => "stale").increment(1);
-                    Ok((r, None))
+                    Ok((r.map(|r| KeyRecord::clone(&r)), None))
                 }
                 _ => {
                     if !off_path {
