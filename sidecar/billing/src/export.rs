@@ -222,19 +222,8 @@ pub fn csv_rows(origin: &Origin, ce: &Value) -> Vec<Vec<String>> {
     vec![row]
 }
 
-/// One CSV cell (RFC 4180): quoted when it holds a comma, quote, CR or LF; a cell a spreadsheet
-/// would take for a formula gets a leading `'`.
-pub fn csv_cell(cell: &str) -> String {
-    let safe = match cell.as_bytes().first() {
-        Some(b'=' | b'+' | b'-' | b'@' | b'\t' | b'\r') if cell.parse::<f64>().is_err() => format!("'{cell}"),
-        _ => cell.to_string(),
-    };
-    if safe.contains([',', '"', '\r', '\n']) {
-        format!("\"{}\"", safe.replace('"', "\"\""))
-    } else {
-        safe
-    }
-}
+/// One CSV cell: quoted, and never a formula (tollgate_shared::csv).
+pub use tollgate_shared::csv::cell as csv_cell;
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@
 //! this crate instead of the whole sidecar (axum, rdkafka, the Redis client).
 
 pub mod aggregate;
+pub mod csv;
 pub mod events;
 pub mod kafka;
 pub mod keys;

@@ -159,17 +159,9 @@ pub fn by_key(rows: &[Row]) -> Vec<(String, u64)> {
     m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-/// The rows as CSV (RFC 4180; a field that a spreadsheet would take for a formula is quoted
-/// with a leading apostrophe).
+/// The rows as CSV (RFC 4180, formulas defused: tollgate_shared::csv).
 pub fn csv(rows: &[Row]) -> String {
-    let field = |s: &str| {
-        let s = if s.starts_with(['=', '+', '-', '@']) { format!("'{s}") } else { s.to_string() };
-        if s.contains([',', '"', '\n', '\r']) {
-            format!("\"{}\"", s.replace('"', "\"\""))
-        } else {
-            s
-        }
-    };
+    let field = tollgate_shared::csv::cell;
     let mut out = String::from("day,key_id,requests,denied,tokens\r\n");
     for r in rows {
         out.push_str(&format!("{},{},{},{},{}\r\n", field(&r.day), field(&r.key_id), r.requests, r.denied, r.tokens));
