@@ -57,6 +57,20 @@ pub fn send(port: u16, request: &[u8]) -> RawResponse {
     parse(&out)
 }
 
+/// Sends `head`, runs `between` (a wait for what the head alone makes happen), then `rest`, and
+/// reads the response until the server closes: a request whose body comes after its headers
+/// were already let through.
+pub fn send_split(port: u16, head: &[u8], between: impl FnOnce(), rest: &[u8]) -> RawResponse {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+    s.write_all(head).expect("write the head");
+    between();
+    s.write_all(rest).expect("write the rest");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    parse(&out)
+}
+
 /// Sends `method path` with `headers` and `body` (a `content-length` added) and
 /// `Connection: close`; the answer is read even when the server stops reading the body early.
 pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> RawResponse {

@@ -136,8 +136,24 @@ fn the_model_of_a_request_the_auth_cache_answers_is_read_as_its_body_passes() {
         assert_eq!(call().status, 200);
     }
     poll_until("the auth cache answered", Duration::from_secs(10), || g.envoy().counter("wasmcustom.tollgate.auth_cache.hits") > hits);
+    // a body that comes after its headers went upstream: read as it passes all the same
+    let body = r#"{"model":"gpt-4o-mini","messages":[]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-length: {}\r\n\
+         x-api-key: {}\r\ncontent-type: application/json\r\nx-echo-llm: openai\r\nx-echo-llm-model: m-1\r\n\r\n",
+        body.len(),
+        key.raw
+    );
+    let upstream_calls = g.upstream().calls();
+    let sent = tollgate_tests::raw::send_split(
+        g.envoy().port,
+        head.as_bytes(),
+        || poll_until("the headers let through to the upstream", Duration::from_secs(20), || g.upstream().calls() > upstream_calls),
+        body.as_bytes(),
+    );
+    assert_eq!(sent.status, 200, "{}", String::from_utf8_lossy(&sent.body));
     let count = |cond: &str| psql_i64(g.pg(), &format!("SELECT count(*) FROM usage_events WHERE tenant = 'cachey' AND {cond}"));
-    poll_until("every event billed", Duration::from_secs(60), || count("path = '/v1/chat/completions'") >= 6);
+    poll_until("every event billed", Duration::from_secs(60), || count("path = '/v1/chat/completions'") >= 7);
     let all = count("path = '/v1/chat/completions'");
     assert_eq!(count("requested_model = 'gpt-4o-mini' AND model = 'm-1'"), all, "every request names its model");
 }

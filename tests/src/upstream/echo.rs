@@ -9,7 +9,7 @@
 //! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
 //! `x-echo-tool-input: JSON` answers an Anthropic-style body whose tool call's input is that JSON;
 //! `x-echo-read-body: 1` reads the whole request body first and answers its size in
-//! `x-echo-body-bytes`;
+//! `x-echo-body-bytes`; `x-echo-llm: SHAPE` answers as an LLM provider would, after reading the body;
 //! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
 //! a stored-response batch: batch-size tests), and keeps `x-echo-usage`'s `usage` after it;
 //! `x-echo-sse: N` answers an LLM-style server-sent-event stream (`text/event-stream`: content
@@ -147,6 +147,11 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
         // its size answered in `x-echo-body-bytes` (-1: it did not arrive whole)
         let read = axum::body::to_bytes(req.into_body(), usize::MAX).await.map_or(-1, |b| b.len() as i64);
         response = response.header("x-echo-body-bytes", read);
+    } else if req.headers().contains_key("x-echo-llm") {
+        // a provider reads the prompt before it answers: an answer sent while the request's
+        // body is still on its way lets Envoy end the stream before the filter saw that body
+        // (and the model it names)
+        let _ = axum::body::to_bytes(req.into_body(), usize::MAX).await;
     }
     response.body(Body::from(body)).unwrap_or_default()
 }
