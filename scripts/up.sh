@@ -146,7 +146,10 @@ export TOLLGATE_SIDECAR_CONFIG="$RUN/sidecar.toml"
 start_bg sidecar "$TOLLGATE_SIDECAR_BIN"
 start_bg upstream "$ECHO_BIN" --port "$UPSTREAM_PORT"
 
-plugin='{"sidecar":{"timeout":"25ms","secret":"'"$FILTER_SECRET"'"},"failureMode":"closed","usage":{"enabled":true}}'
+# the native host calls the sidecar on a connection of its own (`sidecar.address`, decision 219)
+direct=""
+if [ "$HOST" = native ]; then direct=',"address":"127.0.0.1:'"$SIDECAR_PORT"'"'; fi
+plugin='{"sidecar":{"timeout":"25ms","secret":"'"$FILTER_SECRET"'"'"$direct"'},"failureMode":"closed","usage":{"enabled":true}}'
 # Envoy reaches the sidecar by HTTP/2 (h2c) over loopback TCP (docs/configuration.md, "Transport
 # to the sidecar"). HTTP/1.1: '{http_protocol_options: {}}'. A unix socket: listen_unix in
 # sidecar.toml and "{pipe: {path: <that path>}}" as the address.

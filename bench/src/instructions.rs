@@ -40,6 +40,10 @@ pub enum Host {
     /// harness starts it when `TOLLGATE_HOST=native` and `TOLLGATE_NATIVE_MODULE` names the
     /// module: [`Host::prepare`] sets the first; a run without the second skips the host.
     Native,
+    /// The native host with its calls on the module's own connection to the sidecar
+    /// (`sidecar.address`, decision 219) instead of Envoy callouts: the harness adds the address
+    /// when `TOLLGATE_NATIVE_CALLS=direct`.
+    NativeDirect,
 }
 
 impl Host {
@@ -47,6 +51,7 @@ impl Host {
         match self {
             Host::Wasm => "wasm",
             Host::Native => "native",
+            Host::NativeDirect => "native-direct",
         }
     }
 
@@ -54,6 +59,7 @@ impl Host {
         match s {
             "wasm" => Some(Host::Wasm),
             "native" => Some(Host::Native),
+            "native-direct" => Some(Host::NativeDirect),
             _ => None,
         }
     }
@@ -64,13 +70,18 @@ impl Host {
         match self {
             Host::Wasm => {
                 std::env::remove_var("TOLLGATE_HOST");
+                std::env::remove_var("TOLLGATE_NATIVE_CALLS");
                 Ok(())
             }
-            Host::Native => {
+            Host::Native | Host::NativeDirect => {
                 if std::env::var_os("TOLLGATE_NATIVE_MODULE").is_none() {
                     return Err("TOLLGATE_NATIVE_MODULE unset: no native module built in this tree".into());
                 }
                 std::env::set_var("TOLLGATE_HOST", "native");
+                match self {
+                    Host::NativeDirect => std::env::set_var("TOLLGATE_NATIVE_CALLS", "direct"),
+                    _ => std::env::remove_var("TOLLGATE_NATIVE_CALLS"),
+                }
                 Ok(())
             }
         }
@@ -400,7 +411,7 @@ pub fn run() {
     let hosts: Vec<Host> = arg_str("--hosts")
         .unwrap_or_else(|| "wasm".into())
         .split(',')
-        .map(|h| Host::parse(h).unwrap_or_else(|| panic!("--hosts: unknown host {h} (wasm, native)")))
+        .map(|h| Host::parse(h).unwrap_or_else(|| panic!("--hosts: unknown host {h} (wasm, native, native-direct)")))
         .collect();
     let only: Option<Vec<String>> = arg_str("--only").map(|v| v.split(',').map(str::to_string).collect());
     let selected = |name: &str| name == "envoy-alone" || only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
@@ -553,7 +564,7 @@ fn report(results: &[Measured], w: &Windows, dumps: &Path) {
     println!("\n| host | path | instructions / request | × Envoy alone | before (issue 41) | goal | idle timers, M instr/s (cold / warm) |");
     println!("|---|---|---:|---:|---:|---:|---:|");
     for r in results {
-        let goal = if r.host == "native" { r.goal_native } else { r.goal_wasm };
+        let goal = if r.host.starts_with("native") { r.goal_native } else { r.goal_wasm };
         println!(
             "| {} | {} | {:.1} k | {:.2} | {} | {} | {:.2} / {:.2} |",
             r.host,

@@ -3,7 +3,7 @@
 //! readiness (admin `/ready`, or the log when Envoy exits instead) and admin `/stats` counters.
 
 use crate::http::get;
-use crate::process::{envoy_bin, filter_host, free_port, native_module, root, wasm_path, FilterHost, Proc};
+use crate::process::{envoy_bin, filter_host, free_port, native_direct, native_module, root, wasm_path, FilterHost, Proc};
 use crate::sidecar::{sidecar_secret, sidecar_socket};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -113,14 +113,28 @@ impl EnvoyOptions {
     }
     /// The plugin configuration Envoy gets: `plugin_config`, with `sidecar.secret` added when
     /// it is a JSON object without one and a secret is known.
+    ///
+    /// Under the native host with `TOLLGATE_NATIVE_CALLS=direct`, `sidecar.address` is added too
+    /// (when absent): the module's own connection to the same sidecar, by the transport's socket.
     pub fn rendered_plugin_config(&self) -> String {
-        let Some(secret) = &self.sidecar_secret else { return self.plugin_config.clone() };
+        let address = (self.host == FilterHost::Native && native_direct()).then(|| match (&self.sidecar_unix, self.sidecar_transport.is_unix()) {
+            (Some(path), true) => format!("unix:{}", path.display()),
+            _ => format!("127.0.0.1:{}", self.sidecar_port),
+        });
+        if self.sidecar_secret.is_none() && address.is_none() {
+            return self.plugin_config.clone();
+        }
         let Ok(serde_json::Value::Object(mut plugin)) = serde_json::from_str::<serde_json::Value>(&self.plugin_config) else {
             return self.plugin_config.clone();
         };
         let sidecar = plugin.entry("sidecar").or_insert_with(|| serde_json::json!({}));
         if let Some(s) = sidecar.as_object_mut() {
-            s.entry("secret").or_insert_with(|| serde_json::json!(secret));
+            if let Some(secret) = &self.sidecar_secret {
+                s.entry("secret").or_insert_with(|| serde_json::json!(secret));
+            }
+            if let Some(address) = address {
+                s.entry("address").or_insert_with(|| serde_json::json!(address));
+            }
         }
         serde_json::Value::Object(plugin).to_string()
     }

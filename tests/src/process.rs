@@ -50,6 +50,12 @@ pub fn filter_host() -> FilterHost {
     }
 }
 
+/// Under the native host, whether its calls to the sidecar go on the module's own connection
+/// (`TOLLGATE_NATIVE_CALLS=direct`, decision 219) rather than as Envoy callouts.
+pub fn native_direct() -> bool {
+    std::env::var("TOLLGATE_NATIVE_CALLS").as_deref() == Ok("direct")
+}
+
 /// Whether a test of a behaviour only the Wasm host has should run: `false` under the native
 /// host, saying why on stderr (the decision that records the difference).
 pub fn wasm_host_only(why: &str) -> bool {

@@ -5,7 +5,8 @@
 
 use serde_json::{json, Value};
 use std::time::Duration;
-use tollgate_tests::{get, poll_until, Envoy, Gateway, SidecarTransport};
+use tollgate_tests::relay::Relay;
+use tollgate_tests::{filter_host, get, poll_until, Envoy, FilterHost, Gateway, SidecarTransport};
 
 const ALL: [SidecarTransport; 4] =
     [SidecarTransport::Http1Tcp, SidecarTransport::Http2Tcp, SidecarTransport::Http1Unix, SidecarTransport::Http2Unix];
@@ -130,4 +131,35 @@ fn an_http2_call_that_times_out_fails_that_request_only() {
         assert_eq!(envoy.counter("wasmcustom.tollgate.requests.failed_closed"), 9, "{t:?}");
         assert!(!envoy.log_text().contains("panicked"), "{t:?}: the filter panicked:\n{}", envoy.log_text());
     }
+}
+
+/// Decision 219: the native host's calls on its own HTTP/2 connection to the sidecar
+/// (`sidecar.address`), here through a relay that can freeze it. Its decisions are exact and
+/// multiplexed; a connection gone silent without closing fails its calls closed after their
+/// timeout, its pings fail, and a new connection decides again.
+#[test]
+fn the_native_hosts_own_connection_decides_and_is_replaced_when_it_goes_silent() {
+    if filter_host() != FilterHost::Native {
+        eprintln!("the module's own connection is the native host's (TOLLGATE_HOST=native runs this)");
+        return;
+    }
+    let g = Gateway::builder().plugin(plugin("2s")).without_envoy().build();
+    let key = g.sidecar().create_key("acme", "gold", &[]);
+    let relay = Relay::start(g.sidecar().port);
+    let address = format!("127.0.0.1:{}", relay.port);
+    let envoy = g.start_envoy(|o| {
+        o.plugin_config(json!({"sidecar": {"timeout": "1s", "address": address}, "failureMode": "closed", "authCacheMaxTtl": "0ms"}))
+    });
+    let statuses = concurrent(&envoy, &key.raw, 4, 10);
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(envoy.counter_reaching("wasmcustom.tollgate.requests.allowed", 40), 40);
+
+    relay.stall();
+    // the frozen connection: a call gets no answer in its second and fails closed
+    let r = get(&envoy.url("/t"), &[("x-api-key", &key.raw)]);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(envoy.counter("wasmcustom.tollgate.requests.failed_closed") >= 1);
+    // its pings go unanswered: it is closed, and the next call's connection (relayed) decides
+    poll_until("a new connection to the sidecar", Duration::from_secs(30), || status(&envoy, &key.raw) == 200);
+    assert!(!envoy.log_text().contains("panicked"), "{}", envoy.log_text());
 }

@@ -247,7 +247,12 @@ mod tests {
         .unwrap();
         assert_eq!(c.sidecar.cluster, "sc");
         assert_eq!(c.sidecar.timeout, Duration::from_secs(2));
+        assert_eq!(c.sidecar.address, None);
         assert_eq!(c.failure_mode, FailureMode::Open);
+        let native = FilterConfig::parse(br#"{"sidecar":{"address":"127.0.0.1:9101"}}"#).unwrap();
+        assert_eq!(native.sidecar.address, Some(crate::sidecar::SidecarAddress::Tcp("127.0.0.1:9101".parse().unwrap())));
+        let unix = FilterConfig::parse(br#"{"sidecar":{"address":"unix:/run/tollgate/s.sock"}}"#).unwrap();
+        assert_eq!(unix.sidecar.address, Some(crate::sidecar::SidecarAddress::Unix("/run/tollgate/s.sock".into())));
         assert_eq!(
             c.key_sources,
             vec![KeySource::Header { name: "x-key".into() }, KeySource::Query { name: "k".into() }]
@@ -261,6 +266,8 @@ mod tests {
             (br#"{"timeout":"25ms"}"#, "unknown field"),
             (br#"{"sidecar":{"timeout":"soon"}}"#, "sidecar.timeout"),
             (br#"{"sidecar":{"timeout":"0ms"}}"#, "sidecar.timeout"),
+            (br#"{"sidecar":{"address":"localhost:80"}}"#, "sidecar.address"),
+            (br#"{"sidecar":{"address":"unix:run/s.sock"}}"#, "sidecar.address"),
             (br#"{"keySources":[]}"#, "keySources"),
             (br#"{"authCacheMaxTtl":"2m"}"#, "authCacheMaxTtl"),
             (br#"{"maxKeptBodyBytes":1000}"#, "maxKeptBodyBytes"),

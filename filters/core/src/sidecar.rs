@@ -22,6 +22,30 @@ pub struct Sidecar {
     /// Under concurrency, a worker's decision calls share one call (`batchDecisions`, on by
     /// default; crate::batch, decision 127).
     pub batch_decisions: bool,
+    /// Where the native host reaches the sidecar itself, on a connection of its own instead of
+    /// an Envoy callout per request (`address`: `host:port` or `unix:/path`; decision 219). The
+    /// Wasm host has no sockets and always calls through [`Sidecar::cluster`].
+    pub address: Option<SidecarAddress>,
+}
+
+/// A sidecar's listening address, for a host that connects to it itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SidecarAddress {
+    Tcp(std::net::SocketAddr),
+    Unix(String),
+}
+
+impl SidecarAddress {
+    /// `host:port` (an IP address and a port) or `unix:` and an absolute path.
+    pub fn parse(text: &str) -> Result<SidecarAddress, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if !path.starts_with('/') || path.len() > 107 {
+                return Err("a unix socket is `unix:` and an absolute path of at most 107 bytes".into());
+            }
+            return Ok(SidecarAddress::Unix(path.to_string()));
+        }
+        text.parse().map(SidecarAddress::Tcp).map_err(|_| "must be IP:PORT or unix:/PATH".to_string())
+    }
 }
 
 impl std::fmt::Debug for Sidecar {
@@ -32,6 +56,7 @@ impl std::fmt::Debug for Sidecar {
             .field("timeout", &self.timeout)
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
             .field("batch_decisions", &self.batch_decisions)
+            .field("address", &self.address)
             .finish()
     }
 }
@@ -44,6 +69,7 @@ impl Default for Sidecar {
             timeout: Duration::from_millis(25),
             secret: None,
             batch_decisions: true,
+            address: None,
         }
     }
 }
@@ -62,6 +88,8 @@ pub struct RawSidecar {
     secret: Option<String>,
     #[serde(default = "default_batch_decisions")]
     batch_decisions: bool,
+    #[serde(default)]
+    address: Option<String>,
 }
 
 impl Default for RawSidecar {
@@ -72,6 +100,7 @@ impl Default for RawSidecar {
             timeout: default_timeout(),
             secret: None,
             batch_decisions: default_batch_decisions(),
+            address: None,
         }
     }
 }
@@ -105,7 +134,11 @@ impl Sidecar {
                 return Err(ConfigError("sidecar.secret: must be 16 to 256 visible ASCII characters".into()));
             }
         }
-        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout, secret: raw.secret, batch_decisions: raw.batch_decisions })
+        let address = match &raw.address {
+            Some(a) => Some(SidecarAddress::parse(a).map_err(|e| ConfigError(format!("sidecar.address: {e}")))?),
+            None => None,
+        };
+        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout, secret: raw.secret, batch_decisions: raw.batch_decisions, address })
     }
 
     /// A call to `path`: `:method`, `:path`, `:authority`, the secret, then `extra` headers.

@@ -184,9 +184,6 @@ extern "C" {
     fn envoy_dynamic_module_callback_http_clear_route_cache(filter: EnvoyPtr);
     fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: EnvoyPtr);
     fn envoy_dynamic_module_callback_http_filter_continue_encoding(filter: EnvoyPtr);
-    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(config: EnvoyPtr) -> EnvoyPtr;
-    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler: EnvoyPtr, event_id: u64);
-    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: EnvoyPtr);
 }
 
 // ------------------------------------------------------------------ handles
@@ -200,7 +197,14 @@ pub struct Filter(EnvoyPtr);
 #[derive(Clone, Copy)]
 pub struct Config(EnvoyPtr);
 
+impl Filter {
+    /// The pointer, for the ABI's declarations in [`crate::scheduler`].
+    pub(crate) fn raw(self) -> EnvoyPtr { self.0 }
+}
+
 impl Config {
+    /// The pointer, for the ABI's declarations in [`crate::scheduler`].
+    pub(crate) fn raw(self) -> EnvoyPtr { self.0 }
     /// An identity for maps (the address; unique while the configuration lives).
     pub fn key(self) -> usize { self.0 as usize }
 }
@@ -404,33 +408,6 @@ pub fn continue_encoding(filter: Filter) {
     unsafe { envoy_dynamic_module_callback_http_filter_continue_encoding(filter.0) }
 }
 
-/// A configuration's scheduler: wakes its `on_http_filter_config_scheduled` hook on Envoy's main
-/// thread, from any thread.
-pub struct Scheduler(EnvoyPtr);
-
-// SAFETY: Envoy documents commit as safe from any thread; delete is called once, by the owner.
-unsafe impl Send for Scheduler {}
-unsafe impl Sync for Scheduler {}
-
-impl Scheduler {
-    pub fn new(config: Config) -> Option<Scheduler> {
-        // SAFETY: `config` is the configuration being created.
-        let p = unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_new(config.0) };
-        (!p.is_null()).then_some(Scheduler(p))
-    }
-    pub fn commit(&self, event: u64) {
-        // SAFETY: the scheduler lives until dropped.
-        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, event) }
-    }
-}
-
-impl Drop for Scheduler {
-    fn drop(&mut self) {
-        // SAFETY: created by scheduler_new, deleted once.
-        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
-    }
-}
-
 /// A finished call's `:status` and body (both absent when the call failed: reset, overflow).
 ///
 /// # Safety
@@ -577,11 +554,14 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(_config: 
     guard("config_scheduled", (), || crate::plugin::tick(module))
 }
 
-// Hooks Envoy requires but this module does not use (it starts no streamed callout, schedules
-// nothing per stream, and is not a terminal filter): each does nothing.
-
+/// An answer the module's own connection to the sidecar brought (crate::direct) is in.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(_filter: EnvoyPtr, _module: ModulePtr, _event_id: u64) {}
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(filter: EnvoyPtr, module: ModulePtr, _event_id: u64) {
+    guard("scheduled", (), || crate::plugin::stream_scheduled(Filter(filter), module))
+}
+
+// Hooks Envoy requires but this module does not use (it starts no streamed callout and is not a
+// terminal filter): each does nothing.
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(_f: EnvoyPtr, _m: ModulePtr, _id: u64, _h: *const EnvoyHeader, _n: usize, _end: bool) {}
 #[no_mangle]

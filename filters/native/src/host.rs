@@ -8,9 +8,11 @@
 //! plugin makes them once it released its lock (crate::plugin), so a hook Envoy runs from inside
 //! them never waits on that lock.
 
+use crate::direct::{Direct, Link};
 use crate::ffi::{self, Attribute, Caller, Config, Filter, HeaderType, Level};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
+use std::sync::Arc;
 use tollgate_filter_core::host::{CallSpec, Host, LogLevel, SharedSetError};
 use tollgate_filter_core::hostmap::HeaderMap;
 use tollgate_filter_core::stats::Metric;
@@ -39,12 +41,22 @@ pub struct NativeHost<'a> {
     pub after: Vec<After>,
     /// The ids of the calls it sent (a configuration's host: whose answer is whose).
     pub sent: Vec<u64>,
+    /// A stream's calls on the module's own connection (when `sidecar.address` is set), and the
+    /// stream's link for their answers (made at its first call).
+    direct: Option<(&'a Direct, &'a RefCell<Option<Arc<Link>>>)>,
 }
 
 impl<'a> NativeHost<'a> {
     /// The host of a stream's hook.
     pub fn stream(filter: Filter, ids: &'a Ids) -> NativeHost<'a> {
         NativeHost::new(Caller::Stream(filter), ids)
+    }
+
+    /// The host of a stream's hook whose calls go out on the module's own connection.
+    pub fn stream_direct(filter: Filter, ids: &'a Ids, direct: Option<&'a Direct>, link: &'a RefCell<Option<Arc<Link>>>) -> NativeHost<'a> {
+        let mut host = NativeHost::new(Caller::Stream(filter), ids);
+        host.direct = direct.map(|d| (d, link));
+        host
     }
 
     /// The host of the configuration's hook (the main thread).
@@ -62,6 +74,7 @@ impl<'a> NativeHost<'a> {
             response_body: OnceCell::new(),
             after: Vec::new(),
             sent: Vec::new(),
+            direct: None,
         }
     }
 
@@ -142,6 +155,20 @@ impl Host for NativeHost<'_> {
         Some(ip.trim_start_matches('[').trim_end_matches(']').to_string())
     }
     fn dispatch(&mut self, call: CallSpec) -> Result<u32, String> {
+        if let (Caller::Stream(filter), Some((direct, slot))) = (self.caller, self.direct) {
+            let existing = slot.borrow().clone();
+            let link = match existing {
+                Some(link) => link,
+                None => {
+                    let link = Arc::new(Link::new(filter).ok_or("Envoy gave the stream no scheduler")?);
+                    *slot.borrow_mut() = Some(link.clone());
+                    link
+                }
+            };
+            let id = link.next_id();
+            direct.send(call, move |answer| link.answer(id, answer))?;
+            return Ok(id);
+        }
         let timeout = u64::try_from(call.timeout.as_millis()).unwrap_or(u64::MAX);
         // Envoy numbers a caller's calls from 1 up: the low 32 bits are the core's token.
         let id = ffi::callout(self.caller, &call.cluster, &call.headers, &call.body, timeout)?;

@@ -8,11 +8,15 @@
 //! - [`plugin`]: one filter configuration — the core's `Worker` under one lock, its streams, its
 //!   tick on Envoy's main thread;
 //! - [`host`]: the core's `Host` port over the ABI;
-//! - [`shared`]: shared data as a process-wide map in plain Rust.
+//! - [`shared`]: shared data as a process-wide map in plain Rust;
+//! - [`direct`]: the module's own HTTP/2 connection to the sidecar (`sidecar.address`);
+//! - [`scheduler`]: the ABI's schedulers, a configuration's and a stream's.
 //!
 //! When to choose it over the Wasm filter: docs/architecture.md, "The native host".
 
+mod direct;
 pub mod ffi;
 mod host;
 mod plugin;
+mod scheduler;
 mod shared;

@@ -17,7 +17,9 @@
 //! Failure mode: a panic inside the core (caught) fails that request closed, 503
 //! `gateway_unavailable`, as the Wasm host answers for a failed VM (docs/operations.md).
 
-use crate::ffi::{self, Config, Filter, Level, ModulePtr, Phase, Scheduler, Status, CONTINUE, STOP, STOP_WATERMARK};
+use crate::direct::{Direct, Link};
+use crate::ffi::{self, Config, Filter, Level, ModulePtr, Phase, Status, CONTINUE, STOP, STOP_WATERMARK};
+use crate::scheduler::Scheduler;
 use crate::host::{After, Ids, NativeHost};
 use std::cell::{Cell, RefCell};
 use std::mem::ManuallyDrop;
@@ -56,6 +58,9 @@ pub struct Plugin {
     ids: Ids,
     state: Mutex<Guarded<State>>,
     ticker: Mutex<Option<Ticker>>,
+    /// The module's own connection to the sidecar (`sidecar.address`; decision 219): the
+    /// streams' calls go out on it; without it, as Envoy callouts.
+    direct: Option<Direct>,
 }
 
 /// The thread that wakes the main thread every tick period; it hands the scheduler back when it
@@ -71,6 +76,8 @@ struct Stream {
     filter: Option<Guarded<HttpFilter>>,
     /// The filter failed on this request (a panic): it answered 503 and stays out of the way.
     failed: bool,
+    /// Its calls' answers from the module's own connection (made at its first such call).
+    link: RefCell<Option<Arc<Link>>>,
 }
 
 thread_local! {
@@ -152,6 +159,7 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
     };
     let seeds = Seeds { decision_ids: tollgate_filter_core::ids::random_seed(), usage_ids: identity(), hints_owner: identity(), routes_owner: identity(), changes_owner: identity() };
     let none = Ids::default();
+    let address = parsed.sidecar.address.clone();
     let worker = Worker::new(&mut NativeHost::config(config, &none), parsed, seeds);
     let define = |name: &str| ffi::define_counter(config, name);
     let ids = Ids {
@@ -159,7 +167,16 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
         named: worker.named_metrics().into_iter().filter_map(|n| define(&n).map(|id| (n, id))).collect(),
     };
     let period = worker.tick_period();
-    let plugin = Arc::new(Plugin { config, ids, state: Mutex::new(Guarded(State { worker, out: HashSet::new(), orphans: Vec::new() })), ticker: Mutex::new(None) });
+    let direct = match address.map(Direct::start) {
+        Some(Ok(d)) => Some(d),
+        Some(Err(e)) => {
+            ffi::log(Level::Error, &format!("tollgate: cannot start the sidecar connection's thread: {e}"));
+            return std::ptr::null();
+        }
+        None => None,
+    };
+    let state = Mutex::new(Guarded(State { worker, out: HashSet::new(), orphans: Vec::new() }));
+    let plugin = Arc::new(Plugin { config, ids, state, ticker: Mutex::new(None), direct });
     let Some(scheduler) = Scheduler::new(config) else {
         ffi::log(Level::Error, "tollgate: Envoy gave no scheduler for the filter's tick");
         return std::ptr::null();
@@ -306,7 +323,7 @@ pub fn filter_new(module: ModulePtr, _filter: Filter) -> ModulePtr {
     let Some(filter) = plugin.locked(|s| Guarded(s.worker.request())) else {
         return std::ptr::null();
     };
-    Box::into_raw(Box::new(Stream { plugin, filter: Some(filter), failed: false })).cast()
+    Box::into_raw(Box::new(Stream { plugin, filter: Some(filter), failed: false, link: RefCell::new(None) })).cast()
 }
 
 /// # Safety
@@ -343,10 +360,11 @@ pub fn on_phase(filter: Filter, module: ModulePtr, phase: Phase) -> Status {
         return CONTINUE;
     }
     let plugin = stream.plugin.clone();
+    let link = &stream.link;
     let Some(http) = stream.filter.as_mut() else { return CONTINUE };
     let outcome = plugin.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
-            let mut host = NativeHost::stream(filter, &plugin.ids);
+            let mut host = NativeHost::stream_direct(filter, &plugin.ids, plugin.direct.as_ref(), link);
             let f = &mut http.0;
             let action = match phase {
                 Phase::RequestHeaders(end) => f.on_request_headers(&mut host, end),
@@ -407,10 +425,11 @@ pub fn stream_call_done(filter: Filter, module: ModulePtr, id: u64, status: Opti
         return;
     }
     let plugin = stream.plugin.clone();
+    let link = &stream.link;
     let Some(http) = stream.filter.as_mut() else { return };
     let outcome = plugin.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
-            let mut host = NativeHost::stream(filter, &plugin.ids);
+            let mut host = NativeHost::stream_direct(filter, &plugin.ids, plugin.direct.as_ref(), link);
             let f = &mut http.0;
             if f.on_call_response(&mut host, id as u32, status, &body) == Action::Continue {
                 host.after.push(After::ContinueDecoding);
@@ -429,6 +448,17 @@ pub fn stream_call_done(filter: Filter, module: ModulePtr, id: u64, status: Opti
         None => {}
     }
     run_later();
+}
+
+/// Answers the module's own connection brought this stream are in (its scheduler woke it on its
+/// worker thread): each is taken as a callout's answer.
+pub fn stream_scheduled(filter: Filter, module: ModulePtr) {
+    // SAFETY: Envoy calls a stream's hooks while the stream lives.
+    let stream = unsafe { stream(module) };
+    let answers = stream.link.borrow().as_ref().map(|l| l.take()).unwrap_or_default();
+    for (id, (status, body)) in answers {
+        stream_call_done(filter, module, u64::from(id), status, body);
+    }
 }
 
 /// The stream ended (before access logs): the filter's `on_log`.
