@@ -44,9 +44,12 @@ fn every_transport_decides_and_survives_a_sidecar_crash_and_a_graceful_restart()
         let (h1, h2) = (envoy.counter("cluster.tollgate_sidecar.upstream_cx_http1_total"), envoy.counter("cluster.tollgate_sidecar.upstream_cx_http2_total"));
         if t.is_http2() {
             assert!(h2 >= 1 && h1 == 0, "{t:?}: http1 connections {h1}, http2 {h2}");
-            // Multiplexed: 40 calls from 4 concurrent clients did not need a connection each.
+            // Multiplexed: 40 calls from 4 concurrent clients did not need a connection each
+            // (one per Envoy thread that calls; a connection idle for the cluster's 5 s before
+            // the requests, as on a loaded machine while the other Envoys start, is replaced)
             let cx = envoy.counter("cluster.tollgate_sidecar.upstream_cx_total");
-            assert!(cx <= 2, "{t:?}: {cx} connections to the sidecar");
+            let idled = envoy.counter("cluster.tollgate_sidecar.upstream_cx_idle_timeout");
+            assert!(cx - idled <= 2, "{t:?}: {cx} connections to the sidecar\n{}", envoy.stats("cluster.tollgate_sidecar.upstream_cx"));
         } else {
             assert!(h1 >= 1 && h2 == 0, "{t:?}: http1 connections {h1}, http2 {h2}");
         }
