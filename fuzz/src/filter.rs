@@ -186,6 +186,13 @@ pub fn wire_answers(data: &[u8]) {
         let again: Result<tollgate_wire::DecideResponse, _> = serde_json::from_slice(&serde_json::to_vec(&answer).unwrap_or_default());
         assert_eq!(again.ok(), Some(answer), "a decision does not round-trip");
     }
+    // an answer on the native host's own connection (decision 219): read whole or refused,
+    // never more than the bound, and the bytes after a whole answer never taken into it
+    let mut scratch = [0u8; 64];
+    if let Some(((status, body), _)) = tollgate_filter_core::sidecar_http1::read_response(&mut &data[..], &mut scratch) {
+        assert!(status.is_some() && body.len() <= tollgate_filter_core::sidecar_http1::MAX_ANSWER);
+        assert!(body.len() <= data.len(), "an answer's body longer than the bytes read");
+    }
     let _ = serde_json::from_slice::<HintList>(data);
     let _ = serde_json::from_slice::<RouteTable>(data);
     let _ = serde_json::from_slice::<CachedAllow>(data);

@@ -136,10 +136,10 @@ fn an_http2_call_that_times_out_fails_that_request_only() {
     }
 }
 
-/// Decision 219: the native host's calls on its own HTTP/2 connection to the sidecar
-/// (`sidecar.address`), here through a relay that can freeze it. Its decisions are exact and
-/// multiplexed; a connection gone silent without closing fails its calls closed after their
-/// timeout, its pings fail, and a new connection decides again.
+/// Decision 219: the native host's calls on its own connections to the sidecar
+/// (`sidecar.address`), here through a relay that can freeze them. A connection gone silent
+/// without closing fails its call closed after the call's timeout and is closed; a new
+/// connection decides again.
 #[test]
 fn the_native_hosts_own_connection_decides_and_is_replaced_when_it_goes_silent() {
     if filter_host() != FilterHost::Native {
@@ -162,7 +162,7 @@ fn the_native_hosts_own_connection_decides_and_is_replaced_when_it_goes_silent()
     let r = get(&envoy.url("/t"), &[("x-api-key", &key.raw)]);
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(envoy.counter("wasmcustom.tollgate.requests.failed_closed") >= 1);
-    // its pings go unanswered: it is closed, and the next call's connection (relayed) decides
+    // that connection was closed: the next calls' connections (relayed anew) decide
     poll_until("a new connection to the sidecar", Duration::from_secs(30), || status(&envoy, &key.raw) == 200);
     assert!(!envoy.log_text().contains("panicked"), "{}", envoy.log_text());
 }

@@ -59,6 +59,8 @@ pub mod routing;
 pub mod settings;
 pub mod shared_keys;
 pub mod sidecar;
+/// Calls to the sidecar as HTTP/1.1 by hand, for a host with its own connections (decision 219).
+pub mod sidecar_http1;
 pub mod stats;
 /// Usage metering: event ids, the per-worker queue of usage events, token usage.
 pub mod usage;
