@@ -13,8 +13,9 @@
 //! Failure is what a callout's is: a call that gets no whole answer within its timeout (the
 //! sidecar down, hung, or the connection lost or frozen) is answered "failed" and the core applies
 //! the failure mode. The connection it was on is closed (a late answer would be read as the next
-//! call's), and the thread's next call opens another. A connection idle for [`IDLE`] is closed
-//! before use rather than raced against the sidecar's own idle close (10 s).
+//! call's), and the thread's next call opens another. A kept connection is looked at before use:
+//! one the sidecar closed meanwhile (restarted, or idle) is replaced, and one idle for [`IDLE`]
+//! is closed rather than raced against the sidecar's own idle close (10 s).
 
 use crate::ffi::Filter;
 use crate::scheduler::StreamScheduler;
@@ -98,6 +99,20 @@ impl Conn {
         })
     }
 
+    /// Whether the peer has neither closed this idle connection nor sent anything on it (a
+    /// read that would block). Bytes read here are discarded with the connection.
+    fn open_still(&mut self, scratch: &mut [u8]) -> bool {
+        let nonblocking = |c: &Conn, on: bool| match c {
+            Conn::Tcp(s) => s.set_nonblocking(on),
+            Conn::Unix(s) => s.set_nonblocking(on),
+        };
+        if nonblocking(self, true).is_err() {
+            return false;
+        }
+        let idle = matches!(self.read(scratch), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        nonblocking(self, false).is_ok() && idle
+    }
+
     /// The deadline's remainder on the next read and write (`None`: it passed).
     fn until(&self, deadline: Instant) -> Option<()> {
         let left = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())?;
@@ -159,12 +174,12 @@ fn serve(queue: &Queue, address: &SidecarAddress) {
 /// failure the connection is dropped.
 fn call(slot: &mut Option<(Conn, Instant)>, address: &SidecarAddress, spec: &CallSpec, deadline: Instant, scratch: &mut [u8]) -> Option<Answer> {
     let request = request(spec)?;
-    if slot.as_ref().is_some_and(|(_, used)| used.elapsed() >= IDLE) {
-        *slot = None;
-    }
-    let (mut conn, _) = match slot.take() {
+    // a kept connection the sidecar closed meanwhile (idle, restarted) is not used: its close
+    // is waiting to be read
+    let kept = slot.take().and_then(|(mut c, used)| (used.elapsed() < IDLE && c.open_still(scratch)).then_some(c));
+    let mut conn = match kept {
         Some(c) => c,
-        None => (Conn::open(address, deadline.checked_duration_since(Instant::now())?).ok()?, Instant::now()),
+        None => Conn::open(address, deadline.checked_duration_since(Instant::now())?).ok()?,
     };
     conn.until(deadline)?;
     conn.write_all(&request).ok()?;
