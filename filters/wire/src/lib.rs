@@ -380,6 +380,13 @@ pub mod codes {
     /// client network the key's scopes leave out): 403, decided by the sidecar before any
     /// upstream call (issue 43).
     pub const KEY_SCOPE: &str = "key_scope";
+    /// The model an LLM request asks for (after its plan's alias) is outside its plan's or its
+    /// key's allow-list: 403, decided by the sidecar before any limit or upstream call (issue 42
+    /// item 4).
+    pub const MODEL_NOT_ALLOWED: &str = "model_not_allowed";
+    /// An allow-list of models applies and the request names no model the gateway can read (no
+    /// JSON body with a top-level `model`, a body over 1 MiB): 400, decided by the sidecar.
+    pub const MODEL_REQUIRED: &str = "model_required";
     /// Every deny code this version knows, for per-reason metrics.
     pub const ALL_DENY: &[&str] = &[
         MISSING_KEY,
@@ -402,6 +409,8 @@ pub mod codes {
         IDEMPOTENCY_STORAGE_FULL,
         INVALID_REQUEST,
         KEY_SCOPE,
+        MODEL_NOT_ALLOWED,
+        MODEL_REQUIRED,
     ];
 }
 

@@ -153,6 +153,9 @@ struct Cx<'a> {
     deadline: Instant,
     /// The routing of the configuration the decision reads (with its plans: decision 208).
     routing: &'a Routing,
+    /// Whether the filter may reuse the answer (cache it, spend a lease): not for a key whose
+    /// scopes decide per request, nor under a model policy (decisions 334, 306).
+    reusable: bool,
 }
 
 /// What a decision's script call asked, to read its reply against.
@@ -284,18 +287,57 @@ impl<S: DecisionStore> Decider<S> {
             }
         }
         let plan_override = route.and_then(|x| x.plan.as_deref());
-        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline, routing };
+        let policy = record.as_ref().and_then(|r| config.plans.models(plan_override.unwrap_or(r.plan.as_str())));
+        // The model policy (issue 42 item 4), after the scopes and before any limit, lease or
+        // lookup: a refused model takes nothing and reaches nothing. On an LLM request (the
+        // filter says what it read, or the route is marked: a request whose body was not read
+        // is one too, naming no model).
+        let mut model_limits: &[Limit] = &[];
+        let mut resolved: Option<DecideRequest> = None;
+        let llm_request = req.llm.is_some() || route.is_some_and(|x| x.llm);
+        if let (Some(r), DecideResponse::Allow { .. }, true) = (&record, &response, llm_request) {
+            if policy.is_some() || !r.scopes.models.is_empty() {
+                let asked = req.llm.as_ref().and_then(|a| a.model.as_deref());
+                let none = std::collections::BTreeMap::new();
+                let (aliases, allow) = policy.map_or((&none, &[][..]), |p| (&p.aliases, p.allow.as_slice()));
+                match crate::models::judge(asked, aliases, allow, &r.scopes.models) {
+                    Err(refusal) => response = answers::model_refused(&refusal),
+                    Ok(model) => {
+                        if let (Some(p), Some(m)) = (policy, model.as_deref()) {
+                            model_limits = p.limits_for(m);
+                        }
+                        // an alias: prices, budgets and limits see the model the upstream is asked for
+                        if model.as_deref() != asked {
+                            let mut aliased = req.clone();
+                            if let Some(ask) = &mut aliased.llm {
+                                ask.model = model;
+                            }
+                            resolved = Some(aliased);
+                        }
+                    }
+                }
+            }
+        }
+        let req = resolved.as_ref().unwrap_or(req);
+        // a plan with a model policy, or a key with models, never gets a reusable answer: the
+        // filter reuses one before it reads the body, where the model is (decision 306)
+        let reusable = record.as_ref().is_some_and(|r| r.scopes.reusable()) && policy.is_none();
+        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline, routing, reusable };
         if req.lease.is_some_and(|l| l.renewal) {
             return Ok(self.renew(record.as_ref(), response, plan_override, &cx, &config).await);
         }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             let plan = plan_override.unwrap_or(r.plan.as_str());
-            let limits = config.plans.limits(plan);
+            let plan_limits = config.plans.limits(plan);
+            let limits: std::borrow::Cow<'_, [Limit]> = match model_limits.is_empty() {
+                true => plan_limits.into(),
+                false => plan_limits.iter().chain(model_limits).cloned().collect::<Vec<_>>().into(),
+            };
             let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
             let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, plan, route_cache);
             if !limits.is_empty() || lookup.is_some() {
-                response = self.limit(&cx, r, limits, lookup).await;
-            } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for), true) = (&mut response, fresh_for, r.scopes.reusable()) {
+                response = self.limit(&cx, r, &limits, lookup).await;
+            } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for), true) = (&mut response, fresh_for, cx.reusable) {
                 // No limits: the answer is the same for every request of this key, so the filter
                 // may reuse it while ours is fresh — never past the key's expiry: a revocation
                 // still applies within one cache TTL end to end. Not for a key whose method or
@@ -343,7 +385,7 @@ impl<S: DecisionStore> Decider<S> {
             return verdict;
         };
         let limits = config.plans.limits(plan_override.unwrap_or(r.plan.as_str()));
-        if !limits::leasable(limits) || !cx.fresh || !r.scopes.reusable() || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
+        if !limits::leasable(limits) || !cx.fresh || !cx.reusable || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
             metrics::counter!(m::LEASES, "call" => "renewal", "result" => "none").increment(1);
             return verdict;
         }
@@ -409,7 +451,7 @@ impl<S: DecisionStore> Decider<S> {
             None => {
                 let mut answer = self.allowed(cx, r, asked, reply);
                 // the filter need not observe or ask for what is never granted
-                if let (DecideResponse::Allow { no_lease, .. }, false) = (&mut answer, limits::leasable(limits) && r.scopes.reusable()) {
+                if let (DecideResponse::Allow { no_lease, .. }, false) = (&mut answer, limits::leasable(limits) && cx.reusable) {
                     *no_lease = true;
                 }
                 answer
@@ -423,7 +465,7 @@ impl<S: DecisionStore> Decider<S> {
     /// nothing can be granted: it admits no request.
     fn lease(cx: &Cx<'_>, r: &KeyRecord, limits: &[Limit]) -> (Option<Lease>, u64) {
         let Some(ask) = cx.req.lease else { return (None, 0) };
-        let ttl = match cx.fresh && limits::leasable(limits) && r.scopes.reusable() {
+        let ttl = match cx.fresh && limits::leasable(limits) && cx.reusable {
             true => limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)),
             false => 0,
         };
@@ -587,7 +629,8 @@ impl<S: DecisionStore> Decider<S> {
 
 /// The budgets of a decision and their usage after it (spent and reserved), for alerts.
 fn budget_uses<'a>(meta: &'a [Meta], states: &'a [crate::scripts::decide::LimitState]) -> impl Iterator<Item = crate::alerts::BudgetUse<'a>> {
-    meta.iter().zip(states).filter(|(m, _)| !m.shadow).filter_map(|(m, s)| {
+    // a minute's tokens are a rate, not a budget to warn of
+    meta.iter().zip(states).filter(|(m, _)| !m.shadow && m.algorithm != limits::Algorithm::TokensPerMinute).filter_map(|(m, s)| {
         let unit = if m.algorithm == limits::Algorithm::SpendBudget { "micros" } else { "tokens" };
         m.budget.map(|(period, ..)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, unit, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
     })

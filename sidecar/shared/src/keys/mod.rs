@@ -139,6 +139,12 @@ redis_key!(
     SpendBudgetKey
 );
 redis_key!(
+    /// `q:tpm:{tenant}:{limit}:{subject}:{minute}` — a plan's per-model tokens per minute
+    /// (issue 42 item 4): the tokens reserved and then used by the calls of one calendar minute
+    /// (`minute`: ms since the epoch / 60 000). TTL [`TOKENS_PER_MINUTE_TTL_MS`].
+    TokensPerMinuteKey
+);
+redis_key!(
     /// `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — what one decision reserved from one
     /// budget (the budget's counter is `q:tokens:{tenant}:{limit}:{subject}:…`).
     ReservationKey
@@ -245,12 +251,21 @@ impl SpendBudgetKey {
     }
 }
 
+impl TokensPerMinuteKey {
+    /// `minute` is ms since the epoch / 60 000.
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, minute: u32) -> Self {
+        Self(format!("q:tpm:{}:{limit}:{}:{minute}", tag(tenant), subject.as_str()))
+    }
+}
+
 /// The counter a budget reserves from: tokens or money (`decide.lua`'s `budget` kind and
 /// `complete.lua` treat both alike: integer units, reserved then reconciled).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BudgetCounter {
     Tokens(TokenBudgetKey),
     Spend(SpendBudgetKey),
+    /// A minute's tokens (per-model tokens per minute): reserved and reconciled as a month's.
+    Minute(TokensPerMinuteKey),
 }
 
 impl BudgetCounter {
@@ -258,6 +273,7 @@ impl BudgetCounter {
         match self {
             BudgetCounter::Tokens(k) => k.as_str(),
             BudgetCounter::Spend(k) => k.as_str(),
+            BudgetCounter::Minute(k) => k.as_str(),
         }
     }
 
@@ -269,6 +285,7 @@ impl BudgetCounter {
             // the key ends with its period: `yyyyMMdd` is a day's
             BudgetCounter::Spend(k) if k.0.rsplit(':').next().is_some_and(|p| p.len() == 8) => SPEND_DAY_TTL_MS,
             BudgetCounter::Spend(_) => TOKEN_BUDGET_TTL_MS,
+            BudgetCounter::Minute(_) => TOKENS_PER_MINUTE_TTL_MS,
         }
     }
 }
@@ -311,6 +328,9 @@ pub const TOKEN_BUDGET_TTL_MS: u64 = 40 * 24 * 3600 * 1000;
 /// TTL of a day's [`SpendBudgetKey`] (set on every write): 3 days, past the day's end in any
 /// time zone by far more than a reservation lives. A month's lives as a token budget's.
 pub const SPEND_DAY_TTL_MS: u64 = 3 * 24 * 3600 * 1000;
+/// TTL of [`TokensPerMinuteKey`] (set on every write): its minute, plus the longest a reservation
+/// lives, plus a minute — a call settled late still finds the counter it reserved from.
+pub const TOKENS_PER_MINUTE_TTL_MS: u64 = 60_000 + RESERVATION_TTL_MS + 60_000;
 /// TTL of [`ReservationKey`]: 5 minutes, set on every write (seed 000).
 pub const RESERVATION_TTL_MS: u64 = 5 * 60 * 1000;
 
@@ -383,6 +403,9 @@ mod tests {
         assert_eq!(BudgetCounter::Spend(day).ttl_ms(), SPEND_DAY_TTL_MS);
         assert_eq!(BudgetCounter::from(TokenBudgetKey::new(&t, &l, &k, 202611)).ttl_ms(), TOKEN_BUDGET_TTL_MS);
         assert_eq!(ConcurrencyKey::new(&t, &l, &k).as_str(), "q:conc:{acme}:per-min:k.key_1");
+        let minute = TokensPerMinuteKey::new(&t, &Id::parse("gpt-4o_.tpm").unwrap(), &k, 29_500_000);
+        assert_eq!(minute.as_str(), "q:tpm:{acme}:gpt-4o_.tpm:k.key_1:29500000");
+        assert_eq!(BudgetCounter::Minute(minute).ttl_ms(), 7 * 60_000);
         assert_eq!(DecisionRecordKey::new(&t, &Id::parse(&"ab".repeat(16)).unwrap()).as_str(), format!("dec:{{acme}}:{}", "ab".repeat(16)));
         assert_eq!(Subject::product(&Id::parse("chat").unwrap()).as_str(), "p.chat");
     }
