@@ -281,6 +281,15 @@ pub fn month_of(now_ms: u64) -> (u32, u64) {
     ((day.year as u32) * 100 + day.month, next.saturating_sub(now_ms))
 }
 
+/// The budgets of a decision and their usage after it (spent and reserved), for alerts.
+pub fn budget_uses<'a>(meta: &'a [Meta], states: &'a [crate::scripts::decide::LimitState]) -> impl Iterator<Item = crate::alerts::BudgetUse<'a>> {
+    // a minute's tokens are a rate, not a budget to warn of
+    meta.iter().zip(states).filter(|(m, _)| !m.shadow && m.algorithm != Algorithm::TokensPerMinute).filter_map(|(m, s)| {
+        let unit = if m.algorithm == Algorithm::SpendBudget { "micros" } else { "tokens" };
+        m.budget.map(|(period, ..)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, unit, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,6 +39,7 @@ pub mod refund;
 pub mod limits;
 pub mod local;
 mod lookup;
+mod model_policy;
 pub mod outcomes;
 pub mod replicas;
 pub mod responses;
@@ -276,46 +277,20 @@ impl<S: DecisionStore> Decider<S> {
         }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             // before any limit or lease: a request outside the key's scopes takes nothing
-            let asked = crate::scopes::Asked {
-                route: req.route.as_deref(),
-                product: product.map(Id::as_str),
-                method: &req.method,
-                client_ip: req.client_ip.as_deref(),
-            };
+            let asked = crate::scopes::Asked { route: req.route.as_deref(), product: product.map(Id::as_str), method: &req.method, client_ip: req.client_ip.as_deref() };
             if let Some(why) = r.scopes.refusal(&asked) {
                 response = DecideResponse::Deny { status: 403, error: codes::KEY_SCOPE.into(), message: why, limit: None, response_headers: vec![] };
             }
         }
         let plan_override = route.and_then(|x| x.plan.as_deref());
         let policy = record.as_ref().and_then(|r| config.plans.models(plan_override.unwrap_or(r.plan.as_str())));
-        // The model policy (issue 42 item 4), after the scopes and before any limit, lease or
-        // lookup: a refused model takes nothing and reaches nothing. On an LLM request (the
-        // filter says what it read, or the route is marked: a request whose body was not read
-        // is one too, naming no model).
+        // the model policy (issue 42 item 4): after the scopes, before any limit, lease or lookup
         let mut model_limits: &[Limit] = &[];
         let mut resolved: Option<DecideRequest> = None;
-        let llm_request = req.llm.is_some() || route.is_some_and(|x| x.llm);
-        if let (Some(r), DecideResponse::Allow { .. }, true) = (&record, &response, llm_request) {
-            if policy.is_some() || !r.scopes.models.is_empty() {
-                let asked = req.llm.as_ref().and_then(|a| a.model.as_deref());
-                let none = std::collections::BTreeMap::new();
-                let (aliases, allow) = policy.map_or((&none, &[][..]), |p| (&p.aliases, p.allow.as_slice()));
-                match crate::models::judge(asked, aliases, allow, &r.scopes.models) {
-                    Err(refusal) => response = answers::model_refused(&refusal),
-                    Ok(model) => {
-                        if let (Some(p), Some(m)) = (policy, model.as_deref()) {
-                            model_limits = p.limits_for(m);
-                        }
-                        // an alias: prices, budgets and limits see the model the upstream is asked for
-                        if model.as_deref() != asked {
-                            let mut aliased = req.clone();
-                            if let Some(ask) = &mut aliased.llm {
-                                ask.model = model;
-                            }
-                            resolved = Some(aliased);
-                        }
-                    }
-                }
+        if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
+            match model_policy::judge(req, route, policy, r) {
+                model_policy::Judged::Refused(deny) => response = deny,
+                model_policy::Judged::Allowed { limits, aliased } => (model_limits, resolved) = (limits, aliased),
             }
         }
         let req = resolved.as_ref().unwrap_or(req);
@@ -328,11 +303,7 @@ impl<S: DecisionStore> Decider<S> {
         }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             let plan = plan_override.unwrap_or(r.plan.as_str());
-            let plan_limits = config.plans.limits(plan);
-            let limits: std::borrow::Cow<'_, [Limit]> = match model_limits.is_empty() {
-                true => plan_limits.into(),
-                false => plan_limits.iter().chain(model_limits).cloned().collect::<Vec<_>>().into(),
-            };
+            let limits = model_policy::with_plans(config.plans.limits(plan), model_limits);
             let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
             let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, plan, route_cache);
             if !limits.is_empty() || lookup.is_some() {
@@ -445,7 +416,7 @@ impl<S: DecisionStore> Decider<S> {
         };
         self.note_shadow_denials(r, &asked.meta, &reply.states);
         crate::telemetry::observe_limits(r.tenant.as_str(), &asked.meta, &reply.states, reply.denied);
-        crate::alerts::observe(r.tenant.as_str(), budget_uses(&asked.meta, &reply.states), cx.now_ms);
+        crate::alerts::observe(r.tenant.as_str(), checks::budget_uses(&asked.meta, &reply.states), cx.now_ms);
         match reply.denied {
             Some(i) => too_many(&asked.meta[i], &reply.states[i]),
             None => {
@@ -625,13 +596,4 @@ impl<S: DecisionStore> Decider<S> {
             }
         });
     }
-}
-
-/// The budgets of a decision and their usage after it (spent and reserved), for alerts.
-fn budget_uses<'a>(meta: &'a [Meta], states: &'a [crate::scripts::decide::LimitState]) -> impl Iterator<Item = crate::alerts::BudgetUse<'a>> {
-    // a minute's tokens are a rate, not a budget to warn of
-    meta.iter().zip(states).filter(|(m, _)| !m.shadow && m.algorithm != limits::Algorithm::TokensPerMinute).filter_map(|(m, s)| {
-        let unit = if m.algorithm == limits::Algorithm::SpendBudget { "micros" } else { "tokens" };
-        m.budget.map(|(period, ..)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, unit, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
-    })
 }

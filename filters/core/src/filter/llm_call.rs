@@ -30,12 +30,18 @@ impl LlmCall {
         LlmCall { requested_model: path_model(path), max_output_tokens: None, copy: json_body.then(Vec::new) }
     }
 
-    /// The whole body, read by the filter for its decision.
+    /// The whole body, read by the filter for its decision. A path that names a model (Gemini)
+    /// and a body that names another ask for two: which one the upstream uses is not the
+    /// gateway's to guess, so the request names none (a model policy then refuses it,
+    /// `model_required`; decision 308).
     pub fn read_body(&mut self, body: Option<&[u8]>) {
         self.copy = None;
         let (model, max) = body.map(request_ask).unwrap_or_default();
-        if let Some(model) = model {
-            self.requested_model = Some(model);
+        match (&self.requested_model, model) {
+            (_, None) => {}
+            (None, Some(model)) => self.requested_model = Some(model),
+            (Some(path), Some(model)) if *path == model => {}
+            (Some(_), Some(_)) => self.requested_model = None,
         }
         self.max_output_tokens = max;
     }
@@ -110,5 +116,39 @@ mod tests {
         // a Gemini path names its model without a body
         let call = LlmCall::start("/v1beta/models/gemini-2.5-pro:generateContent", false);
         assert_eq!(call.requested_model.as_deref(), Some("gemini-2.5-pro"));
+    }
+
+    #[test]
+    fn a_path_and_a_body_naming_two_models_name_none() {
+        let path = "/v1beta/models/gemini-2.5-pro:generateContent";
+        let mut call = LlmCall::start(path, true);
+        call.read_body(Some(br#"{"contents":[]}"#));
+        assert_eq!(call.requested_model.as_deref(), Some("gemini-2.5-pro"), "a body without a model leaves the path's");
+        call.read_body(Some(br#"{"model":"gemini-2.5-pro","contents":[]}"#));
+        assert_eq!(call.requested_model.as_deref(), Some("gemini-2.5-pro"), "the same model twice is that model");
+        let mut call = LlmCall::start(path, true);
+        call.read_body(Some(br#"{"model":"gemini-2.5-flash","contents":[]}"#));
+        assert_eq!(call.requested_model, None, "two models: the upstream may use either");
+    }
+
+    #[test]
+    fn hostile_bodies_name_no_model() {
+        for body in [
+            &br#"{"model":"gpt-4o-mini","model":"gpt-4o"}"#[..],
+            br#"{"model":["gpt-4o"]}"#,
+            br#"{"model":null}"#,
+            br#"{"model":"gpt-4o"} {"model":"o1"}"#,
+            b"{\"model\":\"gpt-4o\xff\"}",
+            br#"{"model":"gpt\u0000"}"#,
+            br#"{"Model":"gpt-4o"}"#,
+        ] {
+            let mut call = LlmCall::start("/v1/chat/completions", true);
+            call.read_body(Some(body));
+            assert_eq!(call.requested_model, None, "{}", String::from_utf8_lossy(body));
+        }
+        // an escaped name is the name the upstream decodes
+        let mut call = LlmCall::start("/v1/chat/completions", true);
+        call.read_body(Some(br#"{"model":"gpt\u002d4o"}"#));
+        assert_eq!(call.requested_model.as_deref(), Some("gpt-4o"));
     }
 }

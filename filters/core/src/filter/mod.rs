@@ -237,11 +237,12 @@ impl AuthFilter {
                 Err(d) => return Decision::Deny(d),
             }
         }
-        if self.request.is_some() && (self.config.usage.llm_all || self.route().is_some_and(|r| r.llm)) {
+        // the model asked for is read on every LLM route, metered or not (a model policy, decision 308)
+        if self.config.usage.llm_all || self.route().is_some_and(|r| r.llm) {
             let json = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
             let within = !content_length_over(&headers, MAX_USAGE_BODY);
             self.llm = Some(llm_call::LlmCall::start(&keyed.path, json && within));
-            self.response.llm = true;
+            self.response.llm = self.request.is_some();
         }
         let Some(raw_key) = keyed.key else {
             return Decision::Deny(Denial::local(401, codes::MISSING_KEY, "an API key is required"));
