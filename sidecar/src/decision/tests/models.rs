@@ -9,6 +9,11 @@ use super::*;
 #[tokio::test]
 async fn the_model_policy_refuses_before_the_limits_and_its_answers_are_never_reused() {
     let lab = Lab::new(Duration::from_secs(60));
+    // aliases are refused in a configuration until the filter rewrites the model (decision 309):
+    // the decision's half is tested on plans given them here
+    let raw: BTreeMap<String, PlanConfig> = toml::from_str(PLANS).unwrap();
+    let aliases = [("fast", "gpt-4o-mini"), ("big", "o1")].map(|(a, m)| (a.to_string(), m.to_string()));
+    lab.decider.set_config(Plans::compile(&raw).unwrap().with_aliases("models", aliases.into()), Routing::default());
     let with_models = |raw: &str, plan: &str, models: &[&str]| {
         let hash = lab.key(raw, plan, KeyStatus::Active);
         let mut r = lab.store.mem().records[hash.as_str()].clone();
