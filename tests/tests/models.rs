@@ -4,9 +4,11 @@
 //! any upstream call — every time, on a plan whose answers would otherwise be cached by the
 //! filter; a request naming no model the gateway can read is 400 `model_required`; per-model
 //! requests per minute are exact under concurrency across two replicas, and tokens per minute
-//! are reserved and reconciled to the tokens used (decisions 305-309).
+//! are reserved and reconciled to the tokens used; an alias reaches the upstream as its real
+//! model, rewritten in the body or a Gemini path, and its event names both (decisions 305-310).
 
 use std::time::Duration;
+use tollgate_tests::billing::psql_i64;
 use tollgate_tests::{poll_until, post, Gateway, Resp};
 
 const ROUTES: &str = "[[routes]]\nid = \"llm\"\ncluster = \"upstream\"\nllm = true\n[routes.match]\npath_prefix = \"/v1\"\n";
@@ -144,4 +146,49 @@ fn per_model_tokens_per_minute_reserve_then_reconcile_to_the_tokens_used() {
     assert_eq!(outcome(&chat(&url, &key.raw, Some("gpt-4o-mini"), 800)), (200, None), "25 + 800 fit");
     poll_until("reconciled", Duration::from_secs(20), || used() == 27 * 4);
     g.redis().assert_ttl_invariant();
+}
+
+/// Aliases (decision 309): a client asks for `fast`, the upstream is asked for `gpt-4o-mini` —
+/// the body rewritten in place, its `content-length` with it — and the allow-list and the
+/// per-model limits judge the real model; a Gemini path's alias is rewritten in the path; the
+/// usage event names the alias as asked and the model that answered.
+#[test]
+fn an_alias_reaches_the_upstream_as_its_real_model_and_the_event_names_both() {
+    let plans = "[plans.llm]\nmodels = [\"gpt-4o-mini*\", \"gemini-2.5-flash\"]\n\
+                 model_aliases = { fast = \"gpt-4o-mini\", quick = \"gemini-2.5-flash\", big = \"gpt-4o\" }\n\
+                 [[plans.llm.model_limits]]\nmodel = \"gpt-4o-mini*\"\nrequests_per_minute = 3\n";
+    let g = gateway(plans, 1);
+    let key = g.sidecar().create_key("acme", "llm", &[]);
+    let warm = g.sidecar().create_key("warm", "free", &[]);
+    let url = g.envoy().url("/v1/chat/completions");
+    poll_until("the routing table in the filter", Duration::from_secs(20), || chat(&url, &warm.raw, Some("gpt-4o-mini"), 5).status == 200);
+    // wait for a minute with room for the test: its limit counts per minute
+    poll_until("a fresh minute", Duration::from_secs(61), || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 60 < 45);
+
+    let r = chat(&url, &key.raw, Some("fast"), 5);
+    assert_eq!(outcome(&r), (200, None), "{}", r.body);
+    assert_eq!(r.header("x-echo-request-model"), Some("gpt-4o-mini"), "the upstream was asked for the real model");
+    // the real model's limit counts the alias and the model alike: the fourth is refused
+    assert_eq!(outcome(&chat(&url, &key.raw, Some("gpt-4o-mini"), 5)), (200, None));
+    assert_eq!(outcome(&chat(&url, &key.raw, Some("fast"), 5)), (200, None));
+    let before = g.upstream().calls();
+    let r = chat(&url, &key.raw, Some("fast"), 5);
+    assert_eq!((outcome(&r), r.json()["limit"].as_str()), ((429, Some("rate_limited".into())), Some("gpt-4o-mini_.rpm")), "{}", r.body);
+    // an alias of a model outside the list is refused, naming both
+    let r = chat(&url, &key.raw, Some("big"), 5);
+    assert_eq!(outcome(&r), refused("model_not_allowed"));
+    assert!(r.json()["message"].as_str().is_some_and(|m| m.contains("'big'") && m.contains("'gpt-4o'")), "{}", r.body);
+    assert_eq!(g.upstream().calls(), before);
+    // a Gemini path's alias: the path rewritten, its query kept
+    let gemini = g.envoy().url("/v1/models/quick:generateContent?alt=json");
+    let headers = [("x-api-key", key.raw.as_str()), ("content-type", "application/json"), ("x-echo-llm", "gemini"), ("x-echo-llm-model", "gemini-2.5-flash-001")];
+    let r = post(&gemini, &headers, r#"{"contents":[]}"#);
+    assert_eq!(outcome(&r), (200, None), "{}", r.body);
+    assert_eq!(r.header("x-echo-path"), Some("/v1/models/gemini-2.5-flash:generateContent"));
+    // the events: the alias as asked, the model that answered
+    let events = |cond: &str| psql_i64(g.pg(), &format!("SELECT count(*) FROM usage_events WHERE tenant = 'acme' AND status = 200 AND {cond}"));
+    poll_until("the calls billed", Duration::from_secs(60), || events("true") == 4);
+    assert_eq!(events("requested_model = 'fast' AND model = 'gpt-4o-mini-2024-07-18'"), 2);
+    assert_eq!(events("requested_model = 'gpt-4o-mini' AND model = 'gpt-4o-mini-2024-07-18'"), 1);
+    assert_eq!(events("requested_model = 'quick' AND model = 'gemini-2.5-flash-001'"), 1);
 }

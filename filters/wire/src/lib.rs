@@ -219,6 +219,12 @@ pub enum DecideResponse {
         /// need not observe this key's rate nor ask for a lease (and saves that bookkeeping).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         no_lease: bool,
+        /// The model the upstream is to be asked for, in place of the one the request names (an
+        /// alias of its plan, resolved: issue 42 item 4). The filter rewrites the request's
+        /// `model` (its JSON body's, or a Gemini path's) or, when it cannot do so safely, refuses
+        /// the request; never forwards it with the alias.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
@@ -251,6 +257,7 @@ impl DecideResponse {
             store: None,
             lease: None,
             no_lease: false,
+            model: None,
         }
     }
 }

@@ -28,6 +28,7 @@ pub fn allow(
         store,
         lease,
         no_lease: false,
+        model: None,
     }
 }
 

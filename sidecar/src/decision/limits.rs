@@ -316,14 +316,6 @@ impl Plans {
         self.models.get(plan)
     }
 
-    /// The plans with `aliases` on `plan` (configurations refuse them until the filter rewrites
-    /// the model: decision 309; the decision already resolves them).
-    #[cfg(test)]
-    pub fn with_aliases(mut self, plan: &str, aliases: BTreeMap<String, String>) -> Plans {
-        self.models.entry(plan.to_string()).or_default().aliases = aliases;
-        self
-    }
-
     /// Every limit of every plan, per-model ones included.
     fn all(&self) -> impl Iterator<Item = &Limit> {
         self.limits.values().flatten().chain(self.models.values().flat_map(|m| m.limits.iter().flat_map(|(_, l)| l)))
@@ -459,15 +451,6 @@ fn model_policy(plan: &str, cfg: &PlanConfig, limits: &[Limit]) -> Result<ModelP
     let from = |e: crate::models::BadModels| invalid(e.field, e.message);
     let allow = crate::models::parse_list(&cfg.models, &format!("plans.{plan}.models")).map_err(from)?;
     let aliases = crate::models::parse_aliases(&cfg.model_aliases, &format!("plans.{plan}.model_aliases")).map_err(from)?;
-    // The decision resolves aliases (crate::models::judge), but the filter does not yet rewrite
-    // the request's body: the upstream would be asked for the alias. Refused until it does
-    // (decision 309).
-    if !aliases.is_empty() {
-        return Err(invalid(
-            format!("plans.{plan}.model_aliases"),
-            "not in force yet: the gateway does not rewrite the request's model for the upstream (docs/decisions.md, 309)",
-        ));
-    }
     if cfg.model_limits.len() > MAX_MODEL_LIMITS {
         return Err(invalid(format!("plans.{plan}.model_limits"), format!("at most {MAX_MODEL_LIMITS} entries")));
     }

@@ -317,6 +317,7 @@ impl<S: DecisionStore> Decider<S> {
                 *cache_for_ms = (ms > 0).then_some(ms);
             }
         }
+        model_policy::name_model(resolved.as_ref(), &mut response);
         match &response {
             DecideResponse::Allow { .. } => {
                 metrics::counter!(m::DECISIONS, "outcome" => "allow", "reason" => "ok").increment(1);

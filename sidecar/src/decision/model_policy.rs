@@ -57,3 +57,11 @@ pub fn with_plans<'a>(plan: &'a [Limit], models: &[Limit]) -> std::borrow::Cow<'
         false => plan.iter().chain(models).cloned().collect::<Vec<_>>().into(),
     }
 }
+
+/// Names the real model in an allow of an aliased request (`aliased`: the request as its limits
+/// saw it): the filter asks the upstream for it in place of the alias (decision 309).
+pub fn name_model(aliased: Option<&DecideRequest>, answer: &mut DecideResponse) {
+    if let (Some(req), DecideResponse::Allow { model, .. }) = (aliased, answer) {
+        *model = req.llm.as_ref().and_then(|a| a.model.clone());
+    }
+}

@@ -35,6 +35,7 @@ local-closed.limits = [{ name = "pm", algorithm = "fixed_window", limit = 3, fai
 leased-local.limits = [{ name = "pm", algorithm = "fixed_window", limit = 100, mode = "leased", failure_mode = "local" }]
 free = {}
 models.models = ["gpt-4o*", "claude-3-haiku"]
+models.model_aliases = { fast = "gpt-4o-mini", big = "o1" }
 models.model_limits = [{ model = "gpt-4o-mini*", requests_per_minute = 2, tokens_per_minute = 1000, max_output_tokens = 100 }]
 "#;
 

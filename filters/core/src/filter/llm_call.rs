@@ -11,8 +11,8 @@
 
 use super::MAX_USAGE_BODY;
 use crate::host::Host;
-use crate::llm::{path_model, request_ask};
-use tollgate_wire::llm::LlmAsk;
+use crate::llm::{path_model, request_ask, ResponseFacts};
+use tollgate_wire::llm::{LlmAsk, LlmUsage};
 
 #[derive(Debug, Default)]
 pub struct LlmCall {
@@ -22,12 +22,18 @@ pub struct LlmCall {
     max_output_tokens: Option<u64>,
     /// The body copied as it passes (bounded), when it is to be read that way.
     copy: Option<Vec<u8>>,
+    /// The model was named by the body read for the decision (not by the path).
+    from_body: bool,
+    /// That body, until the decision's answer: an alias rewrites it (decision 309).
+    kept: Option<Vec<u8>>,
+    /// The model the upstream was asked for in place of the one asked (an alias's).
+    resolved: Option<String>,
 }
 
 impl LlmCall {
     /// An LLM request on `path`; `json_body`: a JSON body follows, small enough to read.
     pub fn start(path: &str, json_body: bool) -> LlmCall {
-        LlmCall { requested_model: path_model(path), max_output_tokens: None, copy: json_body.then(Vec::new) }
+        LlmCall { requested_model: path_model(path), copy: json_body.then(Vec::new), ..LlmCall::default() }
     }
 
     /// The whole body, read by the filter for its decision. A path that names a model (Gemini)
@@ -39,11 +45,44 @@ impl LlmCall {
         let (model, max) = body.map(request_ask).unwrap_or_default();
         match (&self.requested_model, model) {
             (_, None) => {}
-            (None, Some(model)) => self.requested_model = Some(model),
+            (None, Some(model)) => {
+                self.requested_model = Some(model);
+                self.from_body = true;
+            }
             (Some(path), Some(model)) if *path == model => {}
             (Some(_), Some(_)) => self.requested_model = None,
         }
         self.max_output_tokens = max;
+    }
+
+    /// Keeps the body read for the decision when it named the model: an alias rewrites it.
+    pub fn keep(&mut self, body: Vec<u8>) {
+        if self.from_body && self.requested_model.is_some() {
+            self.kept = Some(body);
+        }
+    }
+
+    /// Whether the body is kept for a rewrite (it stays buffered in Envoy until the answer).
+    pub fn keeps_body(&self) -> bool {
+        self.kept.is_some()
+    }
+
+    /// The kept body, once (the answer came).
+    pub fn take_kept(&mut self) -> Option<Vec<u8>> {
+        self.kept.take()
+    }
+
+    /// The upstream was asked for `model` (an alias's real model).
+    pub fn resolved(&mut self, model: &str) {
+        self.resolved = Some(model.to_string());
+    }
+
+    /// The usage event's facts: the model asked for (an alias as the client named it), and the
+    /// model that answered — else, when the response names none, the one the upstream was asked
+    /// for in its place.
+    pub fn usage(self, mut facts: ResponseFacts) -> Option<LlmUsage> {
+        facts.model = facts.model.or(self.resolved);
+        facts.into_usage(self.requested_model)
     }
 
     /// What the decision call says of this request for money budgets: `input_bytes`, the body's
@@ -129,6 +168,27 @@ mod tests {
         let mut call = LlmCall::start(path, true);
         call.read_body(Some(br#"{"model":"gemini-2.5-flash","contents":[]}"#));
         assert_eq!(call.requested_model, None, "two models: the upstream may use either");
+    }
+
+    #[test]
+    fn a_body_naming_the_model_is_kept_for_an_alias_and_the_event_names_both() {
+        let mut call = LlmCall::start("/v1/chat/completions", true);
+        call.read_body(Some(br#"{"model":"fast"}"#));
+        call.keep(br#"{"model":"fast"}"#.to_vec());
+        assert!(call.keeps_body());
+        assert_eq!(call.take_kept().as_deref(), Some(&br#"{"model":"fast"}"#[..]));
+        assert!(!call.keeps_body());
+        call.resolved("gpt-4o-mini");
+        let u = call.usage(ResponseFacts { output: Some(3), ..ResponseFacts::default() }).unwrap();
+        assert_eq!((u.requested_model.as_deref(), u.model.as_deref()), (Some("fast"), Some("gpt-4o-mini")), "the answer named none");
+        // a path's model: nothing kept (the path is rewritten); a body naming none: nothing kept
+        let mut call = LlmCall::start("/v1beta/models/fast:generateContent", true);
+        call.read_body(Some(br#"{"contents":[]}"#));
+        call.keep(br#"{"contents":[]}"#.to_vec());
+        assert!(!call.keeps_body());
+        let answered = ResponseFacts { model: Some("gemini-2.5-flash-001".into()), ..ResponseFacts::default() };
+        let u = LlmCall { resolved: Some("gemini-2.5-flash".into()), ..call }.usage(answered).unwrap();
+        assert_eq!((u.requested_model.as_deref(), u.model.as_deref()), (Some("fast"), Some("gemini-2.5-flash-001")), "the answer's own model first");
     }
 
     #[test]

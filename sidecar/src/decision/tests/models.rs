@@ -9,11 +9,6 @@ use super::*;
 #[tokio::test]
 async fn the_model_policy_refuses_before_the_limits_and_its_answers_are_never_reused() {
     let lab = Lab::new(Duration::from_secs(60));
-    // aliases are refused in a configuration until the filter rewrites the model (decision 309):
-    // the decision's half is tested on plans given them here
-    let raw: BTreeMap<String, PlanConfig> = toml::from_str(PLANS).unwrap();
-    let aliases = [("fast", "gpt-4o-mini"), ("big", "o1")].map(|(a, m)| (a.to_string(), m.to_string()));
-    lab.decider.set_config(Plans::compile(&raw).unwrap().with_aliases("models", aliases.into()), Routing::default());
     let with_models = |raw: &str, plan: &str, models: &[&str]| {
         let hash = lab.key(raw, plan, KeyStatus::Active);
         let mut r = lab.store.mem().records[hash.as_str()].clone();
@@ -29,8 +24,9 @@ async fn the_model_policy_refuses_before_the_limits_and_its_answers_are_never_re
         ..req(hash)
     };
     let allowed_unreused = |r: DecideResponse| match r {
-        DecideResponse::Allow { cache_for_ms, ticket, .. } => {
+        DecideResponse::Allow { cache_for_ms, ticket, model, .. } => {
             assert_eq!(cache_for_ms, None, "never reused under a model policy");
+            assert!(model.is_none() || model.as_deref() == Some("gpt-4o-mini"), "{model:?}");
             ticket
         }
         other => panic!("{other:?}"),
@@ -62,7 +58,13 @@ async fn the_model_policy_refuses_before_the_limits_and_its_answers_are_never_re
     allowed_unreused(lab.decide(&ask(&free_scoped, Some("gpt-4o"))).await);
     // the alias resolves to gpt-4o-mini, whose entry adds its two limits: requests (a sliding
     // window) and tokens per minute (reserved: 400 bytes / 4 + the entry's 100 out)
-    let ticket = allowed_unreused(lab.decide(&ask(&plan_key, Some("fast"))).await).expect("tokens per minute hold a reservation");
+    let aliased = lab.decide(&ask(&plan_key, Some("fast"))).await;
+    assert!(matches!(&aliased, DecideResponse::Allow { model: Some(m), .. } if m == "gpt-4o-mini"), "the answer names the real model: {aliased:?}");
+    let ticket = allowed_unreused(aliased).expect("tokens per minute hold a reservation");
+    match lab.decide(&ask(&plan_key, Some("gpt-4o"))).await {
+        DecideResponse::Allow { model, .. } => assert_eq!(model, None, "no alias, nothing to rewrite"),
+        other => panic!("{other:?}"),
+    }
     let call = lab.store.last_call().unwrap();
     let (keys, _) = call.encode();
     let minute = T0 / 60_000;
