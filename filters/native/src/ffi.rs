@@ -122,20 +122,8 @@ extern "C" {
         label_names_length: usize,
         counter_id: *mut usize,
     ) -> u32;
-    fn envoy_dynamic_module_callback_http_filter_increment_counter(
-        filter: EnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
-    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
-        config: EnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(filter: EnvoyPtr, id: usize, label_values: *mut ModuleBuffer, label_values_length: usize, value: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(config: EnvoyPtr, id: usize, label_values: *mut ModuleBuffer, label_values_length: usize, value: u64) -> u32;
     fn envoy_dynamic_module_callback_http_get_header(
         filter: EnvoyPtr,
         header_type: u32,
