@@ -505,6 +505,21 @@ mod tests {
         assert_eq!(e.field, "tenants.acme.products");
         let e = s.apply(&Change::Delete(Kind::Routes, "none".into())).unwrap_err();
         assert_eq!(e.field, "id");
+        // a plan's model policy (issue 42 item 4): each bad entry named; written back as given
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "models": ["gpt-4o*", "a b"]}))).unwrap_err();
+        assert_eq!(e.field, "plans.p.models[1]");
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "models": vec!["m"; 257]}))).unwrap_err();
+        assert_eq!(e.field, "plans.p.models");
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "model_limits": [{"model": "m"}]}))).unwrap_err();
+        assert_eq!(e.field, "plans.p.model_limits[0]");
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "model_limits": [{"model": "m", "rpm": 1}]}))).unwrap_err();
+        assert_eq!(e.field, "rpm");
+        let plan = json!({"id": "p", "limits": [], "models": ["gpt-4o*"], "model_aliases": {"fast": "gpt-4o-mini"}, "model_limits": [{"model": "gpt-4o*", "requests_per_minute": 60, "subject": "key", "failure_mode": "open"}]});
+        let next = s.apply(&Change::Put(Kind::Plans, plan.clone())).unwrap();
+        assert_eq!(next.get(Kind::Plans, "p").unwrap(), plan);
+        assert_eq!(next.get(Kind::Plans, "gold"), None);
+        let bare = s.apply(&Change::Put(Kind::Plans, json!({"id": "q"}))).unwrap();
+        assert_eq!(bare.get(Kind::Plans, "q").unwrap(), json!({"id": "q", "limits": []}), "no policy: no new fields written");
     }
 
     /// Decision 201: a control character anywhere in a written object is named by its field.
