@@ -196,7 +196,7 @@ mod tests {
             expires_at: Some(200),
             revoked_at: None,
             label: Some("ci".into()),
-            scopes: KeyScopes::from_lists(&["chat".into()], &[], &["GET".into()], &["10.0.0.0/8".into()]).unwrap(),
+            scopes: KeyScopes::from_lists(&["chat".into()], &[], &["GET".into()], &["10.0.0.0/8".into()], &["gpt-4o*".into()]).unwrap(),
             last_used_at: Some(120),
         }
     }

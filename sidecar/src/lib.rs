@@ -25,6 +25,7 @@ pub mod errors;
 pub mod invalid;
 pub mod lifecycle;
 pub mod metrics;
+pub mod models;
 pub mod scopes;
 pub mod scripts;
 pub mod secret;

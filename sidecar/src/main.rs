@@ -131,7 +131,7 @@ async fn keys(config: &Config, action: KeyCommand, json: bool) -> Result<()> {
                 tollgate_sidecar::scopes::check_label(&l).map_err(|e| anyhow::anyhow!("--label: {}", e.message))?;
                 issued.record.label = Some(l);
             }
-            issued.record.scopes = tollgate_sidecar::scopes::KeyScopes::from_lists(&scope.routes, &scope.products, &scope.methods, &scope.networks)
+            issued.record.scopes = tollgate_sidecar::scopes::KeyScopes::from_lists(&scope.routes, &scope.products, &scope.methods, &scope.networks, &scope.models)
                 .map_err(|e| anyhow::anyhow!("{}: {}", e.field, e.message))?;
             if let Some(pg) = &pg {
                 pg.create_key(&issued.hash, &issued.record).await.context("storing the key in PostgreSQL")?;

@@ -1,13 +1,18 @@
 //! Per-key scopes (issue 43 item 1): what a key may reach — routes, API products, methods — and
 //! from where (client networks), checked by the sidecar's decision before any upstream call (403
-//! `key_scope`). Pure: parsing, the Redis field form, the check.
+//! `key_scope`); and the models it may ask for on LLM routes (issue 42 item 4: 403
+//! `model_not_allowed`, checked with its plan's model policy, [`crate::models`]). Pure: parsing,
+//! the Redis field form, the check.
 //!
 //! Invariant (decision 334): an answer the filter may reuse without asking (a cached allow, a
 //! lease) is reused only for requests its cache key covers — the key's hash and the route. So a
 //! route or product scope is safe with reuse (the product follows from the route), while a key
-//! with a method or network scope gets answers that are never reused ([`KeyScopes::reusable`]).
+//! with a method or network scope gets answers that are never reused ([`KeyScopes::reusable`]);
+//! nor does a key with models: its model is read from the body, which a reused answer does not
+//! wait for (decision 306).
 
 use crate::keys::Id;
+use crate::models::ModelPattern;
 use std::net::IpAddr;
 
 /// The most entries of one scope list.
@@ -68,6 +73,8 @@ pub struct KeyScopes {
     /// Upper-case HTTP methods.
     pub methods: Vec<String>,
     pub networks: Vec<Network>,
+    /// Models (names or `prefix*`) the key may ask for on LLM routes, within its plan's.
+    pub models: Vec<ModelPattern>,
 }
 
 /// A scope list that cannot be read, naming its field.
@@ -93,8 +100,9 @@ pub struct Asked<'a> {
 
 impl KeyScopes {
     /// Reads the lists as the admin API takes them (`{"routes": [..], "products": [..],
-    /// "methods": [..], "networks": [..]}`), each entry checked; duplicates are dropped.
-    pub fn from_lists(routes: &[String], products: &[String], methods: &[String], networks: &[String]) -> Result<KeyScopes, BadScope> {
+    /// "methods": [..], "networks": [..], "models": [..]}`), each entry checked; duplicates are
+    /// dropped.
+    pub fn from_lists(routes: &[String], products: &[String], methods: &[String], networks: &[String], models: &[String]) -> Result<KeyScopes, BadScope> {
         for (field, list) in [("scopes.routes", routes), ("scopes.products", products), ("scopes.methods", methods), ("scopes.networks", networks)] {
             if list.len() > MAX_ENTRIES {
                 return Err(bad(field, format!("at most {MAX_ENTRIES} entries")));
@@ -122,18 +130,20 @@ impl KeyScopes {
                 n.push(net);
             }
         }
-        Ok(KeyScopes { routes: ids("scopes.routes", routes)?, products: ids("scopes.products", products)?, methods: m, networks: n })
+        let models = crate::models::parse_list(models, "scopes.models").map_err(|e| bad("scopes.models", format!("{}: {}", e.field, e.message)))?;
+        Ok(KeyScopes { routes: ids("scopes.routes", routes)?, products: ids("scopes.products", products)?, methods: m, networks: n, models })
     }
 
     pub fn is_empty(&self) -> bool {
-        self.routes.is_empty() && self.products.is_empty() && self.methods.is_empty() && self.networks.is_empty()
+        self.routes.is_empty() && self.products.is_empty() && self.methods.is_empty() && self.networks.is_empty() && self.models.is_empty()
     }
 
     /// Whether an answer for this key may be reused by the filter (cached, or spent from a
     /// lease) for other requests of the same key and route: not when a method or a network
-    /// decides, which the filter's reuse does not look at (decision 334).
+    /// decides, which the filter's reuse does not look at (decision 334), nor a model, which it
+    /// does not wait for (decision 306).
     pub fn reusable(&self) -> bool {
-        self.methods.is_empty() && self.networks.is_empty()
+        self.methods.is_empty() && self.networks.is_empty() && self.models.is_empty()
     }
 
     /// Why the request is outside the key's scopes, or `None` when it is inside.
@@ -171,6 +181,7 @@ impl KeyScopes {
             ("scope_products", self.products.iter().map(Id::to_string).collect()),
             ("scope_methods", self.methods.clone()),
             ("scope_networks", self.networks.iter().map(Network::to_string).collect()),
+            ("scope_models", self.models.iter().map(|m| m.as_str().to_string()).collect()),
         ] {
             if !list.is_empty() {
                 f.push((name, join(list)));
@@ -180,13 +191,13 @@ impl KeyScopes {
     }
 
     /// Every field name [`KeyScopes::to_fields`] may write (an update removes those it does not).
-    pub const FIELDS: [&'static str; 4] = ["scope_routes", "scope_products", "scope_methods", "scope_networks"];
+    pub const FIELDS: [&'static str; 5] = ["scope_routes", "scope_products", "scope_methods", "scope_networks", "scope_models"];
 
     /// Reads the fields back; `None` when one cannot be read (the record is then unreadable:
     /// a scope is never dropped silently).
     pub fn from_fields(get: impl Fn(&str) -> Option<String>) -> Option<KeyScopes> {
         let list = |name: &str| -> Vec<String> { get(name).filter(|s| !s.is_empty()).map(|s| s.split(',').map(str::to_string).collect()).unwrap_or_default() };
-        KeyScopes::from_lists(&list("scope_routes"), &list("scope_products"), &list("scope_methods"), &list("scope_networks")).ok()
+        KeyScopes::from_lists(&list("scope_routes"), &list("scope_products"), &list("scope_methods"), &list("scope_networks"), &list("scope_models")).ok()
     }
 
     /// The lists as JSON (what the admin API shows and PostgreSQL stores).
@@ -196,14 +207,15 @@ impl KeyScopes {
             "products": self.products.iter().map(Id::as_str).collect::<Vec<_>>(),
             "methods": self.methods,
             "networks": self.networks.iter().map(Network::to_string).collect::<Vec<_>>(),
+            "models": self.models.iter().map(ModelPattern::as_str).collect::<Vec<_>>(),
         })
     }
 
     /// Reads [`KeyScopes::to_json`]'s form (absent lists are empty; unknown fields refused).
     pub fn from_json(v: &serde_json::Value) -> Result<KeyScopes, BadScope> {
-        let Some(obj) = v.as_object() else { return Err(bad("scopes", "an object of lists: routes, products, methods, networks")) };
-        if let Some(k) = obj.keys().find(|k| !matches!(k.as_str(), "routes" | "products" | "methods" | "networks")) {
-            return Err(bad("scopes", format!("unknown scope '{}' (routes, products, methods, networks)", k.escape_debug())));
+        let Some(obj) = v.as_object() else { return Err(bad("scopes", "an object of lists: routes, products, methods, networks, models")) };
+        if let Some(k) = obj.keys().find(|k| !matches!(k.as_str(), "routes" | "products" | "methods" | "networks" | "models")) {
+            return Err(bad("scopes", format!("unknown scope '{}' (routes, products, methods, networks, models)", k.escape_debug())));
         }
         let list = |name: &'static str, field: &'static str| -> Result<Vec<String>, BadScope> {
             match obj.get(name) {
@@ -217,6 +229,7 @@ impl KeyScopes {
             &list("products", "scopes.products")?,
             &list("methods", "scopes.methods")?,
             &list("networks", "scopes.networks")?,
+            &list("models", "scopes.models")?,
         )
     }
 }
@@ -260,7 +273,7 @@ mod tests {
 
     #[test]
     fn a_request_outside_any_scope_is_refused_and_empty_scopes_refuse_nothing() {
-        let scopes = KeyScopes::from_lists(&s(&["chat"]), &s(&["llm"]), &s(&["GET", "POST"]), &s(&["10.0.0.0/8"])).unwrap();
+        let scopes = KeyScopes::from_lists(&s(&["chat"]), &s(&["llm"]), &s(&["GET", "POST"]), &s(&["10.0.0.0/8"]), &[]).unwrap();
         let ok = Asked { route: Some("chat"), product: Some("llm"), method: "POST", client_ip: Some("10.1.1.1") };
         assert_eq!(scopes.refusal(&ok), None);
         for a in [
@@ -280,15 +293,20 @@ mod tests {
         assert_eq!(none.refusal(&Asked { route: None, product: None, method: "X", client_ip: None }), None);
         assert!(none.reusable() && none.is_empty());
         assert!(!scopes.reusable(), "a method or a network is not in the filter's cache key");
-        assert!(KeyScopes::from_lists(&s(&["chat"]), &s(&["llm"]), &[], &[]).unwrap().reusable());
+        assert!(KeyScopes::from_lists(&s(&["chat"]), &s(&["llm"]), &[], &[], &[]).unwrap().reusable());
+        let models = KeyScopes::from_lists(&[], &[], &[], &[], &s(&["gpt-4o*"])).unwrap();
+        assert!(!models.reusable() && !models.is_empty(), "a model is read from the body, which a reused answer does not wait for");
+        assert_eq!(models.refusal(&Asked { route: None, product: None, method: "X", client_ip: None }), None, "models are judged with the plan's policy");
     }
 
     #[test]
     fn scopes_round_trip_through_redis_fields_and_json_and_bad_ones_name_their_field() {
-        let scopes = KeyScopes::from_lists(&s(&["b", "a", "a"]), &[], &s(&["GET"]), &s(&["10.0.0.0/8", "::1"])).unwrap();
+        let scopes = KeyScopes::from_lists(&s(&["b", "a", "a"]), &[], &s(&["GET"]), &s(&["10.0.0.0/8", "::1"]), &s(&["gpt-4o*", "claude-3-haiku", "gpt-4o*"])).unwrap();
+        assert_eq!(scopes.models.len(), 2, "deduplicated");
         assert_eq!(scopes.routes.len(), 2, "deduplicated");
         let fields: std::collections::HashMap<&str, String> = scopes.to_fields().into_iter().collect();
         assert_eq!(fields.get("scope_networks").map(String::as_str), Some("10.0.0.0/8,::1/128"));
+        assert_eq!(fields.get("scope_models").map(String::as_str), Some("gpt-4o*,claude-3-haiku"));
         assert!(!fields.contains_key("scope_products"));
         assert_eq!(KeyScopes::from_fields(|n| fields.get(n).cloned()), Some(scopes.clone()));
         assert_eq!(KeyScopes::from_json(&scopes.to_json()), Ok(scopes));
@@ -299,6 +317,9 @@ mod tests {
         assert_eq!(field(serde_json::json!({"routes": ["a b"]})), "scopes.routes");
         assert_eq!(field(serde_json::json!({"routes": "chat"})), "scopes.routes");
         assert_eq!(field(serde_json::json!({"hosts": []})), "scopes");
+        assert_eq!(field(serde_json::json!({"models": ["gpt 4"]})), "scopes.models");
+        assert_eq!(field(serde_json::json!({"models": vec!["m"; 257]})), "scopes.models");
+        assert!(KeyScopes::from_json(&serde_json::json!({"models": vec!["m"; 256]})).is_ok(), "256 models, one after dropping duplicates");
         assert_eq!(field(serde_json::json!({"routes": vec!["r"; 65]})), "scopes.routes");
         assert!(check_label("CI deploy key — prod").is_ok());
         assert_eq!(check_label("a\nb").unwrap_err().field, "label");

@@ -200,6 +200,7 @@ pub fn kind(a: Algorithm) -> &'static str {
         Algorithm::TokenBudget => "token_budget",
         Algorithm::SpendBudget => "spend_budget",
         Algorithm::Concurrency => "concurrency",
+        Algorithm::TokensPerMinute => "tokens_per_minute",
     }
 }
 

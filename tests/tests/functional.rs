@@ -23,6 +23,7 @@ mod key_pages;
 mod key_scopes;
 mod leases;
 mod limits;
+mod models;
 mod llm;
 mod observability;
 mod openai_client;

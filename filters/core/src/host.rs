@@ -94,6 +94,10 @@ pub trait Host {
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
     /// `size` bytes of the (buffered) request body, from `start`.
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
+    /// Replaces the whole request body Envoy holds buffered (`old_len` bytes: the filter paused
+    /// at its end with [`Action::Pause`]) with `body`, from the decision's answer (an alias's
+    /// rewrite, decision 309). `false` when the host could not.
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> bool;
     /// An Envoy attribute, e.g. `["xds", "cluster_name"]` or `["response", "code_details"]`.
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// Increments a counter known by name only at configuration time (per-target stats).

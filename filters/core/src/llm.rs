@@ -285,11 +285,106 @@ pub fn path_model(path: &str) -> Option<String> {
     model_name(model).map(str::to_string)
 }
 
+/// A JSON object's members in order, each value as its bytes in the document (duplicates kept:
+/// the caller judges them).
+struct Members<'a>(Vec<(std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    out.push(member);
+                }
+                Ok(Members(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// The request body with its top-level `model` — the string `asked` — replaced by `model`, every
+/// other byte as it was (issue 42 item 4: an alias's real model for the upstream). `None` when
+/// that cannot be done safely: a body that is not one UTF-8 JSON object, a `model` member absent,
+/// present twice (however its name is escaped) or another value, or `model` not a model name. A
+/// request that names an alias and cannot be rewritten is refused, never sent on with the alias.
+pub fn rewrite_model(body: &[u8], asked: &str, model: &str) -> Option<Vec<u8>> {
+    model_name(model)?;
+    let text = std::str::from_utf8(body).ok()?;
+    let Members(members) = serde_json::from_str(text).ok()?;
+    let mut named = members.iter().filter(|(name, _)| name == "model");
+    let (_, value) = named.next()?;
+    if named.next().is_some() || serde_json::from_str::<String>(value.get()).ok()? != asked {
+        return None;
+    }
+    // the value's bytes are a slice of `text`: where they start is where they are
+    let start = (value.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let end = start + value.get().len();
+    let mut out = Vec::with_capacity(body.len() + model.len());
+    out.extend_from_slice(text.get(..start)?.as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(model.as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(text.get(end..)?.as_bytes());
+    Some(out)
+}
+
+/// The path with its Gemini-style model (`…/models/{asked}:verb`, as [`path_model`] reads it)
+/// replaced by `model`; the query and everything else as they were.
+pub fn rewrite_path_model(path: &str, asked: &str, model: &str) -> Option<String> {
+    model_name(model)?;
+    let cut = path.find(['?', '#']).unwrap_or(path.len());
+    let (head, tail) = path.split_at(cut);
+    let (before, rest) = head.rsplit_once("/models/")?;
+    let (named, verb) = rest.split_once(':')?;
+    (named == asked).then(|| format!("{before}/models/{model}:{verb}{tail}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn an_alias_is_rewritten_in_place_or_not_at_all() {
+        let rw = |b: &[u8]| rewrite_model(b, "fast", "gpt-4o-mini").map(|v| String::from_utf8(v).unwrap());
+        assert_eq!(rw(br#"{"model":"fast","messages":[{"content":"model: fast"}],"seed":123456789012345678901234567890}"#).as_deref(),
+            Some(r#"{"model":"gpt-4o-mini","messages":[{"content":"model: fast"}],"seed":123456789012345678901234567890}"#), "every other byte kept");
+        assert_eq!(rw(b"{ \"stream\" : true ,\n \"model\" :\t\"fast\" }").as_deref(), Some("{ \"stream\" : true ,\n \"model\" :\t\"gpt-4o-mini\" }"));
+        assert_eq!(rw(br#"{"model":"f\u0061st"}"#).as_deref(), Some(r#"{"model":"gpt-4o-mini"}"#), "an escaped alias is the alias");
+        for hostile in [
+            &br#"{"model":"fast","model":"fast"}"#[..],
+            br#"{"model":"fast","mod\u0065l":"o1"}"#,
+            br#"{"model":"other"}"#,
+            br#"{"model":["fast"]}"#,
+            br#"{"messages":[]}"#,
+            br#"["fast"]"#,
+            br#"{"model":"fast"} trailing"#,
+            b"{\"model\":\"fast\",\"x\":\"\xff\"}",
+            b"",
+        ] {
+            assert_eq!(rw(hostile), None, "{}", String::from_utf8_lossy(hostile));
+        }
+        assert_eq!(rewrite_model(br#"{"model":"fast"}"#, "fast", "bad name"), None);
+        let big = format!(r#"{{"model":"fast","pad":"{}"}}"#, "x".repeat(1 << 20));
+        assert_eq!(rw(big.as_bytes()).map(|s| s.len()), Some(big.len() + 7));
+    }
+
+    #[test]
+    fn a_gemini_alias_is_rewritten_in_the_path() {
+        assert_eq!(rewrite_path_model("/v1beta/models/fast:generateContent?alt=sse&x=/models/fast:y", "fast", "gemini-2.5-flash").as_deref(),
+            Some("/v1beta/models/gemini-2.5-flash:generateContent?alt=sse&x=/models/fast:y"));
+        assert_eq!(rewrite_path_model("/v1beta/models/other:generateContent", "fast", "g"), None);
+        assert_eq!(rewrite_path_model("/v1/chat/completions", "fast", "g"), None);
+        assert_eq!(rewrite_path_model("/v1beta/models/fast:generateContent", "fast", "a b"), None);
+    }
 
     fn facts(model: &str, input: u64, output: u64, cached: Option<u64>) -> ResponseFacts {
         ResponseFacts { model: Some(model.into()), input: Some(input), output: Some(output), cached }

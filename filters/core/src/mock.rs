@@ -226,4 +226,11 @@ impl Host for MockHost {
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         self.request_body.get(start..start + size).map(<[u8]>::to_vec)
     }
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> bool {
+        if old_len != self.request_body.len() {
+            return false;
+        }
+        self.request_body = body.to_vec();
+        true
+    }
 }

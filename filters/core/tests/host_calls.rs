@@ -130,6 +130,10 @@ impl Host for Counting<'_> {
         self.n("request_body");
         self.inner.request_body(start, size)
     }
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> bool {
+        self.n("replace_request_body");
+        self.inner.replace_request_body(old_len, body)
+    }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.n("property");
         self.inner.property(path)

@@ -13,6 +13,7 @@ mod host_calls;
 mod layers;
 mod lease;
 mod lease_burst;
+mod models;
 mod outcomes;
 mod properties;
 mod refunds;

@@ -122,20 +122,8 @@ extern "C" {
         label_names_length: usize,
         counter_id: *mut usize,
     ) -> u32;
-    fn envoy_dynamic_module_callback_http_filter_increment_counter(
-        filter: EnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
-    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
-        config: EnvoyPtr,
-        id: usize,
-        label_values: *mut ModuleBuffer,
-        label_values_length: usize,
-        value: u64,
-    ) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(filter: EnvoyPtr, id: usize, label_values: *mut ModuleBuffer, label_values_length: usize, value: u64) -> u32;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(config: EnvoyPtr, id: usize, label_values: *mut ModuleBuffer, label_values_length: usize, value: u64) -> u32;
     fn envoy_dynamic_module_callback_http_get_header(
         filter: EnvoyPtr,
         header_type: u32,
@@ -160,6 +148,8 @@ extern "C" {
     fn envoy_dynamic_module_callback_http_get_body_chunks_size(filter: EnvoyPtr, body_type: u32) -> usize;
     fn envoy_dynamic_module_callback_http_get_body_chunks(filter: EnvoyPtr, body_type: u32, result: *mut EnvoyBuffer) -> bool;
     fn envoy_dynamic_module_callback_http_received_buffered_request_body(filter: EnvoyPtr) -> bool;
+    fn envoy_dynamic_module_callback_http_drain_body(filter: EnvoyPtr, body_type: u32, number_of_bytes: usize) -> bool;
+    fn envoy_dynamic_module_callback_http_append_body(filter: EnvoyPtr, body_type: u32, data: ModuleBuffer) -> bool;
     fn envoy_dynamic_module_callback_http_received_buffered_response_body(filter: EnvoyPtr) -> bool;
     fn envoy_dynamic_module_callback_http_filter_get_attribute_string(filter: EnvoyPtr, id: u32, result: *mut EnvoyBuffer) -> bool;
     fn envoy_dynamic_module_callback_http_filter_get_attribute_int(filter: EnvoyPtr, id: u32, result: *mut u64) -> bool;
@@ -344,6 +334,14 @@ pub fn body(filter: Filter, request: bool) -> Vec<u8> {
     }
     chunks(filter, received, &mut out);
     out
+}
+
+/// Replaces the request body this filter's stream holds buffered (after a body hook stopped
+/// iteration: Envoy's decoding buffer) with `body`: drained whole, then appended.
+pub fn replace_buffered_request_body(filter: Filter, body: &[u8]) -> bool {
+    let kind = BodyType::BufferedRequest as u32;
+    // SAFETY: plain calls on the current stream; `body` outlives the call and Envoy copies it.
+    unsafe { envoy_dynamic_module_callback_http_drain_body(filter.0, kind, usize::MAX) && envoy_dynamic_module_callback_http_append_body(filter.0, kind, ModuleBuffer::of(body)) }
 }
 
 /// The body's size, without copying it.

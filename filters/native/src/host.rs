@@ -233,6 +233,9 @@ impl Host for NativeHost<'_> {
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         slice(self.body(true), start, size)
     }
+    fn replace_request_body(&mut self, _old_len: usize, body: &[u8]) -> bool {
+        self.filter().is_some_and(|f| ffi::replace_buffered_request_body(f, body))
+    }
     /// The attributes the core reads, by their proxy-wasm paths; integers as proxy-wasm gives
     /// them (8 bytes, little-endian).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

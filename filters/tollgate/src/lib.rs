@@ -450,6 +450,11 @@ impl Host for EnvoyHost<'_> {
     fn request_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         raw::buffer(BufferType::HttpRequestBody, start, size)
     }
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> bool {
+        // from the callout's context: the body Envoy buffers for this filter (it paused at the
+        // body's end with StopIterationAndBuffer), drained and replaced whole
+        raw::set_buffer(BufferType::HttpRequestBody, 0, old_len, body)
+    }
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         raw::buffer(BufferType::HttpResponseBody, start, size)
     }

@@ -33,6 +33,7 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
+    fn proxy_set_buffer_bytes(buffer_type: u32, start: usize, size: usize, buffer_data: *const u8, buffer_size: usize) -> u32;
     fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
@@ -104,6 +105,13 @@ pub fn buffer(kind: BufferType, start: usize, size: usize) -> Option<Vec<u8>> {
             _ => None,
         }
     }
+}
+
+/// Replaces `size` bytes of buffer `kind` from `start` with `value` (`false`: the host refused; the
+/// SDK's `set_buffer` panics then, which a filter must not).
+pub fn set_buffer(kind: BufferType, start: usize, size: usize, value: &[u8]) -> bool {
+    // SAFETY: `value` is valid for the call; the host copies it.
+    unsafe { proxy_set_buffer_bytes(kind as u32, start, size, value.as_ptr(), value.len()) == OK }
 }
 
 /// An Envoy attribute (`None`: absent, or the host could not say).

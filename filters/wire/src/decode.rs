@@ -31,6 +31,7 @@ pub(crate) struct DecideFlat {
     lease: Option<Lease>,
     #[serde(default)]
     no_lease: bool,
+    model: Option<String>,
     status: Option<u16>,
     error: Option<String>,
     message: Option<String>,
@@ -65,6 +66,7 @@ impl TryFrom<DecideFlat> for DecideResponse {
                 store: f.store,
                 lease: f.lease,
                 no_lease: f.no_lease,
+                model: f.model,
             },
             Verdict::Deny => DecideResponse::Deny {
                 status: required(f.status, "status")?,
@@ -103,6 +105,7 @@ mod tests {
             store: None,
             lease: Some(Lease { units: 7, ttl_ms: 900, response_headers: vec![Header::new("ratelimit-policy", "5;w=60")] }),
             no_lease: true,
+            model: Some("gpt-4o-mini".into()),
         };
         assert_eq!(round_trip(&allow), allow);
         let deny = DecideResponse::Deny {

@@ -219,6 +219,12 @@ pub enum DecideResponse {
         /// need not observe this key's rate nor ask for a lease (and saves that bookkeeping).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         no_lease: bool,
+        /// The model the upstream is to be asked for, in place of the one the request names (an
+        /// alias of its plan, resolved: issue 42 item 4). The filter rewrites the request's
+        /// `model` (its JSON body's, or a Gemini path's) or, when it cannot do so safely, refuses
+        /// the request; never forwards it with the alias.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
     },
     /// Answer locally with `status` and `{"error": code, "message": message}`.
     #[serde(rename_all = "camelCase")]
@@ -251,6 +257,7 @@ impl DecideResponse {
             store: None,
             lease: None,
             no_lease: false,
+            model: None,
         }
     }
 }
@@ -380,6 +387,13 @@ pub mod codes {
     /// client network the key's scopes leave out): 403, decided by the sidecar before any
     /// upstream call (issue 43).
     pub const KEY_SCOPE: &str = "key_scope";
+    /// The model an LLM request asks for (after its plan's alias) is outside its plan's or its
+    /// key's allow-list: 403, decided by the sidecar before any limit or upstream call (issue 42
+    /// item 4).
+    pub const MODEL_NOT_ALLOWED: &str = "model_not_allowed";
+    /// An allow-list of models applies and the request names no model the gateway can read (no
+    /// JSON body with a top-level `model`, a body over 1 MiB): 400, decided by the sidecar.
+    pub const MODEL_REQUIRED: &str = "model_required";
     /// Every deny code this version knows, for per-reason metrics.
     pub const ALL_DENY: &[&str] = &[
         MISSING_KEY,
@@ -402,6 +416,8 @@ pub mod codes {
         IDEMPOTENCY_STORAGE_FULL,
         INVALID_REQUEST,
         KEY_SCOPE,
+        MODEL_NOT_ALLOWED,
+        MODEL_REQUIRED,
     ];
 }
 

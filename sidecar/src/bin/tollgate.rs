@@ -100,6 +100,19 @@ enum PlanAction {
         /// A JSON array of limits (docs/configuration.md), instead of --limit.
         #[arg(long)]
         limits_json: Option<String>,
+        /// Models the plan allows on LLM routes (names, or prefixes ending in '*'); default: any.
+        #[arg(long = "model", value_delimiter = ',')]
+        models: Vec<String>,
+        /// An alias, ALIAS=MODEL: a client asks for ALIAS, the upstream is asked for MODEL.
+        #[arg(long = "alias")]
+        aliases: Vec<String>,
+        /// Per-model rate limits, MODEL=RPM:TPM (either may be empty), e.g. 'gpt-4o*=60:90000' —
+        /// or the whole list with --model-limits-json.
+        #[arg(long = "model-limit", conflicts_with = "model_limits_json")]
+        model_limits: Vec<String>,
+        /// A JSON array of per-model limits (docs/configuration.md), instead of --model-limit.
+        #[arg(long)]
+        model_limits_json: Option<String>,
     },
     List,
     Get { id: String },
@@ -327,12 +340,27 @@ fn run() -> Result<()> {
             SimpleAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/products/{}", checked(&id)?), None)?, &["deleted", "version"]),
         },
         Command::Plans { action } => match action {
-            PlanAction::Set { id, limits, limits_json } => {
+            PlanAction::Set { id, limits, limits_json, models, aliases, model_limits, model_limits_json } => {
                 let limits: Value = match limits_json {
                     Some(text) => serde_json::from_str(&text).context("--limits-json: not JSON")?,
                     None => Value::Array(limits.iter().map(|l| parse_limit(l)).collect::<Result<_>>()?),
                 };
-                let v = api.call("PUT", &format!("/v1/plans/{}", checked(&id)?), Some(json!({"id": id, "limits": limits})))?;
+                let mut plan = json!({"id": id, "limits": limits});
+                if !models.is_empty() {
+                    plan["models"] = json!(models);
+                }
+                if !aliases.is_empty() {
+                    let pairs = aliases.iter().map(|a| a.split_once('=').map(|(k, v)| (k.to_string(), json!(v))).ok_or_else(|| anyhow::anyhow!("--alias '{a}': ALIAS=MODEL")));
+                    plan["model_aliases"] = Value::Object(pairs.collect::<Result<_>>()?);
+                }
+                let model_limits: Vec<Value> = match model_limits_json {
+                    Some(text) => serde_json::from_str(&text).context("--model-limits-json: not a JSON array")?,
+                    None => model_limits.iter().map(|l| parse_model_limit(l)).collect::<Result<_>>()?,
+                };
+                if !model_limits.is_empty() {
+                    plan["model_limits"] = Value::Array(model_limits);
+                }
+                let v = api.call("PUT", &format!("/v1/plans/{}", checked(&id)?), Some(plan))?;
                 if j {
                     println!("{v}");
                 } else {
@@ -439,9 +467,35 @@ fn checked(id: &str) -> Result<&str> {
     }
 }
 
+/// `MODEL=RPM:TPM` (either count may be empty) as the admin API's model limit; the counts are
+/// checked by the sidecar, which names the field.
+fn parse_model_limit(s: &str) -> Result<Value> {
+    let bad = || anyhow::anyhow!("--model-limit '{s}': MODEL=RPM:TPM, e.g. 'gpt-4o*=60:90000' (either count may be empty)");
+    let (model, counts) = s.rsplit_once('=').ok_or_else(bad)?;
+    let (rpm, tpm) = counts.split_once(':').ok_or_else(bad)?;
+    let mut v = json!({"model": model});
+    for (field, n) in [("requests_per_minute", rpm), ("tokens_per_minute", tpm)] {
+        if !n.is_empty() {
+            v[field] = json!(n.parse::<u64>().map_err(|_| bad())?);
+        }
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_limits_parse_from_the_command_line() {
+        assert_eq!(parse_model_limit("gpt-4o*=60:90000").unwrap(), json!({"model": "gpt-4o*", "requests_per_minute": 60, "tokens_per_minute": 90000}));
+        assert_eq!(parse_model_limit("ft:gpt-4o:org=:500").unwrap(), json!({"model": "ft:gpt-4o:org", "tokens_per_minute": 500}));
+        for bad in ["gpt-4o", "m=60", "m=x:1"] {
+            assert!(parse_model_limit(bad).is_err(), "{bad}");
+        }
+        let cli = Cli::try_parse_from(["tollgate", "plans", "set", "p", "--model", "gpt-4o*,claude*", "--alias", "fast=gpt-4o-mini", "--model-limit", "gpt-4o*=60:"]).unwrap();
+        assert!(matches!(&cli.command, Command::Plans { action: PlanAction::Set { models, aliases, .. } } if models.len() == 2 && aliases == &["fast=gpt-4o-mini"]));
+    }
 
     #[test]
     fn keys_take_the_global_json_flag() {
@@ -450,6 +504,9 @@ mod tests {
         let cli = Cli::try_parse_from(["tollgate", "keys", "create", "--tenant", "t", "--plan", "p", "--route", "a,b", "--method", "GET", "--method", "POST"]).unwrap();
         assert!(matches!(&cli.command, Command::Keys { action: KeyCommand::Create { scope, .. } } if scope.routes == ["a", "b"] && scope.methods == ["GET", "POST"]));
         assert!(Cli::try_parse_from(["tollgate", "keys", "update", "key_a", "--no-scopes", "--route", "a"]).is_err(), "clearing and setting at once");
+        let cli = Cli::try_parse_from(["tollgate", "keys", "create", "--tenant", "t", "--plan", "p", "--model", "gpt-4o*,claude-3-haiku"]).unwrap();
+        assert!(matches!(&cli.command, Command::Keys { action: KeyCommand::Create { scope, .. } } if scope.models == ["gpt-4o*", "claude-3-haiku"] && scope.scopes_json()["models"][1] == "claude-3-haiku"));
+        assert!(Cli::try_parse_from(["tollgate", "keys", "update", "key_a", "--no-scopes", "--model", "a"]).is_err());
         let cli = Cli::try_parse_from(["tollgate", "keys", "rotate", "key_a", "--overlap", "2s"]).unwrap();
         assert!(matches!(cli.command, Command::Keys { action: KeyCommand::Rotate { key_id, overlap: Some(o) } } if key_id == "key_a" && o == "2s"));
         <Cli as clap::CommandFactory>::command().debug_assert();

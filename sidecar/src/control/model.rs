@@ -11,7 +11,7 @@ pub use crate::invalid::Invalid;
 
 use crate::invalid::invalid;
 use crate::keys::{Id, ALL_TENANTS};
-use crate::decision::limits::{LimitConfig, PlanConfig, Plans};
+use crate::decision::limits::{LimitConfig, ModelLimitConfig, PlanConfig, Plans};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,13 +38,33 @@ pub struct Product {
     pub name: String,
 }
 
-/// A plan as the admin API carries it: an id and the limits of crate::decision::limits.
+/// A plan as the admin API carries it: an id, the limits of crate::decision::limits and its
+/// model policy (issue 42 item 4: `models`, `model_aliases`, `model_limits`, written only when set).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
     pub id: String,
     #[serde(default)]
     pub limits: Vec<LimitConfig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_aliases: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_limits: Vec<ModelLimitConfig>,
+}
+
+impl Plan {
+    /// The plan's configuration, without its id.
+    pub fn config(self) -> PlanConfig {
+        PlanConfig { limits: self.limits, models: self.models, model_aliases: self.model_aliases, model_limits: self.model_limits }
+    }
+
+    /// The plan `id` of `config`.
+    pub fn of(id: &str, config: &PlanConfig) -> Plan {
+        let c = config.clone();
+        Plan { id: id.to_string(), limits: c.limits, models: c.models, model_aliases: c.model_aliases, model_limits: c.model_limits }
+    }
 }
 
 /// What happens when a dependency of a route cannot answer.
@@ -294,7 +314,7 @@ impl Snapshot {
         match kind {
             Kind::Tenants => drop(self.tenants.insert(id, serde_json::from_value(v)?)),
             Kind::Products => drop(self.products.insert(id, serde_json::from_value(v)?)),
-            Kind::Plans => drop(self.plans.insert(id, PlanConfig { limits: serde_json::from_value::<Plan>(v)?.limits })),
+            Kind::Plans => drop(self.plans.insert(id, serde_json::from_value::<Plan>(v)?.config())),
             Kind::Routes => drop(self.routes.insert(id, serde_json::from_value(v)?)),
         }
         Ok(())
@@ -329,7 +349,7 @@ impl Snapshot {
                     Kind::Plans => {
                         let p: Plan = serde_json::from_value(v).map_err(from_serde)?;
                         check_id("id", &p.id)?;
-                        next.plans.insert(p.id.clone(), PlanConfig { limits: p.limits });
+                        next.plans.insert(p.id.clone(), p.config());
                     }
                     Kind::Routes => {
                         let r: Route = serde_json::from_value(v).map_err(from_serde)?;
@@ -359,7 +379,7 @@ impl Snapshot {
         let v = match kind {
             Kind::Tenants => serde_json::to_value(self.tenants.get(id)?),
             Kind::Products => serde_json::to_value(self.products.get(id)?),
-            Kind::Plans => serde_json::to_value(Plan { id: id.to_string(), limits: self.plans.get(id)?.limits.clone() }),
+            Kind::Plans => serde_json::to_value(Plan::of(id, self.plans.get(id)?)),
             Kind::Routes => serde_json::to_value(self.routes.get(id)?),
         };
         v.ok()
@@ -485,6 +505,21 @@ mod tests {
         assert_eq!(e.field, "tenants.acme.products");
         let e = s.apply(&Change::Delete(Kind::Routes, "none".into())).unwrap_err();
         assert_eq!(e.field, "id");
+        // a plan's model policy (issue 42 item 4): each bad entry named; written back as given
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "models": ["gpt-4o*", "a b"]}))).unwrap_err();
+        assert_eq!(e.field, "plans.p.models[1]");
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "models": vec!["m"; 257]}))).unwrap_err();
+        assert_eq!(e.field, "plans.p.models");
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "model_limits": [{"model": "m"}]}))).unwrap_err();
+        assert_eq!(e.field, "plans.p.model_limits[0]");
+        let e = s.apply(&Change::Put(Kind::Plans, json!({"id": "p", "model_limits": [{"model": "m", "rpm": 1}]}))).unwrap_err();
+        assert_eq!(e.field, "rpm");
+        let plan = json!({"id": "p", "limits": [], "models": ["gpt-4o*"], "model_aliases": {"fast": "gpt-4o-mini"}, "model_limits": [{"model": "gpt-4o*", "requests_per_minute": 60, "subject": "key", "failure_mode": "open"}]});
+        let next = s.apply(&Change::Put(Kind::Plans, plan.clone())).unwrap();
+        assert_eq!(next.get(Kind::Plans, "p").unwrap(), plan);
+        assert_eq!(next.get(Kind::Plans, "gold"), None);
+        let bare = s.apply(&Change::Put(Kind::Plans, json!({"id": "q"}))).unwrap();
+        assert_eq!(bare.get(Kind::Plans, "q").unwrap(), json!({"id": "q", "limits": []}), "no policy: no new fields written");
     }
 
     /// Decision 201: a control character anywhere in a written object is named by its field.

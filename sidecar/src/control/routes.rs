@@ -72,7 +72,7 @@ impl Routing {
                     .map(|d| d.as_millis() as u64)
                     .filter(|ms| *ms > 0)
                     .and_then(|ms| cache_segment(&r.id, &r.cluster, ms).map(|segment| (segment, ms)));
-                (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone(), cache })
+                (r.id.clone(), RouteEffect { product: r.product.as_deref().and_then(Id::parse), plan: r.plan.clone(), cache, llm: r.llm })
             })
             .collect();
         let subscriptions = snapshot.tenants.values().map(|t| (t.id.clone(), t.products.iter().cloned().collect())).collect();

@@ -28,6 +28,7 @@ pub fn allow(
         store,
         lease,
         no_lease: false,
+        model: None,
     }
 }
 
@@ -54,4 +55,14 @@ pub fn not_priced(limit: String, why: super::spend::NotPriced) -> DecideResponse
         limit: Some(limit),
         response_headers: vec![],
     }
+}
+
+/// A model the policy refuses (issue 42 item 4): 403 `model_not_allowed`, or 400
+/// `model_required` when an allow-list applies and the request names no model.
+pub fn model_refused(why: &crate::models::Refusal) -> DecideResponse {
+    let (status, code) = match why {
+        crate::models::Refusal::Required => (400, tollgate_wire::codes::MODEL_REQUIRED),
+        crate::models::Refusal::NotAllowed { .. } => (403, tollgate_wire::codes::MODEL_NOT_ALLOWED),
+    };
+    DecideResponse::Deny { status, error: code.into(), message: why.message(), limit: None, response_headers: vec![] }
 }

@@ -9,7 +9,7 @@ use super::limits::{Algorithm, Limit, LimitFailureMode, SubjectKind, LEASE_MAX_U
 use super::spend;
 use crate::keys::{
     BudgetCounter, ConcurrencyKey, SpendBudgetKey, FixedWindowKey, Id, ReservationKey, SlidingLogKey, SlidingWindowKey, Subject, TokenBucketKey,
-    TokenBudgetKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS,
+    TokenBudgetKey, TokensPerMinuteKey, RESERVATION_TTL_MS, TOKEN_BUDGET_TTL_MS,
 };
 use crate::scripts::decide::{Check, Lease, LimitCheck, LimitState};
 use crate::usage::pricing::{Pricing, Rates};
@@ -153,6 +153,21 @@ pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
                 (check, reserved, Some((period, reserved, Some(at))))
             }
             Algorithm::Concurrency => (Check::Concurrency { key: ConcurrencyKey::new(tenant, name, &subject), slot_timeout_ms: w }, 1, None),
+            Algorithm::TokensPerMinute => {
+                // the calendar minute's counter; the minute is the ticket's period (8 digits
+                // where a month's has 6: complete() tells them apart)
+                let minute = (ctx.now_ms / MINUTE_MS) as u32;
+                let reserved = tokens_per_minute_reservation(l.estimate, ctx.llm);
+                let counter = BudgetCounter::Minute(TokensPerMinuteKey::new(tenant, name, &subject, minute));
+                let check = Check::Budget {
+                    counter_ttl_ms: counter.ttl_ms(),
+                    counter,
+                    reservation: ReservationKey::new(tenant, name, &subject, ctx.request_id),
+                    reservation_ttl_ms: RESERVATION_TTL_MS,
+                    period_left_ms: MINUTE_MS - ctx.now_ms % MINUTE_MS,
+                };
+                (check, reserved, Some((minute, reserved, None)))
+            }
         };
         // A budget's limit may be any u64 (one no month reaches); the script sees at most
         // 2^62, so that `limit - used` and the counter's INCRBY stay within Redis's i64
@@ -172,6 +187,17 @@ pub fn checks(limits: &[Limit], ctx: &RequestCtx<'_>) -> Checks {
         });
     }
     Checks { checks, meta }
+}
+
+const MINUTE_MS: u64 = 60_000;
+
+/// What a request reserves of a per-model tokens-per-minute limit: its input estimated as a
+/// money budget's (⌈body bytes / 4⌉) plus the output it allows (`max_tokens`…, else
+/// `default_output`), at least 1 — reconciled to the tokens it used at completion.
+pub fn tokens_per_minute_reservation(default_output: u64, llm: Option<&LlmAsk>) -> u64 {
+    let input = llm.map_or(0, |a| a.input_bytes.div_ceil(spend::BYTES_PER_TOKEN));
+    let output = llm.and_then(|a| a.max_output_tokens).filter(|n| *n > 0).unwrap_or(default_output);
+    input.saturating_add(output).clamp(1, super::limits::MAX_COUNT)
 }
 
 /// A lease of `want` units (capped at [`LEASE_MAX_UNITS`]) taken with the request's own check;
@@ -253,6 +279,15 @@ pub fn month_of(now_ms: u64) -> (u32, u64) {
     let day = Day::of_ms(now_ms);
     let next = day.next_month().days_since_epoch() as u64 * 86_400_000;
     ((day.year as u32) * 100 + day.month, next.saturating_sub(now_ms))
+}
+
+/// The budgets of a decision and their usage after it (spent and reserved), for alerts.
+pub fn budget_uses<'a>(meta: &'a [Meta], states: &'a [crate::scripts::decide::LimitState]) -> impl Iterator<Item = crate::alerts::BudgetUse<'a>> {
+    // a minute's tokens are a rate, not a budget to warn of
+    meta.iter().zip(states).filter(|(m, _)| !m.shadow && m.algorithm != Algorithm::TokensPerMinute).filter_map(|(m, s)| {
+        let unit = if m.algorithm == Algorithm::SpendBudget { "micros" } else { "tokens" };
+        m.budget.map(|(period, ..)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, unit, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
+    })
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use super::{DecisionStore, Decider};
 use super::spend;
-use crate::keys::{BudgetCounter, ConcurrencyKey, DecisionRecordKey, Id, ReservationKey, SpendBudgetKey, Subject, TokenBudgetKey};
+use crate::keys::{BudgetCounter, ConcurrencyKey, DecisionRecordKey, Id, ReservationKey, SpendBudgetKey, Subject, TokenBudgetKey, TokensPerMinuteKey};
 use crate::metrics as m;
 use crate::scripts::complete::CompleteCall;
 use crate::store::StoreError;
@@ -46,9 +46,12 @@ impl<S: DecisionStore> Decider<S> {
             let limit = Id::parse(&b.limit).ok_or_else(|| bad("budgets.limit"))?;
             let subject = Subject::parse(&b.subject).ok_or_else(|| bad("budgets.subject"))?;
             let month = (190_001..=999_912).contains(&b.period);
+            // a calendar minute (ms / 60 000: 8 digits since 1989) of a per-model tokens-per-minute limit
+            let minute = b.period >= 10_000_000;
             let (counter, actual) = match b.priced_at_ms {
                 // No usage reported: the reservation stands as the charge.
                 None if month => (TokenBudgetKey::new(&tenant, &limit, &subject, b.period).into(), c.tokens.unwrap_or(b.reserved)),
+                None if minute => (BudgetCounter::Minute(TokensPerMinuteKey::new(&tenant, &limit, &subject, b.period)), c.tokens.unwrap_or(b.reserved)),
                 // A money budget (month or day): the real cost at the prices it was reserved at,
                 // which its usage event is billed at too (decision 302).
                 Some(at) if month || (19_000_101..=99_991_231).contains(&b.period) => {

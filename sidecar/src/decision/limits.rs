@@ -13,6 +13,7 @@
 use super::spend::{parse_offset, Period, SpendSpec, Unpriced};
 use crate::invalid::{invalid, Invalid};
 use crate::keys::Id;
+use crate::models::ModelPattern;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,6 +39,12 @@ pub enum Algorithm {
     SpendBudget,
     /// Seed 000: requests in flight; `window` = how long a slot lives without a completion.
     Concurrency,
+    /// A plan's per-model tokens per minute (`model_limits`, issue 42 item 4): a calendar
+    /// minute's counter of tokens, reserved at the decision (the request's input estimate plus
+    /// its output bound) and reconciled to the tokens it used at completion, as a token budget's
+    /// month is. Made by [`Plans::compile`] from `tokens_per_minute`, never written as a limit.
+    #[serde(skip)]
+    TokensPerMinute,
 }
 
 /// What to do with a limit when Redis cannot answer in time.
@@ -148,6 +155,74 @@ fn default_failure_mode() -> LimitFailureMode {
 pub struct PlanConfig {
     #[serde(default)]
     pub limits: Vec<LimitConfig>,
+    /// The models the plan allows on LLM routes (names, or `prefix*`); empty: every model
+    /// (issue 42 item 4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    /// Names a client may ask for → the model the upstream is asked for.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_aliases: BTreeMap<String, String>,
+    /// Requests and tokens per minute per model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_limits: Vec<ModelLimitConfig>,
+}
+
+impl PlanConfig {
+    /// Only limits, as most plans are.
+    pub fn of_limits(limits: Vec<LimitConfig>) -> PlanConfig {
+        PlanConfig { limits, ..PlanConfig::default() }
+    }
+}
+
+/// A plan's rate limits for the models one pattern matches (TOML `[[plans.<plan>.model_limits]]`):
+/// requests and tokens per minute, as providers state them. The entry whose pattern matches the
+/// request's (resolved) model most specifically applies ([`crate::models::best`]), and counts the
+/// requests of every model it matches together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelLimitConfig {
+    /// A model name or `prefix*`.
+    pub model: String,
+    /// The limits' names are `<name>.rpm` and `<name>.tpm` (RateLimit headers, Redis keys);
+    /// default: the model with every character outside `[A-Za-z0-9_.-]` as `_` (`*` alone: `all`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    /// What the counts are per, as for limits (default `key`).
+    #[serde(default = "default_subject")]
+    pub subject: String,
+    #[serde(default = "default_failure_mode")]
+    pub failure_mode: LimitFailureMode,
+    /// Tokens per minute: the output reserved for a request that does not say (default 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+}
+
+/// The most `model_limits` entries of one plan.
+pub const MAX_MODEL_LIMITS: usize = 256;
+
+/// A plan's model policy, validated (issue 42 item 4; `crate::models`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelPolicy {
+    pub allow: Vec<ModelPattern>,
+    pub aliases: BTreeMap<String, String>,
+    /// Per pattern, its limits (`<name>.rpm`: a sliding window of requests; `<name>.tpm`: tokens
+    /// per minute).
+    pub limits: Vec<(ModelPattern, Vec<Limit>)>,
+}
+
+impl ModelPolicy {
+    /// The limits of the entry that applies to `model` (none: no entry matches).
+    pub fn limits_for(&self, model: &str) -> &[Limit] {
+        crate::models::best(&self.limits, |x| &x.0, model).map_or(&[], |x| x.1.as_slice())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.aliases.is_empty() && self.limits.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,13 +273,17 @@ impl Limit {
     }
 }
 
-/// Plans by name, validated.
+/// Plans by name, validated: their limits, and the model policies of those that have one.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Plans(BTreeMap<String, Vec<Limit>>);
+pub struct Plans {
+    limits: BTreeMap<String, Vec<Limit>>,
+    models: BTreeMap<String, ModelPolicy>,
+}
 
 impl Plans {
     pub fn compile(raw: &BTreeMap<String, PlanConfig>) -> Result<Plans, Invalid> {
         let mut out = BTreeMap::new();
+        let mut models = BTreeMap::new();
         for (plan, cfg) in raw {
             if Id::parse(plan).is_none() {
                 return Err(invalid(format!("plans.{plan}"), "not a valid plan id"));
@@ -216,128 +295,41 @@ impl Plans {
                 if limits.iter().any(|x: &Limit| x.name == name) {
                     return Err(invalid(format!("{at}.name"), format!("'{name}' is used twice in this plan")));
                 }
-                let subject = match l.subject.as_str() {
-                    "key" => SubjectKind::Key,
-                    "tenant" => SubjectKind::Tenant,
-                    "tenant_product" => SubjectKind::TenantProduct,
-                    "client_ip" => SubjectKind::ClientIp,
-                    s => match s.strip_prefix("header:") {
-                        Some(h) if !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => {
-                            SubjectKind::Header(h.to_ascii_lowercase())
-                        }
-                        _ => return Err(invalid(format!("{at}.subject"), format!("'{s}' is not key, tenant, tenant_product, client_ip or header:<name>"))),
-                    },
-                };
-                if l.limit == 0 {
-                    return Err(invalid(format!("{at}.limit"), "must be at least 1"));
-                }
-                if l.cost == 0 {
-                    return Err(invalid(format!("{at}.cost"), "must be at least 1"));
-                }
-                // a request holds one slot; a cost that meant "holds N" would admit N times the
-                // intended load (decision 178)
-                if l.algorithm == Algorithm::Concurrency && l.cost != 1 {
-                    return Err(invalid(format!("{at}.cost"), "a concurrency limit counts requests in flight, one slot each: cost must be 1"));
-                }
-                // Redis's Lua numbers are doubles: above 2^53 they are no longer exact.
-                // (a token budget's month counter adds with saturation and is tested past 2^53:
-                // its limit may be any u64, e.g. one no month reaches)
-                if l.limit > MAX_COUNT && l.algorithm != Algorithm::TokenBudget {
-                    return Err(invalid(format!("{at}.limit"), format!("must be at most {MAX_COUNT} (2^53)")));
-                }
-                if l.estimate.is_some_and(|e| e > MAX_COUNT) {
-                    return Err(invalid(format!("{at}.estimate"), format!("must be at most {MAX_COUNT} (2^53)")));
-                }
-                if l.cost > l.limit && l.algorithm != Algorithm::TokenBudget {
-                    return Err(invalid(format!("{at}.cost"), format!("must be at most the limit ({}): a request costing more is never admitted", l.limit)));
-                }
-                // A sliding log keeps one sorted-set member per unit for the whole window: its
-                // memory, and each request's work in Redis (one ZADD per unit), grow with them.
-                if l.algorithm == Algorithm::SlidingLog && (l.limit > MAX_SLIDING_LOG_LIMIT || l.cost > MAX_SLIDING_LOG_COST) {
-                    return Err(invalid(
-                        format!("{at}.limit"),
-                        format!("a sliding_log holds at most {MAX_SLIDING_LOG_LIMIT} units with a cost of at most {MAX_SLIDING_LOG_COST} (one Redis set member each): use sliding_window for larger limits"),
-                    ));
-                }
-                let default_window = match l.algorithm {
-                    Algorithm::Concurrency => Duration::from_secs(300),
-                    _ => Duration::from_secs(60),
-                };
-                let window = l.window.unwrap_or(default_window);
-                if window < Duration::from_millis(1) || window > Duration::from_secs(366 * 86400) {
-                    return Err(invalid(format!("{at}.window"), "must be between 1ms and 366 days"));
-                }
-                let auth_class = match (l.algorithm, l.class.as_deref()) {
-                    (_, None) | (Algorithm::SlidingLog, Some("api")) => false,
-                    (Algorithm::SlidingLog, Some("auth")) => true,
-                    (Algorithm::SlidingLog, Some(c)) => return Err(invalid(format!("{at}.class"), format!("'{c}' is not api or auth"))),
-                    (_, Some(_)) => return Err(invalid(format!("{at}.class"), "only sliding_log limits have a class")),
-                };
-                let spend = spend_spec(l, &at)?;
-                if l.failure_mode == LimitFailureMode::Local && matches!(l.algorithm, Algorithm::TokenBudget | Algorithm::SpendBudget | Algorithm::Concurrency) {
-                    // A budget's reservation and a concurrency slot are settled by the completion
-                    // path in Redis: a local share of them would never be given back.
-                    return Err(invalid(
-                        format!("{at}.failure_mode"),
-                        format!("limit '{name}': local applies to fixed_window, sliding_window, sliding_log and token_bucket only (use open or closed)"),
-                    ));
-                }
-                if l.mode == LimitMode::Leased {
-                    // A lease is units taken ahead from a counter that only grows within its
-                    // window (fixed) or a bucket that only refills: spending them later never
-                    // admits more than the limit. Sliding windows and logs count each request
-                    // at its own time, budgets and concurrency hold per-request state.
-                    if !matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket) {
-                        return Err(invalid(format!("{at}.mode"), "leased applies to fixed_window and token_bucket only"));
-                    }
-                    if !matches!(subject, SubjectKind::Key | SubjectKind::Tenant | SubjectKind::TenantProduct) {
-                        return Err(invalid(format!("{at}.mode"), "a leased limit counts per key, tenant or tenant_product (the filter keeps leases per key)"));
-                    }
-                    if l.shadow {
-                        return Err(invalid(format!("{at}.mode"), "a shadow limit counts each request's would-deny; it cannot be leased"));
-                    }
-                }
-                limits.push(Limit {
-                    name,
-                    algorithm: l.algorithm,
-                    subject,
-                    limit: l.limit,
-                    // a money budget's window is its period's (what RateLimit-Policy says)
-                    window_ms: match spend.map(|s| s.period) {
-                        Some(Period::Day) => 86_400_000,
-                        Some(Period::Month) => 30 * 86_400_000,
-                        None => window.as_millis() as u64,
-                    },
-                    cost: l.cost,
-                    estimate: l.estimate.unwrap_or(1000).max(1),
-                    shadow: l.shadow,
-                    failure_mode: l.failure_mode,
-                    auth_class,
-                    mode: l.mode,
-                    spend,
-                });
+                limits.push(compile_limit(l, name, &at)?);
+            }
+            let policy = model_policy(plan, cfg, &limits)?;
+            if !policy.is_empty() {
+                models.insert(plan.clone(), policy);
             }
             out.insert(plan.clone(), limits);
         }
-        Ok(Plans(out))
+        Ok(Plans { limits: out, models })
     }
 
     /// The limits of `plan`; an unknown plan has none (see docs/decisions.md).
     pub fn limits(&self, plan: &str) -> &[Limit] {
-        self.0.get(plan).map_or(&[], Vec::as_slice)
+        self.limits.get(plan).map_or(&[], Vec::as_slice)
+    }
+
+    /// The model policy of `plan` (none: it allows every model, aliases none, limits none per model).
+    pub fn models(&self, plan: &str) -> Option<&ModelPolicy> {
+        self.models.get(plan)
+    }
+
+    /// Every limit of every plan, per-model ones included.
+    fn all(&self) -> impl Iterator<Item = &Limit> {
+        self.limits.values().flatten().chain(self.models.values().flat_map(|m| m.limits.iter().flat_map(|(_, l)| l)))
     }
 
     /// Whether some limit fails `local` (then the sidecars count each other, super::replicas).
     pub fn any_local(&self) -> bool {
-        self.0.values().flatten().any(|l| l.failure_mode == LimitFailureMode::Local)
+        self.all().any(|l| l.failure_mode == LimitFailureMode::Local)
     }
 
     /// Header names some limit counts per: the filter must forward them.
     pub fn subject_headers(&self) -> Vec<String> {
         let mut v: Vec<String> = self
-            .0
-            .values()
-            .flatten()
+            .all()
             .filter_map(|l| match &l.subject {
                 SubjectKind::Header(h) => Some(h.clone()),
                 _ => None,
@@ -347,6 +339,188 @@ impl Plans {
         v.dedup();
         v
     }
+}
+
+/// One limit as configured, checked (`at`: its path, for errors); `name` is its validated name.
+fn compile_limit(l: &LimitConfig, name: Id, at: &str) -> Result<Limit, Invalid> {
+    let subject = match l.subject.as_str() {
+        "key" => SubjectKind::Key,
+        "tenant" => SubjectKind::Tenant,
+        "tenant_product" => SubjectKind::TenantProduct,
+        "client_ip" => SubjectKind::ClientIp,
+        s => match s.strip_prefix("header:") {
+            Some(h) if !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => {
+                SubjectKind::Header(h.to_ascii_lowercase())
+            }
+            _ => return Err(invalid(format!("{at}.subject"), format!("'{s}' is not key, tenant, tenant_product, client_ip or header:<name>"))),
+        },
+    };
+    if l.limit == 0 {
+        return Err(invalid(format!("{at}.limit"), "must be at least 1"));
+    }
+    if l.cost == 0 {
+        return Err(invalid(format!("{at}.cost"), "must be at least 1"));
+    }
+    // a request holds one slot; a cost that meant "holds N" would admit N times the
+    // intended load (decision 178)
+    if l.algorithm == Algorithm::Concurrency && l.cost != 1 {
+        return Err(invalid(format!("{at}.cost"), "a concurrency limit counts requests in flight, one slot each: cost must be 1"));
+    }
+    // Redis's Lua numbers are doubles: above 2^53 they are no longer exact.
+    // (a token budget's month counter adds with saturation and is tested past 2^53:
+    // its limit may be any u64, e.g. one no month reaches)
+    if l.limit > MAX_COUNT && l.algorithm != Algorithm::TokenBudget {
+        return Err(invalid(format!("{at}.limit"), format!("must be at most {MAX_COUNT} (2^53)")));
+    }
+    if l.estimate.is_some_and(|e| e > MAX_COUNT) {
+        return Err(invalid(format!("{at}.estimate"), format!("must be at most {MAX_COUNT} (2^53)")));
+    }
+    if l.cost > l.limit && l.algorithm != Algorithm::TokenBudget {
+        return Err(invalid(format!("{at}.cost"), format!("must be at most the limit ({}): a request costing more is never admitted", l.limit)));
+    }
+    // A sliding log keeps one sorted-set member per unit for the whole window: its
+    // memory, and each request's work in Redis (one ZADD per unit), grow with them.
+    if l.algorithm == Algorithm::SlidingLog && (l.limit > MAX_SLIDING_LOG_LIMIT || l.cost > MAX_SLIDING_LOG_COST) {
+        return Err(invalid(
+            format!("{at}.limit"),
+            format!("a sliding_log holds at most {MAX_SLIDING_LOG_LIMIT} units with a cost of at most {MAX_SLIDING_LOG_COST} (one Redis set member each): use sliding_window for larger limits"),
+        ));
+    }
+    let default_window = match l.algorithm {
+        Algorithm::Concurrency => Duration::from_secs(300),
+        _ => Duration::from_secs(60),
+    };
+    let window = l.window.unwrap_or(default_window);
+    if window < Duration::from_millis(1) || window > Duration::from_secs(366 * 86400) {
+        return Err(invalid(format!("{at}.window"), "must be between 1ms and 366 days"));
+    }
+    let auth_class = match (l.algorithm, l.class.as_deref()) {
+        (_, None) | (Algorithm::SlidingLog, Some("api")) => false,
+        (Algorithm::SlidingLog, Some("auth")) => true,
+        (Algorithm::SlidingLog, Some(c)) => return Err(invalid(format!("{at}.class"), format!("'{c}' is not api or auth"))),
+        (_, Some(_)) => return Err(invalid(format!("{at}.class"), "only sliding_log limits have a class")),
+    };
+    let spend = spend_spec(l, at)?;
+    if l.failure_mode == LimitFailureMode::Local && matches!(l.algorithm, Algorithm::TokenBudget | Algorithm::SpendBudget | Algorithm::Concurrency | Algorithm::TokensPerMinute) {
+        // A budget's reservation and a concurrency slot are settled by the completion
+        // path in Redis: a local share of them would never be given back.
+        return Err(invalid(
+            format!("{at}.failure_mode"),
+            format!("limit '{name}': local applies to fixed_window, sliding_window, sliding_log and token_bucket only (use open or closed)"),
+        ));
+    }
+    if l.mode == LimitMode::Leased {
+        // A lease is units taken ahead from a counter that only grows within its
+        // window (fixed) or a bucket that only refills: spending them later never
+        // admits more than the limit. Sliding windows and logs count each request
+        // at its own time, budgets and concurrency hold per-request state.
+        if !matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket) {
+            return Err(invalid(format!("{at}.mode"), "leased applies to fixed_window and token_bucket only"));
+        }
+        if !matches!(subject, SubjectKind::Key | SubjectKind::Tenant | SubjectKind::TenantProduct) {
+            return Err(invalid(format!("{at}.mode"), "a leased limit counts per key, tenant or tenant_product (the filter keeps leases per key)"));
+        }
+        if l.shadow {
+            return Err(invalid(format!("{at}.mode"), "a shadow limit counts each request's would-deny; it cannot be leased"));
+        }
+    }
+    Ok(Limit {
+        name,
+        algorithm: l.algorithm,
+        subject,
+        limit: l.limit,
+        // a money budget's window is its period's (what RateLimit-Policy says)
+        window_ms: match spend.map(|s| s.period) {
+            Some(Period::Day) => 86_400_000,
+            Some(Period::Month) => 30 * 86_400_000,
+            None => window.as_millis() as u64,
+        },
+        cost: l.cost,
+        estimate: l.estimate.unwrap_or(1000).max(1),
+        shadow: l.shadow,
+        failure_mode: l.failure_mode,
+        auth_class,
+        mode: l.mode,
+        spend,
+    })
+}
+
+/// A plan's model policy (`models`, `model_aliases`, `model_limits`), checked; its per-model
+/// limits' names are unique in the plan (`limits`: the plan's own, checked before).
+fn model_policy(plan: &str, cfg: &PlanConfig, limits: &[Limit]) -> Result<ModelPolicy, Invalid> {
+    let from = |e: crate::models::BadModels| invalid(e.field, e.message);
+    let allow = crate::models::parse_list(&cfg.models, &format!("plans.{plan}.models")).map_err(from)?;
+    let aliases = crate::models::parse_aliases(&cfg.model_aliases, &format!("plans.{plan}.model_aliases")).map_err(from)?;
+    if cfg.model_limits.len() > MAX_MODEL_LIMITS {
+        return Err(invalid(format!("plans.{plan}.model_limits"), format!("at most {MAX_MODEL_LIMITS} entries")));
+    }
+    let mut names: Vec<Id> = limits.iter().map(|l| l.name.clone()).collect();
+    let mut out: Vec<(ModelPattern, Vec<Limit>)> = Vec::new();
+    for (i, m) in cfg.model_limits.iter().enumerate() {
+        let at = format!("plans.{plan}.model_limits[{i}]");
+        let pattern = ModelPattern::parse(&m.model)
+            .ok_or_else(|| invalid(format!("{at}.model"), "a model name or prefix: 1-128 of [A-Za-z0-9._:/@+-], with an optional trailing '*'"))?;
+        if out.iter().any(|(p, _)| *p == pattern) {
+            return Err(invalid(format!("{at}.model"), format!("'{}' has two entries in this plan", pattern.as_str())));
+        }
+        let base = match &m.name {
+            Some(n) => n.clone(),
+            None if pattern.as_str() == "*" => "all".into(),
+            None => pattern.as_str().chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') { c } else { '_' }).collect(),
+        };
+        let named = |suffix: &str| Id::parse(&format!("{base}.{suffix}")).filter(|_| base.len() <= 60);
+        if named("rpm").is_none() {
+            let why = match &m.name {
+                Some(_) => "1-60 of letters, digits, '_', '-', '.'",
+                None => "the model is longer than 60 characters: give the entry a name (1-60 of letters, digits, '_', '-', '.')",
+            };
+            return Err(invalid(format!("{at}.name"), why));
+        }
+        let count = |n: Option<u64>, field: &str| -> Result<Option<u64>, Invalid> {
+            match n {
+                Some(v) if v == 0 || v > MAX_COUNT => Err(invalid(format!("{at}.{field}"), format!("must be between 1 and {MAX_COUNT} (2^53)"))),
+                v => Ok(v),
+            }
+        };
+        let (rpm, tpm) = (count(m.requests_per_minute, "requests_per_minute")?, count(m.tokens_per_minute, "tokens_per_minute")?);
+        if rpm.is_none() && tpm.is_none() {
+            return Err(invalid(&at, "give requests_per_minute, tokens_per_minute or both"));
+        }
+        if tpm.is_none() && m.max_output_tokens.is_some() {
+            return Err(invalid(format!("{at}.max_output_tokens"), "only with tokens_per_minute (what a request reserves of it)"));
+        }
+        let output = count(Some(m.max_output_tokens.unwrap_or(super::spend::DEFAULT_MAX_OUTPUT_TOKENS)), "max_output_tokens")?;
+        let mut entry = Vec::new();
+        for (suffix, algorithm, limit) in [("rpm", Algorithm::SlidingWindow, rpm), ("tpm", Algorithm::TokensPerMinute, tpm)] {
+            let Some(limit) = limit else { continue };
+            let name = named(suffix).expect("checked above");
+            if names.contains(&name) {
+                return Err(invalid(format!("{at}.name"), format!("'{name}' is used twice in this plan: give the entry another name")));
+            }
+            names.push(name.clone());
+            let config = LimitConfig {
+                name: name.to_string(),
+                algorithm,
+                subject: m.subject.clone(),
+                limit,
+                window: Some(Duration::from_secs(60)),
+                cost: 1,
+                // tokens per minute: the output bound of a request that names none
+                estimate: (algorithm == Algorithm::TokensPerMinute).then_some(output.unwrap_or(1)),
+                shadow: false,
+                failure_mode: m.failure_mode,
+                class: None,
+                mode: LimitMode::Exact,
+                period: None,
+                max_output_tokens: None,
+                unpriced: None,
+                utc_offset: None,
+            };
+            entry.push(compile_limit(&config, name, &at)?);
+        }
+        out.push((pattern, entry));
+    }
+    Ok(ModelPolicy { allow, aliases, limits: out })
 }
 
 /// A money budget's settings, checked; `None` for other limits (which must not set them).
@@ -394,164 +568,4 @@ pub fn lease_ttl_ms(limits: &[Limit], now_ms: u64, key_left_ms: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// decide.lua's `LEASE_EPOCH` is the longest a lease lives (decision 187): a lease outliving
-    /// it would be forgotten by its bucket while still spendable.
-    #[test]
-    fn the_scripts_lease_epoch_is_the_longest_lease() {
-        let script = include_str!("../../lua/decide.lua");
-        assert!(script.contains(&format!("local LEASE_EPOCH = {LEASE_MAX_TTL_MS}\n")));
-    }
-    use tollgate_tests::fixtures::limit_toml;
-
-    /// `toml_text` is refused with an error that mentions `needle`.
-    fn refused(toml_text: &str, needle: &str) {
-        let err = plans(toml_text).unwrap_err();
-        assert!(err.contains(needle), "{err} should mention {needle}");
-    }
-
-    fn plans(toml_text: &str) -> Result<Plans, String> {
-        #[derive(Deserialize)]
-        struct W {
-            plans: BTreeMap<String, PlanConfig>,
-        }
-        let w: W = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        Plans::compile(&w.plans).map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn plans_compile_with_defaults_and_refuse_bad_limits() {
-        let p = plans(
-            &[
-                limit_toml("gold", "per-min", "fixed_window", 10, ""),
-                limit_toml("gold", "conc", "concurrency", 2, "subject = \"tenant\""),
-                limit_toml("gold", "by-user", "sliding_log", 5, "subject = \"header:X-User\"\nclass = \"auth\""),
-            ]
-            .concat(),
-        )
-        .unwrap();
-        let l = p.limits("gold");
-        assert_eq!(l.len(), 3);
-        assert_eq!(l[0].window_ms, 60_000);
-        assert_eq!(l[1].window_ms, 300_000);
-        assert_eq!(l[0].failure_mode, LimitFailureMode::Open);
-        assert!(l[2].auth_class);
-        assert_eq!(p.subject_headers(), vec!["x-user"]);
-        assert!(p.limits("unknown").is_empty());
-
-        for (bad, needle) in [
-            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 0", "limit"),
-            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nsubject = \"nobody\"", "subject"),
-            ("name = \"a b\"\nalgorithm = \"fixed_window\"\nlimit = 1", "name"),
-            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nclass = \"auth\"", "class"),
-            ("name = \"a\"\nalgorithm = \"leaky\"\nlimit = 1", "unknown variant"),
-            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nlimt = 2", "unknown field"),
-            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9007199254740993", "limit: must be at most 9007199254740992"),
-            ("name = \"a\"\nalgorithm = \"token_budget\"\nlimit = 10\nestimate = 9007199254740993", "estimate"),
-            ("name = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncost = 6", "cost: must be at most the limit (5)"),
-            ("name = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 1000000000", "use sliding_window"),
-            ("name = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 50000\ncost = 2000", "use sliding_window"),
-            ("name = \"a\"\nalgorithm = \"concurrency\"\nlimit = 10\ncost = 5", "cost must be 1"),
-        ] {
-            refused(&format!("[[plans.p.limits]]\n{bad}"), needle);
-        }
-        let err = plans("[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"fixed_window\"\nlimit=1\n[[plans.p.limits]]\nname=\"a\"\nalgorithm=\"token_bucket\"\nlimit=1").unwrap_err();
-        assert!(err.contains("twice"), "{err}");
-    }
-
-    #[test]
-    fn local_failure_mode_is_for_windows_logs_and_buckets() {
-        for a in ["fixed_window", "sliding_window", "sliding_log", "token_bucket"] {
-            let p = plans(&format!("[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"{a}\"\nlimit = 9\nfailure_mode = \"local\"")).unwrap();
-            assert_eq!(p.limits("p")[0].failure_mode, LimitFailureMode::Local, "{a}");
-        }
-        for a in ["token_budget", "concurrency"] {
-            let err = plans(&format!("[[plans.p.limits]]\nname = \"tok\"\nalgorithm = \"{a}\"\nlimit = 9\nfailure_mode = \"local\"")).unwrap_err();
-            assert!(err.contains("plans.p.limits[0].failure_mode") && err.contains("'tok'") && err.contains("open or closed"), "{err}");
-        }
-    }
-
-    #[test]
-    fn a_spend_budget_has_a_period_an_output_bound_and_a_zone() {
-        let p = plans("[[plans.p.limits]]\nname = \"d\"\nalgorithm = \"spend_budget\"\nlimit = 5\nperiod = \"day\"\nmax_output_tokens = 64\nunpriced = \"refuse\"\nutc_offset = \"-08:00\"\n").unwrap();
-        let l = &p.limits("p")[0];
-        let spend = SpendSpec { period: Period::Day, max_output_tokens: 64, unpriced: Unpriced::Refuse, offset_min: -480 };
-        assert_eq!((l.spend, l.window_ms), (Some(spend), 86_400_000));
-        let month = plans("[[plans.p.limits]]\nname = \"m\"\nalgorithm = \"spend_budget\"\nlimit = 5\n").unwrap();
-        assert_eq!((month.limits("p")[0].spend, month.limits("p")[0].window_ms), (Some(SpendSpec::default()), 30 * 86_400_000));
-        for (bad, needle) in [
-            ("algorithm = \"fixed_window\"\nlimit = 1\nperiod = \"day\"", "spend_budget limits only"),
-            ("algorithm = \"spend_budget\"\nlimit = 1\nestimate = 5", "max_output_tokens"),
-            ("algorithm = \"spend_budget\"\nlimit = 1\nmax_output_tokens = 0", "max_output_tokens"),
-            ("algorithm = \"spend_budget\"\nlimit = 1\nutc_offset = \"CET\"", "utc_offset"),
-            ("algorithm = \"spend_budget\"\nlimit = 1\nperiod = \"week\"", "unknown variant"),
-            ("algorithm = \"spend_budget\"\nlimit = 1\nfailure_mode = \"local\"", "open or closed"),
-            ("algorithm = \"spend_budget\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
-            ("algorithm = \"spend_budget\"\nlimit = 9007199254740993", "2^53"),
-        ] {
-            refused(&format!("[[plans.p.limits]]\nname = \"a\"\n{bad}"), needle);
-        }
-    }
-
-    #[test]
-    fn leased_mode_is_for_fixed_windows_and_buckets_per_key_tenant_or_product() {
-        let p = plans(
-            "[[plans.p.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9\nmode = \"leased\"\n\
-             [[plans.p.limits]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 9\nmode = \"leased\"\nsubject = \"tenant\"\n\
-             [[plans.q.limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 9\nmode = \"leased\"\n\
-             [[plans.q.limits]]\nname = \"b\"\nalgorithm = \"fixed_window\"\nlimit = 9\n",
-        )
-        .unwrap();
-        assert!(leasable(p.limits("p")));
-        assert!(!leasable(p.limits("q")), "one exact limit makes every request exact");
-        assert!(!leasable(&[]));
-        assert_eq!(p.limits("q")[1].mode, LimitMode::Exact);
-        for (bad, needle) in [
-            ("algorithm = \"sliding_window\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
-            ("algorithm = \"sliding_log\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
-            ("algorithm = \"concurrency\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
-            ("algorithm = \"token_budget\"\nlimit = 1\nmode = \"leased\"", "fixed_window and token_bucket"),
-            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"leased\"\nsubject = \"client_ip\"", "per key"),
-            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"leased\"\nshadow = true", "shadow"),
-            ("algorithm = \"fixed_window\"\nlimit = 1\nmode = \"sometimes\"", "unknown variant"),
-        ] {
-            refused(&format!("[[plans.p.limits]]\nname = \"a\"\n{bad}"), needle);
-        }
-        // exact is the default and is not written back (admin JSON stays as it was)
-        let cfg = LimitConfig {
-            name: "a".into(),
-            algorithm: Algorithm::FixedWindow,
-            subject: "key".into(),
-            limit: 1,
-            window: None,
-            cost: 1,
-            estimate: None,
-            shadow: false,
-            failure_mode: LimitFailureMode::Open,
-            class: None,
-            mode: LimitMode::Exact,
-            period: None,
-            max_output_tokens: None,
-            unpriced: None,
-            utc_offset: None,
-        };
-        assert!(!serde_json::to_string(&cfg).unwrap().contains(r#""mode""#));
-        let leased = LimitConfig { mode: LimitMode::Leased, ..cfg };
-        assert!(serde_json::to_string(&leased).unwrap().contains(r#""mode":"leased""#));
-    }
-
-    #[test]
-    fn lease_lifetime_is_bounded_by_the_window_the_key_and_the_maximum() {
-        let mut fixed = Limit::example(Algorithm::FixedWindow, SubjectKind::Key);
-        fixed.window_ms = 1_000;
-        let bucket = Limit::example(Algorithm::TokenBucket, SubjectKind::Key);
-        let t = 1_000_000u64;
-        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, u64::MAX), LEASE_MAX_TTL_MS);
-        assert_eq!(lease_ttl_ms(std::slice::from_ref(&bucket), t, 200), 200, "the key expires first");
-        assert_eq!(lease_ttl_ms(&[bucket.clone(), fixed.clone()], t + 700, u64::MAX), 300, "the window ends first");
-        assert_eq!(lease_ttl_ms(&[fixed.clone()], t + 960, u64::MAX), 0, "too short to be worth units");
-        assert_eq!(lease_ttl_ms(&[fixed], t + 999, u64::MAX), 0);
-    }
-}
+mod tests;

@@ -39,6 +39,7 @@ pub mod refund;
 pub mod limits;
 pub mod local;
 mod lookup;
+mod model_policy;
 pub mod outcomes;
 pub mod replicas;
 pub mod responses;
@@ -153,6 +154,9 @@ struct Cx<'a> {
     deadline: Instant,
     /// The routing of the configuration the decision reads (with its plans: decision 208).
     routing: &'a Routing,
+    /// Whether the filter may reuse the answer (cache it, spend a lease): not for a key whose
+    /// scopes decide per request, nor under a model policy (decisions 334, 306).
+    reusable: bool,
 }
 
 /// What a decision's script call asked, to read its reply against.
@@ -273,29 +277,38 @@ impl<S: DecisionStore> Decider<S> {
         }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             // before any limit or lease: a request outside the key's scopes takes nothing
-            let asked = crate::scopes::Asked {
-                route: req.route.as_deref(),
-                product: product.map(Id::as_str),
-                method: &req.method,
-                client_ip: req.client_ip.as_deref(),
-            };
+            let asked = crate::scopes::Asked { route: req.route.as_deref(), product: product.map(Id::as_str), method: &req.method, client_ip: req.client_ip.as_deref() };
             if let Some(why) = r.scopes.refusal(&asked) {
                 response = DecideResponse::Deny { status: 403, error: codes::KEY_SCOPE.into(), message: why, limit: None, response_headers: vec![] };
             }
         }
         let plan_override = route.and_then(|x| x.plan.as_deref());
-        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline, routing };
+        let policy = record.as_ref().and_then(|r| config.plans.models(plan_override.unwrap_or(r.plan.as_str())));
+        // the model policy (issue 42 item 4): after the scopes, before any limit, lease or lookup
+        let mut model_limits: &[Limit] = &[];
+        let mut resolved: Option<DecideRequest> = None;
+        if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
+            match model_policy::judge(req, route, policy, r) {
+                model_policy::Judged::Refused(deny) => response = deny,
+                model_policy::Judged::Allowed { limits, aliased } => (model_limits, resolved) = (limits, aliased),
+            }
+        }
+        let req = resolved.as_ref().unwrap_or(req);
+        // a plan with a model policy, or a key with models, never gets a reusable answer: the
+        // filter reuses one before it reads the body, where the model is (decision 306)
+        let reusable = record.as_ref().is_some_and(|r| r.scopes.reusable()) && policy.is_none();
+        let cx = Cx { req, product, now_ms, fresh: fresh_for.is_some(), deadline, routing, reusable };
         if req.lease.is_some_and(|l| l.renewal) {
             return Ok(self.renew(record.as_ref(), response, plan_override, &cx, &config).await);
         }
         if let (Some(r), DecideResponse::Allow { .. }) = (&record, &response) {
             let plan = plan_override.unwrap_or(r.plan.as_str());
-            let limits = config.plans.limits(plan);
+            let limits = model_policy::with_plans(config.plans.limits(plan), model_limits);
             let route_cache = route.and_then(|x| x.cache.as_ref()).map(|(id, _)| id);
             let lookup = ResponseLookup::of(req, &r.tenant, &r.key_id, plan, route_cache);
             if !limits.is_empty() || lookup.is_some() {
-                response = self.limit(&cx, r, limits, lookup).await;
-            } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for), true) = (&mut response, fresh_for, r.scopes.reusable()) {
+                response = self.limit(&cx, r, &limits, lookup).await;
+            } else if let (DecideResponse::Allow { cache_for_ms, .. }, Some(fresh_for), true) = (&mut response, fresh_for, cx.reusable) {
                 // No limits: the answer is the same for every request of this key, so the filter
                 // may reuse it while ours is fresh — never past the key's expiry: a revocation
                 // still applies within one cache TTL end to end. Not for a key whose method or
@@ -304,6 +317,7 @@ impl<S: DecisionStore> Decider<S> {
                 *cache_for_ms = (ms > 0).then_some(ms);
             }
         }
+        model_policy::name_model(resolved.as_ref(), &mut response);
         match &response {
             DecideResponse::Allow { .. } => {
                 metrics::counter!(m::DECISIONS, "outcome" => "allow", "reason" => "ok").increment(1);
@@ -343,7 +357,7 @@ impl<S: DecisionStore> Decider<S> {
             return verdict;
         };
         let limits = config.plans.limits(plan_override.unwrap_or(r.plan.as_str()));
-        if !limits::leasable(limits) || !cx.fresh || !r.scopes.reusable() || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
+        if !limits::leasable(limits) || !cx.fresh || !cx.reusable || limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)) == 0 {
             metrics::counter!(m::LEASES, "call" => "renewal", "result" => "none").increment(1);
             return verdict;
         }
@@ -403,13 +417,13 @@ impl<S: DecisionStore> Decider<S> {
         };
         self.note_shadow_denials(r, &asked.meta, &reply.states);
         crate::telemetry::observe_limits(r.tenant.as_str(), &asked.meta, &reply.states, reply.denied);
-        crate::alerts::observe(r.tenant.as_str(), budget_uses(&asked.meta, &reply.states), cx.now_ms);
+        crate::alerts::observe(r.tenant.as_str(), checks::budget_uses(&asked.meta, &reply.states), cx.now_ms);
         match reply.denied {
             Some(i) => too_many(&asked.meta[i], &reply.states[i]),
             None => {
                 let mut answer = self.allowed(cx, r, asked, reply);
                 // the filter need not observe or ask for what is never granted
-                if let (DecideResponse::Allow { no_lease, .. }, false) = (&mut answer, limits::leasable(limits) && r.scopes.reusable()) {
+                if let (DecideResponse::Allow { no_lease, .. }, false) = (&mut answer, limits::leasable(limits) && cx.reusable) {
                     *no_lease = true;
                 }
                 answer
@@ -423,7 +437,7 @@ impl<S: DecisionStore> Decider<S> {
     /// nothing can be granted: it admits no request.
     fn lease(cx: &Cx<'_>, r: &KeyRecord, limits: &[Limit]) -> (Option<Lease>, u64) {
         let Some(ask) = cx.req.lease else { return (None, 0) };
-        let ttl = match cx.fresh && limits::leasable(limits) && r.scopes.reusable() {
+        let ttl = match cx.fresh && limits::leasable(limits) && cx.reusable {
             true => limits::lease_ttl_ms(limits, cx.now_ms, key_left_ms(r, cx.now_ms)),
             false => 0,
         };
@@ -583,12 +597,4 @@ impl<S: DecisionStore> Decider<S> {
             }
         });
     }
-}
-
-/// The budgets of a decision and their usage after it (spent and reserved), for alerts.
-fn budget_uses<'a>(meta: &'a [Meta], states: &'a [crate::scripts::decide::LimitState]) -> impl Iterator<Item = crate::alerts::BudgetUse<'a>> {
-    meta.iter().zip(states).filter(|(m, _)| !m.shadow).filter_map(|(m, s)| {
-        let unit = if m.algorithm == limits::Algorithm::SpendBudget { "micros" } else { "tokens" };
-        m.budget.map(|(period, ..)| crate::alerts::BudgetUse { limit: &m.name, subject: &m.subject, period, unit, used: m.limit.saturating_sub(s.remaining), budget: m.limit })
-    })
 }

@@ -27,6 +27,8 @@ pub struct RouteEffect {
     /// of what its answers depend on, its cluster and TTL (decision 202: a changed route starts
     /// an empty cache) — and its TTL.
     pub cache: Option<(Id, u64)>,
+    /// An LLM route (`llm = true`): a model policy applies to its requests, named or not.
+    pub llm: bool,
 }
 
 impl Routing {

@@ -3,6 +3,7 @@
 //! the store. Time is a `ManualClock`; the key cache's freshness is set by its TTL.
 
 mod memory;
+mod models;
 
 use super::cache::CacheConfig;
 use super::limits::{PlanConfig, Plans};
@@ -33,6 +34,9 @@ local.limits = [{ name = "pm", algorithm = "fixed_window", limit = 3, failure_mo
 local-closed.limits = [{ name = "pm", algorithm = "fixed_window", limit = 3, failure_mode = "local" }, { name = "c", algorithm = "token_bucket", limit = 1000, failure_mode = "closed" }]
 leased-local.limits = [{ name = "pm", algorithm = "fixed_window", limit = 100, mode = "leased", failure_mode = "local" }]
 free = {}
+models.models = ["gpt-4o*", "claude-3-haiku"]
+models.model_aliases = { fast = "gpt-4o-mini", big = "o1" }
+models.model_limits = [{ model = "gpt-4o-mini*", requests_per_minute = 2, tokens_per_minute = 1000, max_output_tokens = 100 }]
 "#;
 
 fn id(s: &str) -> Id {
@@ -248,8 +252,8 @@ async fn a_cached_key_is_used_within_the_stale_grace_while_the_store_is_down() {
 /// the key's); `acme` subscribes to `chat` when `subscribed`.
 fn routing(subscribed: bool) -> Routing {
     let routes = HashMap::from([
-        ("chat".to_string(), RouteEffect { product: Some(id("chat")), plan: None, cache: Some((id("chat"), 60_000)) }),
-        ("cheap".to_string(), RouteEffect { product: None, plan: Some("one".into()), cache: None }),
+        ("chat".to_string(), RouteEffect { product: Some(id("chat")), plan: None, cache: Some((id("chat"), 60_000)), llm: false }),
+        ("cheap".to_string(), RouteEffect { product: None, plan: Some("one".into()), cache: None, llm: false }),
     ]);
     let products = if subscribed { ["chat".to_string()].into() } else { Default::default() };
     Routing::new(Default::default(), routes, HashMap::from([("acme".to_string(), products)]))
@@ -524,9 +528,9 @@ async fn scopes_refuse_before_the_limits_and_method_scoped_answers_are_never_reu
         hash
     };
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    let by_method = scoped("m", "free", crate::scopes::KeyScopes::from_lists(&[], &[], &s(&["GET"]), &[]).unwrap());
-    let by_route = scoped("r", "free", crate::scopes::KeyScopes::from_lists(&s(&["chat"]), &[], &[], &[]).unwrap());
-    let leased = scoped("l", "leased", crate::scopes::KeyScopes::from_lists(&[], &[], &[], &s(&["10.0.0.0/8"])).unwrap());
+    let by_method = scoped("m", "free", crate::scopes::KeyScopes::from_lists(&[], &[], &s(&["GET"]), &[], &[]).unwrap());
+    let by_route = scoped("r", "free", crate::scopes::KeyScopes::from_lists(&s(&["chat"]), &[], &[], &[], &[]).unwrap());
+    let leased = scoped("l", "leased", crate::scopes::KeyScopes::from_lists(&[], &[], &[], &s(&["10.0.0.0/8"]), &[]).unwrap());
     // `req` is a POST with no route
     assert_eq!(denied(&lab.decide(&req(&by_method)).await), (403, "key_scope"));
     assert_eq!(denied(&lab.decide(&req(&by_route)).await), (403, "key_scope"));

@@ -9,7 +9,8 @@
 //! `{"usage": {"total_tokens": TEXT}}` with TEXT as written (an upstream reporting -1 or 2^64-1);
 //! `x-echo-tool-input: JSON` answers an Anthropic-style body whose tool call's input is that JSON;
 //! `x-echo-read-body: 1` reads the whole request body first and answers its size in
-//! `x-echo-body-bytes`; `x-echo-llm: SHAPE` answers as an LLM provider would, after reading the body;
+//! `x-echo-body-bytes`; `x-echo-llm: SHAPE` answers as an LLM provider would, after reading the body
+//! (saying the body's `model` in `x-echo-request-model` and the path in `x-echo-path`);
 //! `x-echo-pad: N` adds `"pad"`: N double quotes (2N bytes in the body, 4N once JSON-escaped again in
 //! a stored-response batch: batch-size tests), and keeps `x-echo-usage`'s `usage` after it;
 //! `x-echo-sse: N` answers an LLM-style server-sent-event stream (`text/event-stream`: content
@@ -150,8 +151,16 @@ async fn echo(State(seen): State<Arc<AtomicU64>>, req: Request) -> Response {
     } else if req.headers().contains_key("x-echo-llm") {
         // a provider reads the prompt before it answers: an answer sent while the request's
         // body is still on its way lets Envoy end the stream before the filter saw that body
-        // (and the model it names)
-        let _ = axum::body::to_bytes(req.into_body(), usize::MAX).await;
+        // (and the model it names). It says which model it was asked for (the body's top-level
+        // `model`, else `-`) and on what path, to show what reached it (issue 42's aliases).
+        let path = req.uri().path().to_string();
+        let asked = axum::body::to_bytes(req.into_body(), usize::MAX)
+            .await
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
+        let asked = asked.and_then(|m| axum::http::HeaderValue::from_str(&m).ok()).unwrap_or(axum::http::HeaderValue::from_static("-"));
+        response = response.header("x-echo-request-model", asked).header("x-echo-path", path);
     }
     response.body(Body::from(body)).unwrap_or_default()
 }

@@ -11,6 +11,7 @@
 //!
 //! The breaker guard runs after an allow; [`crate::http::HttpFilter`] wires the two.
 
+mod body;
 mod call;
 mod llm_call;
 mod outcome;
@@ -237,11 +238,12 @@ impl AuthFilter {
                 Err(d) => return Decision::Deny(d),
             }
         }
-        if self.request.is_some() && (self.config.usage.llm_all || self.route().is_some_and(|r| r.llm)) {
+        // the model asked for is read on every LLM route, metered or not (a model policy, decision 308)
+        if self.config.usage.llm_all || self.route().is_some_and(|r| r.llm) {
             let json = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
-            let within = !content_length_over(&headers, MAX_USAGE_BODY);
+            let within = !stages::content_length_over(&headers, MAX_USAGE_BODY);
             self.llm = Some(llm_call::LlmCall::start(&keyed.path, json && within));
-            self.response.llm = true;
+            self.response.llm = self.request.is_some();
         }
         let Some(raw_key) = keyed.key else {
             return Decision::Deny(Denial::local(401, codes::MISSING_KEY, "an API key is required"));
@@ -290,7 +292,7 @@ impl AuthFilter {
         let json_body = !end_of_stream && headers.get("content-type").is_some_and(|c| c.contains("json"));
         // a body announced larger than the filter reads is decided without it at once, as one
         // found larger on the way (decision 139): not buffered up to Envoy's limit and its 413
-        let unread = content_length_over(&headers, MAX_USAGE_BODY);
+        let unread = stages::content_length_over(&headers, MAX_USAGE_BODY);
         // an LLM call's body is read before its decision too: the model it asks for (issue 42)
         let reads_json = self.config.token_estimate_field.is_some() || self.llm.is_some();
         if !unread && ((reads_json && json_body) || (lookup.is_some() && !end_of_stream)) {
@@ -304,76 +306,6 @@ impl AuthFilter {
             }
         }
         Decision::Call(request)
-    }
-
-    /// The request's trailers (HTTP/2, HTTP/3), which end its stream. Envoy takes a `Continue`
-    /// here as "go on" for the whole request, headers and body included, even while they are
-    /// paused for a decision: so a request still waiting for its decision stays paused (it goes
-    /// on with its answer), and one waiting for its body is decided now, on the body it has. A
-    /// client's internal header names are removed from trailers too.
-    pub fn on_request_trailers(&mut self, host: &mut impl Host) -> Action {
-        for name in host.request_trailer_names() {
-            if crate::headers::is_internal(&name) {
-                host.remove_request_trailer(&name);
-            }
-        }
-        match self.state {
-            State::AwaitingBody { .. } => match self.on_request_body(host, self.request_body_size, true) {
-                Action::Hold => Action::Pause,
-                action => action,
-            },
-            State::Waiting { .. } | State::Queued { .. } => Action::Pause,
-            State::Start | State::Done => Action::Continue,
-        }
-    }
-
-    /// The request body, for the token estimate and a lookup: `Pause` (buffered) until the whole
-    /// body is in. A body that only waits for the decision is held with flow control (`Hold`),
-    /// never buffered against Envoy's limit: a request over it (1 MiB by default) is not refused
-    /// with Envoy's 413 for having waited for its decision (decision 139).
-    pub fn on_request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
-        match (self.request_body(host, body_size, end_of_stream), &self.state) {
-            (Action::Pause, State::AwaitingBody { .. }) => Action::Pause,
-            (Action::Pause, _) => Action::Hold,
-            (action, _) => action,
-        }
-    }
-
-    fn request_body(&mut self, host: &mut impl Host, body_size: usize, end_of_stream: bool) -> Action {
-        self.request_body_size = body_size;
-        match self.state {
-            State::AwaitingBody { .. } => {}
-            State::Waiting { .. } | State::Queued { .. } => return Action::Pause,
-            State::Start | State::Done => {
-                // let through at once (auth cache, lease): the body streams on, copied for its model
-                if let Some(llm) = &mut self.llm {
-                    llm.on_passing_body(host, body_size, end_of_stream);
-                }
-                return Action::Continue;
-            }
-        }
-        if !end_of_stream && body_size <= MAX_USAGE_BODY {
-            return Action::Pause;
-        }
-        let State::AwaitingBody { request, lookup } = std::mem::replace(&mut self.state, State::Done) else {
-            return Action::Continue;
-        };
-        let mut request = *request;
-        let body = stages::request_body(host, body_size);
-        if let Some(llm) = &mut self.llm {
-            llm.read_body(body.as_deref());
-            request.llm = Some(llm.ask(body_size as u64, self.request.as_ref().map(RequestInfo::start_ms)));
-        }
-        if let (Some(field), Some(b)) = (&self.config.token_estimate_field, &body) {
-            request.token_estimate = stages::token_estimate(field, b);
-        }
-        if let Some(plan) = &lookup {
-            match stages::complete_lookup(&mut request, plan, body.as_deref()) {
-                Ok(status) => self.response.cache_status = status.or(self.response.cache_status),
-                Err(d) => return self.apply(host, Decision::Deny(d)),
-            }
-        }
-        self.apply(host, Decision::Call(request))
     }
 
     /// The decision the sidecar's answer makes.
@@ -391,6 +323,7 @@ impl AuthFilter {
                 store,
                 lease: _,
                 no_lease: _,
+                model,
             }) => {
                 let who = Identity { tenant, key_id, plan };
                 if let Some(t) = ticket {
@@ -398,6 +331,10 @@ impl AuthFilter {
                 }
                 if let Some(replay) = replay {
                     return Decision::Replay { who, response_headers, replay };
+                }
+                // an alias: the upstream is asked for the model its plan names (decision 309)
+                if let Some(Err(denial)) = model.map(|m| self.rewrite_model(host, &m)) {
+                    return Decision::Deny(denial);
                 }
                 if self.worker.responses.is_some() {
                     let claims = self.worker.claims.clone();
@@ -580,7 +517,7 @@ impl AuthFilter {
             queue.borrow_mut().push(item);
         }
         let status = self.response.status;
-        let llm = self.llm.take().and_then(|l| facts.into_usage(l.requested_model));
+        let llm = self.llm.take().and_then(|l| l.usage(facts));
         if let Some(ticket) = self.response.ticket.take() {
             // a money budget is settled at the cost of the usage read (decision 302)
             let spend = tokens.is_some() && ticket.budgets.iter().any(|b| b.priced_at_ms.is_some());
@@ -591,9 +528,4 @@ impl AuthFilter {
             meter.borrow_mut().record_request(host, request, who, status, tokens, self.route());
         }
     }
-}
-
-/// Whether the request announces a body larger than `max` bytes (`content-length`).
-fn content_length_over(headers: &RequestHeaders, max: usize) -> bool {
-    headers.get("content-length").and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > max as u64)
 }

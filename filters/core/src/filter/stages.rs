@@ -307,3 +307,8 @@ pub fn request_body(host: &impl Host, body_size: usize) -> Option<Vec<u8>> {
 pub fn token_estimate(field: &str, body: &[u8]) -> Option<u64> {
     serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| v.get(field).and_then(serde_json::Value::as_u64))
 }
+
+/// Whether the request announces a body larger than `max` bytes (`content-length`).
+pub fn content_length_over(headers: &RequestHeaders, max: usize) -> bool {
+    headers.get("content-length").and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n > max as u64)
+}

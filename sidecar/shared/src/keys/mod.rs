@@ -139,6 +139,12 @@ redis_key!(
     SpendBudgetKey
 );
 redis_key!(
+    /// `q:tpm:{tenant}:{limit}:{subject}:{minute}` — a plan's per-model tokens per minute
+    /// (issue 42 item 4): the tokens reserved and then used by the calls of one calendar minute
+    /// (`minute`: ms since the epoch / 60 000). TTL [`TOKENS_PER_MINUTE_TTL_MS`].
+    TokensPerMinuteKey
+);
+redis_key!(
     /// `q:reserved:{tenant}:{limit}:{subject}:{decisionId}` — what one decision reserved from one
     /// budget (the budget's counter is `q:tokens:{tenant}:{limit}:{subject}:…`).
     ReservationKey
@@ -245,12 +251,21 @@ impl SpendBudgetKey {
     }
 }
 
+impl TokensPerMinuteKey {
+    /// `minute` is ms since the epoch / 60 000.
+    pub fn new(tenant: &Id, limit: &Id, subject: &Subject, minute: u32) -> Self {
+        Self(format!("q:tpm:{}:{limit}:{}:{minute}", tag(tenant), subject.as_str()))
+    }
+}
+
 /// The counter a budget reserves from: tokens or money (`decide.lua`'s `budget` kind and
 /// `complete.lua` treat both alike: integer units, reserved then reconciled).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BudgetCounter {
     Tokens(TokenBudgetKey),
     Spend(SpendBudgetKey),
+    /// A minute's tokens (per-model tokens per minute): reserved and reconciled as a month's.
+    Minute(TokensPerMinuteKey),
 }
 
 impl BudgetCounter {
@@ -258,6 +273,7 @@ impl BudgetCounter {
         match self {
             BudgetCounter::Tokens(k) => k.as_str(),
             BudgetCounter::Spend(k) => k.as_str(),
+            BudgetCounter::Minute(k) => k.as_str(),
         }
     }
 
@@ -269,6 +285,7 @@ impl BudgetCounter {
             // the key ends with its period: `yyyyMMdd` is a day's
             BudgetCounter::Spend(k) if k.0.rsplit(':').next().is_some_and(|p| p.len() == 8) => SPEND_DAY_TTL_MS,
             BudgetCounter::Spend(_) => TOKEN_BUDGET_TTL_MS,
+            BudgetCounter::Minute(_) => TOKENS_PER_MINUTE_TTL_MS,
         }
     }
 }
@@ -311,6 +328,9 @@ pub const TOKEN_BUDGET_TTL_MS: u64 = 40 * 24 * 3600 * 1000;
 /// TTL of a day's [`SpendBudgetKey`] (set on every write): 3 days, past the day's end in any
 /// time zone by far more than a reservation lives. A month's lives as a token budget's.
 pub const SPEND_DAY_TTL_MS: u64 = 3 * 24 * 3600 * 1000;
+/// TTL of [`TokensPerMinuteKey`] (set on every write): its minute, plus the longest a reservation
+/// lives, plus a minute — a call settled late still finds the counter it reserved from.
+pub const TOKENS_PER_MINUTE_TTL_MS: u64 = 60_000 + RESERVATION_TTL_MS + 60_000;
 /// TTL of [`ReservationKey`]: 5 minutes, set on every write (seed 000).
 pub const RESERVATION_TTL_MS: u64 = 5 * 60 * 1000;
 
@@ -383,6 +403,9 @@ mod tests {
         assert_eq!(BudgetCounter::Spend(day).ttl_ms(), SPEND_DAY_TTL_MS);
         assert_eq!(BudgetCounter::from(TokenBudgetKey::new(&t, &l, &k, 202611)).ttl_ms(), TOKEN_BUDGET_TTL_MS);
         assert_eq!(ConcurrencyKey::new(&t, &l, &k).as_str(), "q:conc:{acme}:per-min:k.key_1");
+        let minute = TokensPerMinuteKey::new(&t, &Id::parse("gpt-4o_.tpm").unwrap(), &k, 29_500_000);
+        assert_eq!(minute.as_str(), "q:tpm:{acme}:gpt-4o_.tpm:k.key_1:29500000");
+        assert_eq!(BudgetCounter::Minute(minute).ttl_ms(), 7 * 60_000);
         assert_eq!(DecisionRecordKey::new(&t, &Id::parse(&"ab".repeat(16)).unwrap()).as_str(), format!("dec:{{acme}}:{}", "ab".repeat(16)));
         assert_eq!(Subject::product(&Id::parse("chat").unwrap()).as_str(), "p.chat");
     }
@@ -410,76 +433,8 @@ mod tests {
     }
 }
 
-// ---- circuit-breaker hints (seed 000, ADR-004: fast-open only) ----
-
-redis_key!(
-    /// `cb:hint:{provider}:{model}` — string, JSON `{"replica","openedAtMs"}`, TTL
-    /// [`BREAKER_HINT_TTL_SECS`] (`SET … EX`): an advisory hint that a replica's breaker for this
-    /// provider/model opened. Other replicas may only use it to open their own breaker sooner; it
-    /// is never evidence for closing one. Provider and model are validated (no `:`), so the key parses
-    /// back unambiguously. Written by the sidecar on the filter's report; listed through [`BREAKER_HINT_INDEX`].
-    BreakerHintKey
-);
-
-/// TTL of [`BreakerHintKey`] (seed 000): 30 seconds.
-pub const BREAKER_HINT_TTL_SECS: u64 = 30;
-
-/// `cb:hints` — sorted set, the index of the [`BreakerHintKey`]s: member = the hint key's name,
-/// score = when it expires (ms since the epoch, the writing sidecar's clock). Written with each
-/// hint; members expired for over [`BREAKER_HINT_INDEX_SLACK_MS`] are removed on each write, and
-/// each write sets the index's TTL to the hint's plus that slack (the TTL rule: it goes a minute
-/// after its newest member's hint). It holds at most one member per provider/model. Listing reads the index and then the hint keys (their TTL stays the authority), so a
-/// listing costs O(hints), never a SCAN of the whole keyspace.
-pub const BREAKER_HINT_INDEX: &str = "cb:hints";
-
-/// `sidecars:live` — sorted set of the sidecars that share this Redis (issue 15.3): member = a
-/// random id per sidecar process, score = its last heartbeat (ms, Redis' own `TIME`, so the
-/// sidecars' clocks never disagree). Each sidecar without a configured `limits.local_replicas`
-/// beats every [`SIDECAR_BEAT_MS`]: `ZADD`, `ZREMRANGEBYSCORE` of members older than
-/// [`SIDECAR_LIVE_MS`], `PEXPIRE` [`SIDECARS_LIVE_TTL_MS`], `ZCOUNT` of the live ones — the replica
-/// count its `local` limits divide by while Redis cannot answer. A stopping sidecar removes itself.
-pub const SIDECARS_LIVE: &str = "sidecars:live";
-/// How often a sidecar beats in [`SIDECARS_LIVE`].
-pub const SIDECAR_BEAT_MS: u64 = 1_000;
-/// A member beaten within this long is live (three beats).
-pub const SIDECAR_LIVE_MS: u64 = 3_000;
-/// TTL of [`SIDECARS_LIVE`], renewed by each beat: it goes once no sidecar beats.
-pub const SIDECARS_LIVE_TTL_MS: u64 = 10_000;
-
-/// How long past its expiry an index member is still listed (clock skew between sidecars; a
-/// hint key that expired reads as nil and is skipped).
-pub const BREAKER_HINT_INDEX_SLACK_MS: u64 = 60_000;
-
-impl BreakerHintKey {
-    /// `None` unless provider and model pass `tollgate_wire::breaker::valid_hint_part`.
-    pub fn new(provider: &str, model: &str) -> Option<Self> {
-        use tollgate_wire::breaker::valid_hint_part;
-        (valid_hint_part(provider) && valid_hint_part(model)).then(|| Self(format!("cb:hint:{provider}:{model}")))
-    }
-    /// Provider and model back from a key name listed in [`BREAKER_HINT_INDEX`].
-    pub fn parse(name: &str) -> Option<(String, String)> {
-        let (provider, model) = name.strip_prefix("cb:hint:")?.split_once(':')?;
-        Self::new(provider, model).map(|_| (provider.to_string(), model.to_string()))
-    }
-}
-
-#[cfg(test)]
-mod breaker_hint_key_tests {
-    use super::*;
-
-    #[test]
-    fn golden_format() {
-        let k = BreakerHintKey::new("openai", "gpt-4o").unwrap();
-        assert_eq!(k.as_str(), "cb:hint:openai:gpt-4o");
-        assert_eq!(BreakerHintKey::parse("cb:hint:openai:gpt-4o"), Some(("openai".into(), "gpt-4o".into())));
-        assert_eq!(BreakerHintKey::new("meta", "llama/3.1-8b").unwrap().as_str(), "cb:hint:meta:llama/3.1-8b");
-        assert!(BreakerHintKey::new("a:b", "m").is_none());
-        assert!(BreakerHintKey::new("p", "").is_none());
-        assert!(BreakerHintKey::parse("cb:hint:p:m:x").is_none());
-        assert!(BreakerHintKey::parse("apikey:x").is_none());
-        assert_eq!(BREAKER_HINT_TTL_SECS, 30);
-    }
-}
+mod breaker;
+pub use breaker::*;
 
 // ---- usage meter (issue 6; seed 004's `usage:<subject>:<day>`) ----
 

@@ -33,7 +33,7 @@ pub enum KeyCommand {
         #[command(flatten)]
         scope: ScopeArgs,
         /// Remove every scope: the key may reach whatever its tenant subscribes to.
-        #[arg(long, conflicts_with_all = ["routes", "products", "methods", "networks"])]
+        #[arg(long, conflicts_with_all = ["routes", "products", "methods", "networks", "models"])]
         no_scopes: bool,
     },
     /// Revoke a key by its id.
@@ -71,17 +71,21 @@ pub struct ScopeArgs {
     /// Client networks (CIDRs or addresses) the key may be used from; default: any.
     #[arg(long = "network", value_delimiter = ',')]
     pub networks: Vec<String>,
+    /// Models (names, or prefixes ending in '*') the key may ask for on LLM routes, within its
+    /// plan's; default: any its plan allows.
+    #[arg(long = "model", value_delimiter = ',')]
+    pub models: Vec<String>,
 }
 
 impl ScopeArgs {
     /// Whether any scope list was given.
     pub fn any_scope(&self) -> bool {
-        !(self.routes.is_empty() && self.products.is_empty() && self.methods.is_empty() && self.networks.is_empty())
+        !(self.routes.is_empty() && self.products.is_empty() && self.methods.is_empty() && self.networks.is_empty() && self.models.is_empty())
     }
 
     /// The scopes as the admin API takes them.
     pub fn scopes_json(&self) -> serde_json::Value {
-        serde_json::json!({"routes": self.routes, "products": self.products, "methods": self.methods, "networks": self.networks})
+        serde_json::json!({"routes": self.routes, "products": self.products, "methods": self.methods, "networks": self.networks, "models": self.models})
     }
 }
 

@@ -12,7 +12,6 @@ use crate::control::salvage::Unusable;
 use crate::apikey::{KeyRecord, KeyStatus};
 use crate::keys::{Id, KeyHash};
 use crate::scopes::KeyScopes;
-use crate::decision::limits::PlanConfig;
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
@@ -492,7 +491,7 @@ fn read_row(s: &mut Snapshot, kind: Kind, id: &str, doc: &str) -> Result<(), Str
     let read = match kind {
         Kind::Tenants => serde_json::from_value::<Tenant>(v).map(|t| drop(s.tenants.insert(id.to_string(), t))),
         Kind::Products => serde_json::from_value::<Product>(v).map(|p| drop(s.products.insert(id.to_string(), p))),
-        Kind::Plans => serde_json::from_value::<Plan>(v).map(|p| drop(s.plans.insert(id.to_string(), PlanConfig { limits: p.limits }))),
+        Kind::Plans => serde_json::from_value::<Plan>(v).map(|p| drop(s.plans.insert(id.to_string(), p.config()))),
         Kind::Routes => serde_json::from_value::<Route>(v).map(|r| drop(s.routes.insert(id.to_string(), r))),
     };
     read.map_err(|e| e.to_string())
