@@ -226,6 +226,26 @@ fn hostile_prices_are_refused_and_an_unusable_row_is_reported_and_skipped() {
         assert_eq!(admin("DELETE", &base, &format!("/v1/prices/{id}"), None).status, 200, "{id}");
     }
     assert_eq!(unusable(), Vec::<(String, String)>::new());
+
+    // the CLI: set, list (the table in force, with each price's source), refuse a fraction, delete
+    let cli = |args: &[&str]| {
+        std::process::Command::new(tollgate_tests::process::native_bin("TOLLGATE_CLI", "tollgate"))
+            .env("TOLLGATE_ADMIN_URL", &base)
+            .env("TOLLGATE_ADMIN_TOKEN", TOKEN)
+            .args(args)
+            .output()
+            .expect("run tollgate")
+    };
+    let out = cli(&["prices", "set", "sonnet", "--model", "claude-sonnet-4*", "--input", "3000000", "--output", "15000000", "--from", "2026-01-01"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed = String::from_utf8(cli(&["prices", "list"]).stdout).unwrap();
+    assert!(listed.starts_with("currency USD"), "{listed}");
+    let row = listed.lines().find(|l| l.starts_with("sonnet")).unwrap_or_else(|| panic!("{listed}"));
+    assert!(row.contains("claude-sonnet-4*") && row.contains("3000000") && row.contains("2026-01-01T00:00:00Z") && row.ends_with("stored"), "{row}");
+    let out = cli(&["prices", "set", "half", "--model", "m", "--input", "0.5", "--output", "1"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("0.5"), "a fraction is refused before any call");
+    assert!(cli(&["prices", "delete", "sonnet"]).status.success());
+    assert_eq!(admin("GET", &base, "/v1/prices/sonnet", None).status, 404);
 }
 
 /// With the file source the prices are the file's: `/v1/prices` is read-only (409), and an

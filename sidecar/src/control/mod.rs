@@ -13,6 +13,7 @@ pub mod admin_keys;
 pub mod keys;
 pub mod last_used;
 pub mod model;
+pub mod prices;
 pub mod propagation;
 pub mod routes;
 pub mod salvage;

@@ -201,11 +201,6 @@ impl<S: DecisionStore> Decider<S> {
         self
     }
 
-    /// The prices money budgets reserve and settle at, when set.
-    pub fn price_table(&self) -> Option<&Arc<crate::usage::pricing::PriceTable>> {
-        self.pricing.as_ref()
-    }
-
     /// Stored responses as `[responses]` says: idempotency claims stay in flight
     /// `idempotency_in_flight` without word from their request (decision 186), and are refused
     /// while their tenant holds `tenant_max_mb` of stored responses (decision 185).
@@ -365,10 +360,7 @@ impl<S: DecisionStore> Decider<S> {
         // would let a client make all its requests one log entry or one slot.
         let request_id = decision_id(req);
         // the table in force, read once per decision and only for a money budget's
-        let pricing = match limits.iter().any(|l| l.algorithm == crate::decision::limits::Algorithm::SpendBudget) {
-            true => self.pricing.as_ref().map(|t| t.get()),
-            false => None,
-        };
+        let pricing = self.pricing.as_ref().filter(|_| limits.iter().any(|l| l.algorithm == limits::Algorithm::SpendBudget)).map(|t| t.get());
         let ctx = RequestCtx {
             tenant: &r.tenant,
             key_id: &r.key_id,
