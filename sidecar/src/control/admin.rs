@@ -208,7 +208,7 @@ async fn pricing(State(s): State<Arc<AdminState>>) -> Response {
 }
 
 /// A price as it is stored: in the deployment's currency, filled in when not given; a price in
-/// another one is refused (one currency per deployment, decision 337).
+/// another one is refused (one currency per deployment, decision 339).
 #[allow(clippy::result_large_err)] // as kind_of
 fn in_currency(mut v: Value, currency: &str) -> Result<Value, Response> {
     match v.get("currency") {

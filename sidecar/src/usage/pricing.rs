@@ -8,9 +8,9 @@
 //! sidecar prices each LLM call's event as it takes it (`POST /v1/usage`), at the price in
 //! effect at the request's arrival (`startMs`), by the table in force when it takes the event:
 //! the cost is written into the event, so a later price change never re-prices past usage, and
-//! a replayed spool ships the same cost. The model priced is the one that answered, else the one
-//! asked for, else the default; a call none prices is left unpriced (no `costMicros`), never
-//! refused here.
+//! a replayed spool ships the same cost (decision 338). The model priced is the one that
+//! answered, else the one asked for, else the default; a call none prices is left unpriced (no
+//! `costMicros`), never refused here.
 //!
 //! The table in force ([`merge`], decision 337): the file's prices (its `default` is a `*` price
 //! from the epoch) and the stored ones; a stored price of the same model from the same moment

@@ -57,7 +57,7 @@ pub struct PgSource {
     config: tokio_postgres::Config,
     client: Mutex<Option<Client>>,
     /// The deployment's pricing currency (`usage.pricing.currency`): a stored price in another
-    /// is not used (decision 337). `None`: not checked (the offline CLI, which reads no price).
+    /// is not used (decision 339). `None`: not checked (the offline CLI, which reads no price).
     currency: Option<String>,
 }
 
