@@ -221,6 +221,7 @@ impl Config {
         c.redis.nodes = c.redis.nodes.iter().map(|n| redact_url(n)).collect();
         c.source.postgres_url = redact_url(&c.source.postgres_url);
         c.console.usage_url = c.console.usage_url.as_deref().map(redact_url);
+        c.admin.billing_url = c.admin.billing_url.as_deref().map(redact_url);
         for (name, value) in c.usage.kafka.properties.iter_mut() {
             let n = name.to_ascii_lowercase();
             if n.contains("password") || n.contains("secret") || n.ends_with(".pem") || n.contains("oauthbearer.config") || n.contains("jaas") {
@@ -348,14 +349,14 @@ mod tests {
     #[test]
     fn the_printed_configuration_shows_no_secret() {
         let c = Config::from_toml(
-            "[server]\nsecret = \"filter-secret-0123456789\"\nticket_key = \"ticket-key-0123456789\"\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = \"admin-token-0123456789\"\n\
+            "[server]\nsecret = \"filter-secret-0123456789\"\nticket_key = \"ticket-key-0123456789\"\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = \"admin-token-0123456789\"\nbilling_url = \"postgres://u:billingpass123@h/db\"\n\
              [redis]\nurl = \"redis://:redispass123@127.0.0.1:6379/\"\n[source]\npostgres_url = \"postgres://u:pgpass123@h/db\"\n\
              [console]\nusage_url = \"postgres://u:consolepass123@h/db\"\n\
              [usage.kafka.properties]\n\"sasl.password\" = \"kafkapass123\"\n\"compression.type\" = \"zstd\"\n",
         )
         .unwrap();
         let printed = format!("{:#?}", c.redacted());
-        for secret in ["filter-secret", "ticket-key", "admin-token", "redispass123", "pgpass123", "consolepass123", "kafkapass123"] {
+        for secret in ["filter-secret", "ticket-key", "admin-token", "redispass123", "pgpass123", "consolepass123", "billingpass123", "kafkapass123"] {
             assert!(!printed.contains(secret), "{secret} printed:\n{printed}");
         }
         assert!(printed.contains("zstd") && printed.contains("127.0.0.1:6379"), "{printed}");

@@ -115,8 +115,11 @@ impl Sidecar {
             Ok(()) => tracing::debug!("redis connected and scripts loaded"),
             Err(e) => tracing::warn!(error = %e, "redis could not be reached at start; continuing"),
         }
+        // one table of prices for usage intake and money budgets, swapped by the configuration
+        // plane when the stored prices change (crate::control)
+        let prices = Arc::new(usage::pricing::PriceTable::new(usage::pricing::Pricing::compile(&config.usage.pricing)?));
         let usage = match config.usage.enabled {
-            true => Some(Arc::new(usage::Usage::start(&config.usage, store.clone())?)),
+            true => Some(Arc::new(usage::Usage::start(&config.usage, store.clone(), prices.clone())?)),
             false => None,
         };
         let ticket_key = decision::tickets::TicketKey::derive(&secret, &config.server.ticket_key);
@@ -129,7 +132,7 @@ impl Sidecar {
                     .with_local(Arc::new(decision::local::LocalLimits::new(&config.limits)))
                     .with_responses(&config.responses)
                     // money budgets reserve and settle at the prices usage events are billed at
-                    .with_pricing(Arc::new(usage::pricing::Pricing::compile(&config.usage.pricing)?)),
+                    .with_pricing(prices),
             ),
             store,
             prometheus: metrics::handle(),
@@ -287,7 +290,8 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
         SourceKind::Postgres => {
             let pg = PgSource::connect(&config.source.postgres_url, config.source.connect_timeout)
                 .await
-                .map_err(|e| Error::Config(format!("the PostgreSQL source (source.postgres_url) cannot be used: {e}")))?;
+                .map_err(|e| Error::Config(format!("the PostgreSQL source (source.postgres_url) cannot be used: {e}")))?
+                .with_currency(&config.usage.pricing.currency);
             let (read, unread) = pg.load().await.map_err(|e| Error::Config(format!("loading from PostgreSQL: {e}")))?;
             // a stored object this sidecar cannot use is left out and reported, never a refused
             // start (decision 206): an older sidecar starting beside a newer one's rows included
@@ -299,7 +303,8 @@ async fn config_parts(config: &Config, state: Arc<server::AppState>) -> Result<C
         }
     };
     let store = state.store.clone();
-    let control = Arc::new(Control::new(source, snapshot.clone(), store, state.decider.clone()));
+    let billing = config.admin.billing_url.clone().or_else(|| config.console.usage_url.clone());
+    let control = Arc::new(Control::new(source, snapshot.clone(), store, state.decider.clone()).with_pricing(&config.usage.pricing)?.with_billing(billing));
     control.install(snapshot);
     control.report(unusable);
     let admin = match config.admin.listen {

@@ -11,7 +11,7 @@ use tollgate_sidecar::config::Config;
 use tollgate_sidecar::decision::limits::Plans;
 use tollgate_sidecar::scripts::refund::Refunded;
 use tollgate_sidecar::decision::Decider;
-use tollgate_sidecar::usage::pricing::Pricing;
+use tollgate_sidecar::usage::pricing::{PriceTable, Pricing};
 use tollgate_wire::llm::{LlmAsk, LlmUsage};
 use tollgate_wire::refunds::Abandoned;
 use tollgate_wire::{Completion, DecideRequest, DecideResponse, Ticket};
@@ -24,7 +24,7 @@ async fn lab(limits: &str) -> Lab {
     let toml = format!("{limits}{PRICES}");
     let mut lab = Lab::start(&toml, T0, |cfg| cfg.cache.ttl = Duration::from_secs(600));
     let cfg = Config::from_toml(&toml).unwrap();
-    let pricing = Arc::new(Pricing::compile(&cfg.usage.pricing).unwrap());
+    let pricing = Arc::new(PriceTable::new(Pricing::compile(&cfg.usage.pricing).unwrap()));
     lab.decider = Decider::new(lab.store.clone(), &cfg.cache, Plans::compile(&cfg.plans).unwrap(), lab.clock.clone()).with_pricing(pricing);
     lab.key("p").await
 }

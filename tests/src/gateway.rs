@@ -472,6 +472,10 @@ impl Gateway {
             let port = free_port();
             env.push(("TOLLGATE_SIDECAR_ADMIN__LISTEN".into(), format!("127.0.0.1:{port}")));
             env.push(("TOLLGATE_SIDECAR_ADMIN__TOKEN".into(), token.clone()));
+            // `GET /v1/invoices` reads the gateway's PostgreSQL (the billing consumer's)
+            if let Some(pg) = &self.pg {
+                env.push(("TOLLGATE_SIDECAR_ADMIN__BILLING_URL".into(), pg.url()));
+            }
             if self.spec.console {
                 env.push(("TOLLGATE_SIDECAR_CONSOLE__ENABLED".into(), "true".into()));
                 if let Some(pg) = &self.pg {

@@ -28,6 +28,7 @@ mod llm;
 mod observability;
 mod openai_client;
 mod plan_refs;
+mod prices;
 mod postgres_harness;
 mod refunds;
 mod revocation;

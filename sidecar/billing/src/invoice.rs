@@ -69,13 +69,33 @@ pub fn build(tenant: &str, month: &str, currency: &str, billable_requests: i64, 
     }
 }
 
-/// Reads the month's rollup and builds the invoice.
+/// Reads the month's rollup and builds the invoice (`tollgate-billing invoice`).
 pub async fn read(db: &Db, tenant: &str, month: &str, currency: &str) -> Result<Invoice, ReportError> {
+    read_bounded(db, tenant, month, currency, None).await
+}
+
+/// [`read`], refused ([`ReportError::TooLarge`]) when the month bills more than `max_lines`
+/// models: the sidecar's `GET /v1/invoices` answers a bounded body, with the same figures.
+pub async fn read_at_most(db: &Db, tenant: &str, month: &str, currency: &str, max_lines: usize) -> Result<Invoice, ReportError> {
+    read_bounded(db, tenant, month, currency, Some(max_lines)).await
+}
+
+async fn read_bounded(db: &Db, tenant: &str, month: &str, currency: &str, max_lines: Option<usize>) -> Result<Invoice, ReportError> {
     let (from, to) = report::month_days(month).ok_or(ReportError::Days)?;
     let days = report::usage(db, None, tenant, &from, &to).await?;
     let billable = report::month_total(&days).billable();
-    let models = report::by_model(db, tenant, &from, &to).await?;
+    let limit = max_lines.map(|m| i64::try_from(m).unwrap_or(i64::MAX).saturating_add(1));
+    let models = report::by_model_at_most(db, tenant, &from, &to, limit).await?;
+    if let Some(max) = max_lines.filter(|m| models.len() > *m) {
+        return Err(ReportError::TooLarge(max));
+    }
     Ok(build(tenant, month, currency, billable, &models))
+}
+
+/// Whether `month` is a month as invoices name them: `yyyy-MM`, exactly.
+pub fn well_formed_month(month: &str) -> bool {
+    let b = month.as_bytes();
+    b.len() == 7 && b[4] == b'-' && b.iter().enumerate().all(|(i, c)| i == 4 || c.is_ascii_digit()) && report::month_days(month).is_some()
 }
 
 impl Invoice {
@@ -116,6 +136,16 @@ impl Invoice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn months_are_yyyy_mm_exactly() {
+        for good in ["2026-01", "2026-12", "1999-07"] {
+            assert!(well_formed_month(good), "{good}");
+        }
+        for bad in ["2026-1", "2026-13", "2026-00", "26-01", "2026/01", "2026-01-01", "", "２０２６-01", "+026-01"] {
+            assert!(!well_formed_month(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn money_is_printed_from_integer_micros() {

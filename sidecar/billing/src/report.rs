@@ -112,6 +112,9 @@ pub enum ReportError {
     Days,
     #[error("not a tenant id")]
     Tenant,
+    /// More models in the month than a bounded read takes (crate::invoice::read_at_most).
+    #[error("the month bills more than {0} models: too large an answer")]
+    TooLarge(usize),
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
     #[error("redis: {0}")]
@@ -154,6 +157,11 @@ pub async fn usage(
 /// was read), from `usage_daily_models` (crate::models; the Redis meter has no models). A
 /// database no consumer of issue 42 has migrated: none.
 pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec<(String, [i64; 6])>, tokio_postgres::Error> {
+    by_model_at_most(db, tenant, from, to, None).await
+}
+
+/// [`by_model`], at most `limit` models (the first in model order) when given.
+pub async fn by_model_at_most(db: &Db, tenant: &str, from: &str, to: &str, limit: Option<i64>) -> Result<Vec<(String, [i64; 6])>, tokio_postgres::Error> {
     let c = db.client();
     let exists: bool = c.query_one("SELECT to_regclass('usage_daily_models') IS NOT NULL", &[]).await?.get(0);
     if !exists {
@@ -164,7 +172,7 @@ pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec
         .query(
             &format!(
                 "SELECT model, {}, {}, {}, {}, {}, {} FROM usage_daily_models
-                 WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date GROUP BY model ORDER BY model",
+                 WHERE tenant = $1 AND day BETWEEN $2::text::date AND $3::text::date GROUP BY model ORDER BY model LIMIT $4",
                 sum("requests"),
                 sum("input_tokens"),
                 sum("output_tokens"),
@@ -172,7 +180,7 @@ pub async fn by_model(db: &Db, tenant: &str, from: &str, to: &str) -> Result<Vec
                 sum("tokens"),
                 sum("cost_micros")
             ),
-            &[&tenant, &from, &to],
+            &[&tenant, &from, &to, &limit],
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)])).collect())

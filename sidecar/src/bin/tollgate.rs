@@ -57,6 +57,11 @@ enum Command {
         #[command(subcommand)]
         action: KeyCommand,
     },
+    /// Prices of LLM calls (micro-units of the deployment's currency per million tokens).
+    Prices {
+        #[command(subcommand)]
+        action: PriceAction,
+    },
     /// The configuration version, and the stored objects this sidecar cannot use as stored.
     Version,
 }
@@ -143,6 +148,38 @@ enum RouteAction {
         priority: Option<i32>,
     },
     List,
+    Get { id: String },
+    Delete { id: String },
+}
+
+#[derive(Subcommand)]
+enum PriceAction {
+    /// The prices in force: the file's (`[usage.pricing]`) and the stored ones, with their source.
+    List,
+    /// Create or replace a stored price. A change prices the usage taken after it; usage already
+    /// taken keeps its cost.
+    Set {
+        /// The price's id (1-64 of A-Z a-z 0-9 _ . -), e.g. gpt-4o-mini-2026-03.
+        id: String,
+        /// A model name, a prefix of one ending in * (gpt-4o-mini*), or * (the default rates).
+        #[arg(long)]
+        model: String,
+        /// Micro-units per million input tokens (an integer: 150000 is 0.15 per million).
+        #[arg(long)]
+        input: u64,
+        /// Micro-units per million output tokens.
+        #[arg(long)]
+        output: u64,
+        /// Micro-units per million cached input tokens (default: the input rate).
+        #[arg(long)]
+        cached: Option<u64>,
+        /// When it takes effect: RFC 3339 or yyyy-MM-dd (default: always).
+        #[arg(long)]
+        from: Option<String>,
+        /// The provider the rates are from (informative).
+        #[arg(long)]
+        provider: Option<String>,
+    },
     Get { id: String },
     Delete { id: String },
 }
@@ -324,6 +361,7 @@ fn run() -> Result<()> {
     const PLAN: &[&str] = &["id", "limits"];
     const ROUTE: &[&str] = &["id", "priority", "match", "cluster", "product", "plan"];
     const KEY: &[&str] = &["key_id", "tenant", "plan", "status", "created_at", "expires_at", "last_used_at", "label"];
+    const PRICE: &[&str] = &["id", "model", "provider", "input_per_mtok", "output_per_mtok", "cached_input_per_mtok", "effective_from"];
     match cli.command {
         Command::Tenants { action } => match action {
             TenantAction::Create { id, name, products } => {
@@ -444,6 +482,33 @@ fn run() -> Result<()> {
             }
             KeyCommand::List { tenant } => show(j, &api.all_keys(tenant.as_deref())?, KEY),
         },
+        Command::Prices { action } => match action {
+            PriceAction::List => {
+                let v = api.call("GET", "/v1/pricing", None)?;
+                if j {
+                    println!("{v}");
+                } else {
+                    println!("currency {} (micro-units per million tokens)", cell(&v, "currency"));
+                    let mut cols = PRICE.to_vec();
+                    cols.push("source");
+                    table(v["prices"].as_array().map_or(&[][..], Vec::as_slice), &cols);
+                }
+            }
+            PriceAction::Set { id, model, input, output, cached, from, provider } => {
+                let mut p = json!({"id": id, "model": model, "input_per_mtok": input, "output_per_mtok": output});
+                for (k, v) in [("effective_from", from), ("provider", provider)] {
+                    if let Some(v) = v {
+                        p[k] = json!(v);
+                    }
+                }
+                if let Some(c) = cached {
+                    p["cached_input_per_mtok"] = json!(c);
+                }
+                show(j, &api.call("PUT", &format!("/v1/prices/{}", checked(&id)?), Some(p))?, PRICE)
+            }
+            PriceAction::Get { id } => show(j, &api.call("GET", &format!("/v1/prices/{}", checked(&id)?), None)?, PRICE),
+            PriceAction::Delete { id } => show(j, &api.call("DELETE", &format!("/v1/prices/{}", checked(&id)?), None)?, &["deleted", "version"]),
+        },
         Command::Version => {
             let v = api.call("GET", "/v1/version", None)?;
             show(j, &v, &["version", "loaded"]);
@@ -526,6 +591,16 @@ mod tests {
         let cli = Cli::try_parse_from(["tollgate", "--token-file", "/x", "version"]).unwrap();
         assert_eq!(cli.token_file.as_deref(), Some(std::path::Path::new("/x")));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn prices_take_integer_rates_only() {
+        let cli = Cli::try_parse_from(["tollgate", "prices", "set", "mini", "--model", "gpt-4o-mini*", "--input", "150000", "--output", "600000", "--from", "2026-03-01"]).unwrap();
+        assert!(matches!(cli.command, Command::Prices { action: PriceAction::Set { input: 150000, cached: None, .. } }));
+        for bad in ["0.15", "-1", "1e3"] {
+            assert!(Cli::try_parse_from(["tollgate", "prices", "set", "m", "--model", "m", "--input", bad, "--output", "1"]).is_err(), "{bad}");
+        }
+        assert!(Cli::try_parse_from(["tollgate", "prices", "list", "--json"]).unwrap().json);
     }
 
     #[test]

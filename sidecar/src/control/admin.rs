@@ -52,11 +52,14 @@ pub struct AdminConfig {
     /// that stopped delivering without closing no longer holds changes back until the resync.
     #[serde(with = "humantime_serde")]
     pub subscriber_ping: Duration,
+    /// The billing consumer's PostgreSQL (`postgres://…`), read by `GET /v1/invoices`; unset:
+    /// `console.usage_url` (the same database), and without either that call answers 503.
+    pub billing_url: Option<String>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        AdminConfig { listen: None, token: Default::default(), token_file: None, resync_interval: Duration::from_secs(5), subscriber_ping: Duration::from_millis(50) }
+        AdminConfig { listen: None, token: Default::default(), token_file: None, resync_interval: Duration::from_secs(5), subscriber_ping: Duration::from_millis(50), billing_url: None }
     }
 }
 
@@ -81,6 +84,9 @@ impl AdminConfig {
         }
         if self.subscriber_ping < Duration::from_millis(10) {
             return Err(invalid("admin.subscriber_ping", "must be at least 10ms"));
+        }
+        if self.billing_url.as_ref().is_some_and(|u| u.parse::<tokio_postgres::Config>().is_err()) {
+            return Err(invalid("admin.billing_url", "not a PostgreSQL URL (postgres://user@host:port/db)"));
         }
         Ok(())
     }
@@ -116,6 +122,8 @@ pub fn router(control: Arc<Control>, token: Secret) -> (Router, TaskTracker) {
         .route("/v1/version", get(version))
         .merge(super::admin_alerts::routes())
         .merge(super::admin_keys::routes())
+        .merge(super::admin_invoices::routes())
+        .route("/v1/pricing", get(pricing))
         .route("/v1/{kind}", get(list).post(create))
         .route("/v1/{kind}/{id}", get(get_one).put(put).delete(delete))
         .route_layer(middleware::from_fn_with_state(writes.clone(), detached))
@@ -192,6 +200,29 @@ async fn version(State(s): State<Arc<AdminState>>) -> Response {
     }
 }
 
+/// `GET /v1/pricing`: the prices in force — the file's merged with the stored ones (decision
+/// 337) — and their currency.
+async fn pricing(State(s): State<Arc<AdminState>>) -> Response {
+    let prices: Vec<Value> = s.control.prices_of(&s.control.live.get()).iter().map(|e| e.to_json()).collect();
+    reply(StatusCode::OK, json!({"currency": s.control.pricing.currency, "prices": prices}))
+}
+
+/// A price as it is stored: in the deployment's currency, filled in when not given; a price in
+/// another one is refused (one currency per deployment, decision 339).
+#[allow(clippy::result_large_err)] // as kind_of
+fn in_currency(mut v: Value, currency: &str) -> Result<Value, Response> {
+    match v.get("currency") {
+        None | Some(Value::Null) => v["currency"] = json!(currency),
+        Some(Value::String(c)) if c == currency => {}
+        Some(other) => {
+            let shown = other.as_str().filter(|c| c.len() <= 8).map_or_else(|| "another currency".to_string(), |c| c.escape_debug().to_string());
+            let why = format!("this deployment prices in {currency} (usage.pricing.currency); a price in {shown} is refused");
+            return Err(error(StatusCode::BAD_REQUEST, "invalid", Some("currency"), why));
+        }
+    }
+    Ok(v)
+}
+
 #[allow(clippy::result_large_err)] // the error is the reply itself; built once per bad request
 fn kind_of(kind: &str) -> Result<Kind, Response> {
     Kind::parse(kind).ok_or_else(|| error(StatusCode::NOT_FOUND, "not_found", None, format!("no collection '{kind}'")))
@@ -235,6 +266,13 @@ async fn create(State(s): State<Arc<AdminState>>, Path(kind): Path<String>, body
         (Ok(k), Ok(v)) => (k, v),
         (Err(r), _) | (_, Err(r)) => return r,
     };
+    let v = match k {
+        Kind::Prices => match in_currency(v, &s.control.pricing.currency) {
+            Ok(v) => v,
+            Err(r) => return r,
+        },
+        _ => v,
+    };
     write(&s, Change::Put(k, v), Expect::Absent, StatusCode::CREATED).await
 }
 
@@ -247,6 +285,12 @@ async fn put(State(s): State<Arc<AdminState>>, Path((kind, id)): Path<(String, S
         None => v["id"] = json!(id),
         Some(b) if b != id => return error(StatusCode::BAD_REQUEST, "invalid", Some("id"), "differs from the id in the path"),
         Some(_) => {}
+    }
+    if k == Kind::Prices {
+        v = match in_currency(v, &s.control.pricing.currency) {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
     }
     write(&s, Change::Put(k, v), Expect::Any, StatusCode::OK).await
 }
@@ -370,7 +414,18 @@ mod tests {
     #[test]
     fn the_openapi_document_is_json_and_lists_every_path() {
         let doc: Value = serde_json::from_str(OPENAPI).unwrap();
-        for p in ["/v1/{kind}", "/v1/{kind}/{id}", "/v1/keys", "/v1/keys/{id}/revoke", "/v1/keys/{id}/rotate", "/v1/keys/{id}", "/v1/version", "/v1/alerts"] {
+        for p in [
+            "/v1/{kind}",
+            "/v1/{kind}/{id}",
+            "/v1/keys",
+            "/v1/keys/{id}/revoke",
+            "/v1/keys/{id}/rotate",
+            "/v1/keys/{id}",
+            "/v1/version",
+            "/v1/alerts",
+            "/v1/pricing",
+            "/v1/invoices",
+        ] {
             assert!(doc["paths"].get(p).is_some(), "{p} missing from docs/openapi.json");
         }
     }

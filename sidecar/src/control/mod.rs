@@ -8,10 +8,12 @@
 pub mod admin;
 pub mod admin_alerts;
 pub mod admin_http;
+pub mod admin_invoices;
 pub mod admin_keys;
 pub mod keys;
 pub mod last_used;
 pub mod model;
+pub mod prices;
 pub mod propagation;
 pub mod routes;
 pub mod salvage;
@@ -79,16 +81,67 @@ pub struct Control {
     completing: std::sync::Mutex<std::collections::HashSet<Id>>,
     /// An announcement Redis did not take is being made again ([`Control::announce_later`]).
     announcing: AtomicBool,
+    /// The deployment's pricing currency and the file's prices, which the stored ones are merged
+    /// with into the table in force (decision 337).
+    pub pricing: FilePricing,
+    /// The billing consumer's PostgreSQL (`admin.billing_url`, else `console.usage_url`), for
+    /// `GET /v1/invoices`; `None`: not configured.
+    pub billing_url: Option<String>,
+}
+
+/// `[usage.pricing]` of the file, checked: what the stored prices are merged with.
+#[derive(Debug, Clone)]
+pub struct FilePricing {
+    /// `usage.pricing.currency`: every price is in it.
+    pub currency: String,
+    pub entries: Vec<crate::usage::pricing::Entry>,
+}
+
+impl Default for FilePricing {
+    fn default() -> Self {
+        FilePricing { currency: crate::usage::pricing::PricingConfig::default().currency, entries: Vec::new() }
+    }
 }
 
 impl Control {
     pub fn new(source: Source, snapshot: Snapshot, store: Store, decider: Arc<Decider>) -> Control {
-        Control { source, live: Live::new(snapshot), store, decider, reload_failing: AtomicBool::new(false), installing: tokio::sync::Mutex::new(()), completing: Default::default(), announcing: AtomicBool::new(false) }
+        Control {
+            source,
+            live: Live::new(snapshot),
+            store,
+            decider,
+            reload_failing: AtomicBool::new(false),
+            installing: tokio::sync::Mutex::new(()),
+            completing: Default::default(),
+            announcing: AtomicBool::new(false),
+            pricing: FilePricing::default(),
+            billing_url: None,
+        }
+    }
+
+    /// Merges the stored prices with `[usage.pricing]` of the file (checked).
+    pub fn with_pricing(mut self, config: &crate::usage::pricing::PricingConfig) -> Result<Control, crate::invalid::Invalid> {
+        self.pricing = FilePricing { currency: config.currency.clone(), entries: crate::usage::pricing::file_entries(config)? };
+        Ok(self)
+    }
+
+    /// Reads invoices from the billing consumer's PostgreSQL at `url`.
+    pub fn with_billing(mut self, url: Option<String>) -> Control {
+        self.billing_url = url.filter(|u| !u.is_empty());
+        self
+    }
+
+    /// The prices in force: the file's merged with `snapshot`'s (crate::usage::pricing::merge).
+    pub fn prices_of(&self, snapshot: &Snapshot) -> Vec<crate::usage::pricing::Entry> {
+        crate::usage::pricing::merge(self.pricing.entries.clone(), snapshot.price_entries())
     }
 
     /// Puts `snapshot` (validated) in force: routes and products for the admin view, plans for
-    /// decisions.
+    /// decisions, prices for usage intake and money budgets.
     pub fn install(&self, snapshot: Snapshot) {
+        if let Some(table) = self.decider.price_table() {
+            table.set(crate::usage::pricing::Pricing::of(&self.prices_of(&snapshot)));
+        }
         match Plans::compile(&snapshot.plans) {
             Ok(plans) => {
                 // one swap: no decision sees a route of one configuration with the plans of

@@ -12,6 +12,8 @@ pub use crate::invalid::Invalid;
 use crate::invalid::invalid;
 use crate::keys::{Id, ALL_TENANTS};
 use crate::decision::limits::{LimitConfig, ModelLimitConfig, PlanConfig, Plans};
+pub use super::prices::PriceEntry;
+use super::prices::check_rates;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -150,6 +152,8 @@ pub struct Snapshot {
     pub products: BTreeMap<String, Product>,
     pub plans: BTreeMap<String, PlanConfig>,
     pub routes: BTreeMap<String, Route>,
+    /// Prices of LLM calls (PostgreSQL only; the file's stay in `[usage.pricing]`).
+    pub prices: BTreeMap<String, PriceEntry>,
 }
 
 tollgate_wire::named_enum! {
@@ -161,6 +165,7 @@ tollgate_wire::named_enum! {
         Products => "products",
         Plans => "plans",
         Routes => "routes",
+        Prices => "prices",
     }
 }
 
@@ -178,6 +183,8 @@ pub fn max_objects(kind: Kind) -> usize {
         Kind::Products => 1_000,
         Kind::Plans => 10_000,
         Kind::Routes => 1_000,
+        // every replica compiles them at every change; a model's price history fits many times
+        Kind::Prices => 10_000,
     }
 }
 
@@ -217,7 +224,7 @@ fn from_serde(e: serde_json::Error) -> Invalid {
     invalid(field, msg)
 }
 
-fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
+pub(super) fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
     Id::parse(id).map(|_| ()).ok_or_else(|| invalid(field, "use 1-64 of letters, digits, '_', '-', '.'"))
 }
 
@@ -286,6 +293,7 @@ impl Snapshot {
                 })
             })
             .or_else(|| self.routes.iter().find_map(|(id, r)| found(Kind::Routes, id, validate_route(id, r, self))))
+            .or_else(|| self.first_invalid_price().map(|(id, e)| (Kind::Prices, id, e)))
     }
 
     /// How many objects of `kind` there are.
@@ -295,6 +303,7 @@ impl Snapshot {
             Kind::Products => self.products.len(),
             Kind::Plans => self.plans.len(),
             Kind::Routes => self.routes.len(),
+            Kind::Prices => self.prices.len(),
         }
     }
 
@@ -305,6 +314,7 @@ impl Snapshot {
             Kind::Products => self.products.remove(id).is_some(),
             Kind::Plans => self.plans.remove(id).is_some(),
             Kind::Routes => self.routes.remove(id).is_some(),
+            Kind::Prices => self.prices.remove(id).is_some(),
         }
     }
 
@@ -316,6 +326,7 @@ impl Snapshot {
             Kind::Products => drop(self.products.insert(id, serde_json::from_value(v)?)),
             Kind::Plans => drop(self.plans.insert(id, serde_json::from_value::<Plan>(v)?.config())),
             Kind::Routes => drop(self.routes.insert(id, serde_json::from_value(v)?)),
+            Kind::Prices => drop(self.prices.insert(id, serde_json::from_value(v)?)),
         }
         Ok(())
     }
@@ -356,6 +367,15 @@ impl Snapshot {
                         check_id("id", &r.id)?;
                         next.routes.insert(r.id.clone(), r);
                     }
+                    Kind::Prices => {
+                        let mut p: PriceEntry = serde_json::from_value(check_rates(v)?).map_err(from_serde)?;
+                        check_id("id", &p.id)?;
+                        // one spelling of a moment: `2026-03-01` is stored as 2026-03-01T00:00:00Z
+                        if let Some(ms) = p.effective_from.as_deref().and_then(crate::usage::pricing::parse_moment) {
+                            p.effective_from = Some(crate::usage::pricing::format_moment(ms));
+                        }
+                        next.prices.insert(p.id.clone(), p);
+                    }
                 }
             }
             Change::Delete(kind, id) => {
@@ -364,6 +384,7 @@ impl Snapshot {
                     Kind::Products => next.products.remove(id).is_some(),
                     Kind::Plans => next.plans.remove(id).is_some(),
                     Kind::Routes => next.routes.remove(id).is_some(),
+                    Kind::Prices => next.prices.remove(id).is_some(),
                 };
                 if !found {
                     return Err(invalid("id", format!("no {} '{id}'", kind.name())));
@@ -381,6 +402,7 @@ impl Snapshot {
             Kind::Products => serde_json::to_value(self.products.get(id)?),
             Kind::Plans => serde_json::to_value(Plan::of(id, self.plans.get(id)?)),
             Kind::Routes => serde_json::to_value(self.routes.get(id)?),
+            Kind::Prices => serde_json::to_value(self.prices.get(id)?),
         };
         v.ok()
     }
@@ -392,6 +414,7 @@ impl Snapshot {
             Kind::Products => self.products.keys().collect(),
             Kind::Plans => self.plans.keys().collect(),
             Kind::Routes => self.routes.keys().collect(),
+            Kind::Prices => self.prices.keys().collect(),
         };
         ids.into_iter().filter_map(|id| self.get(kind, id)).collect()
     }

@@ -55,7 +55,7 @@ impl<S: DecisionStore> Decider<S> {
                 // A money budget (month or day): the real cost at the prices it was reserved at,
                 // which its usage event is billed at too (decision 302).
                 Some(at) if month || (19_000_101..=99_991_231).contains(&b.period) => {
-                    let real = self.pricing.as_deref().and_then(|p| spend::real_cost(p, c.llm.as_ref(), at));
+                    let real = self.pricing.as_ref().and_then(|t| spend::real_cost(&t.get(), c.llm.as_ref(), at));
                     (BudgetCounter::Spend(SpendBudgetKey::new(&tenant, &limit, &subject, b.period)), spend::settled(b.reserved, real, c.tokens))
                 }
                 _ => return Err(bad("budgets.period")),

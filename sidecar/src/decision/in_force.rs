@@ -31,6 +31,11 @@ impl<S> Decider<S> {
         self.clock.now_ms()
     }
 
+    /// The prices money budgets reserve and settle at, which the configuration plane swaps.
+    pub fn price_table(&self) -> Option<&Arc<crate::usage::pricing::PriceTable>> {
+        self.pricing.as_ref()
+    }
+
     /// The routing in force now.
     pub fn routing(&self) -> Arc<Routing> {
         self.in_force().routing.clone()

@@ -112,8 +112,9 @@ pub struct Decider<S = Store> {
     in_flight_ms: u64,
     /// A tenant's bound of stored responses (`[responses] tenant_max_mb`; decision 185).
     tenant_max_bytes: u64,
-    /// The prices money budgets reserve and settle at (`[usage.pricing]`; none: they refuse).
-    pricing: Option<Arc<crate::usage::pricing::Pricing>>,
+    /// The prices money budgets reserve and settle at (the table usage events are priced by,
+    /// swapped by the configuration plane; none: they refuse).
+    pricing: Option<Arc<crate::usage::pricing::PriceTable>>,
     /// When each key was last used, until the flusher takes it (decision 336).
     used: last_used::LastUsed,
 }
@@ -199,7 +200,7 @@ impl<S: DecisionStore> Decider<S> {
     }
 
     /// Money budgets reserve and settle at these prices (those usage events are priced at).
-    pub fn with_pricing(mut self, pricing: Arc<crate::usage::pricing::Pricing>) -> Decider<S> {
+    pub fn with_pricing(mut self, pricing: Arc<crate::usage::pricing::PriceTable>) -> Decider<S> {
         self.pricing = Some(pricing);
         self
     }
@@ -372,6 +373,8 @@ impl<S: DecisionStore> Decider<S> {
         // filter's own id for it, or one made here — never the client's `x-request-id`, which
         // would let a client make all its requests one log entry or one slot.
         let request_id = decision_id(req);
+        // the table in force, read once per decision and only for a money budget's
+        let pricing = self.pricing.as_ref().filter(|_| limits.iter().any(|l| l.algorithm == limits::Algorithm::SpendBudget)).map(|t| t.get());
         let ctx = RequestCtx {
             tenant: &r.tenant,
             key_id: &r.key_id,
@@ -382,7 +385,7 @@ impl<S: DecisionStore> Decider<S> {
             now_ms: cx.now_ms,
             token_estimate: req.token_estimate.filter(|n| *n > 0).map(|n| m::clamp_tokens(n, "estimate")),
             llm: req.llm.as_ref(),
-            pricing: self.pricing.as_deref(),
+            pricing: pricing.as_deref(),
         };
         if let Some((limit, why)) = checks::unpriced(limits, &ctx) {
             return answers::not_priced(limit, why);

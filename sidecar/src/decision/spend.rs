@@ -35,7 +35,8 @@ pub enum Period {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Unpriced {
-    /// Price it by `[usage.pricing] default` (refused when there is none).
+    /// Price it by the default rates (`[usage.pricing] default`, or a `*` price; refused when
+    /// there is none).
     #[default]
     Default,
     /// Refuse it: 403 `model_not_priced`.
@@ -113,7 +114,7 @@ pub fn rates(spec: &SpendSpec, ask: Option<&LlmAsk>, pricing: &Pricing, at_ms: u
     let named = model.and_then(|m| pricing.rates_of(m, at_ms));
     let rates = match spec.unpriced {
         Unpriced::Refuse => named,
-        Unpriced::Default => named.or(pricing.default_rates()),
+        Unpriced::Default => named.or(pricing.default_rates(at_ms)),
     };
     rates.ok_or_else(|| NotPriced { model: model.map(str::to_string) })
 }

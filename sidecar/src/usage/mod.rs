@@ -205,7 +205,8 @@ pub struct Usage {
     shipper: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When a refused write was last logged (ms since the epoch).
     refusal_logged: std::sync::atomic::AtomicU64,
-    pricing: pricing::Pricing,
+    /// The prices in force (the file's and the stored ones, swapped by the configuration plane).
+    pricing: Arc<pricing::PriceTable>,
 }
 
 /// At most one log line per this many ms for refused spool writes (they come once per batch).
@@ -225,8 +226,8 @@ pub enum UsageError {
 
 impl Usage {
     /// Opens the spool and starts the shipper (needs a tokio runtime). Kafka need not be up.
-    pub fn start(config: &UsageConfig, store: Store) -> Result<Usage, UsageError> {
-        let pricing = pricing::Pricing::compile(&config.pricing)?;
+    /// Events are priced by `pricing` (the table money budgets read too).
+    pub fn start(config: &UsageConfig, store: Store, pricing: Arc<pricing::PriceTable>) -> Result<Usage, UsageError> {
         let sealed = Arc::new(tokio::sync::Notify::new());
         let spool = Spool::start(&config.spool_dir, config.max_spool_mb << 20, config.segment_age, sealed.clone())
             .map_err(|source| UsageError::SpoolDir { dir: config.spool_dir.clone(), source })?;
@@ -261,11 +262,12 @@ impl Usage {
     }
 
     /// Prices the LLM calls among `events` (pricing): each call's cost at the price in effect at
-    /// its arrival, replacing whatever cost the sender wrote.
+    /// its arrival, by the table in force now, replacing whatever cost the sender wrote.
     pub fn price(&self, events: &mut [UsageEvent]) {
+        let mut table = None;
         for e in events {
             if let Some(llm) = &mut e.llm {
-                self.pricing.price(llm, e.start_ms);
+                table.get_or_insert_with(|| self.pricing.get()).price(llm, e.start_ms);
             }
         }
     }

@@ -1,15 +1,21 @@
-//! Prices of LLM calls (issue 42 item 2, first part): `[usage.pricing]` of the sidecar
-//! configuration, and the cost of one call in integer micro-units of one currency — never a
-//! float in money (decision 296).
+//! Prices of LLM calls (issue 42 item 2): `[usage.pricing]` of the sidecar configuration, the
+//! prices stored in PostgreSQL through the admin API (`/v1/prices`, crate::control), and the cost
+//! of one call in integer micro-units of one currency — never a float in money (decision 296).
 //!
 //! A price names a model (exactly, or a prefix ending in `*`: `gpt-4o-mini*` prices the dated
-//! versions an upstream answers with), its rates per million input, output and cached-input
-//! tokens, and when it takes effect. The sidecar prices each LLM call's event as it takes it
-//! (`POST /v1/usage`), at the price in effect at the request's arrival (`startMs`): the cost is
-//! written into the event, so a later price change never re-prices past usage, and a replayed
-//! spool ships the same cost. The model priced is the one that answered, else the one asked
-//! for; a call neither names, or whose model has no price and no `default` is configured, is
-//! left unpriced (no `costMicros`), never refused here.
+//! versions an upstream answers with; `*` alone is the default: any model no other price names),
+//! its rates per million input, output and cached-input tokens, and when it takes effect. The
+//! sidecar prices each LLM call's event as it takes it (`POST /v1/usage`), at the price in
+//! effect at the request's arrival (`startMs`), by the table in force when it takes the event:
+//! the cost is written into the event, so a later price change never re-prices past usage, and
+//! a replayed spool ships the same cost (decision 338). The model priced is the one that
+//! answered, else the one asked for, else the default; a call none prices is left unpriced (no
+//! `costMicros`), never refused here.
+//!
+//! The table in force ([`merge`], decision 337): the file's prices (its `default` is a `*` price
+//! from the epoch) and the stored ones; a stored price of the same model from the same moment
+//! as a file price replaces it. [`PriceTable`] holds it, swapped whole when the configuration
+//! plane installs a change: usage intake and money budgets read the same table.
 //!
 //! Cost = (uncached input × input rate + cached input × cached rate + output × output rate)
 //! ÷ 1,000,000, rounded half up to a whole micro-unit, computed in 128 bits (no overflow for any
@@ -17,11 +23,16 @@
 
 use crate::invalid::{invalid, Invalid};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use tollgate_wire::llm::{model_name, LlmUsage};
 
 /// The largest rate (micro-units per million tokens) and cost a configuration or an event
 /// takes: 2^53, exact in a double as every count here.
 pub const MAX_MICROS: u64 = 1 << 53;
+
+/// The model pattern of the default price: any model no other price names.
+pub const DEFAULT_MODEL: &str = "*";
 
 /// `[usage.pricing]` as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,7 +40,8 @@ pub const MAX_MICROS: u64 = 1 << 53;
 pub struct PricingConfig {
     /// The currency every price is in (ISO 4217 code, for reports): one per deployment.
     pub currency: String,
-    /// Rates for a model no price names; absent: such calls are left unpriced.
+    /// Rates for a model no price names (a `*` price from the epoch); absent: such calls are
+    /// left unpriced.
     pub default: Option<Rates>,
     pub prices: Vec<Price>,
 }
@@ -55,7 +67,7 @@ pub struct Rates {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
-    /// A model name, or a prefix of one ending in `*`.
+    /// A model name, a prefix of one ending in `*`, or `*` (the default).
     pub model: String,
     /// Informative (the provider the rates are from).
     #[serde(default)]
@@ -69,13 +81,94 @@ pub struct Price {
     pub effective_from: Option<String>,
 }
 
+/// What a model pattern matches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Pattern {
+    /// One model name.
+    Exact(String),
+    /// Every name starting with this (not empty).
+    Prefix(String),
+    /// `*`: any model no other price names.
+    Default,
+}
+
+impl Pattern {
+    /// `gpt-4o`, `gpt-4o*` or `*`; `None` when it is none of those.
+    pub fn parse(model: &str) -> Option<Pattern> {
+        if model == DEFAULT_MODEL {
+            return Some(Pattern::Default);
+        }
+        match model.strip_suffix('*') {
+            Some(stem) => model_name(stem).map(|s| Pattern::Prefix(s.to_string())),
+            None => model_name(model).map(|s| Pattern::Exact(s.to_string())),
+        }
+    }
+
+    /// As written (`gpt-4o*`).
+    pub fn text(&self) -> String {
+        match self {
+            Pattern::Exact(m) => m.clone(),
+            Pattern::Prefix(m) => format!("{m}*"),
+            Pattern::Default => DEFAULT_MODEL.into(),
+        }
+    }
+}
+
+/// Where a price in force comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// `[usage.pricing]` of the file.
+    File,
+    /// The configuration plane (PostgreSQL), under this id.
+    Stored(String),
+}
+
+/// One price, checked: what the table in force is made of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub pattern: Pattern,
+    pub provider: Option<String>,
+    pub from_ms: u64,
+    pub rates: Rates,
+    pub origin: Origin,
+}
+
+impl Entry {
+    /// As `GET /v1/pricing` shows it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "model": self.pattern.text(),
+            "input_per_mtok": self.rates.input_per_mtok,
+            "output_per_mtok": self.rates.output_per_mtok,
+            "effective_from": format_moment(self.from_ms),
+            "source": match self.origin { Origin::File => "file", Origin::Stored(_) => "stored" },
+        });
+        if let Some(c) = self.rates.cached_input_per_mtok {
+            v["cached_input_per_mtok"] = c.into();
+        }
+        if let Some(p) = &self.provider {
+            v["provider"] = p.clone().into();
+        }
+        if let Origin::Stored(id) = &self.origin {
+            v["id"] = id.clone().into();
+        }
+        v
+    }
+}
+
 /// The prices, checked, ready to price calls.
 #[derive(Debug, Clone, Default)]
 pub struct Pricing {
-    /// `(pattern, prefix?, from_ms, rates)`, latest first for one pattern.
-    prices: Vec<(String, bool, u64, Rates)>,
-    default: Option<Rates>,
+    /// An exact name's prices, latest first.
+    exact: HashMap<String, Vec<(u64, Rates)>>,
+    /// `(prefix, from_ms, rates)`, latest first for one prefix.
+    prefixes: Vec<(String, u64, Rates)>,
+    /// The default's prices (`*`), latest first.
+    defaults: Vec<(u64, Rates)>,
 }
+
+/// The longest provider name a price keeps (it is informative).
+pub const MAX_PROVIDER: usize = 64;
 
 impl Rates {
     fn check(&self, field: &str) -> Result<(), Invalid> {
@@ -98,61 +191,123 @@ impl Rates {
 }
 
 /// Milliseconds since the epoch of `2026-01-01` (UTC midnight) or an RFC 3339 time.
-fn parse_moment(s: &str) -> Option<u64> {
+pub fn parse_moment(s: &str) -> Option<u64> {
     let full = if s.len() == 10 { format!("{s}T00:00:00Z") } else { s.to_string() };
     let t = humantime::parse_rfc3339(&full).ok()?;
     u64::try_from(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis()).ok()
 }
 
+/// A moment as RFC 3339 UTC, to the second (to the millisecond when it has them).
+pub fn format_moment(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    match ms % 1000 {
+        0 => humantime::format_rfc3339_seconds(t).to_string(),
+        _ => humantime::format_rfc3339_millis(t).to_string(),
+    }
+}
+
+impl Price {
+    /// Checks one price (`field` names it in errors): a model pattern, rates within bounds, a
+    /// readable moment, a short provider.
+    pub fn check(&self, field: &str, origin: Origin) -> Result<Entry, Invalid> {
+        let pattern = Pattern::parse(&self.model).ok_or_else(|| {
+            invalid(format!("{field}.model"), "a model name (1-128 of [A-Za-z0-9._:/@+-]), a prefix of one ending in *, or * (the default)")
+        })?;
+        let rates = Rates { input_per_mtok: self.input_per_mtok, output_per_mtok: self.output_per_mtok, cached_input_per_mtok: self.cached_input_per_mtok };
+        rates.check(field)?;
+        let from_ms = match &self.effective_from {
+            None => 0,
+            Some(s) => parse_moment(s).ok_or_else(|| invalid(format!("{field}.effective_from"), "RFC 3339 (2026-03-01T00:00:00Z) or yyyy-MM-dd"))?,
+        };
+        if self.provider.as_ref().is_some_and(|p| p.len() > MAX_PROVIDER || p.chars().any(char::is_control)) {
+            return Err(invalid(format!("{field}.provider"), format!("at most {MAX_PROVIDER} bytes, no control characters")));
+        }
+        Ok(Entry { pattern, provider: self.provider.clone(), from_ms, rates, origin })
+    }
+}
+
+/// Checks the currency of `[usage.pricing]`: an ISO 4217 code.
+pub fn check_currency(currency: &str) -> Result<(), Invalid> {
+    if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(invalid("usage.pricing.currency", "an ISO 4217 code such as USD"));
+    }
+    Ok(())
+}
+
+/// The file's prices, checked: its `default` first (a `*` price from the epoch), then its list
+/// in order. Two of one model from the same moment are refused.
+pub fn file_entries(config: &PricingConfig) -> Result<Vec<Entry>, Invalid> {
+    check_currency(&config.currency)?;
+    let mut out = Vec::with_capacity(config.prices.len() + 1);
+    if let Some(d) = &config.default {
+        d.check("usage.pricing.default")?;
+        out.push(Entry { pattern: Pattern::Default, provider: None, from_ms: 0, rates: *d, origin: Origin::File });
+    }
+    for (i, p) in config.prices.iter().enumerate() {
+        let field = format!("usage.pricing.prices[{i}]");
+        let e = p.check(&field, Origin::File)?;
+        if out.iter().any(|o| o.pattern == e.pattern && o.from_ms == e.from_ms) {
+            let why = match e.pattern {
+                Pattern::Default => "the default (usage.pricing.default, or another * price) takes effect at the same moment",
+                _ => "another price of this model takes effect at the same moment",
+            };
+            return Err(invalid(format!("{field}.effective_from"), why));
+        }
+        out.push(e);
+    }
+    Ok(out)
+}
+
+/// The table in force (decision 337): `file` (checked by [`file_entries`]) with `stored` (each
+/// checked, none two of one model from one moment): a stored price of the same model from the
+/// same moment as a file price replaces it. File prices first, then the stored ones, each in
+/// their order.
+pub fn merge(file: Vec<Entry>, stored: impl IntoIterator<Item = Entry>) -> Vec<Entry> {
+    let stored: Vec<Entry> = stored.into_iter().collect();
+    let mut out: Vec<Entry> = file.into_iter().filter(|f| !stored.iter().any(|s| s.pattern == f.pattern && s.from_ms == f.from_ms)).collect();
+    out.extend(stored);
+    out
+}
+
 impl Pricing {
-    /// Checks `config`: every model a name or a prefix of one, every rate within bounds, every
-    /// moment readable, no two prices of one model from the same moment.
+    /// Checks `config`: every model a pattern, every rate within bounds, every moment readable,
+    /// no two prices of one model from the same moment.
     pub fn compile(config: &PricingConfig) -> Result<Pricing, Invalid> {
-        if config.currency.len() != 3 || !config.currency.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(invalid("usage.pricing.currency", "an ISO 4217 code such as USD"));
-        }
-        if let Some(d) = &config.default {
-            d.check("usage.pricing.default")?;
-        }
-        let mut prices = Vec::with_capacity(config.prices.len());
-        for (i, p) in config.prices.iter().enumerate() {
-            let field = format!("usage.pricing.prices[{i}]");
-            let (pattern, prefix) = match p.model.strip_suffix('*') {
-                Some(stem) => (stem, true),
-                None => (p.model.as_str(), false),
-            };
-            if model_name(pattern).is_none() {
-                return Err(invalid(format!("{field}.model"), "a model name (1-128 of [A-Za-z0-9._:/@+-]), or a prefix of one ending in *"));
+        Ok(Pricing::of(&file_entries(config)?))
+    }
+
+    /// The table of checked entries (see [`merge`]).
+    pub fn of(entries: &[Entry]) -> Pricing {
+        let mut p = Pricing::default();
+        for e in entries {
+            match &e.pattern {
+                Pattern::Exact(m) => p.exact.entry(m.clone()).or_default().push((e.from_ms, e.rates)),
+                Pattern::Prefix(m) => p.prefixes.push((m.clone(), e.from_ms, e.rates)),
+                Pattern::Default => p.defaults.push((e.from_ms, e.rates)),
             }
-            let rates = Rates { input_per_mtok: p.input_per_mtok, output_per_mtok: p.output_per_mtok, cached_input_per_mtok: p.cached_input_per_mtok };
-            rates.check(&field)?;
-            let from = match &p.effective_from {
-                None => 0,
-                Some(s) => parse_moment(s).ok_or_else(|| invalid(format!("{field}.effective_from"), "RFC 3339 or yyyy-MM-dd"))?,
-            };
-            if prices.iter().any(|(m, pre, f, _)| m == pattern && *pre == prefix && *f == from) {
-                return Err(invalid(format!("{field}.effective_from"), "another price of this model takes effect at the same moment"));
-            }
-            prices.push((pattern.to_string(), prefix, from, rates));
         }
         // latest first: the first in effect is the price
-        prices.sort_by_key(|p| std::cmp::Reverse(p.2));
-        Ok(Pricing { prices, default: config.default })
+        for list in p.exact.values_mut() {
+            list.sort_by_key(|(from, _)| std::cmp::Reverse(*from));
+        }
+        p.prefixes.sort_by_key(|(_, from, _)| std::cmp::Reverse(*from));
+        p.defaults.sort_by_key(|(from, _)| std::cmp::Reverse(*from));
+        p
     }
 
     /// The rates of `model` at `at_ms`: an exact name first, then the longest prefix, each the
     /// latest in effect (not the default).
     pub fn rates_of(&self, model: &str, at_ms: u64) -> Option<Rates> {
-        let in_effect = || self.prices.iter().filter(|(_, _, from, _)| *from <= at_ms);
-        if let Some((_, _, _, r)) = in_effect().find(|(m, prefix, _, _)| !prefix && m == model) {
+        if let Some((_, r)) = self.exact.get(model).and_then(|list| list.iter().find(|(from, _)| *from <= at_ms)) {
             return Some(*r);
         }
         // the longest prefix; of one prefix, the latest in effect: the first (min_by_key keeps
         // the first of equals, where max_by_key would keep the last — the oldest price)
-        in_effect()
-            .filter(|(m, prefix, _, _)| *prefix && model.starts_with(m.as_str()))
-            .min_by_key(|(m, _, _, _)| std::cmp::Reverse(m.len()))
-            .map(|(_, _, _, r)| *r)
+        self.prefixes
+            .iter()
+            .filter(|(m, from, _)| *from <= at_ms && model.starts_with(m.as_str()))
+            .min_by_key(|(m, _, _)| std::cmp::Reverse(m.len()))
+            .map(|(_, _, r)| *r)
     }
 
     /// Prices one call (its cost in `llm.cost_micros`, replacing whatever the event said): the
@@ -164,19 +319,40 @@ impl Pricing {
     /// What [`Self::price`] writes: the call's cost, or none (no counts, or no rates).
     pub fn cost_of(&self, llm: &LlmUsage, at_ms: u64) -> Option<u64> {
         let named = [llm.model.as_deref(), llm.requested_model.as_deref()];
-        let rates = named.into_iter().flatten().find_map(|m| self.rates_of(m, at_ms)).or(self.default);
+        let rates = named.into_iter().flatten().find_map(|m| self.rates_of(m, at_ms)).or(self.default_rates(at_ms));
         match (rates, llm.input_tokens.is_some() || llm.output_tokens.is_some()) {
             (Some(r), true) => Some(r.cost(llm.input_tokens.unwrap_or(0), llm.output_tokens.unwrap_or(0), llm.cached_tokens.unwrap_or(0))),
             _ => None,
         }
     }
 
-    /// The rates of a model no price names, when configured.
-    pub fn default_rates(&self) -> Option<Rates> {
-        self.default
+    /// The rates of a model no price names at `at_ms` (the `*` price in effect then), when
+    /// there is one.
+    pub fn default_rates(&self, at_ms: u64) -> Option<Rates> {
+        self.defaults.iter().find(|(from, _)| *from <= at_ms).map(|(_, r)| *r)
     }
 }
 
+/// The prices in force, swapped whole: what usage intake prices events by and money budgets
+/// reserve and settle at (one table for both, so a call is charged what it is billed).
+#[derive(Debug, Default)]
+pub struct PriceTable(RwLock<Arc<Pricing>>);
+
+impl PriceTable {
+    pub fn new(p: Pricing) -> PriceTable {
+        PriceTable(RwLock::new(Arc::new(p)))
+    }
+
+    /// The table in force now.
+    pub fn get(&self) -> Arc<Pricing> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `p` in force.
+    pub fn set(&self, p: Pricing) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,6 +454,61 @@ mod tests {
         assert!(bad(vec![price("m", rates(1, 1, None), Some("next week"))], "USD").contains("prices[0].effective_from"));
         let twice = vec![price("m", rates(1, 1, None), Some("2026-01-01")), price("m", rates(2, 2, None), Some("2026-01-01T00:00:00Z"))];
         assert!(bad(twice, "USD").contains("prices[1].effective_from"));
+    }
+
+    #[test]
+    fn a_star_price_is_the_default_from_its_moment_on() {
+        let config = PricingConfig {
+            currency: "USD".into(),
+            default: Some(rates(1_000_000, 0, None)),
+            prices: vec![price("*", rates(2_000_000, 0, None), Some("2026-01-01")), price("gpt-4o*", rates(9_000_000, 0, None), None)],
+        };
+        let p = Pricing::compile(&config).unwrap();
+        assert_eq!(p.default_rates(JAN - 1), Some(rates(1_000_000, 0, None)), "the file's default before");
+        assert_eq!(p.default_rates(JAN), Some(rates(2_000_000, 0, None)), "the * price from its moment");
+        // the default is the last resort: a model asked for that is priced comes first
+        let c = call(Some("unknown-x"), Some("gpt-4o"), 1, 0, None);
+        assert_eq!(p.cost_of(&c, JAN), Some(9));
+        assert_eq!(p.cost_of(&call(Some("llama"), None, 1, 0, None), JAN), Some(2));
+        // `*` and `default` from the epoch are one price twice
+        let twice = PricingConfig { prices: vec![price("*", rates(1, 1, None), None)], ..config };
+        assert!(Pricing::compile(&twice).unwrap_err().to_string().contains("prices[0].effective_from"));
+        for (model, want) in [("*", Some(Pattern::Default)), ("a*", Some(Pattern::Prefix("a".into()))), ("a", Some(Pattern::Exact("a".into()))), ("**", None), ("a b*", None), ("", None)] {
+            assert_eq!(Pattern::parse(model), want, "{model:?}");
+        }
+    }
+
+    #[test]
+    fn a_stored_price_replaces_the_file_price_of_its_model_and_moment_only() {
+        let file = file_entries(&PricingConfig {
+            currency: "USD".into(),
+            default: Some(rates(1_000_000, 0, None)),
+            prices: vec![price("m", rates(2_000_000, 0, None), None), price("m", rates(3_000_000, 0, None), Some("2026-01-01"))],
+        })
+        .unwrap();
+        let stored = |model: &str, r: Rates, from: Option<&str>, id: &str| price(model, r, from).check("prices.x", Origin::Stored(id.into())).unwrap();
+        let merged = merge(file, [stored("m", rates(5_000_000, 0, None), Some("2026-01-01T00:00:00Z"), "m-jan"), stored("*", rates(7_000_000, 0, None), None, "any")]);
+        let p = Pricing::of(&merged);
+        let cost = |model: &str, at: u64| p.cost_of(&call(Some(model), None, 1, 0, None), at);
+        assert_eq!(cost("m", JAN - 1), Some(2), "the file's earlier price stays");
+        assert_eq!(cost("m", JAN), Some(5), "the stored one replaced the file's of the same moment");
+        assert_eq!(cost("other", 0), Some(7), "a stored * from the epoch replaced the file's default");
+        assert_eq!(merged.len(), 3);
+        assert_eq!(merged.iter().filter(|e| e.origin == Origin::File).count(), 1);
+        let shown = merged.iter().find(|e| e.origin == Origin::Stored("m-jan".into())).unwrap().to_json();
+        assert_eq!(shown["effective_from"], "2026-01-01T00:00:00Z");
+        assert_eq!((shown["source"].as_str(), shown["id"].as_str(), shown["model"].as_str()), (Some("stored"), Some("m-jan"), Some("m")));
+        assert_eq!(format_moment(JAN + 1), "2026-01-01T00:00:00.001Z");
+        assert_eq!(format_moment(0), "1970-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn the_table_in_force_is_swapped_whole() {
+        let t = PriceTable::new(Pricing::default());
+        let held = t.get();
+        t.set(Pricing::compile(&PricingConfig { default: Some(rates(1_000_000, 0, None)), ..PricingConfig::default() }).unwrap());
+        assert_eq!(held.default_rates(0), None, "a reader keeps the table it took");
+        assert_eq!(t.get().default_rates(0), Some(rates(1_000_000, 0, None)));
     }
 
     proptest! {

@@ -7,7 +7,7 @@
 //! demand after it breaks (an outage fails admin writes with a clear error; decisions go on).
 
 use super::{ConfigSource, SourceError};
-use crate::control::model::{Kind, Plan, Product, Route, Snapshot, Tenant};
+use crate::control::model::{Kind, Plan, PriceEntry, Product, Route, Snapshot, Tenant};
 use crate::control::salvage::Unusable;
 use crate::apikey::{KeyRecord, KeyStatus};
 use crate::keys::{Id, KeyHash};
@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("../../../migrations/config/0004_api_keys_recent.sql")),
     (5, include_str!("../../../migrations/config/0005_api_keys_created.sql")),
     (6, include_str!("../../../migrations/config/0006_api_keys_scopes.sql")),
+    (7, include_str!("../../../migrations/config/0007_prices.sql")),
 ];
 
 /// How long one use of the connection (a query, a transaction) may wait for the server: a
@@ -54,6 +55,9 @@ pub enum Row {
 pub struct PgSource {
     config: tokio_postgres::Config,
     client: Mutex<Option<Client>>,
+    /// The deployment's pricing currency (`usage.pricing.currency`): a stored price in another
+    /// is not used (decision 339). `None`: not checked (the offline CLI, which reads no price).
+    currency: Option<String>,
 }
 
 impl PgSource {
@@ -71,7 +75,13 @@ impl PgSource {
         let mut config: tokio_postgres::Config =
             url.parse().map_err(|e| SourceError::Unreachable(format!("source.postgres_url: {e}")))?;
         config.connect_timeout(connect_timeout);
-        Ok(PgSource { config, client: Mutex::new(None) })
+        Ok(PgSource { config, client: Mutex::new(None), currency: None })
+    }
+
+    /// Prices stored in another currency than `currency` are not used (reported unusable).
+    pub fn with_currency(mut self, currency: &str) -> PgSource {
+        self.currency = Some(currency.to_string());
+        self
     }
 
     /// The one connection, made if there is none; waiting for it (another use holds it) is
@@ -173,7 +183,7 @@ impl PgSource {
             let tx = c.transaction().await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK]).await?;
             let rows = tx.query(&load_sql(), &[]).await?;
-            let (stored, unread) = snapshot_of(&rows);
+            let (stored, unread) = snapshot_of(&rows, self.currency.as_deref());
             let (row, answer) = match check(stored, unread) {
                 Ok(r) => r,
                 Err(refused) => return Ok(Ok(Err(refused))),
@@ -405,7 +415,7 @@ fn key_column(kind: Kind) -> Option<&'static str> {
     match kind {
         Kind::Plans => Some("plan_id"),
         Kind::Tenants => Some("tenant_id"),
-        Kind::Products | Kind::Routes => None,
+        Kind::Products | Kind::Routes | Kind::Prices => None,
     }
 }
 
@@ -468,21 +478,22 @@ fn load_sql() -> String {
 /// not be read (decision 206): a document that does not parse (a field a newer sidecar wrote, a
 /// hand edit) or whose `id` differs from its key column (decision 208: the admin API would show
 /// one id and the configuration use another) is set aside alone, never failing the rest.
-fn snapshot_of(rows: &[tokio_postgres::Row]) -> (Snapshot, Vec<Unusable>) {
+fn snapshot_of(rows: &[tokio_postgres::Row], currency: Option<&str>) -> (Snapshot, Vec<Unusable>) {
     let mut s = Snapshot::default();
     let mut unread = Vec::new();
     for r in rows {
         let Some(kind) = usize::try_from(r.get::<_, i32>(0)).ok().and_then(|i| Kind::ALL.get(i).copied()) else { continue };
         let (id, doc) = (r.get::<_, String>(1), r.get::<_, String>(2));
-        if let Err(reason) = read_row(&mut s, kind, &id, &doc) {
+        if let Err(reason) = read_row(&mut s, kind, &id, &doc, currency) {
             unread.push(Unusable::new(kind, id, reason));
         }
     }
     (s, unread)
 }
 
-/// Puts one stored document into `s`, or says why it cannot be read.
-fn read_row(s: &mut Snapshot, kind: Kind, id: &str, doc: &str) -> Result<(), String> {
+/// Puts one stored document into `s`, or says why it cannot be read (a price in another currency
+/// than `currency`, when given, among the reasons).
+fn read_row(s: &mut Snapshot, kind: Kind, id: &str, doc: &str, currency: Option<&str>) -> Result<(), String> {
     let v: serde_json::Value = serde_json::from_str(doc).map_err(|e| format!("not JSON: {e}"))?;
     match v.get("id").and_then(serde_json::Value::as_str) {
         Some(own) if own != id => return Err(format!("its document's id '{}' differs from its key column", own.escape_debug())),
@@ -493,6 +504,18 @@ fn read_row(s: &mut Snapshot, kind: Kind, id: &str, doc: &str) -> Result<(), Str
         Kind::Products => serde_json::from_value::<Product>(v).map(|p| drop(s.products.insert(id.to_string(), p))),
         Kind::Plans => serde_json::from_value::<Plan>(v).map(|p| drop(s.plans.insert(id.to_string(), p.config()))),
         Kind::Routes => serde_json::from_value::<Route>(v).map(|r| drop(s.routes.insert(id.to_string(), r))),
+        Kind::Prices => {
+            let p = serde_json::from_value::<PriceEntry>(v).map_err(|e| e.to_string())?;
+            match (p.currency.as_deref(), currency) {
+                (Some(theirs), Some(ours)) if theirs != ours => {
+                    return Err(format!("priced in {}; this deployment prices in {ours} (usage.pricing.currency)", theirs.escape_debug()))
+                }
+                _ => {
+                    s.prices.insert(id.to_string(), p);
+                    Ok(())
+                }
+            }
+        }
     };
     read.map_err(|e| e.to_string())
 }
@@ -500,6 +523,6 @@ fn read_row(s: &mut Snapshot, kind: Kind, id: &str, doc: &str) -> Result<(), Str
 impl ConfigSource for PgSource {
     async fn load(&self) -> Result<(Snapshot, Vec<Unusable>), SourceError> {
         let rows = self.with(async |c| c.query(&load_sql(), &[]).await).await?;
-        Ok(snapshot_of(&rows))
+        Ok(snapshot_of(&rows, self.currency.as_deref()))
     }
 }
