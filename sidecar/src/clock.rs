@@ -38,3 +38,8 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// Wall-clock unix seconds.
+pub fn unix_now() -> u64 {
+    SystemClock.now_ms() / 1000
+}

@@ -14,3 +14,8 @@ pub struct Invalid {
 pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
     Invalid { field: field.into(), reason: reason.into() }
 }
+
+/// An id of the configuration (`field` names it): 1–64 of letters, digits, `_`, `-`, `.`.
+pub fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
+    crate::keys::Id::parse(id).map(|_| ()).ok_or_else(|| invalid(field, "use 1-64 of letters, digits, '_', '-', '.'"))
+}

@@ -14,6 +14,8 @@ pub mod keys;
 pub mod last_used;
 pub mod model;
 pub mod prices;
+#[cfg(test)]
+mod prices_tests;
 pub mod propagation;
 pub mod routes;
 pub mod salvage;

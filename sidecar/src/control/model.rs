@@ -9,7 +9,7 @@
 
 pub use crate::invalid::Invalid;
 
-use crate::invalid::invalid;
+use crate::invalid::{check_id, invalid};
 use crate::keys::{Id, ALL_TENANTS};
 use crate::decision::limits::{LimitConfig, ModelLimitConfig, PlanConfig, Plans};
 pub use super::prices::PriceEntry;
@@ -224,11 +224,14 @@ fn from_serde(e: serde_json::Error) -> Invalid {
     invalid(field, msg)
 }
 
-pub(super) fn check_id(field: &str, id: &str) -> Result<(), Invalid> {
-    Id::parse(id).map(|_| ()).ok_or_else(|| invalid(field, "use 1-64 of letters, digits, '_', '-', '.'"))
-}
 
 impl Snapshot {
+    /// The stored prices, checked, for the table in force (crate::usage::pricing::merge); one
+    /// that breaks a rule is left out (a validated snapshot has none).
+    pub fn price_entries(&self) -> Vec<crate::usage::pricing::Entry> {
+        super::prices::entries(&self.prices)
+    }
+
     /// Builds a snapshot from the file configuration's lists.
     pub fn from_file(tenants: &[Tenant], products: &[Product], plans: &BTreeMap<String, PlanConfig>, routes: &[Route]) -> Result<Snapshot, Invalid> {
         let mut s = Snapshot { plans: plans.clone(), ..Snapshot::default() };
@@ -293,7 +296,7 @@ impl Snapshot {
                 })
             })
             .or_else(|| self.routes.iter().find_map(|(id, r)| found(Kind::Routes, id, validate_route(id, r, self))))
-            .or_else(|| self.first_invalid_price().map(|(id, e)| (Kind::Prices, id, e)))
+            .or_else(|| super::prices::first_invalid(&self.prices).map(|(id, e)| (Kind::Prices, id, e)))
     }
 
     /// How many objects of `kind` there are.

@@ -2,8 +2,8 @@
 //! 337–340): what a stored price is, and the rules a configuration's prices obey. The table in
 //! force they make with the file's is crate::usage::pricing's.
 
-use super::model::{check_id, Invalid, Snapshot};
-use crate::invalid::invalid;
+use crate::invalid::{check_id, invalid, Invalid};
+use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -75,77 +75,30 @@ pub(super) fn check_rates(v: Value) -> Result<Value, Invalid> {
     Ok(v)
 }
 
-impl Snapshot {
-    /// The first price (by id) that breaks a rule: its id, a model pattern, rates within bounds,
-    /// a readable moment, a currency code — and no price of a smaller id for the same model from
-    /// the same moment (the later id is the one set aside).
-    pub(super) fn first_invalid_price(&self) -> Option<(String, Invalid)> {
-        let mut seen = std::collections::HashMap::new();
-        for (id, p) in &self.prices {
-            let f = format!("prices.{id}");
-            let checked = check_id(&format!("{f}.id"), id).and_then(|_| p.entry(&f));
-            let e = match checked {
-                Ok(e) => e,
-                Err(e) => return Some((id.clone(), e)),
-            };
-            if p.currency.as_ref().is_some_and(|c| crate::usage::pricing::check_currency(c).is_err()) {
-                return Some((id.clone(), invalid(format!("{f}.currency"), "an ISO 4217 code such as USD")));
-            }
-            if let Some(other) = seen.insert((e.pattern, e.from_ms), id) {
-                let why = format!("price '{other}' of model '{}' takes effect at the same moment", p.model);
-                return Some((id.clone(), invalid(format!("{f}.effective_from"), why)));
-            }
+/// The first price (by id) that breaks a rule: its id, a model pattern, rates within bounds,
+/// a readable moment, a currency code — and no price of a smaller id for the same model from
+/// the same moment (the later id is the one set aside).
+pub(super) fn first_invalid(prices: &BTreeMap<String, PriceEntry>) -> Option<(String, Invalid)> {
+    let mut seen = std::collections::HashMap::new();
+    for (id, p) in prices {
+        let f = format!("prices.{id}");
+        let checked = check_id(&format!("{f}.id"), id).and_then(|_| p.entry(&f));
+        let e = match checked {
+            Ok(e) => e,
+            Err(e) => return Some((id.clone(), e)),
+        };
+        if p.currency.as_ref().is_some_and(|c| crate::usage::pricing::check_currency(c).is_err()) {
+            return Some((id.clone(), invalid(format!("{f}.currency"), "an ISO 4217 code such as USD")));
         }
-        None
+        if let Some(other) = seen.insert((e.pattern, e.from_ms), id) {
+            let why = format!("price '{other}' of model '{}' takes effect at the same moment", p.model);
+            return Some((id.clone(), invalid(format!("{f}.effective_from"), why)));
+        }
     }
-
-    /// The stored prices, checked, for the table in force (crate::usage::pricing::merge); one
-    /// that breaks a rule is left out (a validated snapshot has none).
-    pub fn price_entries(&self) -> Vec<crate::usage::pricing::Entry> {
-        self.prices.iter().filter_map(|(id, p)| p.entry(&format!("prices.{id}")).ok()).collect()
-    }
+    None
 }
 
-#[cfg(test)]
-mod tests {
-    use super::super::model::{Change, Kind, Snapshot};
-    use serde_json::{json, Value};
-
-    fn base() -> Snapshot {
-        Snapshot::default()
-    }
-
-    /// Issue 42 item 2: a price is checked as the file's are, its rates integers within 2^53
-    /// named by their field, its moment stored in one spelling, two of one model from one moment
-    /// refused.
-    #[test]
-    fn prices_are_checked_as_the_files_are() {
-        let s = base();
-        let put = |s: &Snapshot, v: Value| s.apply(&Change::Put(Kind::Prices, v));
-        let p = json!({"id": "mini", "model": "gpt-4o-mini*", "input_per_mtok": 150000, "output_per_mtok": 600000, "effective_from": "2026-03-01"});
-        let next = put(&s, p.clone()).unwrap();
-        assert_eq!(next.get(Kind::Prices, "mini").unwrap()["effective_from"], "2026-03-01T00:00:00Z");
-        assert_eq!(next.price_entries().len(), 1);
-        let field = |v: Value| put(&s, v).unwrap_err().field;
-        let with = |k: &str, x: Value| {
-            let mut v = p.clone();
-            v[k] = x;
-            v
-        };
-        assert_eq!(field(with("input_per_mtok", json!(1.5))), "input_per_mtok");
-        assert_eq!(field(with("output_per_mtok", json!(-1))), "output_per_mtok");
-        assert_eq!(field(with("input_per_mtok", json!((1u64 << 53) + 1))), "input_per_mtok");
-        assert_eq!(field(with("input_per_mtok", json!(1e3))), "input_per_mtok");
-        assert_eq!(field(with("cached_input_per_mtok", json!("5"))), "cached_input_per_mtok");
-        assert!(put(&s, with("input_per_mtok", json!(1u64 << 53))).is_ok(), "2^53 itself");
-        assert_eq!(field(with("rate", json!(1))), "rate");
-        assert_eq!(field(with("model", json!("gpt 4"))), "prices.mini.model");
-        assert_eq!(field(with("effective_from", json!("soon"))), "prices.mini.effective_from");
-        assert_eq!(field(with("id", json!("a/b"))), "id");
-        assert_eq!(field(with("currency", json!("usd"))), "prices.mini.currency");
-        // the same model from the same moment, however spelt: the second id is refused
-        let again = json!({"id": "mini2", "model": "gpt-4o-mini*", "input_per_mtok": 1, "output_per_mtok": 1, "effective_from": "2026-03-01T00:00:00Z"});
-        assert_eq!(put(&next, again).unwrap_err().field, "prices.mini2.effective_from");
-        assert!(put(&next, json!({"id": "any", "model": "*", "input_per_mtok": 1, "output_per_mtok": 1})).is_ok(), "the default");
-    }
+/// The stored prices, checked; one that breaks a rule is left out.
+pub(super) fn entries(prices: &BTreeMap<String, PriceEntry>) -> Vec<crate::usage::pricing::Entry> {
+    prices.iter().filter_map(|(id, p)| p.entry(&format!("prices.{id}")).ok()).collect()
 }

@@ -52,6 +52,7 @@ mod tests;
 
 pub use routing::{InForce, Routing};
 pub use store::DecisionStore;
+pub use crate::clock::unix_now;
 
 use crate::apikey::{self, KeyRecord};
 use crate::clock::Clock;
@@ -137,11 +138,6 @@ pub fn decision_id(req: &DecideRequest) -> Id {
         .filter(|s| well_formed_decision_id(s))
         .and_then(Id::parse)
         .unwrap_or_else(|| Id::parse(&format!("{:032x}", rand::random::<u128>())).expect("hex id"))
-}
-
-/// Wall-clock unix seconds.
-pub fn unix_now() -> u64 {
-    crate::clock::SystemClock.now_ms() / 1000
 }
 
 /// One decision's context: the request, what its route says, the time, the key record's freshness.
