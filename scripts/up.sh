@@ -203,6 +203,9 @@ rm -f "$RUN/console.password"
 console_cookie="$(curl -s -D - -o /dev/null --data-binary "@$RUN/console.signin" "$CONSOLE/operator/signin" | tr -d '\r' | sed -n 's/^[Ss]et-[Cc]ookie: \(tollgate_console=[^;]*\).*/\1/p')"
 rm -f "$RUN/console.signin"
 console_csrf="$(curl -s -H "cookie: $console_cookie" "$CONSOLE/operator" | sed -n 's/.*name="csrf" value="\([^"]*\)".*/\1/p')"
+# a user an earlier `up` made (Redis keeps it) is made again, with this run's password
+curl -s -o /dev/null -H "cookie: $console_cookie" --data-urlencode "csrf=$console_csrf" --data-urlencode tenant=demo \
+  "$CONSOLE/operator/users/demo@example.com/delete"
 made="$(curl -s -o /dev/null -w '%{http_code}' -H "cookie: $console_cookie" --data-urlencode "csrf=$console_csrf" --data-urlencode tenant=demo \
   --data-urlencode login=demo@example.com --data-urlencode name=Demo --data-urlencode plan=demo --data-urlencode "password=$DEMO_PASSWORD" "$CONSOLE/operator/users")"
 [ "$made" = 303 ] || echo "warning: the demo tenant's console user was not made (HTTP $made); see .tollgate/run/sidecar.log" >&2
