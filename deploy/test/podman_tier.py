@@ -96,10 +96,41 @@ def run(args, check=True, quiet=False, timeout=300):
     return r
 
 
+def _fixed_port_range():
+    """From 10000 to the start of the kernel's ephemeral range: ports no `bind(:0)` and no
+    outgoing connection takes (decision 213, as the Rust harness's free_port)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return 10000, low
+
+
+_PORTS = {"next": None, "given": set()}
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and never handed out before by this run. A port taken from
+    `bind(:0)` and closed could be handed out again before its first user bound it (two pods on
+    one port: gateway b's Envoy found gateway a's sidecar there)."""
+    low, high = _fixed_port_range()
+    span = high - low
+    if _PORTS["next"] is None:
+        _PORTS["next"] = os.getpid() * 7919 % span
+    for _ in range(span):
+        port = low + _PORTS["next"]
+        _PORTS["next"] = (_PORTS["next"] + 1) % span
+        if port in _PORTS["given"]:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS["given"].add(port)
+        return port
+    fail(f"no free loopback port in {low}..{high}")
 
 
 def wait_until(what, check, timeout=90, every=0.2):
