@@ -108,6 +108,12 @@ fn six_hundred_requests_at_concurrency_100_admit_exactly_the_limit_for_every_alg
     // Under this concurrency a worker's decisions share calls (decision 127): the exactness
     // above held with them batched. The native host does not batch (decision 257).
     if !tollgate_tests::wasm_host_only("decision batching is the Wasm host's (decision 257)") {
+        // each of an Envoy's two worker threads decided with a core Worker of its own, the
+        // limits exact across them through shared data (decision 221)
+        for r in 0..2 {
+            let log = g.replica(r).envoy().log_text();
+            assert!(log.contains("(2 in this configuration)"), "replica {r}: no second worker's state made\n{log}");
+        }
         redis.assert_ttl_invariant();
         return;
     }

@@ -1,15 +1,23 @@
-//! One filter configuration in the native host: the core's `Worker`, its streams, its tick.
+//! One filter configuration in the native host: a core `Worker` per Envoy worker thread, their
+//! streams, their tick.
 //!
-//! The straight port of the Wasm adapter (decision 252). Wasm gives each Envoy worker a VM of
-//! its own; here one [`Plugin`] per configuration serves every worker thread and the main thread,
-//! and all of them reach its state — the core's `Worker` and each stream's `HttpFilter`, which
-//! share `Rc`s — only under its one lock. So the core stays single-threaded code, unchanged:
-//! the lock is what makes its `Rc`s and `RefCell`s sound across threads (`Guarded` below).
+//! Wasm gives each Envoy worker a VM of its own; here one [`Plugin`] per configuration holds one
+//! [`Slot`] per worker thread (decision 221; the straight port, decision 252, had one lock for all
+//! of them): a slot's state — the core's `Worker` and each of its streams' `HttpFilter`, which
+//! share `Rc`s — is reached only under that slot's lock. So the core stays single-threaded code,
+//! unchanged: the lock is what makes its `Rc`s and `RefCell`s sound across threads (`Guarded`
+//! below), and workers no longer wait on each other's requests, only on their own slot's tick.
+//! Like VMs, the slots share what the core keeps in shared data (crate::shared): the auth cache,
+//! leases, breakers, the routing table, the elections of the jobs that run once per Envoy.
 //!
-//! - requests: each stream's hooks run on its worker thread, under the lock;
+//! - requests: each stream's hooks run on its worker thread, under its slot's lock. The first
+//!   worker thread to make a stream takes the slot made with the configuration; another gets a
+//!   new one (the configuration parsed again, its seeds its own);
 //! - the tick: a thread of the plugin's wakes Envoy's main thread through the configuration's
-//!   scheduler every tick period; the worker's jobs run there, under the lock, and their calls go
-//!   out as configuration callouts (answered on the main thread);
+//!   scheduler every tick period; every slot's jobs run there, each under its lock, and their
+//!   calls go out as configuration callouts (answered on the main thread, to the slot that sent
+//!   them). The period is the one the workers need now, as the Wasm host sets it (decision 272:
+//!   the lease tick only while leases are in use);
 //! - Envoy re-entering the module: a hook that runs while its thread already holds the lock (an
 //!   answer Envoy delivers inside the call that sent it) is queued and run once the lock is
 //!   released; replies and resumes are made after the lock is released (crate::host::After).
@@ -27,17 +35,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::time::Duration;
+use std::thread::{JoinHandle, ThreadId};
 use tollgate_filter_core::config::FilterConfig;
-use tollgate_filter_core::host::Action;
+use tollgate_filter_core::host::{Action, Host};
 use tollgate_filter_core::http::HttpFilter;
 use tollgate_filter_core::worker::{Seeds, Worker};
 
 /// The body of the 503 a request gets when the filter failed on it.
 const UNAVAILABLE: &[u8] = br#"{"error":"gateway_unavailable","message":"the gateway cannot decide this request now; retry"}"#;
 
-/// Single-threaded state made sendable: every access happens under [`Plugin::state`]'s lock.
+/// Single-threaded state made sendable: every access happens under its [`Slot`]'s lock.
 struct Guarded<T>(T);
 // SAFETY: a `Guarded` value (and every `Rc` it shares with a stream's `HttpFilter`, itself only
 // touched under the same lock) is reached by one thread at a time, the lock ordering them.
@@ -52,12 +62,22 @@ struct State {
     orphans: Vec<u64>,
 }
 
+/// One worker thread's core (a Wasm VM's counterpart), under its own lock.
+struct Slot {
+    state: Mutex<Guarded<State>>,
+}
+
 pub struct Plugin {
     config: Config,
+    /// The configuration as Envoy gave it (each new slot parses it: `FilterConfig` is `Rc`'d).
+    bytes: Vec<u8>,
     /// The counters this configuration defined (fixed once it is made).
     ids: Ids,
-    state: Mutex<Guarded<State>>,
+    /// Its slots, by the worker thread each serves (`None`: the first, not taken yet).
+    slots: Mutex<Vec<(Option<ThreadId>, Arc<Slot>)>>,
     ticker: Mutex<Option<Ticker>>,
+    /// The tick thread's period (ms): the shortest any worker needs now.
+    period_ms: Arc<AtomicU64>,
     /// The module's own connection to the sidecar (`sidecar.address`; decision 219): the
     /// streams' calls go out on it; without it, as Envoy callouts.
     direct: Option<Direct>,
@@ -73,6 +93,8 @@ struct Ticker {
 /// One request's filter.
 struct Stream {
     plugin: Arc<Plugin>,
+    /// Its worker thread's slot: the filter is touched only under its lock.
+    slot: Arc<Slot>,
     filter: Option<Guarded<HttpFilter>>,
     /// The filter failed on this request (a panic): it answered 503 and stays out of the way.
     failed: bool,
@@ -85,6 +107,7 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
     /// Hooks Envoy ran while this thread held the lock, to run once it is released.
     static LATER: RefCell<Vec<Box<dyn FnOnce()>>> = RefCell::new(Vec::new());
+    static THIS_THREAD: ThreadId = std::thread::current().id();
 }
 
 /// Resets [`INSIDE`] however the locked section ends (a panic included).
@@ -111,7 +134,14 @@ fn run_later() {
     }
 }
 
-impl Plugin {
+impl Slot {
+    /// A worker's slot, its seeds its own (as a VM's are).
+    fn new(config: Config, parsed: Rc<FilterConfig>) -> Arc<Slot> {
+        let seeds = Seeds { decision_ids: tollgate_filter_core::ids::random_seed(), usage_ids: identity(), hints_owner: identity(), routes_owner: identity(), changes_owner: identity() };
+        let worker = Worker::new(&mut NativeHost::config(config, &Ids::default()), parsed, seeds);
+        Arc::new(Slot { state: Mutex::new(Guarded(State { worker, out: HashSet::new(), orphans: Vec::new() })) })
+    }
+
     /// Runs `f` on the state under the lock (`None`: this thread is inside already).
     fn locked<R>(&self, f: impl FnOnce(&mut State) -> R) -> Option<R> {
         if inside() {
@@ -122,6 +152,33 @@ impl Plugin {
         // a panic under the lock left the state as the core left it (its RefCells released)
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         Some(f(&mut state.0))
+    }
+}
+
+impl Plugin {
+    /// This worker thread's slot: its own, else the first one untaken, else a new one.
+    fn slot(&self) -> Option<Arc<Slot>> {
+        let me = THIS_THREAD.with(|t| *t);
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, slot)) = slots.iter().find(|(t, _)| *t == Some(me)) {
+            return Some(slot.clone());
+        }
+        if let Some((thread, slot)) = slots.iter_mut().find(|(t, _)| t.is_none()) {
+            *thread = Some(me);
+            return Some(slot.clone());
+        }
+        // Envoy checked the configuration when it was made (config_new): it parses again
+        let slot = Slot::new(self.config, Rc::new(FilterConfig::parse(&self.bytes).ok()?));
+        slots.push((Some(me), slot.clone()));
+        let made = slots.len();
+        drop(slots);
+        ffi::log(Level::Info, &format!("tollgate: a worker thread's filter state made ({made} in this configuration)"));
+        Some(slot)
+    }
+
+    /// Every slot (a copy: the list's lock is not held while a slot's is taken).
+    fn all_slots(&self) -> Vec<Arc<Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, s)| s.clone()).collect()
     }
 
     fn stop_ticker(&self) {
@@ -144,6 +201,11 @@ unsafe fn plugin(module: ModulePtr) -> Arc<Plugin> {
     Arc::clone(&held)
 }
 
+/// A period in whole milliseconds, at least 1.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 fn identity() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::process::id())
@@ -157,16 +219,17 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
             return std::ptr::null();
         }
     };
-    let seeds = Seeds { decision_ids: tollgate_filter_core::ids::random_seed(), usage_ids: identity(), hints_owner: identity(), routes_owner: identity(), changes_owner: identity() };
-    let none = Ids::default();
     let address = parsed.sidecar.address.clone();
-    let worker = Worker::new(&mut NativeHost::config(config, &none), parsed, seeds);
+    let first = Slot::new(config, parsed);
     let define = |name: &str| ffi::define_counter(config, name);
-    let ids = Ids {
-        metrics: worker.metrics().into_iter().filter_map(|m| define(&m.name()).map(|id| (m, id))).collect(),
-        named: worker.named_metrics().into_iter().filter_map(|n| define(&n).map(|id| (n, id))).collect(),
-    };
-    let period = worker.tick_period();
+    let defined = first.locked(|s| {
+        let ids = Ids {
+            metrics: s.worker.metrics().into_iter().filter_map(|m| define(&m.name()).map(|id| (m, id))).collect(),
+            named: s.worker.named_metrics().into_iter().filter_map(|n| define(&n).map(|id| (n, id))).collect(),
+        };
+        (ids, s.worker.tick_period())
+    });
+    let Some((ids, period)) = defined else { return std::ptr::null() };
     let direct = match address.map(Direct::start) {
         Some(Ok(d)) => Some(d),
         Some(Err(e)) => {
@@ -175,8 +238,9 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
         }
         None => None,
     };
-    let state = Mutex::new(Guarded(State { worker, out: HashSet::new(), orphans: Vec::new() }));
-    let plugin = Arc::new(Plugin { config, ids, state, ticker: Mutex::new(None), direct });
+    let slots = Mutex::new(vec![(None, first)]);
+    let period_ms = Arc::new(AtomicU64::new(millis(period)));
+    let plugin = Arc::new(Plugin { config, bytes: bytes.to_vec(), ids, slots, ticker: Mutex::new(None), period_ms: period_ms.clone(), direct });
     let Some(scheduler) = Scheduler::new(config) else {
         ffi::log(Level::Error, "tollgate: Envoy gave no scheduler for the filter's tick");
         return std::ptr::null();
@@ -184,7 +248,7 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
     let (stop, stopped) = mpsc::channel::<()>();
     let spawned = std::thread::Builder::new().name("tollgate-tick".into()).spawn(move || {
         // the tick's timer: a wait that ends early only to stop
-        while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+        while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(Duration::from_millis(period_ms.load(Ordering::Relaxed))) {
             scheduler.commit(0);
         }
         scheduler
@@ -199,8 +263,8 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
     Arc::into_raw(plugin).cast()
 }
 
-/// Envoy destroys the configuration (after every stream of it ended): the tick stops. A worker
-/// that still holds queued items (usage events, completions, refunds, responses) is kept, and
+/// Envoy destroys the configuration (after every stream of it ended): the tick stops. A slot's
+/// worker that still holds queued items (usage events, completions, refunds, responses) is kept, and
 /// the ticks of the configurations still alive send them, for at most the core's grace
 /// (`END_GRACE`, decision 156); with none alive (Envoy stopping), they are lost (decision 254).
 pub fn config_destroy(module: ModulePtr) {
@@ -212,7 +276,7 @@ pub fn config_destroy(module: ModulePtr) {
     plugin.stop_ticker();
     let config = plugin.config;
     // Envoy cancels this configuration's calls without an answer: theirs are failed later
-    let cancelled: Vec<(u64, Arc<Plugin>)> = {
+    let cancelled: Vec<(u64, Arc<Slot>)> = {
         let mut calls = adopted_calls();
         let ids: Vec<(usize, u64)> = calls.keys().filter(|(c, _)| *c == config.key()).copied().collect();
         ids.into_iter().filter_map(|k| calls.remove(&k).map(|p| (k.1, p))).collect()
@@ -220,54 +284,65 @@ pub fn config_destroy(module: ModulePtr) {
     for (id, old) in cancelled {
         old.locked(|s| s.orphans.push(id));
     }
-    let done = plugin.locked(|s| {
-        s.orphans.extend(s.out.drain());
-        s.worker.end(&mut NativeHost::config(config, &plugin.ids))
-    });
-    if done == Some(false) {
-        ending().push(plugin);
+    for slot in plugin.all_slots() {
+        let done = slot.locked(|s| {
+            s.orphans.extend(s.out.drain());
+            s.worker.end(&mut NativeHost::config(config, &plugin.ids))
+        });
+        if done == Some(false) {
+            ending().push(slot);
+        }
     }
 }
 
-/// The worker's tick, on the main thread; then the ticks of ended configurations' workers that
+/// Every slot's tick, on the main thread; then the ticks of ended configurations' workers that
 /// still hold queued items (decision 254), their calls sent through this configuration.
 pub fn tick(module: ModulePtr) {
     // SAFETY: Envoy calls the configuration's hooks while it lives.
     let plugin = unsafe { plugin(module) };
-    let config = plugin.config;
-    let ticked = plugin.locked(|s| {
-        let mut host = NativeHost::config(config, &plugin.ids);
-        // batching is off in this host (nothing to deliver)
-        drop(s.worker.on_tick(&mut host));
-        s.out.extend(host.sent);
-    });
-    if ticked.is_none() {
+    if inside() {
         return;
     }
-    let waiting: Vec<Arc<Plugin>> = ending().clone();
+    let config = plugin.config;
+    // the next period: the shortest one a worker needs after its tick
+    let mut next = u64::MAX;
+    for slot in plugin.all_slots() {
+        slot.locked(|s| {
+            let mut host = NativeHost::config(config, &plugin.ids);
+            // batching is off in this host (nothing to deliver)
+            drop(s.worker.on_tick(&mut host));
+            next = next.min(millis(s.worker.tick_period_now(host.now_ms())));
+            s.out.extend(host.sent);
+        });
+    }
+    let waiting: Vec<Arc<Slot>> = ending().clone();
     for old in waiting {
         let ended = adopted(&old, &plugin, |s, host| {
             for id in std::mem::take(&mut s.orphans) {
                 drop(s.worker.on_call_response(host, id as u32, None, Vec::new));
             }
             drop(s.worker.on_tick(host));
+            next = next.min(millis(s.worker.tick_period_now(host.now_ms())));
             s.worker.has_ended()
         });
         if ended == Some(true) {
             ending().retain(|p| !Arc::ptr_eq(p, &old));
         }
     }
+    if next != u64::MAX {
+        plugin.period_ms.store(next, Ordering::Relaxed);
+    }
     run_later();
 }
 
 /// Workers of configurations Envoy destroyed while they still held queued items.
-static ENDING: Mutex<Vec<Arc<Plugin>>> = Mutex::new(Vec::new());
+static ENDING: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
 /// Which ended configuration's worker sent a call, by the configuration it went out through and
 /// its id there.
-type Adopted = HashMap<(usize, u64), Arc<Plugin>>;
+type Adopted = HashMap<(usize, u64), Arc<Slot>>;
 static ADOPTED: LazyLock<Mutex<Adopted>> = LazyLock::new(Mutex::default);
 
-fn ending() -> MutexGuard<'static, Vec<Arc<Plugin>>> {
+fn ending() -> MutexGuard<'static, Vec<Arc<Slot>>> {
     ENDING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -277,7 +352,7 @@ fn adopted_calls() -> MutexGuard<'static, Adopted> {
 
 /// Runs `f` on an ended configuration's worker, its calls going out through `through` (a live
 /// configuration, on the main thread) and counted under that one's counters of the same names.
-fn adopted<R>(old: &Arc<Plugin>, through: &Plugin, f: impl FnOnce(&mut State, &mut NativeHost) -> R) -> Option<R> {
+fn adopted<R>(old: &Arc<Slot>, through: &Plugin, f: impl FnOnce(&mut State, &mut NativeHost) -> R) -> Option<R> {
     let (result, sent) = old.locked(|s| {
         let mut host = NativeHost::config(through.config, &through.ids);
         let r = f(s, &mut host);
@@ -309,21 +384,33 @@ fn deliver_config(plugin: &Arc<Plugin>, id: u64, status: Option<u16>, body: Vec<
         adopted(&old, plugin, |s, host| drop(s.worker.on_call_response(host, id as u32, status, || body)));
         return;
     }
-    plugin.locked(|s| {
-        s.out.remove(&id);
-        let mut host = NativeHost::config(config, &plugin.ids);
-        drop(s.worker.on_call_response(&mut host, id as u32, status, || body));
-        s.out.extend(host.sent);
-    });
+    // the slot that sent it (an unknown id — cancelled meanwhile — is no one's)
+    let mut body = Some(body);
+    for slot in plugin.all_slots() {
+        let delivered = slot.locked(|s| {
+            if !s.out.remove(&id) {
+                return false;
+            }
+            let mut host = NativeHost::config(config, &plugin.ids);
+            let body = body.take().unwrap_or_default();
+            drop(s.worker.on_call_response(&mut host, id as u32, status, || body));
+            s.out.extend(host.sent);
+            true
+        });
+        if delivered != Some(false) {
+            return;
+        }
+    }
 }
 
 pub fn filter_new(module: ModulePtr, _filter: Filter) -> ModulePtr {
     // SAFETY: Envoy creates filters only from a live configuration.
     let plugin = unsafe { plugin(module) };
-    let Some(filter) = plugin.locked(|s| Guarded(s.worker.request())) else {
+    let Some(slot) = plugin.slot() else { return std::ptr::null() };
+    let Some(filter) = slot.locked(|s| Guarded(s.worker.request())) else {
         return std::ptr::null();
     };
-    Box::into_raw(Box::new(Stream { plugin, filter: Some(filter), failed: false, link: RefCell::new(None) })).cast()
+    Box::into_raw(Box::new(Stream { plugin, slot, filter: Some(filter), failed: false, link: RefCell::new(None) })).cast()
 }
 
 /// # Safety
@@ -359,10 +446,10 @@ pub fn on_phase(filter: Filter, module: ModulePtr, phase: Phase) -> Status {
     if stream.failed {
         return CONTINUE;
     }
-    let plugin = stream.plugin.clone();
+    let (plugin, slot) = (stream.plugin.clone(), stream.slot.clone());
     let link = &stream.link;
     let Some(http) = stream.filter.as_mut() else { return CONTINUE };
-    let outcome = plugin.locked(|_| {
+    let outcome = slot.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
             let mut host = NativeHost::stream_direct(filter, &plugin.ids, plugin.direct.as_ref(), link);
             let f = &mut http.0;
@@ -424,10 +511,10 @@ pub fn stream_call_done(filter: Filter, module: ModulePtr, id: u64, status: Opti
     if stream.failed {
         return;
     }
-    let plugin = stream.plugin.clone();
+    let (plugin, slot) = (stream.plugin.clone(), stream.slot.clone());
     let link = &stream.link;
     let Some(http) = stream.filter.as_mut() else { return };
-    let outcome = plugin.locked(|_| {
+    let outcome = slot.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
             let mut host = NativeHost::stream_direct(filter, &plugin.ids, plugin.direct.as_ref(), link);
             let f = &mut http.0;
@@ -468,9 +555,9 @@ pub fn stream_complete(filter: Filter, module: ModulePtr) {
     if stream.failed {
         return;
     }
-    let plugin = stream.plugin.clone();
+    let (plugin, slot) = (stream.plugin.clone(), stream.slot.clone());
     let Some(http) = stream.filter.as_mut() else { return };
-    let done = plugin.locked(|_| {
+    let done = slot.locked(|_| {
         let mut host = NativeHost::stream(filter, &plugin.ids);
         http.0.on_log(&mut host);
     });
@@ -495,6 +582,6 @@ fn drop_stream(stream: Stream) {
         later(move || drop_stream(stream));
         return;
     }
-    let Stream { plugin, filter, .. } = stream;
-    plugin.locked(move |_| drop(filter));
+    let Stream { slot, filter, .. } = stream;
+    slot.locked(move |_| drop(filter));
 }
