@@ -35,10 +35,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::Duration;
-use std::thread::{JoinHandle, ThreadId};
+use std::thread::JoinHandle;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::host::{Action, Host};
 use tollgate_filter_core::http::HttpFilter;
@@ -69,12 +69,16 @@ struct Slot {
 
 pub struct Plugin {
     config: Config,
+    /// This configuration's number in the process (worker threads find their slot by it).
+    serial: u64,
     /// The configuration as Envoy gave it (each new slot parses it: `FilterConfig` is `Rc`'d).
     bytes: Vec<u8>,
     /// The counters this configuration defined (fixed once it is made).
     ids: Ids,
-    /// Its slots, by the worker thread each serves (`None`: the first, not taken yet).
-    slots: Mutex<Vec<(Option<ThreadId>, Arc<Slot>)>>,
+    /// Its slots, one per worker thread; the first is made with the configuration.
+    slots: Mutex<Vec<Arc<Slot>>>,
+    /// The first slot was given to a worker thread.
+    first_taken: AtomicBool,
     ticker: Mutex<Option<Ticker>>,
     /// The tick thread's period (ms): the shortest any worker needs now.
     period_ms: Arc<AtomicU64>,
@@ -107,8 +111,13 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
     /// Hooks Envoy ran while this thread held the lock, to run once it is released.
     static LATER: RefCell<Vec<Box<dyn FnOnce()>>> = RefCell::new(Vec::new());
-    static THIS_THREAD: ThreadId = std::thread::current().id();
+    /// This thread's slot of each configuration it served, by the configuration's serial: a
+    /// stream finds its slot without taking any lock the other workers take.
+    static MINE: RefCell<Vec<(u64, Weak<Slot>)>> = const { RefCell::new(Vec::new()) };
 }
+
+/// The serial of the next configuration.
+static SERIAL: AtomicU64 = AtomicU64::new(0);
 
 /// Resets [`INSIDE`] however the locked section ends (a panic included).
 struct Inside;
@@ -156,20 +165,32 @@ impl Slot {
 }
 
 impl Plugin {
-    /// This worker thread's slot: its own, else the first one untaken, else a new one.
+    /// This worker thread's slot: the one it was given (found in [`MINE`]), else the first
+    /// slot if no thread took it yet, else a new one.
     fn slot(&self) -> Option<Arc<Slot>> {
-        let me = THIS_THREAD.with(|t| *t);
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, slot)) = slots.iter().find(|(t, _)| *t == Some(me)) {
-            return Some(slot.clone());
+        let mine = MINE.with(|m| m.borrow().iter().find(|(serial, _)| *serial == self.serial).and_then(|(_, w)| w.upgrade()));
+        if mine.is_some() {
+            return mine;
         }
-        if let Some((thread, slot)) = slots.iter_mut().find(|(t, _)| t.is_none()) {
-            *thread = Some(me);
-            return Some(slot.clone());
+        let slot = self.give()?;
+        MINE.with(|m| {
+            let mut m = m.borrow_mut();
+            // the slots of configurations gone since
+            m.retain(|(_, w)| w.strong_count() > 0);
+            m.push((self.serial, Arc::downgrade(&slot)));
+        });
+        Some(slot)
+    }
+
+    /// A slot for a worker thread that has none of this configuration yet.
+    fn give(&self) -> Option<Arc<Slot>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.first_taken.swap(true, Ordering::Relaxed) {
+            return slots.first().cloned();
         }
         // Envoy checked the configuration when it was made (config_new): it parses again
         let slot = Slot::new(self.config, Rc::new(FilterConfig::parse(&self.bytes).ok()?));
-        slots.push((Some(me), slot.clone()));
+        slots.push(slot.clone());
         let made = slots.len();
         drop(slots);
         ffi::log(Level::Info, &format!("tollgate: a worker thread's filter state made ({made} in this configuration)"));
@@ -178,7 +199,7 @@ impl Plugin {
 
     /// Every slot (a copy: the list's lock is not held while a slot's is taken).
     fn all_slots(&self) -> Vec<Arc<Slot>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, s)| s.clone()).collect()
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn stop_ticker(&self) {
@@ -238,9 +259,10 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
         }
         None => None,
     };
-    let slots = Mutex::new(vec![(None, first)]);
+    let slots = Mutex::new(vec![first]);
     let period_ms = Arc::new(AtomicU64::new(millis(period)));
-    let plugin = Arc::new(Plugin { config, bytes: bytes.to_vec(), ids, slots, ticker: Mutex::new(None), period_ms: period_ms.clone(), direct });
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    let plugin = Arc::new(Plugin { config, serial, bytes: bytes.to_vec(), ids, slots, first_taken: AtomicBool::new(false), ticker: Mutex::new(None), period_ms: period_ms.clone(), direct });
     let Some(scheduler) = Scheduler::new(config) else {
         ffi::log(Level::Error, "tollgate: Envoy gave no scheduler for the filter's tick");
         return std::ptr::null();
@@ -446,8 +468,8 @@ pub fn on_phase(filter: Filter, module: ModulePtr, phase: Phase) -> Status {
     if stream.failed {
         return CONTINUE;
     }
-    let (plugin, slot) = (stream.plugin.clone(), stream.slot.clone());
-    let link = &stream.link;
+    // the stream's own fields, borrowed apart (no shared count touched per callback)
+    let (plugin, slot, link) = (&stream.plugin, &stream.slot, &stream.link);
     let Some(http) = stream.filter.as_mut() else { return CONTINUE };
     let outcome = slot.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
@@ -511,8 +533,7 @@ pub fn stream_call_done(filter: Filter, module: ModulePtr, id: u64, status: Opti
     if stream.failed {
         return;
     }
-    let (plugin, slot) = (stream.plugin.clone(), stream.slot.clone());
-    let link = &stream.link;
+    let (plugin, slot, link) = (&stream.plugin, &stream.slot, &stream.link);
     let Some(http) = stream.filter.as_mut() else { return };
     let outcome = slot.locked(|_| {
         catch_unwind(AssertUnwindSafe(|| {
@@ -555,7 +576,7 @@ pub fn stream_complete(filter: Filter, module: ModulePtr) {
     if stream.failed {
         return;
     }
-    let (plugin, slot) = (stream.plugin.clone(), stream.slot.clone());
+    let (plugin, slot) = (&stream.plugin, &stream.slot);
     let Some(http) = stream.filter.as_mut() else { return };
     let done = slot.locked(|_| {
         let mut host = NativeHost::stream(filter, &plugin.ids);
