@@ -7,8 +7,7 @@
 //! share `Rc`s — is reached only under that slot's lock. So the core stays single-threaded code,
 //! unchanged: the lock is what makes its `Rc`s and `RefCell`s sound across threads (`Guarded`
 //! below), and workers no longer wait on each other's requests, only on their own slot's tick.
-//! Like VMs, the slots share what the core keeps in shared data (crate::shared): the auth cache,
-//! leases, breakers, the routing table, the elections of the jobs that run once per Envoy.
+//! Like VMs, the slots share what the core keeps in shared data (crate::shared).
 //!
 //! - requests: each stream's hooks run on its worker thread, under its slot's lock. The first
 //!   worker thread to make a stream takes the slot made with the configuration; another gets a
@@ -69,8 +68,7 @@ struct Slot {
 
 pub struct Plugin {
     config: Config,
-    /// This configuration's number in the process (worker threads find their slot by it).
-    serial: u64,
+    serial: u64, // this configuration's number in the process ([`MINE`])
     /// The configuration as Envoy gave it (each new slot parses it: `FilterConfig` is `Rc`'d).
     bytes: Vec<u8>,
     /// The counters this configuration defined (fixed once it is made).
@@ -111,8 +109,7 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
     /// Hooks Envoy ran while this thread held the lock, to run once it is released.
     static LATER: RefCell<Vec<Box<dyn FnOnce()>>> = RefCell::new(Vec::new());
-    /// This thread's slot of each configuration it served, by the configuration's serial: a
-    /// stream finds its slot without taking any lock the other workers take.
+    /// This thread's slot of each configuration it served, by the configuration's serial.
     static MINE: RefCell<Vec<(u64, Weak<Slot>)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -165,18 +162,15 @@ impl Slot {
 }
 
 impl Plugin {
-    /// This worker thread's slot: the one it was given (found in [`MINE`]), else the first
-    /// slot if no thread took it yet, else a new one.
+    /// This worker thread's slot ([`MINE`]: no lock another worker takes), else it is given one.
     fn slot(&self) -> Option<Arc<Slot>> {
-        let mine = MINE.with(|m| m.borrow().iter().find(|(serial, _)| *serial == self.serial).and_then(|(_, w)| w.upgrade()));
-        if mine.is_some() {
-            return mine;
+        if let Some(mine) = MINE.with(|m| m.borrow().iter().find(|(n, _)| *n == self.serial).and_then(|(_, w)| w.upgrade())) {
+            return Some(mine);
         }
         let slot = self.give()?;
         MINE.with(|m| {
             let mut m = m.borrow_mut();
-            // the slots of configurations gone since
-            m.retain(|(_, w)| w.strong_count() > 0);
+            m.retain(|(_, w)| w.strong_count() > 0); // the slots of configurations gone since
             m.push((self.serial, Arc::downgrade(&slot)));
         });
         Some(slot)
@@ -191,9 +185,7 @@ impl Plugin {
         // Envoy checked the configuration when it was made (config_new): it parses again
         let slot = Slot::new(self.config, Rc::new(FilterConfig::parse(&self.bytes).ok()?));
         slots.push(slot.clone());
-        let made = slots.len();
-        drop(slots);
-        ffi::log(Level::Info, &format!("tollgate: a worker thread's filter state made ({made} in this configuration)"));
+        ffi::log(Level::Info, &format!("tollgate: a worker thread's filter state made ({} in this configuration)", slots.len()));
         Some(slot)
     }
 
