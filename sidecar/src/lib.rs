@@ -31,6 +31,7 @@ pub mod scripts;
 pub mod secret;
 pub mod server;
 pub mod store;
+pub mod stream;
 pub mod telemetry;
 pub mod testing;
 pub mod trace;
@@ -141,6 +142,7 @@ impl Sidecar {
             tracer: trace::Tracer::start(&config.telemetry.traces),
             responses: config.responses.clone(),
             filter_calls: Arc::new(lifecycle::FilterCalls::default()),
+            stopping: tokio_util::sync::CancellationToken::new(),
         });
         // the first sidecar of a process installs them (one per process outside tests)
         let alerts = alerts::install(state.store.clone(), config.alerts.clone());
@@ -175,7 +177,8 @@ impl Sidecar {
     /// then seals the usage spool and lets the shipper send what it can (`usage.shutdown_grace`).
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
         tracing::info!(addr = %self.local_addr(), unix = ?self.unix_path(), "tollgate sidecar listening");
-        let background = tokio_util::sync::CancellationToken::new();
+        // cancelled at the stop: the server's decision streams end then too (crate::stream)
+        let background = self.state.stopping.clone();
         let mut tasks = tokio::task::JoinSet::new();
         if let Some((url, every)) = self.propagation.clone() {
             tasks.spawn(propagation::run(self.control.clone(), url, every, background.clone()));

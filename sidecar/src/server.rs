@@ -153,12 +153,16 @@ pub struct AppState {
     pub responses: crate::decision::responses::ResponsesConfig,
     /// When the filter last called: a stop waits until it is quiet (crate::lifecycle).
     pub filter_calls: Arc<crate::lifecycle::FilterCalls>,
+    /// Cancelled when the server stops: what serves a long-lived stream ends it then
+    /// (crate::stream).
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route(DECIDE_PATH, post(decide))
         .route(DECIDE_BATCH_PATH, post(decide_batch))
+        .route(tollgate_wire::stream::DECIDE_STREAM_PATH, post(crate::stream::decide_stream))
         .route(COMPLETIONS_PATH, post(completions))
         .route(tollgate_wire::refunds::REFUNDS_PATH, post(refunds))
         .route(USAGE_PATH, post(usage))
@@ -194,6 +198,7 @@ async fn require_secret(State(state): State<Arc<AppState>>, req: Request, next: 
     let known = [
         DECIDE_PATH,
         DECIDE_BATCH_PATH,
+        tollgate_wire::stream::DECIDE_STREAM_PATH,
         COMPLETIONS_PATH,
         tollgate_wire::refunds::REFUNDS_PATH,
         USAGE_PATH,
@@ -236,7 +241,7 @@ async fn decide(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
 
 /// One request's decision, timed and traced: what `/v1/decide` and each item of
 /// `/v1/decide/batch` answer.
-async fn decide_one(state: &AppState, req: &DecideRequest, traceparent: Option<&[u8]>) -> Result<DecideResponse, DecideError> {
+pub(crate) async fn decide_one(state: &AppState, req: &DecideRequest, traceparent: Option<&[u8]>) -> Result<DecideResponse, DecideError> {
     let started = std::time::Instant::now();
     let traced = state.tracer.begin(traceparent);
     let (decided, redis) = match traced {

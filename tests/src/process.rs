@@ -301,6 +301,12 @@ impl Service {
         self.proc.log_text()
     }
 
+    /// Sends `sig` (`kill` syntax: `-STOP` freezes it — a hung service, its connections open —
+    /// `-CONT` lets it run again) to the running service.
+    pub fn signal(&self, sig: &str) {
+        self.proc.signal(sig);
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.proc.pid()
     }

@@ -27,7 +27,8 @@ fn clients_that_leave_while_their_decisions_wait_or_ride_a_batch_are_not_charged
     let g = Gateway::builder()
         .sidecar_toml(&limit_toml("p", "pm", "fixed_window", 100, "window = \"1h\""))
         .sidecar_env(delay.env().0, &delay.env().1)
-        .plugin(json!({"sidecar": {"timeout": "5s"}, "failureMode": "closed", "completionFlushInterval": "20ms"}))
+        // the decision stream off: its decisions would not batch (tests/tests/streams.rs has its own)
+        .plugin(json!({"sidecar": {"timeout": "5s", "decisionStream": false}, "failureMode": "closed", "completionFlushInterval": "20ms"}))
         .build();
     let key = g.sidecar().create_key("acme", "p", &[]);
     let window_key = format!("rl:{{acme}}:pm:k.{}:*", key.id);

@@ -33,6 +33,7 @@ mod postgres_harness;
 mod refunds;
 mod revocation;
 mod spend;
+mod streams;
 mod topologies;
 mod transport;
 mod trust;

@@ -80,6 +80,9 @@ pub struct DecisionBatcher {
     flight: Option<Flight>,
     /// The adapter was asked to wake the root, which has not sent yet.
     wake_pending: bool,
+    /// The worker's decision stream, when its host has one (crate::stream): a decision goes on
+    /// it while it is open, before any call or batch.
+    pub stream: crate::stream::DecisionStream,
 }
 
 /// A batch item as sent, borrowing the request.
@@ -127,6 +130,9 @@ impl DecisionBatcher {
 
     /// A request ended while its decision was here.
     pub fn cancel(&mut self, ctx: u32) -> Cancelled {
+        if self.stream.cancel(ctx) {
+            return Cancelled::Sent;
+        }
         if let Some(i) = self.waiting.iter().position(|w| w.ctx == ctx) {
             self.waiting.remove(i);
             return Cancelled::Unsent;

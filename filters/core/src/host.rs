@@ -108,4 +108,13 @@ pub trait Host {
     fn wake_root(&mut self) -> bool {
         false
     }
+    /// Opens a gRPC stream (root context only) to `cluster`'s `service`/`method` with
+    /// `metadata`; its token, or why not. A host without streams refuses (crate::stream).
+    fn open_stream(&mut self, _cluster: &str, _service: &str, _method: &str, _metadata: &[(&str, &[u8])]) -> Result<u32, String> {
+        Err("this host has no gRPC streams".into())
+    }
+    /// Sends one message on the worker's stream `token` (from any of the worker's contexts).
+    fn stream_send(&mut self, _token: u32, _message: &[u8]) -> Result<(), String> {
+        Err("this host has no gRPC streams".into())
+    }
 }

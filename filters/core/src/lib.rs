@@ -62,6 +62,8 @@ pub mod sidecar;
 /// Calls to the sidecar as HTTP/1.1 by hand, for a host with its own connections (decision 219).
 pub mod sidecar_http1;
 pub mod stats;
+/// Decisions on one long-lived gRPC stream per worker (decision 223).
+pub mod stream;
 /// Usage metering: event ids, the per-worker queue of usage events, token usage.
 pub mod usage;
 pub mod worker;

@@ -11,6 +11,9 @@ pub struct Reply {
     pub body: Vec<u8>,
 }
 
+/// A gRPC stream the filter opened: cluster, service, method, metadata.
+pub type OpenedStream = (String, String, String, Vec<(String, Vec<u8>)>);
+
 #[derive(Debug, Default)]
 pub struct MockHost {
     /// Values are raw bytes, as a client may send them.
@@ -44,6 +47,14 @@ pub struct MockHost {
     pub named_metrics: HashMap<String, u64>,
     /// Times the filter asked for the root context to be woken (crate::batch).
     pub wakes: u32,
+    /// gRPC streams opened (crate::stream).
+    pub streams_opened: Vec<OpenedStream>,
+    /// Messages sent on streams, by token.
+    pub stream_sent: Vec<(u32, Vec<u8>)>,
+    /// Opening a stream fails with this.
+    pub open_error: Option<String>,
+    /// Sending on a stream fails with this.
+    pub stream_error: Option<String>,
 }
 
 impl MockHost {
@@ -219,6 +230,21 @@ impl Host for MockHost {
     fn wake_root(&mut self) -> bool {
         self.wakes += 1;
         true
+    }
+    fn open_stream(&mut self, cluster: &str, service: &str, method: &str, metadata: &[(&str, &[u8])]) -> Result<u32, String> {
+        if let Some(e) = &self.open_error {
+            return Err(e.clone());
+        }
+        let metadata = metadata.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect();
+        self.streams_opened.push((cluster.into(), service.into(), method.into(), metadata));
+        Ok(1000 + self.streams_opened.len() as u32)
+    }
+    fn stream_send(&mut self, token: u32, message: &[u8]) -> Result<(), String> {
+        if let Some(e) = &self.stream_error {
+            return Err(e.clone());
+        }
+        self.stream_sent.push((token, message.to_vec()));
+        Ok(())
     }
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         self.response_chunk.get(start..start + size).map(<[u8]>::to_vec)

@@ -22,6 +22,10 @@ pub struct Sidecar {
     /// Under concurrency, a worker's decision calls share one call (`batchDecisions`, on by
     /// default; crate::batch, decision 127).
     pub batch_decisions: bool,
+    /// On a host that holds gRPC streams (the Wasm host), a worker's decisions go on one
+    /// long-lived stream to the sidecar instead of a call each (`decisionStream`, on by default;
+    /// crate::stream, decision 223).
+    pub decision_stream: bool,
     /// Where the native host reaches the sidecar itself, on a connection of its own instead of
     /// an Envoy callout per request (`address`: `host:port` or `unix:/path`; decision 219). The
     /// Wasm host has no sockets and always calls through [`Sidecar::cluster`].
@@ -56,6 +60,7 @@ impl std::fmt::Debug for Sidecar {
             .field("timeout", &self.timeout)
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
             .field("batch_decisions", &self.batch_decisions)
+            .field("decision_stream", &self.decision_stream)
             .field("address", &self.address)
             .finish()
     }
@@ -69,6 +74,7 @@ impl Default for Sidecar {
             timeout: Duration::from_millis(25),
             secret: None,
             batch_decisions: true,
+            decision_stream: true,
             address: None,
         }
     }
@@ -88,6 +94,8 @@ pub struct RawSidecar {
     secret: Option<String>,
     #[serde(default = "default_batch_decisions")]
     batch_decisions: bool,
+    #[serde(default = "default_batch_decisions")]
+    decision_stream: bool,
     #[serde(default)]
     address: Option<String>,
 }
@@ -100,6 +108,7 @@ impl Default for RawSidecar {
             timeout: default_timeout(),
             secret: None,
             batch_decisions: default_batch_decisions(),
+            decision_stream: default_batch_decisions(),
             address: None,
         }
     }
@@ -138,7 +147,7 @@ impl Sidecar {
             Some(a) => Some(SidecarAddress::parse(a).map_err(|e| ConfigError(format!("sidecar.address: {e}")))?),
             None => None,
         };
-        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout, secret: raw.secret, batch_decisions: raw.batch_decisions, address })
+        Ok(Sidecar { cluster: raw.cluster, authority: raw.authority, timeout, secret: raw.secret, batch_decisions: raw.batch_decisions, decision_stream: raw.decision_stream, address })
     }
 
     /// A call to `path`: `:method`, `:path`, `:authority`, the secret, then `extra` headers.

@@ -45,6 +45,10 @@ pub enum Metric {
     DecisionBatches,
     /// Requests whose decision rode a batch instead of a call of its own.
     DecisionsBatched,
+    /// Requests whose decision went on the worker's decision stream (crate::stream, decision 223).
+    DecisionsStreamed,
+    /// Decision streams a root context opened.
+    DecisionStreamsOpened,
     /// A batch flusher's counters (crate::flush): batches sent, items dropped, failed sends.
     Flush(Stream, FlushEvent),
 }
@@ -54,7 +58,7 @@ impl Metric {
     /// and gives Envoy on the root context's tick instead of one host call per request (decision
     /// 125): an operator sees them at most one tick late. `Allowed` comes last, the order of the
     /// flush: once it is in, so are the others of the same requests.
-    pub const BATCHED: [Metric; 3] = [Metric::AuthCacheHit, Metric::LeaseHit, Metric::Allowed];
+    pub const BATCHED: [Metric; 4] = [Metric::AuthCacheHit, Metric::LeaseHit, Metric::DecisionsStreamed, Metric::Allowed];
 
     /// This counter's place in [`Metric::BATCHED`], if it is batched.
     pub fn batch_slot(self) -> Option<usize> {
@@ -129,6 +133,8 @@ impl Metric {
             Metric::RefundQueued,
             Metric::DecisionBatches,
             Metric::DecisionsBatched,
+            Metric::DecisionsStreamed,
+            Metric::DecisionStreamsOpened,
         ];
         v.extend((0..codes::ALL_DENY.len()).map(|i| Metric::Denied(DenyReason::Known(i))));
         v.push(Metric::Denied(DenyReason::Other));
@@ -169,6 +175,8 @@ impl Metric {
             Metric::RefundQueued => "tollgate.refunds.queued".into(),
             Metric::DecisionBatches => "tollgate.decisions.batches".into(),
             Metric::DecisionsBatched => "tollgate.decisions.batched".into(),
+            Metric::DecisionsStreamed => "tollgate.decisions.streamed".into(),
+            Metric::DecisionStreamsOpened => "tollgate.decisions.streams_opened".into(),
             Metric::Flush(s, e) => format!("tollgate.{}.{}", s.name(), e.name()),
         }
     }

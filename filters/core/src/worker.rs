@@ -302,6 +302,30 @@ impl Worker {
         }
     }
 
+    /// The adapter's host holds gRPC streams (crate::stream): decisions go on the worker's
+    /// stream from its next tick on, unless the configuration says `decisionStream: false`.
+    /// Needs [`Self::request_in`] (the stream's answers find their request by its context).
+    pub fn enable_stream(&mut self) {
+        if self.config.sidecar.decision_stream {
+            self.decisions.borrow_mut().stream.enable();
+        }
+    }
+
+    /// A message of the stream `token`: a decision's answer, for the adapter to deliver.
+    pub fn on_stream_message(&mut self, host: &mut impl Host, token: u32, message: &[u8]) -> Vec<Delivery> {
+        let mut decisions = self.decisions.borrow_mut();
+        if !decisions.stream.owns(token) {
+            return Vec::new();
+        }
+        decisions.stream.on_message(host, message).into_iter().collect()
+    }
+
+    /// The stream `token` ended with gRPC `status`: its decisions out fail, for the adapter to
+    /// deliver.
+    pub fn on_stream_close(&mut self, host: &mut impl Host, token: u32, status: u32) -> Vec<Delivery> {
+        self.decisions.borrow_mut().stream.on_close(host, token, status)
+    }
+
     /// The root context was woken: sends the decisions waiting, if no batch is out. Returns the
     /// answers for the adapter to deliver (items that failed without a call).
     pub fn send_decisions(&mut self, host: &mut impl Host) -> Vec<Delivery> {
@@ -373,7 +397,12 @@ impl Worker {
             self.drain(host, until_ms, due);
             return Vec::new();
         }
-        let deliveries = self.send_decisions(host);
+        let mut deliveries = self.send_decisions(host);
+        {
+            let mut decisions = self.decisions.borrow_mut();
+            deliveries.extend(decisions.stream.expire(host.now_ms()));
+            decisions.stream.keep_open(host, &self.config.sidecar);
+        }
         self.changes.on_tick(host);
         self.breakers.borrow_mut().on_tick(host, &self.config.breakers);
         self.renewer.on_tick(host);

@@ -159,6 +159,19 @@ impl Context for Root {
         }
     }
 
+    fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {
+        let Some(worker) = self.worker.as_mut() else { return };
+        let message = raw::buffer(BufferType::GrpcReceiveBuffer, 0, message_size).unwrap_or_default();
+        let deliveries = worker.on_stream_message(&mut EnvoyHost::new(&self.metrics, &self.named), token_id, &message);
+        self.deliver(deliveries);
+    }
+
+    fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
+        let Some(worker) = self.worker.as_mut() else { return };
+        let deliveries = worker.on_stream_close(&mut EnvoyHost::new(&self.metrics, &self.named), token_id, status_code);
+        self.deliver(deliveries);
+    }
+
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
         let Some(worker) = self.worker.as_mut() else { return };
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
@@ -196,6 +209,8 @@ impl RootContext for Root {
         self.wake_queue = raw::register_queue(&format!("tollgate.decisions.{:016x}", vm_identity()));
         if self.wake_queue.is_some() {
             worker.enable_batching();
+            // decisions on one stream per worker, sent from the requests' contexts (decision 223)
+            worker.enable_stream();
         }
         self.worker = Some(worker);
         true
@@ -237,6 +252,7 @@ impl RootContext for Root {
             named: self.named.clone(),
             wake_queue: self.wake_queue,
             ctx: context_id,
+            root: self.id,
             streams: self.streams.clone(),
             registered: false,
         }))
@@ -254,6 +270,8 @@ struct Http {
     named: Named,
     wake_queue: Option<u32>,
     ctx: u32,
+    /// The root context's id: its decision stream is sent on in its name.
+    root: u32,
     streams: Streams,
     /// In `streams`: only a request whose decision waits for a batch is (most never do).
     registered: bool,
@@ -271,6 +289,7 @@ impl Http {
     fn host(&self) -> EnvoyHost<'_> {
         let mut host = EnvoyHost::new(&self.metrics, &self.named);
         host.wake_queue = self.wake_queue;
+        host.contexts = Some((self.ctx, self.root));
         host
     }
 
@@ -350,11 +369,13 @@ struct EnvoyHost<'a> {
     status: RefCell<Option<Option<String>>>,
     /// The root context's wake queue (an HTTP context's host only).
     wake_queue: Option<u32>,
+    /// An HTTP context's host: its context and its root context (whose stream it sends on).
+    contexts: Option<(u32, u32)>,
 }
 
 impl<'a> EnvoyHost<'a> {
     fn new(metrics: &'a Counters, named: &'a HashMap<String, u32>) -> EnvoyHost<'a> {
-        EnvoyHost { metrics, named, now_ms: Cell::new(None), status: RefCell::new(None), wake_queue: None }
+        EnvoyHost { metrics, named, now_ms: Cell::new(None), status: RefCell::new(None), wake_queue: None, contexts: None }
     }
 }
 
@@ -468,6 +489,20 @@ impl Host for EnvoyHost<'_> {
     }
     fn wake_root(&mut self) -> bool {
         self.wake_queue.is_some_and(raw::enqueue)
+    }
+    fn open_stream(&mut self, cluster: &str, service: &str, method: &str, metadata: &[(&str, &[u8])]) -> Result<u32, String> {
+        // the root context's (its tick): the SDK registers the stream's callbacks to it
+        hostcalls::open_grpc_stream(cluster, service, method, metadata.to_vec()).map_err(|s| format!("{s:?}"))
+    }
+    fn stream_send(&mut self, token: u32, message: &[u8]) -> Result<(), String> {
+        // The stream is the root context's: sent in its name, then back to this request's.
+        let Some((ctx, root)) = self.contexts else { return raw::grpc_send(token, message).map_err(|s| format!("status {s}")) };
+        if !raw::set_effective_context(root) {
+            return Err("cannot act for the root context".into());
+        }
+        let sent = raw::grpc_send(token, message);
+        raw::set_effective_context(ctx);
+        sent.map_err(|s| format!("status {s}"))
     }
 }
 

@@ -45,6 +45,7 @@ extern "C" {
     fn proxy_dequeue_shared_queue(queue_id: u32, return_value_data: *mut *mut u8, return_value_size: *mut usize) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_grpc_send(token: u32, message_data: *const u8, message_size: usize, end_stream: u32) -> u32;
 }
 
 /// The ABI's `StreamType::HttpRequest`.
@@ -169,4 +170,14 @@ pub fn set_effective_context(id: u32) -> bool {
 pub fn resume_request() {
     // SAFETY: a plain value call.
     let _ = unsafe { proxy_continue_stream(HTTP_REQUEST) };
+}
+
+/// Sends `message` on gRPC stream `token` of the effective context; the host's status if not
+/// `Ok` (the SDK's sender panics on a status it does not expect).
+pub fn grpc_send(token: u32, message: &[u8]) -> Result<(), u32> {
+    // SAFETY: the host reads `message` (a live slice) during the call only.
+    match unsafe { proxy_grpc_send(token, message.as_ptr(), message.len(), 0) } {
+        OK => Ok(()),
+        status => Err(status),
+    }
 }

@@ -497,4 +497,6 @@ pub mod changes;
 pub mod refunds;
 /// Decisions of several requests in one call (decision 127).
 pub mod batch;
+/// Decisions on one long-lived gRPC stream per worker (decision 223).
+pub mod stream;
 mod decode;

@@ -25,6 +25,15 @@ impl AuthFilter {
         self.sent_gen = self.worker.gen.get();
         // before its answer can be cached: the change poller must be awake (crate::changes)
         self.worker.gen.note_call(host);
+        if let Some((batcher, ctx)) = &self.worker.batcher {
+            // on the worker's decision stream (crate::stream); if it cannot take it (closed: the
+            // root opens it; off), as before
+            let deadline = host.now_ms().saturating_add(self.config.sidecar.timeout.as_millis() as u64);
+            if batcher.borrow_mut().stream.send(host, *ctx, &request, self.traceparent.as_deref(), deadline).is_ok() {
+                self.state = State::Queued { key_hash: request.key_hash, decision_id: request.decision_id };
+                return Action::Pause;
+            }
+        }
         if let Some((batcher, ctx)) = self.worker.batcher.as_ref().filter(|(b, _)| !b.borrow().goes_alone()) {
             // it waits at most the sidecar timeout for its batch to leave (crate::batch)
             let deadline = host.now_ms().saturating_add(self.config.sidecar.timeout.as_millis() as u64);

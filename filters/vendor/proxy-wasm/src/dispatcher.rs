@@ -100,14 +100,9 @@ impl Dispatcher {
     }
 
     fn register_grpc_stream(&self, token_id: u32) {
-        if self
-            .grpc_streams
-            .borrow_mut()
-            .insert(token_id, self.active_id.get())
-            .is_some()
-        {
-            panic!("duplicate token_id")
-        }
+        // Tollgate (decision 223): a token handed out again belongs to a stream long gone:
+        // replaced, not a panic.
+        self.grpc_streams.borrow_mut().insert(token_id, self.active_id.get());
     }
 
     fn register_grpc_callout(&self, token_id: u32) {

@@ -936,9 +936,9 @@ pub fn open_grpc_stream(
                 dispatcher::register_grpc_stream(return_stream_id);
                 Ok(return_stream_id)
             }
-            Status::ParseFailure => Err(Status::ParseFailure),
-            Status::InternalFailure => Err(Status::InternalFailure),
-            status => panic!("unexpected status: {}", status as u32),
+            // Tollgate (decision 223): any other status (Envoy answers `BadArgument` for an
+            // unknown cluster) is an error to the caller, not a panic that kills the VM.
+            status => Err(status),
         }
     }
 }

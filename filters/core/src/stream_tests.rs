@@ -1,0 +1,142 @@
+use super::*;
+use crate::mock::MockHost;
+
+fn sidecar() -> Sidecar {
+    Sidecar { secret: Some("s3cret-s3cret-s3cret".into()), ..Sidecar::default() }
+}
+
+fn request(key: &str) -> DecideRequest {
+    DecideRequest::new(key, "GET", "api.test", "/")
+}
+
+fn answer(seq: u64, status: u16) -> Vec<u8> {
+    let a = StreamAnswer { seq, status, decision: (status == 200).then(|| tollgate_wire::DecideResponse::allow("t", "k", "p")), error: None };
+    serde_json::to_vec(&a).unwrap()
+}
+
+fn open(host: &mut MockHost) -> DecisionStream {
+    let mut s = DecisionStream::default();
+    s.enable();
+    s.keep_open(host, &sidecar());
+    assert!(!s.is_open(), "not before a decision asked for it");
+    assert!(s.send(host, 0, &request("first"), None, 0).is_err(), "the first decision is called as before");
+    s.keep_open(host, &sidecar());
+    assert!(s.is_open());
+    s
+}
+
+#[test]
+fn a_disabled_stream_never_opens_and_a_closed_one_takes_nothing() {
+    let mut host = MockHost::new();
+    let mut s = DecisionStream::default();
+    s.keep_open(&mut host, &sidecar());
+    assert!(!s.is_open() && host.streams_opened.is_empty());
+    assert!(s.send(&mut host, 1, &request("a"), None, 100).is_err());
+    assert!(host.stream_sent.is_empty());
+}
+
+#[test]
+fn the_stream_opens_with_the_secret_and_answers_find_their_request_in_any_order() {
+    let mut host = MockHost::new();
+    let mut s = open(&mut host);
+    let (cluster, service, method, metadata) = host.streams_opened[0].clone();
+    assert_eq!((cluster.as_str(), service.as_str(), method.as_str()), ("tollgate_sidecar", "tollgate.v1.Decisions", "Decide"));
+    assert_eq!(metadata, vec![(SECRET_HEADER.to_string(), b"s3cret-s3cret-s3cret".to_vec())]);
+    s.send(&mut host, 7, &request("a"), Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), 100).unwrap();
+    s.send(&mut host, 8, &request("b"), None, 100).unwrap();
+    let sent: Vec<serde_json::Value> = host.stream_sent.iter().map(|(_, m)| serde_json::from_slice(m).unwrap()).collect();
+    assert_eq!((sent[0]["seq"].as_u64(), sent[1]["seq"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(sent[0]["request"]["keyHash"], "a");
+    assert!(sent[0]["traceparent"].is_string() && sent[1].get("traceparent").is_none());
+    assert_eq!(host.metrics.get(&Metric::DecisionsStreamed), Some(&2));
+    // the second answers first
+    let d = s.on_message(&mut host, &answer(2, 200)).unwrap();
+    assert_eq!((d.ctx, d.sent), (8, true));
+    assert!(d.answer.is_ok());
+    let d = s.on_message(&mut host, &answer(1, 503)).unwrap();
+    assert_eq!(d.ctx, 7);
+    assert_eq!(d.answer, Err("sidecar answered 503 (no error code)".into()));
+    // a repeated or unknown seq, or bytes that are no answer, deliver nothing
+    assert!(s.on_message(&mut host, &answer(1, 200)).is_none());
+    assert!(s.on_message(&mut host, &answer(99, 200)).is_none());
+    assert!(s.on_message(&mut host, b"\xff{not json").is_none());
+    assert_eq!(s.in_flight(), 0);
+}
+
+#[test]
+fn a_decision_not_answered_in_time_fails_as_sent_and_its_late_answer_is_ignored() {
+    let mut host = MockHost::new();
+    let mut s = open(&mut host);
+    s.send(&mut host, 1, &request("a"), None, 100).unwrap();
+    s.send(&mut host, 2, &request("b"), None, 200).unwrap();
+    assert!(s.expire(99).is_empty());
+    let failed = s.expire(100);
+    assert_eq!(failed.len(), 1);
+    assert_eq!((failed[0].ctx, failed[0].sent), (1, true), "it may have been taken: refunded");
+    assert!(failed[0].answer.is_err());
+    assert!(s.on_message(&mut host, &answer(1, 200)).is_none());
+    assert_eq!(s.in_flight(), 1);
+}
+
+#[test]
+fn a_request_that_ends_leaves_the_stream_and_its_answer_is_ignored() {
+    let mut host = MockHost::new();
+    let mut s = open(&mut host);
+    s.send(&mut host, 5, &request("a"), None, 100).unwrap();
+    assert!(s.cancel(5));
+    assert!(!s.cancel(5));
+    assert!(s.on_message(&mut host, &answer(1, 200)).is_none());
+}
+
+#[test]
+fn a_closed_stream_fails_what_is_out_and_reopens_after_its_pause() {
+    let mut host = MockHost::new();
+    host.now_ms = 1_000;
+    let mut s = open(&mut host);
+    let token = 1001;
+    s.send(&mut host, 1, &request("a"), None, 5_000).unwrap();
+    s.send(&mut host, 2, &request("b"), None, 5_000).unwrap();
+    assert!(s.on_close(&mut host, token + 1, 14).is_empty(), "another stream's close is not this one's");
+    let mut failed = s.on_close(&mut host, token, 14);
+    failed.sort_by_key(|d| d.ctx);
+    assert_eq!(failed.iter().map(|d| (d.ctx, d.sent)).collect::<Vec<_>>(), vec![(1, true), (2, true)]);
+    assert!(!s.is_open());
+    s.keep_open(&mut host, &sidecar());
+    host.now_ms += REOPEN_AFTER_MS;
+    s.keep_open(&mut host, &sidecar());
+    assert!(!s.is_open(), "not reopened until a decision asks for it");
+    host.now_ms = 1_000;
+    assert!(s.send(&mut host, 3, &request("c"), None, 5_000).is_err(), "closed: the caller calls alone");
+    host.now_ms = 1_000 + REOPEN_AFTER_MS - 1;
+    s.keep_open(&mut host, &sidecar());
+    assert!(!s.is_open());
+    host.now_ms = 1_000 + REOPEN_AFTER_MS;
+    s.keep_open(&mut host, &sidecar());
+    assert!(s.is_open());
+    assert_eq!(host.streams_opened.len(), 2);
+}
+
+#[test]
+fn a_stream_that_cannot_open_or_send_falls_back_and_is_retried_later() {
+    let mut host = MockHost::new();
+    host.open_error = Some("no such cluster".into());
+    let mut s = DecisionStream::default();
+    s.enable();
+    assert!(s.send(&mut host, 1, &request("a"), None, 100_000).is_err());
+    s.keep_open(&mut host, &sidecar());
+    assert!(!s.is_open());
+    host.open_error = None;
+    s.keep_open(&mut host, &sidecar());
+    assert!(!s.is_open(), "not before its pause");
+    host.now_ms += REOPEN_AFTER_MS;
+    s.keep_open(&mut host, &sidecar());
+    assert!(s.is_open());
+    host.stream_error = Some("not found".into());
+    assert!(s.send(&mut host, 1, &request("a"), None, 100_000).is_err());
+    assert!(!s.is_open() && s.in_flight() == 0, "a refused send closes it; nothing is out");
+    host.stream_error = None;
+    assert!(s.send(&mut host, 2, &request("b"), None, 100_000).is_err(), "closed: asks for it again");
+    host.now_ms += REOPEN_AFTER_MS;
+    s.keep_open(&mut host, &sidecar());
+    assert!(s.is_open());
+}
