@@ -2,12 +2,14 @@
 //! own sidecar) on one Redis, 600 requests at a concurrency of 100 against a limit of 137, for
 //! every algorithm, exact and leased, five runs each (a fresh tenant per run). Exact limits admit
 //! exactly 137 and Redis counts what the clients saw admitted; leased ones never admit more than
-//! 137 (the under-use is printed).
+//! 137 (the under-use is printed). One replica sends its decisions on its workers' decision
+//! streams, the other calls and batches them.
 //!
 //! The windows are a day long so that a run never spans two windows (a run that does — across
 //! 00:00 UTC — is legitimately allowed a second window's worth and is reported, not asserted
 //! equal) and a token bucket refills less than one token during a run.
 
+use serde_json::json;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tollgate_tests::{keyed_burst, Gateway, Redis};
 
@@ -64,7 +66,10 @@ fn redis_taken(redis: &Redis, algorithm: &str, tenant: &str) -> u64 {
 
 #[test]
 fn six_hundred_requests_at_concurrency_100_admit_exactly_the_limit_for_every_algorithm() {
-    let g = Gateway::builder().sidecar_toml(&plans_toml()).replicas(2).concurrency(2).build();
+    // Replica 0 sends its decisions on its workers' decision streams (decision 223), replica 1
+    // calls and batches them (decision 127, the stream off): the limits are exact across both.
+    let plugin = |stream: bool| json!({"sidecar": {"timeout": "2s", "decisionStream": stream}, "failureMode": "closed"});
+    let g = Gateway::builder().sidecar_toml(&plans_toml()).plugins([plugin(true), plugin(false)]).concurrency(2).build();
     let redis = g.redis();
     let urls = [g.replica(0).envoy().url("/"), g.replica(1).envoy().url("/")];
     let mut report = Vec::new();
@@ -117,9 +122,11 @@ fn six_hundred_requests_at_concurrency_100_admit_exactly_the_limit_for_every_alg
         redis.assert_ttl_invariant();
         return;
     }
-    let counter = |name: &str| -> u64 { (0..2).map(|r| g.replica(r).envoy().counter(name)).sum() };
-    let (batches, batched) = (counter("wasmcustom.tollgate.decisions.batches"), counter("wasmcustom.tollgate.decisions.batched"));
-    eprintln!("decision batches {batches}, decisions batched {batched}");
-    assert!(batches > 0 && batched >= batches, "decisions were batched under concurrency: {batches} batches, {batched} decisions");
+    let counter = |r: usize, name: &str| -> u64 { g.replica(r).envoy().counter(&format!("wasmcustom.tollgate.decisions.{name}")) };
+    let (streamed, batches, batched) = (counter(0, "streamed"), counter(1, "batches"), counter(1, "batched"));
+    eprintln!("replica 0: decisions streamed {streamed}; replica 1: decision batches {batches}, decisions batched {batched}");
+    assert!(streamed > 0, "replica 0's decisions went on its decision streams");
+    assert_eq!(counter(1, "streamed"), 0, "replica 1 has its stream off");
+    assert!(batches > 0 && batched >= batches, "replica 1's decisions were batched under concurrency: {batches} batches, {batched} decisions");
     redis.assert_ttl_invariant();
 }

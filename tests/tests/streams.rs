@@ -143,3 +143,75 @@ fn a_hung_sidecar_gets_the_failure_mode_and_a_restarted_one_gets_a_new_stream() 
     }
     assert_eq!(g.envoy().counter_reaching(STREAMED, 8), 8, "the new stream carries them");
 }
+
+/// gRPC frames of `messages` (a flag byte 0, a big-endian length, the bytes).
+fn frames(messages: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for m in messages {
+        tollgate_wire::stream::frame_into(&mut out, m);
+    }
+    out
+}
+
+/// The answers of a stream's body, by `seq`.
+fn answers(mut body: Vec<u8>) -> Vec<tollgate_wire::stream::StreamAnswer> {
+    let mut out = Vec::new();
+    while let Some(m) = tollgate_wire::stream::take_message(&mut body).expect("well-framed answers") {
+        out.push(serde_json::from_slice(&m).expect("an answer"));
+    }
+    assert!(body.is_empty(), "no bytes after the last answer");
+    out
+}
+
+fn trailer<'a>(x: &'a tollgate_tests::h2c::H2Exchange, name: &str) -> Option<&'a str> {
+    x.trailers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn the_sidecar_answers_each_message_by_its_seq_and_ends_a_hostile_stream_with_its_status() {
+    let g = Gateway::builder().sidecar_toml(&limit_toml("p", "pm", "fixed_window", 100, "window = \"1h\"")).build();
+    let port = g.sidecar().port();
+    let path = tollgate_wire::stream::DECIDE_STREAM_PATH;
+    let grpc = [("content-type", "application/grpc+json"), ("te", "trailers")];
+    let with_secret = [grpc[0], grpc[1], g.sidecar().auth()];
+    let item = |seq: u64, key_hash: &str| format!(r#"{{"seq":{seq},"request":{{"keyHash":"{key_hash}","method":"GET","authority":"api.test","path":"/"}}}}"#);
+    let unknown = "0".repeat(64);
+
+    // without the filter secret: refused before a byte of the body is read
+    let refused = tollgate_tests::h2c::post_to_end(port, path, &grpc, &frames(&[item(1, &unknown).as_bytes()]));
+    assert_eq!(refused.status, 401);
+
+    // pipelined: every message answered with its own seq; the stream ends OK when the filter's side does
+    let ok = tollgate_tests::h2c::post_to_end(port, path, &with_secret, &frames(&[item(7, &unknown).as_bytes(), item(8, "not-a-hash").as_bytes()]));
+    assert_eq!(ok.status, 200);
+    assert_eq!(trailer(&ok, "grpc-status"), Some("0"), "{:?}", ok.trailers);
+    let mut got = answers(ok.body);
+    got.sort_by_key(|a| a.seq);
+    assert_eq!(got.iter().map(|a| a.seq).collect::<Vec<_>>(), [7, 8]);
+    let first = got[0].clone().into_result().expect("a decision for a well-formed request");
+    assert!(matches!(first, tollgate_wire::DecideResponse::Deny { .. }), "an unknown key is denied: {first:?}");
+    assert_eq!(got[1].status, 400, "a malformed request is answered 400, as /v1/decide would: {:?}", got[1]);
+
+    // a compressed message (none was agreed), bytes that are no decision, a length past the
+    // limit: what came before is answered, then the stream ends INVALID_ARGUMENT (3)
+    let compressed = {
+        let mut b = frames(&[item(1, &unknown).as_bytes()]);
+        b.extend_from_slice(&[1, 0, 0, 0, 2, b'{', b'}']);
+        b
+    };
+    let huge = {
+        let mut b = vec![0u8];
+        b.extend_from_slice(&u32::MAX.to_be_bytes());
+        b
+    };
+    let not_json: &[u8] = b"\xff\xfe not a decision";
+    for (what, body, answered) in [("compressed", compressed, 1), ("not JSON", frames(&[not_json]), 0), ("too long", huge, 0)] {
+        let x = tollgate_tests::h2c::post_to_end(port, path, &with_secret, &body);
+        assert_eq!(x.status, 200, "{what}");
+        assert_eq!(trailer(&x, "grpc-status"), Some("3"), "{what}: {:?}", x.trailers);
+        assert!(trailer(&x, "grpc-message").is_some_and(|m| !m.is_empty()), "{what}: says why");
+        assert_eq!(answers(x.body).len(), answered, "{what}");
+    }
+    // and the sidecar serves on
+    assert_eq!(get(&g.sidecar().url("/healthz"), &[]).status, 200);
+}

@@ -23,26 +23,12 @@ use crate::sidecar::{CallStatus, Sidecar};
 use crate::stats::Metric;
 use serde::Serialize;
 use tollgate_wire::batch::{DecideBatchAnswer, DECIDE_BATCH_PATH, MAX_DECIDE_BATCH};
-use tollgate_wire::{DecideRequest, DecideResponse};
+use tollgate_wire::DecideRequest;
 
 /// Most bytes of items in one batch (far below the sidecar's body limit).
 const MAX_BATCH_BYTES: usize = 1 << 20;
 
-/// One request's answer, for its context (`ctx`, the adapter's id of the request's context).
-#[derive(Debug)]
-pub struct Delivery {
-    pub ctx: u32,
-    pub answer: Result<DecideResponse, String>,
-    /// The decision left in a batch (the sidecar may have taken for it: a lost answer is
-    /// refunded); `false`: it failed before it was sent, nothing was taken.
-    pub sent: bool,
-}
-
-impl Delivery {
-    fn unsent(ctx: u32, why: String) -> Delivery {
-        Delivery { ctx, answer: Err(why), sent: false }
-    }
-}
+pub use crate::delivery::Delivery;
 
 /// A decision waiting for the next batch.
 struct Waiting {

@@ -31,6 +31,8 @@ pub mod changes;
 pub mod breaker;
 pub mod completions;
 pub mod config;
+/// A decision's outcome handed from the root context to its request's context.
+pub mod delivery;
 pub mod election;
 pub mod filter;
 pub mod flush;

@@ -6,13 +6,15 @@
 //! context keeps one open per worker, and a request's decision goes on it as one message
 //! ([`tollgate_wire::stream`]), sent from the request's own context; its answer comes back on
 //! the stream, to the root, which hands it to the request's context like a batch's
-//! ([`crate::batch::Delivery`]). Decisions are pipelined: any number out at once, answered in
+//! ([`crate::delivery::Delivery`]). Decisions are pipelined: any number out at once, answered in
 //! the order they finish.
 //!
 //! - **Opening.** A decision that finds the stream closed is called as before (alone or
 //!   batched) and asks for it; the root opens it at its next tick (at most every
-//!   [`REOPEN_AFTER`]). A stream that cannot open costs the attempt only; a worker that never
-//!   decides (Envoy's main thread has a root context too) never opens one.
+//!   [`REOPEN_AFTER`]), and it carries decisions once the sidecar's answer head says it serves
+//!   it (`:status` 200, a gRPC content type). A stream that cannot open, or a sidecar that does
+//!   not serve it (an older one), costs the attempt only; a worker that never decides (Envoy's
+//!   main thread has a root context too) never opens one.
 //! - **Timeout.** A message has no deadline of Envoy's: the root's tick fails each decision not
 //!   answered within the sidecar timeout, so the failure mode applies between the timeout and
 //!   the timeout plus one tick (at most 50 ms later). Its decision may have been taken: it is
@@ -22,7 +24,7 @@
 //!
 //! Exactness is unchanged: each message is decided once, as `/v1/decide` would decide it.
 
-use crate::batch::Delivery;
+use crate::delivery::Delivery;
 use crate::host::{Host, LogLevel};
 use crate::sidecar::Sidecar;
 use crate::stats::Metric;
@@ -46,6 +48,9 @@ struct Out {
 enum Conn {
     /// Not open; the root opens it at its first tick from `retry_at_ms`.
     Closed { retry_at_ms: u64 },
+    /// Opened, the sidecar's answer head not seen yet: decisions are called as before (a sidecar
+    /// that does not serve the stream — an older one: 404 — fails no decision).
+    Opening { token: u32 },
     Open { token: u32 },
 }
 
@@ -88,7 +93,21 @@ impl DecisionStream {
 
     /// Whether `token` is this stream.
     pub fn owns(&self, token: u32) -> bool {
-        self.conn == Conn::Open { token }
+        matches!(self.conn, Conn::Open { token: t } | Conn::Opening { token: t } if t == token)
+    }
+
+    /// The sidecar's answer head on stream `token`: `served` when it is the stream's (`:status`
+    /// 200, a gRPC content type). From then on decisions go on it; otherwise it stays unused
+    /// until it ends.
+    pub fn on_head(&mut self, host: &mut impl Host, token: u32, served: bool) {
+        if self.conn != (Conn::Opening { token }) {
+            return;
+        }
+        if served {
+            self.conn = Conn::Open { token };
+        } else {
+            host.log(LogLevel::Warn, "tollgate: the sidecar does not serve the decision stream (an older sidecar?): decisions are called one by one");
+        }
     }
 
     /// Decisions on the stream waiting for their answer.
@@ -96,7 +115,8 @@ impl DecisionStream {
         self.out.len()
     }
 
-    /// At the root's tick: opens the stream when it is closed and its time came.
+    /// At the root's tick: opens the stream when a decision asked for it and its time came (it
+    /// carries decisions once the sidecar's answer head came: [`Self::on_head`]).
     pub fn keep_open(&mut self, host: &mut impl Host, sidecar: &Sidecar) {
         let Conn::Closed { retry_at_ms } = self.conn else { return };
         let now = host.now_ms();
@@ -110,7 +130,7 @@ impl DecisionStream {
         match host.open_stream(&sidecar.cluster, DECIDE_STREAM_SERVICE, DECIDE_STREAM_METHOD, &metadata) {
             Ok(token) => {
                 host.count(Metric::DecisionStreamsOpened);
-                self.conn = Conn::Open { token };
+                self.conn = Conn::Opening { token };
                 self.wanted = false;
             }
             Err(e) => {
@@ -123,9 +143,13 @@ impl DecisionStream {
     /// From a request's context: sends its decision on the open stream. `Err`: not sent (the
     /// stream is closed or the send failed, and is then closed): the caller calls as before.
     pub fn send(&mut self, host: &mut impl Host, ctx: u32, request: &DecideRequest, traceparent: Option<&str>, deadline_ms: u64) -> Result<(), String> {
-        let Conn::Open { token } = self.conn else {
-            self.wanted = self.enabled;
-            return Err("the decision stream is not open".into());
+        let token = match self.conn {
+            Conn::Open { token } => token,
+            Conn::Opening { .. } => return Err("the decision stream is opening".into()),
+            Conn::Closed { .. } => {
+                self.wanted = self.enabled;
+                return Err("the decision stream is not open".into());
+            }
         };
         let seq = self.next_seq;
         let message = serde_json::to_vec(&ItemRef { seq, traceparent, request }).map_err(|e| format!("cannot encode decision request: {e}"))?;

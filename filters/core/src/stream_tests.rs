@@ -1,5 +1,7 @@
 use super::*;
 use crate::mock::MockHost;
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
 
 fn sidecar() -> Sidecar {
     Sidecar { secret: Some("s3cret-s3cret-s3cret".into()), ..Sidecar::default() }
@@ -21,8 +23,29 @@ fn open(host: &mut MockHost) -> DecisionStream {
     assert!(!s.is_open(), "not before a decision asked for it");
     assert!(s.send(host, 0, &request("first"), None, 0).is_err(), "the first decision is called as before");
     s.keep_open(host, &sidecar());
+    assert!(!s.is_open(), "opening: until the sidecar's answer head");
+    assert!(s.send(host, 0, &request("second"), None, 0).is_err());
+    let token = 1000 + host.streams_opened.len() as u32;
+    s.on_head(host, token + 1, true);
+    assert!(!s.is_open(), "another stream's head");
+    s.on_head(host, token, true);
     assert!(s.is_open());
     s
+}
+
+#[test]
+fn a_sidecar_that_does_not_serve_the_stream_fails_no_decision() {
+    let mut host = MockHost::new();
+    let mut s = DecisionStream::default();
+    s.enable();
+    assert!(s.send(&mut host, 1, &request("a"), None, 100).is_err());
+    s.keep_open(&mut host, &sidecar());
+    s.on_head(&mut host, 1001, false); // a 404 of an older sidecar
+    assert!(!s.is_open());
+    assert!(s.send(&mut host, 2, &request("b"), None, 100).is_err(), "called as before");
+    assert!(host.stream_sent.is_empty());
+    assert!(s.on_close(&mut host, 1001, 12).is_empty(), "nothing was out on it");
+    assert!(!s.is_open());
 }
 
 #[test]
@@ -112,6 +135,7 @@ fn a_closed_stream_fails_what_is_out_and_reopens_after_its_pause() {
     assert!(!s.is_open());
     host.now_ms = 1_000 + REOPEN_AFTER_MS;
     s.keep_open(&mut host, &sidecar());
+    s.on_head(&mut host, 1002, true);
     assert!(s.is_open());
     assert_eq!(host.streams_opened.len(), 2);
 }
@@ -130,6 +154,7 @@ fn a_stream_that_cannot_open_or_send_falls_back_and_is_retried_later() {
     assert!(!s.is_open(), "not before its pause");
     host.now_ms += REOPEN_AFTER_MS;
     s.keep_open(&mut host, &sidecar());
+    s.on_head(&mut host, 1001, true);
     assert!(s.is_open());
     host.stream_error = Some("not found".into());
     assert!(s.send(&mut host, 1, &request("a"), None, 100_000).is_err());
@@ -138,5 +163,6 @@ fn a_stream_that_cannot_open_or_send_falls_back_and_is_retried_later() {
     assert!(s.send(&mut host, 2, &request("b"), None, 100_000).is_err(), "closed: asks for it again");
     host.now_ms += REOPEN_AFTER_MS;
     s.keep_open(&mut host, &sidecar());
+    s.on_head(&mut host, 1002, true);
     assert!(s.is_open());
 }

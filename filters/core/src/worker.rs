@@ -311,6 +311,12 @@ impl Worker {
         }
     }
 
+    /// The sidecar's answer head on stream `token` (`served`: `:status` 200 with a gRPC content
+    /// type): the stream carries decisions from now on.
+    pub fn on_stream_head(&mut self, host: &mut impl Host, token: u32, served: bool) {
+        self.decisions.borrow_mut().stream.on_head(host, token, served);
+    }
+
     /// A message of the stream `token`: a decision's answer, for the adapter to deliver.
     pub fn on_stream_message(&mut self, host: &mut impl Host, token: u32, message: &[u8]) -> Vec<Delivery> {
         let mut decisions = self.decisions.borrow_mut();

@@ -159,6 +159,14 @@ impl Context for Root {
         }
     }
 
+    fn on_grpc_stream_initial_metadata(&mut self, token_id: u32, _num_elements: u32) {
+        let Some(worker) = self.worker.as_mut() else { return };
+        let status = raw::map_value(MapType::GrpcReceiveInitialMetadata, ":status");
+        let kind = raw::map_value(MapType::GrpcReceiveInitialMetadata, "content-type");
+        let served = status.as_deref() == Some(b"200") && kind.is_some_and(|k| k.starts_with(b"application/grpc"));
+        worker.on_stream_head(&mut EnvoyHost::new(&self.metrics, &self.named), token_id, served);
+    }
+
     fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {
         let Some(worker) = self.worker.as_mut() else { return };
         let message = raw::buffer(BufferType::GrpcReceiveBuffer, 0, message_size).unwrap_or_default();
