@@ -172,7 +172,8 @@ pub fn route_match(data: &[u8]) {
 
 /// `wire_answers`: every answer and stored record the filter decodes — the decision
 /// (`sidecar::interpret`), the hint list, the routing table, cached allows, stored responses
-/// (base64 bodies), lease records, breaker states and serialized header maps from the host.
+/// (base64 bodies), lease records, breaker states, serialized header maps from the host and the
+/// decision stream's answers.
 /// The whole input is offered to every decoder.
 pub fn wire_answers(data: &[u8]) {
     use tollgate_filter_core::{auth_cache::CachedAllow, breaker::State, hostmap, lease::record::LeaseRecord, sidecar};
@@ -192,6 +193,10 @@ pub fn wire_answers(data: &[u8]) {
     if let Some(((status, body), _)) = tollgate_filter_core::sidecar_http1::read_response(&mut &data[..], &mut scratch) {
         assert!(status.is_some() && body.len() <= tollgate_filter_core::sidecar_http1::MAX_ANSWER);
         assert!(body.len() <= data.len(), "an answer's body longer than the bytes read");
+    }
+    // a message of the decision stream (decision 223), as the Wasm root reads it
+    if let Ok(a) = serde_json::from_slice::<tollgate_wire::stream::StreamAnswer>(data) {
+        let _ = a.into_result();
     }
     let _ = serde_json::from_slice::<HintList>(data);
     let _ = serde_json::from_slice::<RouteTable>(data);

@@ -13,12 +13,20 @@ use tollgate_wire::usage::UsageBatch;
 use tollgate_wire::{CompletionBatch, DecideRequest};
 
 /// `sidecar_bodies`: the body of every sidecar endpoint as the sidecar decodes it, then the pure
-/// checks each handler applies before touching Redis: `POST /v1/decide`, `/v1/completions`,
+/// checks each handler applies before touching Redis: the decision stream's gRPC frames and
+/// messages, `POST /v1/decide`, `/v1/completions`,
 /// `/v1/usage` (with `usage::invalid_reason`), `/v1/responses`, `/v1/responses/claims` (with
 /// `responses::idempotency_target`), `/v1/breaker/hints`, and the
 /// admin API's object bodies (`Snapshot::apply` of a put, for every kind). The first byte picks
 /// the admin kind; the whole input is offered to every decoder.
 pub fn sidecar_bodies(data: &[u8]) {
+    // the decision stream's bytes (decision 223): whole messages come off the front, never more
+    // than the bound, and a bad header is refused before its body
+    let mut buf = data.to_vec();
+    while let Ok(Some(m)) = tollgate_wire::stream::take_message(&mut buf) {
+        assert!(m.len() <= tollgate_wire::stream::MAX_STREAM_MESSAGE);
+        let _ = serde_json::from_slice::<tollgate_wire::stream::StreamItem>(&m);
+    }
     if let Ok(r) = serde_json::from_slice::<DecideRequest>(data) {
         let again: DecideRequest = serde_json::from_slice(&serde_json::to_vec(&r).unwrap_or_default()).unwrap_or_else(|_| r.clone());
         assert_eq!(again, r, "a decision request does not round-trip");

@@ -83,6 +83,8 @@ pub const USAGE_METER_ERRORS: &str = "tollgate_sidecar_usage_meter_errors_total"
 pub const DURATION: &str = "tollgate_request_duration_seconds";
 /// How long the sidecar took to answer a decision call, labelled `outcome` (allow | deny).
 pub const DECISION_SECONDS: &str = "tollgate_sidecar_decision_seconds";
+/// Decision streams open now (a Wasm worker each, decision 223; crate::stream).
+pub const DECISION_STREAMS: &str = "tollgate_sidecar_decision_streams";
 
 /// `n` within `0..=2^53`, counting a clamp under `source` in [`TOKENS_CLAMPED`].
 pub fn clamp_tokens(n: u64, source: &'static str) -> u64 {

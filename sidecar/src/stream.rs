@@ -69,6 +69,8 @@ impl http_body::Body for Answers {
 /// Reads the stream's messages until it ends, decides each, and ends the answer side with the
 /// stream's status once every decision in flight is answered.
 async fn read(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame>) {
+    let open = metrics::gauge!(crate::metrics::DECISION_STREAMS);
+    open.increment(1.0);
     let mut data = body.into_data_stream();
     let (mut buf, permits) = (Vec::new(), Arc::new(Semaphore::new(IN_FLIGHT)));
     let mut decisions = tokio::task::JoinSet::new();
@@ -116,6 +118,7 @@ async fn read(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame>) {
         tracing::debug!(status = status.0, why = %status.1, "a decision stream ends");
     }
     let _ = tx.send(Frame::Trailers(trailers)).await;
+    open.decrement(1.0);
 }
 
 /// One message's decision, framed.

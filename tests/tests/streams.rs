@@ -31,6 +31,9 @@ fn concurrent_decisions_ride_the_stream_and_the_limit_stays_exact() {
     let url = g.envoy().url("/");
     assert_eq!(get(&url, &[("x-api-key", &key.raw)]).status, 200, "the first decision, called alone");
     stream_opened(&g, 1);
+    poll_until("the sidecar serves one decision stream", Duration::from_secs(20), || {
+        g.sidecar().metric("tollgate_sidecar_decision_streams") == 1
+    });
     let statuses: Vec<u16> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..8)
             .map(|_| s.spawn(|| (0..5).map(|_| get(&url, &[("x-api-key", &key.raw)]).status).collect::<Vec<_>>()))
