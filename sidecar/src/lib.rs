@@ -220,7 +220,7 @@ impl Sidecar {
             stop.cancel();
         });
         let usage = self.state.usage.clone();
-        let router = server::router(self.state);
+        let router = server::router(self.state, stream::routes());
         // Both HTTP/1.1 and HTTP/2 (h2c with prior knowledge) on each listener: the connection's
         // first bytes tell them apart (crate::conn, with its deadlines).
         // TCP_NODELAY: an HTTP/2 answer is written as a HEADERS and a DATA frame; with Nagle on,

@@ -158,11 +158,13 @@ pub struct AppState {
     pub stopping: tokio_util::sync::CancellationToken,
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
+/// The filter-facing API; `streams` holds the routes of long-lived streams (crate::stream, which
+/// builds on this module: passed in rather than named here), behind the same secret.
+pub fn router(state: Arc<AppState>, streams: Router<Arc<AppState>>) -> Router {
     let api = Router::new()
         .route(DECIDE_PATH, post(decide))
         .route(DECIDE_BATCH_PATH, post(decide_batch))
-        .route(tollgate_wire::stream::DECIDE_STREAM_PATH, post(crate::stream::decide_stream))
+        .merge(streams)
         .route(COMPLETIONS_PATH, post(completions))
         .route(tollgate_wire::refunds::REFUNDS_PATH, post(refunds))
         .route(USAGE_PATH, post(usage))

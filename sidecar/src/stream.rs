@@ -30,6 +30,11 @@ const GRPC_OK: &str = "0";
 const GRPC_INVALID_ARGUMENT: &str = "3";
 const GRPC_UNAVAILABLE: &str = "14";
 
+/// The stream's route, for the filter-facing router (crate::server::router).
+pub fn routes() -> axum::Router<Arc<AppState>> {
+    axum::Router::new().route(tollgate_wire::stream::DECIDE_STREAM_PATH, axum::routing::post(decide_stream))
+}
+
 pub async fn decide_stream(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let (tx, rx) = mpsc::channel::<Frame>(256);
     tokio::spawn(read(state, req.into_body(), tx));
