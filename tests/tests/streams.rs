@@ -218,3 +218,22 @@ fn the_sidecar_answers_each_message_by_its_seq_and_ends_a_hostile_stream_with_it
     // and the sidecar serves on
     assert_eq!(get(&g.sidecar().url("/healthz"), &[]).status, 200);
 }
+
+#[test]
+fn a_stopping_sidecar_ends_its_decision_streams_and_exits_cleanly() {
+    if !tollgate_tests::wasm_host_only("the decision stream is the Wasm host's (decision 223)") {
+        return;
+    }
+    let mut g = Gateway::builder().sidecar_toml(&limit_toml("p", "pm", "fixed_window", 1000, "window = \"1h\"")).build();
+    let key = g.sidecar().create_key("acme", "p", &[]);
+    let url = g.envoy().url("/");
+    assert_eq!(get(&url, &[("x-api-key", &key.raw)]).status, 200, "the first decision, called alone");
+    stream_opened(&g, 1);
+    assert_eq!(get(&url, &[("x-api-key", &key.raw)]).status, 200);
+    assert_eq!(g.envoy().counter_reaching(STREAMED, 1), 1);
+    // SIGTERM: the open stream does not hold the sidecar's stop; it is ended, with its status
+    let status = g.sidecar_mut().terminate(Duration::from_secs(20)).expect("the sidecar exits on SIGTERM");
+    assert!(status.success(), "{status}");
+    let log = g.sidecar().log_text();
+    assert!(log.contains("a decision stream ends") && log.contains("the sidecar is stopping"), "the stream was ended by the stop:\n{log}");
+}
