@@ -17,7 +17,8 @@
 //!   main thread has a root context too) never opens one.
 //! - **Timeout.** A message has no deadline of Envoy's: the root's tick fails each decision not
 //!   answered within the sidecar timeout, so the failure mode applies between the timeout and
-//!   the timeout plus one tick (at most 50 ms later). Its decision may have been taken: it is
+//!   the timeout plus one tick (a worker whose stream is on ticks at least every 50 ms:
+//!   `crate::worker::STREAM_TICK`). Its decision may have been taken: it is
 //!   refunded like any lost answer (crate::refunds); a late answer is ignored.
 //! - **Closing.** When the stream ends (the sidecar restarted or stopped, a connection broke),
 //!   every decision out fails the same way, and the stream opens again after [`REOPEN_AFTER`].
@@ -84,6 +85,12 @@ struct ItemRef<'a> {
 impl DecisionStream {
     pub fn enable(&mut self) {
         self.enabled = true;
+    }
+
+    /// The host holds streams and the configuration allows them (the worker's tick is then at
+    /// most `crate::worker::STREAM_TICK`).
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     /// The stream is open: a decision goes on it.

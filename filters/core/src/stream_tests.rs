@@ -166,3 +166,17 @@ fn a_stream_that_cannot_open_or_send_falls_back_and_is_retried_later() {
     s.on_head(&mut host, 1002, true);
     assert!(s.is_open());
 }
+
+#[test]
+fn a_worker_whose_stream_is_on_ticks_at_least_every_50_ms() {
+    use crate::worker::{Seeds, Worker, STREAM_TICK};
+    use std::time::Duration;
+    let config = br#"{"leases":{"enabled":false},"changes":{"enabled":false},"responseCache":{"enabled":false},"completionFlushInterval":"1s"}"#;
+    let config = std::rc::Rc::new(crate::config::FilterConfig::parse(config).unwrap());
+    let seeds = Seeds { decision_ids: [3; 32], usage_ids: 1, hints_owner: 2, routes_owner: 3, changes_owner: 4 };
+    let mut host = MockHost::new();
+    let mut w = Worker::new(&mut host, config, seeds);
+    assert_eq!(w.tick_period(), Duration::from_secs(1), "the completions' cadence");
+    w.enable_stream();
+    assert_eq!((w.tick_period(), w.tick_period_now(0)), (STREAM_TICK, STREAM_TICK), "a decision out waits at most one tick past its timeout");
+}

@@ -59,6 +59,10 @@ const _: () = assert!(MAX_RESPONSE_BATCH_BYTES + crate::responses::queue::BATCH_
 const _: () = assert!(crate::completions::DEFAULT_MAX_BATCH_BYTES + 64 < tollgate_wire::BODY_LIMIT);
 /// The longest a queued lease renewal waits for its root context's tick.
 pub const LEASE_TICK: Duration = Duration::from_millis(20);
+/// The slowest tick of a worker whose decision stream is on: its tick fails the decisions not
+/// answered in time, so the failure mode applies at most this long after `sidecar.timeout`
+/// (crate::stream).
+pub const STREAM_TICK: Duration = Duration::from_millis(50);
 /// How long a worker whose plugin configuration Envoy dropped keeps sending what its queues
 /// hold before it drops the rest, counted ([`Worker::end`]; decision 156): a sidecar restart
 /// fits, a usage batch's 5 s deadline several times.
@@ -262,6 +266,9 @@ impl Worker {
         if c.changes.enabled {
             // a change reaches a worker within one poll and one tick
             tick = tick.min(c.changes.poll_interval);
+        }
+        if self.decisions.borrow().stream.enabled() {
+            tick = tick.min(STREAM_TICK);
         }
         tick
     }

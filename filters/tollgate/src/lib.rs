@@ -209,8 +209,6 @@ impl RootContext for Root {
         let worker = Worker::new(&mut EnvoyHost::new(&self.metrics, &self.named), config, seeds);
         self.metrics = Rc::new(Counters { ids: define(worker.metrics().into_iter().map(|m| (m, m.name()))), ..Counters::default() });
         self.named = Rc::new(define(worker.named_metrics().into_iter().map(|n| (n.clone(), n))));
-        self.tick = worker.tick_period();
-        self.set_tick_period(self.tick);
         // A queue of this VM's own (its name unique per VM): enqueueing to it wakes this root
         // context on its worker's thread, so a waiting decision batch leaves at once.
         let mut worker = worker;
@@ -220,6 +218,8 @@ impl RootContext for Root {
             // decisions on one stream per worker, sent from the requests' contexts (decision 223)
             worker.enable_stream();
         }
+        self.tick = worker.tick_period();
+        self.set_tick_period(self.tick);
         self.worker = Some(worker);
         true
     }
