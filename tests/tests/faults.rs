@@ -81,7 +81,8 @@ fn a_hung_redis_yields_each_limits_failure_mode_never_a_callout_timeout() {
 }
 
 /// Concurrent traffic while Redis hangs: the decisions that wait for their worker's batch
-/// (decision 127) get each limit's failure mode like lone ones — no batch holds them past the
+/// (decision 127), or ride its decision stream (decision 223), get each limit's failure mode like
+/// lone ones — no batch or stream holds them past the
 /// filter's timeout into `sidecar_unavailable` — and the same burst is decided normally once
 /// Redis answers again. The filter waits 1 s here: what is checked is that batched decisions are
 /// answered by the sidecar's Redis budget (200 ms), not the timeout's arithmetic on a loaded box.
@@ -90,12 +91,26 @@ fn a_hung_redis_under_concurrent_traffic_gives_batched_decisions_their_limits_fa
     if !tollgate_tests::wasm_host_only("decision batching is the Wasm host's (decision 257)") {
         return;
     }
-    let g = redis_deadlines(PLANS).plugin(json!({"sidecar": {"timeout": "1s"}, "failureMode": "closed"})).build();
+    // the batches with the decision stream off, then the stream's messages (decision 223)
+    for stream in [false, true] {
+        hung_redis_under_concurrent_traffic(stream);
+    }
+}
+
+fn hung_redis_under_concurrent_traffic(stream: bool) {
+    let plugin = json!({"sidecar": {"timeout": "1s", "decisionStream": stream}, "failureMode": "closed"});
+    let g = redis_deadlines(PLANS).plugin(plugin).build();
     let (envoy, sidecar, redis) = (g.envoy(), g.sidecar(), g.redis());
     let open = sidecar.create_key("acme", "open", &[]);
     let closed = sidecar.create_key("acme", "closed", &[]);
     let call = |raw: &str| get(&envoy.url("/"), &[("x-api-key", raw)]);
     assert_eq!((call(&open.raw).status, call(&closed.raw).status), (200, 200));
+    if stream {
+        poll_until("the worker opened its decision stream", Duration::from_secs(20), || {
+            envoy.counter("wasmcustom.tollgate.decisions.streams_opened") >= 1
+        });
+    }
+    let rode = if stream { "wasmcustom.tollgate.decisions.streamed" } else { "wasmcustom.tollgate.decisions.batched" };
     // 16 clients, 4 requests each, half on each plan: (plan, status, error) of every answer
     let burst = || -> Vec<(&str, u16, String)> {
         std::thread::scope(|s| {
@@ -115,7 +130,7 @@ fn a_hung_redis_under_concurrent_traffic_gives_batched_decisions_their_limits_fa
             handles.into_iter().flat_map(|t| t.join().unwrap()).collect()
         })
     };
-    let batched_before = envoy.counter("wasmcustom.tollgate.decisions.batched");
+    let rode_before = envoy.counter_reaching(rode, 0);
     redis.pause();
     for (plan, status, error) in burst() {
         match plan {
@@ -123,14 +138,14 @@ fn a_hung_redis_under_concurrent_traffic_gives_batched_decisions_their_limits_fa
             _ => assert_eq!((status, error.as_str()), (503, "limits_unavailable"), "fail-closed plan while Redis hangs"),
         }
     }
-    let batched = envoy.counter("wasmcustom.tollgate.decisions.batched") - batched_before;
-    assert!(batched >= 1, "the burst's decisions rode batches ({batched})");
-    assert_eq!(envoy.counter("wasmcustom.tollgate.sidecar.errors"), 0, "no batch timed out or failed");
+    let rode_now = envoy.counter_reaching(rode, rode_before + 1) - rode_before;
+    assert!(rode_now >= 1, "the burst's decisions rode {} ({rode_now})", if stream { "the stream" } else { "batches" });
+    assert_eq!(envoy.counter("wasmcustom.tollgate.sidecar.errors"), 0, "no decision timed out or failed");
     redis.resume();
     poll_until("decisions with Redis again", Duration::from_secs(5), || call(&closed.raw).status == 200);
     let after = burst();
     assert!(after.iter().all(|(_, status, _)| *status == 200), "the same burst once Redis answers: {after:?}");
-    eprintln!("{batched} decisions rode batches while Redis hung");
+    eprintln!("{rode_now} decisions rode {} while Redis hung", if stream { "the stream" } else { "batches" });
 }
 
 /// `local` limits: 10 per hour as a token bucket (no window boundary to straddle; it refills 10
