@@ -173,7 +173,7 @@ pub fn route_match(data: &[u8]) {
 /// `wire_answers`: every answer and stored record the filter decodes — the decision
 /// (`sidecar::interpret`), the hint list, the routing table, cached allows, stored responses
 /// (base64 bodies), lease records, breaker states, serialized header maps from the host and the
-/// decision stream's answers.
+/// decision stream's answers (JSON and compact).
 /// The whole input is offered to every decoder.
 pub fn wire_answers(data: &[u8]) {
     use tollgate_filter_core::{auth_cache::CachedAllow, breaker::State, hostmap, lease::record::LeaseRecord, sidecar};
@@ -196,6 +196,12 @@ pub fn wire_answers(data: &[u8]) {
     }
     // a message of the decision stream (decision 223), as the Wasm root reads it
     if let Ok(a) = serde_json::from_slice::<tollgate_wire::stream::StreamAnswer>(data) {
+        let _ = a.into_result();
+    }
+    // and a compact one (decision 224): what reads writes back as what reads the same
+    if let Ok(a) = tollgate_wire::compact::decode_answer(data) {
+        let again = tollgate_wire::compact::encode_answer(&a).and_then(|b| tollgate_wire::compact::decode_answer(&b));
+        assert_eq!(again.ok(), Some(a.clone()), "a compact answer does not round-trip");
         let _ = a.into_result();
     }
     let _ = serde_json::from_slice::<HintList>(data);

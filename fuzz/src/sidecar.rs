@@ -14,11 +14,22 @@ use tollgate_wire::{CompletionBatch, DecideRequest};
 
 /// `sidecar_bodies`: the body of every sidecar endpoint as the sidecar decodes it, then the pure
 /// checks each handler applies before touching Redis: the decision stream's gRPC frames and
-/// messages, `POST /v1/decide`, `/v1/completions`,
+/// messages (JSON and compact), `POST /v1/decide`, `/v1/completions`,
 /// `/v1/usage` (with `usage::invalid_reason`), `/v1/responses`, `/v1/responses/claims` (with
 /// `responses::idempotency_target`), `/v1/breaker/hints`, and the
 /// admin API's object bodies (`Snapshot::apply` of a put, for every kind). The first byte picks
 /// the admin kind; the whole input is offered to every decoder.
+/// A compact decision message (decision 224) the sidecar reads writes back as one that reads the
+/// same.
+fn compact_item_round_trips(m: &[u8]) {
+    use tollgate_wire::compact::{decode_item, encode_item};
+    if let Ok(item) = decode_item(m) {
+        let mut again = Vec::new();
+        let written = encode_item(&mut again, item.seq, item.traceparent.as_deref(), &item.request);
+        assert_eq!(written.and_then(|_| decode_item(&again)).ok(), Some(item), "a compact decision message does not round-trip");
+    }
+}
+
 pub fn sidecar_bodies(data: &[u8]) {
     // the decision stream's bytes (decision 223): whole messages come off the front, never more
     // than the bound, and a bad header is refused before its body
@@ -26,7 +37,9 @@ pub fn sidecar_bodies(data: &[u8]) {
     while let Ok(Some(m)) = tollgate_wire::stream::take_message(&mut buf) {
         assert!(m.len() <= tollgate_wire::stream::MAX_STREAM_MESSAGE);
         let _ = serde_json::from_slice::<tollgate_wire::stream::StreamItem>(&m);
+        compact_item_round_trips(&m);
     }
+    compact_item_round_trips(data);
     if let Ok(r) = serde_json::from_slice::<DecideRequest>(data) {
         let again: DecideRequest = serde_json::from_slice(&serde_json::to_vec(&r).unwrap_or_default()).unwrap_or_else(|_| r.clone());
         assert_eq!(again, r, "a decision request does not round-trip");

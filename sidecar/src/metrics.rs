@@ -85,6 +85,8 @@ pub const DURATION: &str = "tollgate_request_duration_seconds";
 pub const DECISION_SECONDS: &str = "tollgate_sidecar_decision_seconds";
 /// Decision streams open now (a Wasm worker each, decision 223; crate::stream).
 pub const DECISION_STREAMS: &str = "tollgate_sidecar_decision_streams";
+/// Decision messages read on those streams, labelled `format` (compact | json; decision 224).
+pub const STREAM_MESSAGES: &str = "tollgate_sidecar_stream_messages_total";
 
 /// `n` within `0..=2^53`, counting a clamp under `source` in [`TOKENS_CLAMPED`].
 pub fn clamp_tokens(n: u64, source: &'static str) -> u64 {

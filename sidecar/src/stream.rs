@@ -8,6 +8,10 @@
 //! side (after every answer), when it sends bytes that are no gRPC message of ours (status
 //! `INVALID_ARGUMENT`), or when the sidecar stops (status `UNAVAILABLE`, after the decisions in
 //! flight are answered): the filter then fails what it still waits for and opens a new stream.
+//!
+//! A message is compact or JSON (decision 224: `tollgate_wire::compact`); its answer is written in
+//! the same format. The answer head says compact messages are read ([`compact::FORMAT_HEADER`]),
+//! so a filter that knows them sends them and an older one goes on with JSON.
 
 use crate::decision::DecideError;
 use crate::server::AppState;
@@ -20,6 +24,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::{mpsc, Semaphore};
+use tollgate_wire::compact;
 use tollgate_wire::stream::{frame_into, take_message, StreamAnswer, StreamItem};
 
 /// Most decisions of one stream decided at once.
@@ -40,6 +45,7 @@ pub async fn decide_stream(State(state): State<Arc<AppState>>, req: Request) -> 
     tokio::spawn(read(state, req.into_body(), tx));
     let mut response = Response::new(Body::new(Answers { rx }));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc+json"));
+    response.headers_mut().insert(compact::FORMAT_HEADER, HeaderValue::from_static(compact::FORMAT_COMPACT));
     *response.status_mut() = StatusCode::OK;
     response
 }
@@ -76,6 +82,8 @@ impl http_body::Body for Answers {
 async fn read(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame>) {
     let open = metrics::gauge!(crate::metrics::DECISION_STREAMS);
     open.increment(1.0);
+    let read_compact = metrics::counter!(crate::metrics::STREAM_MESSAGES, "format" => "compact");
+    let read_json = metrics::counter!(crate::metrics::STREAM_MESSAGES, "format" => "json");
     let mut data = body.into_data_stream();
     let (mut buf, permits) = (Vec::new(), Arc::new(Semaphore::new(IN_FLIGHT)));
     let mut decisions = tokio::task::JoinSet::new();
@@ -97,15 +105,18 @@ async fn read(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame>) {
                 Ok(None) => break,
                 Err(e) => break 'read (GRPC_INVALID_ARGUMENT, e.to_string()),
             };
-            let item: StreamItem = match serde_json::from_slice(&message) {
+            let is_compact = compact::is_compact(&message);
+            let item = if is_compact { compact::decode_item(&message) } else { serde_json::from_slice::<StreamItem>(&message).map_err(|e| e.to_string()) };
+            let item = match item {
                 Ok(i) => i,
                 Err(e) => break 'read (GRPC_INVALID_ARGUMENT, format!("invalid decision message: {e}")),
             };
+            if is_compact { &read_compact } else { &read_json }.increment(1);
             state.filter_calls.touch();
             let Ok(permit) = permits.clone().acquire_owned().await else { break 'read (GRPC_UNAVAILABLE, String::new()) };
             let (state, tx) = (state.clone(), tx.clone());
             decisions.spawn(async move {
-                let answer = decide(&state, item).await;
+                let answer = decide(&state, item, is_compact).await;
                 drop(permit);
                 let _ = tx.send(Frame::Data(answer)).await;
             });
@@ -126,8 +137,8 @@ async fn read(state: Arc<AppState>, body: Body, tx: mpsc::Sender<Frame>) {
     open.decrement(1.0);
 }
 
-/// One message's decision, framed.
-async fn decide(state: &AppState, item: StreamItem) -> Bytes {
+/// One message's decision, framed, in the message's format.
+async fn decide(state: &AppState, item: StreamItem, compact: bool) -> Bytes {
     let decided = crate::server::decide_one(state, &item.request, item.traceparent.as_deref().map(str::as_bytes)).await;
     crate::testing::decide_answer_delay().await;
     let seq = item.seq;
@@ -136,8 +147,10 @@ async fn decide(state: &AppState, item: StreamItem) -> Bytes {
         Err(DecideError::BadRequest(_)) => StreamAnswer { seq, status: 400, decision: None, error: Some("bad_request".into()) },
         Err(DecideError::Unavailable(_)) => StreamAnswer { seq, status: 503, decision: None, error: Some("store_unavailable".into()) },
     };
-    let json = serde_json::to_vec(&answer).unwrap_or_else(|_| format!("{{\"seq\":{seq},\"status\":500}}").into_bytes());
-    let mut framed = Vec::with_capacity(json.len() + 5);
-    frame_into(&mut framed, &json);
+    let encode = |a: &StreamAnswer| if compact { compact::encode_answer(a) } else { serde_json::to_vec(a).map_err(|e| e.to_string()) };
+    // an answer that cannot be written still answers its seq: the filter applies its failure mode
+    let encoded = encode(&answer).or_else(|_| encode(&StreamAnswer { seq, status: 500, decision: None, error: Some("internal".into()) })).unwrap_or_default();
+    let mut framed = Vec::with_capacity(encoded.len() + 5);
+    frame_into(&mut framed, &encoded);
     Bytes::from(framed)
 }

@@ -164,7 +164,7 @@ fn a_keys_last_use_is_written_in_batches_and_listed() {
         assert_eq!(status, 200, "{v}");
         v.as_array().unwrap().iter().find(|k| k["key_id"] == id).cloned().unwrap()
     };
-    poll_until("the key's last use is listed", Duration::from_secs(10), || listed(&used_id)["last_used_at"].is_u64());
+    poll_until("the key's last use is listed", Duration::from_secs(30), || listed(&used_id)["last_used_at"].is_u64());
     let at = listed(&used_id)["last_used_at"].as_u64().unwrap();
     assert!(at % 60 == 0 && at <= now && now - at < 180, "last use {at}, now {now}");
     let k = listed(&used_id);

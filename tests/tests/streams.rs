@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 use tollgate_tests::fixtures::{limit_toml, well_inside_the_hour, DecideDelay};
 use tollgate_tests::{get, poll_until, Gateway};
+use tollgate_wire::compact;
 
 const STREAMED: &str = "wasmcustom.tollgate.decisions.streamed";
 const OPENED: &str = "wasmcustom.tollgate.decisions.streams_opened";
@@ -48,6 +49,9 @@ fn concurrent_decisions_ride_the_stream_and_the_limit_stays_exact() {
     assert_eq!(streamed, 40, "every decision went on the stream");
     assert_eq!(g.envoy().counter("wasmcustom.tollgate.decisions.batched"), 0, "none needed a batch");
     assert_eq!(g.envoy().counter(OPENED), 1, "one stream for the (one) worker, kept open");
+    // the sidecar's answer head offered compact messages (decision 224): every one was compact
+    assert_eq!(g.sidecar().metric("tollgate_sidecar_stream_messages_total{format=\"compact\"}"), 40);
+    assert_eq!(g.sidecar().metric("tollgate_sidecar_stream_messages_total{format=\"json\"}"), 0);
 }
 
 #[test]
@@ -156,14 +160,23 @@ fn frames(messages: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// The answers of a stream's body, by `seq`.
-fn answers(mut body: Vec<u8>) -> Vec<tollgate_wire::stream::StreamAnswer> {
+/// The answers of a stream's body, each with whether it came compact (decision 224).
+fn answers_as_sent(mut body: Vec<u8>) -> Vec<(tollgate_wire::stream::StreamAnswer, bool)> {
     let mut out = Vec::new();
     while let Some(m) = tollgate_wire::stream::take_message(&mut body).expect("well-framed answers") {
-        out.push(serde_json::from_slice(&m).expect("an answer"));
+        if compact::is_compact(&m) {
+            out.push((compact::decode_answer(&m).expect("a compact answer"), true));
+        } else {
+            out.push((serde_json::from_slice(&m).expect("a JSON answer"), false));
+        }
     }
     assert!(body.is_empty(), "no bytes after the last answer");
     out
+}
+
+/// The answers of a stream's body.
+fn answers(body: Vec<u8>) -> Vec<tollgate_wire::stream::StreamAnswer> {
+    answers_as_sent(body).into_iter().map(|(a, _)| a).collect()
 }
 
 fn trailer<'a>(x: &'a tollgate_tests::h2c::H2Exchange, name: &str) -> Option<&'a str> {
@@ -194,6 +207,21 @@ fn the_sidecar_answers_each_message_by_its_seq_and_ends_a_hostile_stream_with_it
     let first = got[0].clone().into_result().expect("a decision for a well-formed request");
     assert!(matches!(first, tollgate_wire::DecideResponse::Deny { .. }), "an unknown key is denied: {first:?}");
     assert_eq!(got[1].status, 400, "a malformed request is answered 400, as /v1/decide would: {:?}", got[1]);
+    let offered = ok.headers.iter().find(|(n, _)| n == compact::FORMAT_HEADER).map(|(_, v)| v.as_str());
+    assert_eq!(offered, Some(compact::FORMAT_COMPACT), "the answer head offers compact messages: {:?}", ok.headers);
+
+    // compact and JSON messages on one stream: each answered in its own format (decision 224)
+    let compact_item = |seq: u64, key_hash: &str| {
+        let mut m = Vec::new();
+        compact::encode_item(&mut m, seq, None, &tollgate_wire::DecideRequest::new(key_hash, "GET", "api.test", "/")).unwrap();
+        m
+    };
+    let mixed = tollgate_tests::h2c::post_to_end(port, path, &with_secret, &frames(&[&compact_item(1, &unknown), item(2, &unknown).as_bytes(), &compact_item(3, "not-a-hash")]));
+    assert_eq!(trailer(&mixed, "grpc-status"), Some("0"), "{:?}", mixed.trailers);
+    let mut got = answers_as_sent(mixed.body);
+    got.sort_by_key(|(a, _)| a.seq);
+    assert_eq!(got.iter().map(|(a, c)| (a.seq, a.status, *c)).collect::<Vec<_>>(), [(1, 200, true), (2, 200, false), (3, 400, true)]);
+    assert!(matches!(got[0].0.decision, Some(tollgate_wire::DecideResponse::Deny { .. })), "{:?}", got[0]);
 
     // a compressed message (none was agreed), bytes that are no decision, a length past the
     // limit: what came before is answered, then the stream ends INVALID_ARGUMENT (3)
@@ -208,7 +236,10 @@ fn the_sidecar_answers_each_message_by_its_seq_and_ends_a_hostile_stream_with_it
         b
     };
     let not_json: &[u8] = b"\xff\xfe not a decision";
-    for (what, body, answered) in [("compressed", compressed, 1), ("not JSON", frames(&[not_json]), 0), ("too long", huge, 0)] {
+    let mut cut = compact_item(4, &unknown);
+    cut.truncate(cut.len() - 1);
+    let bad_compact = frames(&[&compact_item(5, &unknown), &cut]);
+    for (what, body, answered) in [("compressed", compressed, 1), ("not JSON", frames(&[not_json]), 0), ("too long", huge, 0), ("a cut compact message", bad_compact, 1)] {
         let x = tollgate_tests::h2c::post_to_end(port, path, &with_secret, &body);
         assert_eq!(x.status, 200, "{what}");
         assert_eq!(trailer(&x, "grpc-status"), Some("3"), "{what}: {:?}", x.trailers);

@@ -20,6 +20,9 @@
 //!   the timeout plus one tick (a worker whose stream is on ticks at least every 50 ms:
 //!   `crate::worker::STREAM_TICK`). Its decision may have been taken: it is
 //!   refunded like any lost answer (crate::refunds); a late answer is ignored.
+//! - **Format.** Messages are compact (decision 224: [`tollgate_wire::compact`], a fraction of
+//!   JSON's cost to write and read in the filter) when the answer head says the sidecar reads
+//!   them, else JSON (a sidecar of decision 223). An answer is read in the format it came in.
 //! - **Closing.** When the stream ends (the sidecar restarted or stopped, a connection broke),
 //!   every decision out fails the same way, and the stream opens again after [`REOPEN_AFTER`].
 //!
@@ -31,6 +34,7 @@ use crate::sidecar::Sidecar;
 use crate::stats::Metric;
 use serde::Serialize;
 use std::collections::HashMap;
+use tollgate_wire::compact;
 use tollgate_wire::stream::{StreamAnswer, DECIDE_STREAM_METHOD, DECIDE_STREAM_SERVICE, MAX_STREAM_MESSAGE};
 use tollgate_wire::{DecideRequest, SECRET_HEADER};
 
@@ -52,7 +56,19 @@ enum Conn {
     /// Opened, the sidecar's answer head not seen yet: decisions are called as before (a sidecar
     /// that does not serve the stream — an older one: 404 — fails no decision).
     Opening { token: u32 },
-    Open { token: u32 },
+    Open { token: u32, compact: bool },
+}
+
+/// What the sidecar's answer head says of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// Not served (`:status` not 200, or not a gRPC content type: an older sidecar's 404): the
+    /// stream stays unused until it ends.
+    NotServed,
+    /// Served, with JSON messages (a sidecar of decision 223).
+    Json,
+    /// Served, and compact messages are read ([`compact::FORMAT_HEADER`]).
+    Compact,
 }
 
 /// One worker's decision stream.
@@ -100,18 +116,17 @@ impl DecisionStream {
 
     /// Whether `token` is this stream.
     pub fn owns(&self, token: u32) -> bool {
-        matches!(self.conn, Conn::Open { token: t } | Conn::Opening { token: t } if t == token)
+        matches!(self.conn, Conn::Open { token: t, .. } | Conn::Opening { token: t } if t == token)
     }
 
-    /// The sidecar's answer head on stream `token`: `served` when it is the stream's (`:status`
-    /// 200, a gRPC content type). From then on decisions go on it; otherwise it stays unused
-    /// until it ends.
-    pub fn on_head(&mut self, host: &mut impl Host, token: u32, served: bool) {
+    /// The sidecar's answer head on stream `token`. When it serves the stream, decisions go on it
+    /// from now on, in the format it reads; otherwise it stays unused until it ends.
+    pub fn on_head(&mut self, host: &mut impl Host, token: u32, head: Head) {
         if self.conn != (Conn::Opening { token }) {
             return;
         }
-        if served {
-            self.conn = Conn::Open { token };
+        if head != Head::NotServed {
+            self.conn = Conn::Open { token, compact: head == Head::Compact };
         } else {
             host.log(LogLevel::Warn, "tollgate: the sidecar does not serve the decision stream (an older sidecar?): decisions are called one by one");
         }
@@ -150,8 +165,8 @@ impl DecisionStream {
     /// From a request's context: sends its decision on the open stream. `Err`: not sent (the
     /// stream is closed or the send failed, and is then closed): the caller calls as before.
     pub fn send(&mut self, host: &mut impl Host, ctx: u32, request: &DecideRequest, traceparent: Option<&str>, deadline_ms: u64) -> Result<(), String> {
-        let token = match self.conn {
-            Conn::Open { token } => token,
+        let (token, compact) = match self.conn {
+            Conn::Open { token, compact } => (token, compact),
             Conn::Opening { .. } => return Err("the decision stream is opening".into()),
             Conn::Closed { .. } => {
                 self.wanted = self.enabled;
@@ -159,7 +174,13 @@ impl DecisionStream {
             }
         };
         let seq = self.next_seq;
-        let message = serde_json::to_vec(&ItemRef { seq, traceparent, request }).map_err(|e| format!("cannot encode decision request: {e}"))?;
+        let message = if compact {
+            let mut m = Vec::with_capacity(256);
+            compact::encode_item(&mut m, seq, traceparent, request).map_err(|e| format!("cannot encode decision request: {e}"))?;
+            m
+        } else {
+            serde_json::to_vec(&ItemRef { seq, traceparent, request }).map_err(|e| format!("cannot encode decision request: {e}"))?
+        };
         if message.len() > MAX_STREAM_MESSAGE {
             return Err("the decision request is too large for the stream".into());
         }
@@ -200,7 +221,8 @@ impl DecisionStream {
     /// A message of the stream: the answer of one decision out (`None`: it is not out any more —
     /// expired, or its request ended — or the message is not an answer).
     pub fn on_message(&mut self, host: &mut impl Host, message: &[u8]) -> Option<Delivery> {
-        let answer: StreamAnswer = match serde_json::from_slice(message) {
+        let answer = if compact::is_compact(message) { compact::decode_answer(message) } else { serde_json::from_slice::<StreamAnswer>(message).map_err(|e| e.to_string()) };
+        let answer = match answer {
             Ok(a) => a,
             Err(e) => {
                 host.log(LogLevel::Warn, &format!("tollgate: an undecodable message on the decision stream: {e}"));

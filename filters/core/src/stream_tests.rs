@@ -17,6 +17,10 @@ fn answer(seq: u64, status: u16) -> Vec<u8> {
 }
 
 fn open(host: &mut MockHost) -> DecisionStream {
+    open_as(host, Head::Json)
+}
+
+fn open_as(host: &mut MockHost, head: Head) -> DecisionStream {
     let mut s = DecisionStream::default();
     s.enable();
     s.keep_open(host, &sidecar());
@@ -26,9 +30,9 @@ fn open(host: &mut MockHost) -> DecisionStream {
     assert!(!s.is_open(), "opening: until the sidecar's answer head");
     assert!(s.send(host, 0, &request("second"), None, 0).is_err());
     let token = 1000 + host.streams_opened.len() as u32;
-    s.on_head(host, token + 1, true);
+    s.on_head(host, token + 1, head);
     assert!(!s.is_open(), "another stream's head");
-    s.on_head(host, token, true);
+    s.on_head(host, token, head);
     assert!(s.is_open());
     s
 }
@@ -40,7 +44,7 @@ fn a_sidecar_that_does_not_serve_the_stream_fails_no_decision() {
     s.enable();
     assert!(s.send(&mut host, 1, &request("a"), None, 100).is_err());
     s.keep_open(&mut host, &sidecar());
-    s.on_head(&mut host, 1001, false); // a 404 of an older sidecar
+    s.on_head(&mut host, 1001, Head::NotServed); // a 404 of an older sidecar
     assert!(!s.is_open());
     assert!(s.send(&mut host, 2, &request("b"), None, 100).is_err(), "called as before");
     assert!(host.stream_sent.is_empty());
@@ -135,7 +139,7 @@ fn a_closed_stream_fails_what_is_out_and_reopens_after_its_pause() {
     assert!(!s.is_open());
     host.now_ms = 1_000 + REOPEN_AFTER_MS;
     s.keep_open(&mut host, &sidecar());
-    s.on_head(&mut host, 1002, true);
+    s.on_head(&mut host, 1002, Head::Json);
     assert!(s.is_open());
     assert_eq!(host.streams_opened.len(), 2);
 }
@@ -154,7 +158,7 @@ fn a_stream_that_cannot_open_or_send_falls_back_and_is_retried_later() {
     assert!(!s.is_open(), "not before its pause");
     host.now_ms += REOPEN_AFTER_MS;
     s.keep_open(&mut host, &sidecar());
-    s.on_head(&mut host, 1001, true);
+    s.on_head(&mut host, 1001, Head::Json);
     assert!(s.is_open());
     host.stream_error = Some("not found".into());
     assert!(s.send(&mut host, 1, &request("a"), None, 100_000).is_err());
@@ -163,7 +167,7 @@ fn a_stream_that_cannot_open_or_send_falls_back_and_is_retried_later() {
     assert!(s.send(&mut host, 2, &request("b"), None, 100_000).is_err(), "closed: asks for it again");
     host.now_ms += REOPEN_AFTER_MS;
     s.keep_open(&mut host, &sidecar());
-    s.on_head(&mut host, 1002, true);
+    s.on_head(&mut host, 1002, Head::Json);
     assert!(s.is_open());
 }
 
@@ -179,4 +183,32 @@ fn a_worker_whose_stream_is_on_ticks_at_least_every_50_ms() {
     assert_eq!(w.tick_period(), Duration::from_secs(1), "the completions' cadence");
     w.enable_stream();
     assert_eq!((w.tick_period(), w.tick_period_now(0)), (STREAM_TICK, STREAM_TICK), "a decision out waits at most one tick past its timeout");
+}
+
+#[test]
+fn a_sidecar_that_reads_compact_messages_gets_them_and_either_format_of_answer_is_read() {
+    let mut host = MockHost::new();
+    let mut s = open_as(&mut host, Head::Compact);
+    let req = DecideRequest { decision_id: Some("0".repeat(32)), ..request("a") };
+    s.send(&mut host, 7, &req, Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), 100).unwrap();
+    s.send(&mut host, 8, &request("b"), None, 100).unwrap();
+    let sent: Vec<_> = host.stream_sent.iter().map(|(_, m)| compact::decode_item(m).unwrap()).collect();
+    assert_eq!((sent[0].seq, sent[1].seq), (1, 2));
+    assert_eq!(sent[0].request, req);
+    assert!(sent[0].traceparent.is_some() && sent[1].traceparent.is_none());
+    // a compact answer, then a JSON one: each is read in the format it came in
+    let allow = StreamAnswer { seq: 1, status: 200, decision: Some(tollgate_wire::DecideResponse::allow("t", "k", "p")), error: None };
+    let d = s.on_message(&mut host, &compact::encode_answer(&allow).unwrap()).unwrap();
+    assert_eq!(d.ctx, 7);
+    assert_eq!(d.answer, Ok(tollgate_wire::DecideResponse::allow("t", "k", "p")));
+    let d = s.on_message(&mut host, &answer(2, 503)).unwrap();
+    assert_eq!(d.ctx, 8);
+    assert_eq!(d.answer, Err("sidecar answered 503 (no error code)".into()));
+    // a garbled compact answer delivers nothing, and says so
+    s.send(&mut host, 9, &request("c"), None, 100).unwrap();
+    let mut garbled = compact::encode_answer(&StreamAnswer { seq: 3, ..allow }).unwrap();
+    garbled.truncate(garbled.len() - 1);
+    assert!(s.on_message(&mut host, &garbled).is_none());
+    assert!(host.logs.iter().any(|(_, l)| l.contains("undecodable")), "{:?}", host.logs);
+    assert_eq!(s.in_flight(), 1, "still out: it fails at its deadline");
 }

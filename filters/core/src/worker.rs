@@ -318,10 +318,10 @@ impl Worker {
         }
     }
 
-    /// The sidecar's answer head on stream `token` (`served`: `:status` 200 with a gRPC content
-    /// type): the stream carries decisions from now on.
-    pub fn on_stream_head(&mut self, host: &mut impl Host, token: u32, served: bool) {
-        self.decisions.borrow_mut().stream.on_head(host, token, served);
+    /// The sidecar's answer head on stream `token`: whether (and in which format) the stream
+    /// carries decisions from now on.
+    pub fn on_stream_head(&mut self, host: &mut impl Host, token: u32, head: crate::stream::Head) {
+        self.decisions.borrow_mut().stream.on_head(host, token, head);
     }
 
     /// A message of the stream `token`: a decision's answer, for the adapter to deliver.

@@ -25,7 +25,9 @@ use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::host::{Action, CallSpec, Host, LogLevel, SharedSetError};
 use tollgate_filter_core::http::HttpFilter;
 use tollgate_filter_core::stats::Metric;
+use tollgate_filter_core::stream::Head;
 use tollgate_filter_core::worker::{Seeds, Worker};
+use tollgate_wire::compact;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(WasmLogLevel::Info);
@@ -164,7 +166,14 @@ impl Context for Root {
         let status = raw::map_value(MapType::GrpcReceiveInitialMetadata, ":status");
         let kind = raw::map_value(MapType::GrpcReceiveInitialMetadata, "content-type");
         let served = status.as_deref() == Some(b"200") && kind.is_some_and(|k| k.starts_with(b"application/grpc"));
-        worker.on_stream_head(&mut EnvoyHost::new(&self.metrics, &self.named), token_id, served);
+        let head = if !served {
+            Head::NotServed
+        } else if raw::map_value(MapType::GrpcReceiveInitialMetadata, compact::FORMAT_HEADER).as_deref() == Some(compact::FORMAT_COMPACT.as_bytes()) {
+            Head::Compact
+        } else {
+            Head::Json
+        };
+        worker.on_stream_head(&mut EnvoyHost::new(&self.metrics, &self.named), token_id, head);
     }
 
     fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {

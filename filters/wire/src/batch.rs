@@ -48,11 +48,17 @@ pub struct DecideBatchAnswer {
 impl BatchAnswer {
     /// The item's decision, or why it has none (the filter's failure mode then applies).
     pub fn into_result(self) -> Result<DecideResponse, String> {
-        match (self.status, self.decision) {
-            (200, Some(d)) => Ok(d),
-            (200, None) => Err("the batch answer has no decision for this request".into()),
-            (s, _) => Err(format!("sidecar answered {s} ({})", self.error.as_deref().unwrap_or("no error code"))),
-        }
+        outcome(self.status, self.decision, self.error.as_deref(), "the batch answer")
+    }
+}
+
+/// One decision's outcome as the sidecar answered it (a batch's item, a stream's answer; `what`
+/// names the answer): the decision, or why there is none.
+pub(crate) fn outcome(status: u16, decision: Option<DecideResponse>, error: Option<&str>, what: &str) -> Result<DecideResponse, String> {
+    match (status, decision) {
+        (200, Some(d)) => Ok(d),
+        (200, None) => Err(format!("{what} has no decision for this request")),
+        (s, _) => Err(format!("sidecar answered {s} ({})", error.unwrap_or("no error code"))),
     }
 }
 

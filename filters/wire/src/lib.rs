@@ -499,4 +499,6 @@ pub mod refunds;
 pub mod batch;
 /// Decisions on one long-lived gRPC stream per worker (decision 223).
 pub mod stream;
+/// Compact messages on that stream (decision 224).
+pub mod compact;
 mod decode;

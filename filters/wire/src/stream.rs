@@ -48,11 +48,7 @@ pub struct StreamAnswer {
 impl StreamAnswer {
     /// The decision, or why there is none (the filter's failure mode then applies).
     pub fn into_result(self) -> Result<DecideResponse, String> {
-        match (self.status, self.decision) {
-            (200, Some(d)) => Ok(d),
-            (200, None) => Err("the stream's answer has no decision".into()),
-            (s, _) => Err(format!("sidecar answered {s} ({})", self.error.as_deref().unwrap_or("no error code"))),
-        }
+        crate::batch::outcome(self.status, self.decision, self.error.as_deref(), "the stream's answer")
     }
 }
 
