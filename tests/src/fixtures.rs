@@ -111,3 +111,24 @@ impl DecideDelay {
         ("TOLLGATE_TEST_DECIDE_DELAY_FILE", self.path.display().to_string())
     }
 }
+
+/// A client that leaves before its answer: it sends `GET /` with `api_key` to the Envoy at `url`
+/// (one of its URLs), waits `patience` for an answer that must not come (the test holds answers
+/// longer: an answer within it would be the test's fault), then drops its connection, which ends
+/// the request.
+pub fn leave_before_the_answer(url: &str, api_key: &str, patience: std::time::Duration) {
+    use std::io::{Read, Write};
+    let port: u16 = url.trim_start_matches("http://").split([':', '/']).nth(1).unwrap().parse().unwrap();
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(format!("GET / HTTP/1.1\r\nhost: api.test\r\nx-api-key: {api_key}\r\n\r\n").as_bytes()).unwrap();
+    c.set_read_timeout(Some(patience)).unwrap();
+    let mut buf = [0u8; 64];
+    assert!(c.read(&mut buf).is_err(), "a leaving client was answered before it left");
+}
+
+/// The count of the key's `pm` fixed-window limit in Redis (`rl:{tenant}:pm:k.<key id>:*`), 0
+/// before any.
+pub fn window_count(redis: &crate::redis::Redis, tenant: &str, key_id: &str) -> u64 {
+    let keys = redis.keys(&format!("rl:{{{tenant}}}:pm:k.{key_id}:*"));
+    keys.first().map_or(0, |k| redis.cmd::<Option<u64>>(&["GET", k]).unwrap_or(0))
+}

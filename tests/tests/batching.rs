@@ -9,9 +9,8 @@
 //! once; the clients that leave give up after 150 ms (their read timeout: a client's patience).
 
 use serde_json::json;
-use std::io::{Read, Write};
 use std::time::Duration;
-use tollgate_tests::fixtures::{limit_toml, well_inside_the_hour, DecideDelay};
+use tollgate_tests::fixtures::{leave_before_the_answer, limit_toml, well_inside_the_hour, window_count, DecideDelay};
 use tollgate_tests::{get, poll_until, Gateway};
 
 const STAYING: usize = 3;
@@ -31,25 +30,15 @@ fn clients_that_leave_while_their_decisions_wait_or_ride_a_batch_are_not_charged
         .plugin(json!({"sidecar": {"timeout": "5s", "decisionStream": false}, "failureMode": "closed", "completionFlushInterval": "20ms"}))
         .build();
     let key = g.sidecar().create_key("acme", "p", &[]);
-    let window_key = format!("rl:{{acme}}:pm:k.{}:*", key.id);
-    let counter = || -> u64 {
-        let keys = g.redis().keys(&window_key);
-        keys.first().map_or(0, |k| g.redis().cmd::<Option<u64>>(&["GET", k]).unwrap_or(0))
-    };
+    let counter = || window_count(g.redis(), "acme", &key.id);
     let url = g.envoy().url("/");
-    let port: u16 = url.trim_start_matches("http://").split([':', '/']).nth(1).unwrap().parse().unwrap();
     let statuses: Vec<Option<u16>> = std::thread::scope(|s| {
         let mut handles: Vec<_> = (0..STAYING).map(|_| s.spawn(|| Some(get(&url, &[("x-api-key", &key.raw)]).status))).collect();
         for _ in 0..LEAVING {
             handles.push(s.spawn(|| {
-                let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-                let req = format!("GET / HTTP/1.1\r\nhost: api.test\r\nx-api-key: {}\r\n\r\n", key.raw);
-                c.write_all(req.as_bytes()).unwrap();
-                c.set_read_timeout(Some(Duration::from_millis(150))).unwrap();
-                let mut buf = [0u8; 64];
-                // an answer within its patience would be a test fault: the answers come after 600 ms
-                assert!(c.read(&mut buf).is_err(), "a leaving client was answered before it left");
-                None // dropped: the connection closes, the request ends
+                // the answers come after 600 ms
+                leave_before_the_answer(&url, &key.raw, Duration::from_millis(150));
+                None
             }));
         }
         handles.into_iter().map(|t| t.join().unwrap()).collect()

@@ -4,9 +4,8 @@
 //! the failure mode when the sidecar hangs, and come back by itself after the sidecar restarts.
 
 use serde_json::json;
-use std::io::{Read, Write};
 use std::time::Duration;
-use tollgate_tests::fixtures::{limit_toml, well_inside_the_hour, DecideDelay};
+use tollgate_tests::fixtures::{leave_before_the_answer, limit_toml, well_inside_the_hour, window_count, DecideDelay};
 use tollgate_tests::{get, poll_until, Gateway};
 use tollgate_wire::compact;
 
@@ -67,27 +66,17 @@ fn clients_that_leave_while_their_decision_is_on_the_stream_are_refunded() {
         .plugin(json!({"sidecar": {"timeout": "5s"}, "failureMode": "closed", "completionFlushInterval": "20ms"}))
         .build();
     let key = g.sidecar().create_key("acme", "p", &[]);
-    let window_key = format!("rl:{{acme}}:pm:k.{}:*", key.id);
-    let counter = || -> u64 {
-        let keys = g.redis().keys(&window_key);
-        keys.first().map_or(0, |k| g.redis().cmd::<Option<u64>>(&["GET", k]).unwrap_or(0))
-    };
+    let counter = || window_count(g.redis(), "acme", &key.id);
     let url = g.envoy().url("/");
     delay.set(0);
     assert_eq!(get(&url, &[("x-api-key", &key.raw)]).status, 200, "the first decision, called alone");
     stream_opened(&g, 1);
     delay.set(600);
-    let port: u16 = url.trim_start_matches("http://").split([':', '/']).nth(1).unwrap().parse().unwrap();
     let stayed: Vec<Option<u16>> = std::thread::scope(|s| {
         let mut handles: Vec<_> = (0..3).map(|_| s.spawn(|| Some(get(&url, &[("x-api-key", &key.raw)]).status))).collect();
         for _ in 0..3 {
             handles.push(s.spawn(|| {
-                let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-                let req = format!("GET / HTTP/1.1\r\nhost: api.test\r\nx-api-key: {}\r\n\r\n", key.raw);
-                c.write_all(req.as_bytes()).unwrap();
-                c.set_read_timeout(Some(Duration::from_millis(150))).unwrap();
-                let mut buf = [0u8; 64];
-                assert!(c.read(&mut buf).is_err(), "a leaving client was answered before it left");
+                leave_before_the_answer(&url, &key.raw, Duration::from_millis(150));
                 None
             }));
         }
