@@ -132,3 +132,9 @@ pub fn window_count(redis: &crate::redis::Redis, tenant: &str, key_id: &str) -> 
     let keys = redis.keys(&format!("rl:{{{tenant}}}:pm:k.{key_id}:*"));
     keys.first().map_or(0, |k| redis.cmd::<Option<u64>>(&["GET", k]).unwrap_or(0))
 }
+
+/// What the filter sends for an API key: the lowercase hex sha256 of the raw key.
+pub fn key_hash(raw: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(raw.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}

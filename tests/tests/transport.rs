@@ -166,3 +166,43 @@ fn the_native_hosts_own_connection_decides_and_is_replaced_when_it_goes_silent()
     poll_until("a new connection to the sidecar", Duration::from_secs(30), || status(&envoy, &key.raw) == 200);
     assert!(!envoy.log_text().contains("panicked"), "{}", envoy.log_text());
 }
+
+/// A decision call accepts a compact answer (decision 224) on either host, and the sidecar gives
+/// one; a call that does not ask for it (an older filter) gets the same decision in JSON.
+#[test]
+fn decision_calls_accept_compact_answers_and_an_older_filters_get_json() {
+    let g = Gateway::builder()
+        .plugin(json!({"sidecar": {"timeout": "2s", "decisionStream": false}, "failureMode": "closed", "authCacheMaxTtl": "0ms"}))
+        .build();
+    let key = g.sidecar().create_key("acme", "gold", &[]);
+    for _ in 0..5 {
+        assert_eq!(status(g.envoy(), &key.raw), 200);
+    }
+    let calls = |format: &str| g.sidecar().metric(&format!("tollgate_sidecar_decide_calls_total{{format=\"{format}\"}}"));
+    assert_eq!((calls("compact"), calls("json")), (5, 0), "every decision call of the filter accepted a compact answer");
+
+    // the same request straight to the sidecar, accepting either (over h2c, for the raw bytes)
+    let body = json!({"keyHash": tollgate_tests::fixtures::key_hash(&key.raw), "method": "GET", "authority": "api.test", "path": "/t"}).to_string();
+    let ask = |accept: Option<&str>| {
+        let mut headers = vec![("content-type", "application/json"), g.sidecar().auth()];
+        headers.extend(accept.map(|a| ("accept", a)));
+        let x = tollgate_tests::h2c::post_to_end(g.sidecar().port(), "/v1/decide", &headers, body.as_bytes());
+        assert_eq!(x.status, 200);
+        let kind = x.headers.iter().find(|(n, _)| n == "content-type").map(|(_, v)| v.clone());
+        (kind, x.body)
+    };
+    let (kind, compact) = ask(Some("application/json;q=0.5, Application/X-Tollgate-Compact"));
+    assert_eq!(kind.as_deref(), Some(tollgate_wire::compact::COMPACT_MEDIA_TYPE));
+    // who was allowed (a limit's remaining count in the headers moves from call to call)
+    let who = |d: tollgate_wire::DecideResponse| match d {
+        tollgate_wire::DecideResponse::Allow { tenant, key_id, plan, .. } => (tenant, key_id, plan),
+        deny => panic!("not allowed: {deny:?}"),
+    };
+    let read = who(tollgate_wire::compact::decode_answer(&compact).expect("a compact answer").into_result().expect("a decision"));
+    assert_eq!((read.0.as_str(), read.1.as_str(), read.2.as_str()), ("acme", key.id.as_str(), "gold"));
+    for accept in [None, Some("application/json")] {
+        let (kind, json) = ask(accept);
+        assert_eq!(kind.as_deref(), Some("application/json"), "{accept:?}");
+        assert_eq!(who(serde_json::from_slice(&json).expect("a JSON decision")), read, "the same decision either way");
+    }
+}

@@ -7,6 +7,7 @@ use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
+use tollgate_tests::fixtures::key_hash;
 use tollgate_tests::{get, poll_until, post, send, Gateway, Sidecar};
 use tollgate_wire::SECRET_HEADER;
 
@@ -88,11 +89,6 @@ fn an_envoy_with_a_wrong_secret_is_refused_and_fails_closed() {
 }
 
 /// The key hash the filter sends: the lowercase hex sha256 of the raw key.
-fn key_hash(raw: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(raw.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[test]
 fn listen_must_be_loopback_unless_explicitly_allowed() {
     // No Redis is needed to check a configuration.

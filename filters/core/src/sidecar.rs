@@ -169,9 +169,11 @@ impl Sidecar {
     }
 
     /// A decision call (`POST /v1/decide`) with the decision timeout, carrying the request's
-    /// `traceparent` when it is well formed ([`traceparent`]).
+    /// `traceparent` when it is well formed ([`traceparent`]). It accepts a compact answer
+    /// (decision 224): a sidecar that writes them answers an allow so, an older one in JSON;
+    /// [`interpret`] reads either.
     pub fn decide(&self, body: Vec<u8>, traceparent: Option<&str>) -> CallSpec {
-        let mut extra = vec![("content-type", "application/json")];
+        let mut extra = vec![("content-type", "application/json"), ("accept", tollgate_wire::compact::COMPACT_MEDIA_TYPE)];
         if let Some(tp) = traceparent {
             extra.push((tollgate_wire::TRACEPARENT_HEADER, tp));
         }
@@ -223,6 +225,10 @@ impl<F: FnOnce() -> Option<u16>> CallStatus for F {
 /// the answer, and the status is read (a host call per call out, in Envoy) only to say why
 /// anything else is an error.
 pub fn interpret(status: impl CallStatus, body: &[u8]) -> Result<DecideResponse, String> {
+    if tollgate_wire::compact::is_compact(body) {
+        // only the sidecar writes one, in a 200 (no JSON text, nor what Envoy writes, starts so)
+        return tollgate_wire::compact::decode_answer(body).map_err(|e| format!("undecodable decision: {e}")).and_then(|a| a.into_result());
+    }
     let err = match serde_json::from_slice(body) {
         Ok(answer) => return Ok(answer),
         Err(e) => e,
@@ -249,7 +255,13 @@ mod tests {
         let h: Vec<(&str, &str)> = c.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
         assert_eq!(
             h,
-            [(":method", "POST"), (":path", "/v1/decide"), (":authority", "tollgate-sidecar"), ("content-type", "application/json")]
+            [
+                (":method", "POST"),
+                (":path", "/v1/decide"),
+                (":authority", "tollgate-sidecar"),
+                ("content-type", "application/json"),
+                ("accept", "application/x-tollgate-compact")
+            ]
         );
     }
 
@@ -307,6 +319,14 @@ mod tests {
         };
         assert!(interpret(status(Some(200)), decision).is_ok());
         assert_eq!(read.get(), 0, "a decision: the status is not read");
+        // a compact answer (decision 224) is read as the JSON one, the status unread as well
+        use tollgate_wire::{compact, stream::StreamAnswer};
+        let allow = DecideResponse::allow("t", "k", "p");
+        let bytes = compact::encode_answer(&StreamAnswer { seq: 0, status: 200, decision: Some(allow.clone()), error: None }).unwrap();
+        assert_eq!(interpret(status(Some(200)), &bytes), Ok(allow));
+        assert_eq!(read.get(), 0);
+        let cut = &bytes[..bytes.len() - 1];
+        assert!(interpret(status(Some(200)), cut).unwrap_err().starts_with("undecodable decision"));
         assert_eq!(interpret(status(Some(503)), br#"{"error":"internal","message":"x"}"#), Err("sidecar answered 503".into()));
         assert_eq!(read.get(), 1, "an error: read once, to name it");
     }

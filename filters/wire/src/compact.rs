@@ -28,6 +28,10 @@ pub const MAGIC: u8 = 0xC1;
 pub const FORMAT_HEADER: &str = "x-tollgate-stream-format";
 /// Its value.
 pub const FORMAT_COMPACT: &str = "compact";
+/// The media type of a compact answer to a decision call (`POST /v1/decide`): a call that
+/// `accept`s it is answered, when allowed, with [`encode_answer`] of its decision (`seq` 0) by a
+/// sidecar that writes compact answers, and in JSON by an older one.
+pub const COMPACT_MEDIA_TYPE: &str = "application/x-tollgate-compact";
 
 /// Whether `message` is compact (else it is JSON).
 pub fn is_compact(message: &[u8]) -> bool {
