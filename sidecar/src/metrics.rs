@@ -87,8 +87,8 @@ pub const DECISION_SECONDS: &str = "tollgate_sidecar_decision_seconds";
 pub const DECISION_STREAMS: &str = "tollgate_sidecar_decision_streams";
 /// Decision messages read on those streams, labelled `format` (compact | json; decision 224).
 pub const STREAM_MESSAGES: &str = "tollgate_sidecar_stream_messages_total";
-/// Decision calls (`POST /v1/decide`) answered, labelled `format`: compact when the call accepts
-/// it (decision 224), else json.
+/// Decision calls (`POST /v1/decide`) read, labelled `format`: compact when the call accepts a
+/// compact answer (decision 224), else json (errors are JSON either way).
 pub const DECIDE_CALLS: &str = "tollgate_sidecar_decide_calls_total";
 
 /// `n` within `0..=2^53`, counting a clamp under `source` in [`TOKENS_CLAMPED`].

@@ -98,6 +98,9 @@ fn default_auth_cache_max_ttl() -> String {
     "500ms".into()
 }
 
+/// Most `forwardHeaders` names: each sends at most one header with a decision.
+pub const MAX_FORWARD_HEADERS: usize = 64;
+
 /// The validated, immutable configuration of one plugin instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FilterConfig {
@@ -187,6 +190,9 @@ impl FilterConfig {
         let response_cache = StoreConfig::compile(raw.response_cache, StoreConfig::RESPONSE_CACHE, "responseCache")?;
         let idempotency = StoreConfig::compile(raw.idempotency, StoreConfig::IDEMPOTENCY, "idempotency")?;
         let key_sources = key::compile_sources(raw.key_sources)?;
+        if raw.forward_headers.len() > MAX_FORWARD_HEADERS {
+            return Err(ConfigError(format!("forwardHeaders: at most {MAX_FORWARD_HEADERS} names (the sidecar reads at most {} headers a decision)", tollgate_wire::compact::MAX_HEADERS)));
+        }
         let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
         for (i, h) in raw.forward_headers.iter().enumerate() {
             let h = h.to_ascii_lowercase();
@@ -261,7 +267,9 @@ mod tests {
 
     #[test]
     fn bad_configs_are_refused_naming_the_field() {
+        let too_many = format!(r#"{{"forwardHeaders":[{}]}}"#, (0..=MAX_FORWARD_HEADERS).map(|i| format!("\"x-h{i}\"")).collect::<Vec<_>>().join(","));
         let cases: &[(&[u8], &str)] = &[
+            (too_many.as_bytes(), "forwardHeaders: at most 64 names"),
             (br#"{"failureMode":"sometimes"}"#, "unknown variant"),
             (br#"{"timeout":"25ms"}"#, "unknown field"),
             (br#"{"sidecar":{"timeout":"soon"}}"#, "sidecar.timeout"),

@@ -33,6 +33,11 @@ pub const FORMAT_COMPACT: &str = "compact";
 /// sidecar that writes compact answers, and in JSON by an older one.
 pub const COMPACT_MEDIA_TYPE: &str = "application/x-tollgate-compact";
 
+/// Most headers in one list of a compact message: far above what a filter sends (one per
+/// configured `forwardHeaders` name, at most 64) or a sidecar answers, and a bound on what a
+/// message of empty names and values makes the reader allocate.
+pub const MAX_HEADERS: usize = 1024;
+
 /// Whether `message` is compact (else it is JSON).
 pub fn is_compact(message: &[u8]) -> bool {
     message.first() == Some(&MAGIC)
@@ -262,6 +267,9 @@ fn headers(field: u32, v: Value<'_>) -> Result<Vec<Header>, String> {
         };
         let name = text()?;
         let value = text()?;
+        if out.len() == MAX_HEADERS {
+            return Err(format!("field {field} holds more than {MAX_HEADERS} headers"));
+        }
         out.push(Header { name, value });
     }
     Ok(out)

@@ -189,6 +189,12 @@ fn a_malformed_decision_message_is_an_error_naming_what() {
         w.bytes(I_HEADERS, &[3, b'a']);
     })
     .contains("past the message's end"));
+    let many: Vec<Header> = (0..=MAX_HEADERS).map(|_| Header::new("", "")).collect();
+    assert!(item_error(|w| {
+        required_item(w);
+        w.headers(I_HEADERS, &many);
+    })
+    .contains("more than 1024 headers"));
     // the length says more than is left
     let mut cut = raw(required_item);
     cut.extend_from_slice(&[(I_PATH << 1 | 1) as u8, 0x7f]);
