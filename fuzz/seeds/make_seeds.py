@@ -61,6 +61,8 @@ SEEDS = {
         j({"status": 200, "headers": [], "bodyBase64": "aGVsbG8=", "storedAtMs": 1}),
         b"\x02\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00a\x00b\x00c\x00d\x00",
         b"aGVsbG8gd29ybGQ=",
+        j({"answers": [{"status": 200, "decision": ALLOW}, {"status": 503, "error": "store_unavailable"}, {"status": 200}, {"status": 200, "decision": DENY}]}),
+        b'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-"},{"request":{"keyHash":"victim"}},{"traceparent":"x',
     ],
     "usage_tokens": [
         br'{"id":"x","usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}',

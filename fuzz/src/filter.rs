@@ -204,6 +204,29 @@ pub fn wire_answers(data: &[u8]) {
         assert_eq!(again.ok(), Some(a.clone()), "a compact answer does not round-trip");
         let _ = a.into_result();
     }
+    // a decision batch's answer split for the native host's calls (decision 225): one answer
+    // per call, each read as its item's outcome
+    if let Ok(batch) = serde_json::from_slice::<tollgate_wire::batch::DecideBatchAnswer>(data) {
+        let split = tollgate_filter_core::call_batch::split((Some(200), data.to_vec()), batch.answers.len());
+        assert_eq!(split.len(), batch.answers.len(), "a call without its answer");
+        for ((status, body), item) in split.iter().zip(batch.answers) {
+            assert_eq!(sidecar::interpret(*status, body).ok(), item.into_result().ok(), "a call read another outcome than its item's");
+        }
+    }
+    // ...and the batch call around a request's traceparent, whatever the client sent: its items
+    // read back as the calls, none added (decision 225)
+    let tp = text(data);
+    let call = |key: &str, tp: Option<&str>| {
+        let body = serde_json::to_vec(&tollgate_wire::DecideRequest::new(key, "GET", "h", "/")).unwrap_or_default();
+        sidecar::Sidecar::default().decide(body, tp)
+    };
+    let (a, b) = (call("aa", Some(&tp)), call("bb", None));
+    if let Some(batch) = tollgate_filter_core::call_batch::join(&[&a, &b]) {
+        let read: tollgate_wire::batch::DecideBatch = serde_json::from_slice(&batch.body).expect("a batch call that does not parse");
+        let keys: Vec<_> = read.requests.iter().map(|i| i.request.key_hash.as_str()).collect();
+        assert_eq!(keys, ["aa", "bb"], "a traceparent wrote into the batch");
+        assert_eq!(read.requests[0].traceparent.as_deref(), sidecar::traceparent(Some(&tp)));
+    }
     let _ = serde_json::from_slice::<HintList>(data);
     let _ = serde_json::from_slice::<RouteTable>(data);
     let _ = serde_json::from_slice::<CachedAllow>(data);

@@ -39,7 +39,7 @@ pub mod webdriver;
 pub use envoy::{render_template, sidecar_address_yaml, sidecar_protocol_yaml, Envoy, EnvoyOptions, SidecarTransport};
 pub use gateway::{default_plugin, Gateway, GatewayBuilder, Replica, Topology};
 pub use http::{admin_call, get, keyed_burst, post, send, Resp};
-pub use process::{envoy_bin, filter_host, free_port, poll_for, poll_until, python_bin, redis_server_bin, root, sidecar_bin, wasm_host_only, wasm_path, FilterHost, Proc, Service};
+pub use process::{envoy_bin, filter_host, free_port, native_direct, poll_for, poll_until, python_bin, redis_server_bin, root, sidecar_bin, wasm_host_only, wasm_path, FilterHost, Proc, Service};
 pub use redis::{Redis, RedisCluster, RedisSentinel};
 pub use sidecar::{new_secret, sidecar_secret, sidecar_socket, IssuedKey, Sidecar, SECRET_ENV};
 pub use upstream::echo::{self, Echoed};

@@ -11,14 +11,14 @@
 use serde_json::json;
 use std::time::Duration;
 use tollgate_tests::fixtures::{leave_before_the_answer, limit_toml, well_inside_the_hour, window_count, DecideDelay};
-use tollgate_tests::{get, poll_until, Gateway};
+use tollgate_tests::{get, native_direct, poll_until, Gateway};
 
 const STAYING: usize = 3;
 const LEAVING: usize = 3;
 
 #[test]
 fn clients_that_leave_while_their_decisions_wait_or_ride_a_batch_are_not_charged() {
-    if !tollgate_tests::wasm_host_only("decision batching is the Wasm host's (decision 257)") {
+    if !tollgate_tests::wasm_host_only("the native host batches on its own connections only (decision 225; tested below)") {
         return;
     }
     well_inside_the_hour();
@@ -56,4 +56,59 @@ fn clients_that_leave_while_their_decisions_wait_or_ride_a_batch_are_not_charged
     assert_eq!(queued, refunded, "every refund queued was made");
     assert!(queued <= LEAVING as u64);
     assert_eq!(counter(), STAYING as u64, "and stays so");
+}
+
+/// The native host with its own connections (`sidecar.address`, decision 219) batches what waits
+/// for them (decision 225): with every answer held 1.5 s, its 8 connection threads are all busy
+/// with the burst's first decisions at most, and the rest, queued meanwhile, leave in batches
+/// (a generous hold: the 14 requests need only reach the module within it). Each request still
+/// gets its own decision: an exact limit of 10 admits exactly 10 of the 14, one of them with a
+/// traceparent that tries to write into its batch. With `batchDecisions: false`, the same burst
+/// leaves call by call, and the limit is as exact.
+#[test]
+fn decisions_waiting_for_the_native_hosts_connections_leave_in_one_batch() {
+    if tollgate_tests::filter_host() != tollgate_tests::FilterHost::Native || !native_direct() {
+        eprintln!("skipped: only the native host's own connections batch this way (decision 225)");
+        return;
+    }
+    well_inside_the_hour();
+    let (batched, batches) = native_burst(true);
+    eprintln!("{batched} decisions rode {batches} batches");
+    assert!(batches >= 1 && batched >= 2 * batches, "the decisions that waited rode batches ({batched} in {batches})");
+    assert!(batched <= NATIVE_CLIENTS as u64);
+    assert_eq!(native_burst(false), (0, 0), "batchDecisions: false sends every decision alone");
+}
+
+const NATIVE_CLIENTS: usize = 14; // more than the module's 8 connection threads
+const HOSTILE_TRACEPARENT: &str = r#"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-"},{"request":{"keyHash":"x"}},{"traceparent":"x"#;
+const NATIVE_LIMIT: usize = 10;
+
+/// The burst on a gateway of its own: the limit exact, each admitted request upstream once; the
+/// counters of decisions batched and batches.
+fn native_burst(batch: bool) -> (u64, u64) {
+    let delay = DecideDelay::new(1500);
+    let g = Gateway::builder()
+        .sidecar_toml(&limit_toml("p", "pm", "fixed_window", NATIVE_LIMIT as u64, "window = \"1h\""))
+        .sidecar_env(delay.env().0, &delay.env().1)
+        .plugin(json!({"sidecar": {"timeout": "5s", "batchDecisions": batch}, "failureMode": "closed"}))
+        .build();
+    let key = g.sidecar().create_key("acme", "p", &[]);
+    let url = g.envoy().url("/");
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..NATIVE_CLIENTS)
+            .map(|i| {
+                // one client's traceparent tries to write into a batch (a later version's tail
+                // is the client's own bytes): alone or batched, every call reads as itself
+                let tp = if i == 0 { HOSTILE_TRACEPARENT } else { "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" };
+                let (url, key) = (&url, &key.raw);
+                s.spawn(move || get(url, &[("x-api-key", key), ("traceparent", tp)]).status)
+            })
+            .collect();
+        handles.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), NATIVE_LIMIT, "exactly the limit was admitted: {statuses:?}");
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), NATIVE_CLIENTS - NATIVE_LIMIT, "the rest were refused: {statuses:?}");
+    assert_eq!(window_count(g.redis(), "acme", &key.id), NATIVE_LIMIT as u64, "the limit counts each admitted request once");
+    assert_eq!(g.upstream().calls(), NATIVE_LIMIT as u64);
+    (g.envoy().counter("wasmcustom.tollgate.decisions.batched"), g.envoy().counter("wasmcustom.tollgate.decisions.batches"))
 }

@@ -18,6 +18,7 @@
 //! waits is dropped from the queue (nothing taken) or, once sent, refunded like any abandoned
 //! decision.
 
+use crate::call_batch::MAX_BATCH_BYTES;
 use crate::host::{Host, LogLevel};
 use crate::sidecar::{CallStatus, Sidecar};
 use crate::stats::Metric;
@@ -25,8 +26,6 @@ use serde::Serialize;
 use tollgate_wire::batch::{DecideBatchAnswer, DECIDE_BATCH_PATH, MAX_DECIDE_BATCH};
 use tollgate_wire::DecideRequest;
 
-/// Most bytes of items in one batch (far below the sidecar's body limit).
-const MAX_BATCH_BYTES: usize = 1 << 20;
 
 pub use crate::delivery::Delivery;
 

@@ -29,6 +29,8 @@ pub mod batch;
 pub mod changes;
 /// Circuit breakers: the state machine, its configuration, the per-request guard, the hint poller.
 pub mod breaker;
+/// Decision calls on a host's own connections joined into one batch (decision 225).
+pub mod call_batch;
 pub mod completions;
 pub mod config;
 /// A decision's outcome handed from the root context to its request's context.

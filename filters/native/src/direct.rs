@@ -10,6 +10,14 @@
 //! its [`Link`]: stored, then the stream's scheduler wakes its worker thread
 //! (`on_http_filter_scheduled`), where the core takes it as it takes a callout's.
 //!
+//! Decision calls that queued while the threads were busy leave together (decision 225): the
+//! thread that takes the first takes every waiting decision call that joins it
+//! (`call_batch::joins`) and sends them as one `POST /v1/decide/batch`, whose answer it splits
+//! back into one answer per call. A call is queued with a wake-up only when the queue was empty,
+//! so under load the calls that arrive while a thread wakes ride its batch: one wake, one write
+//! and one read for all of them, instead of each. A call that waits alone goes alone. With
+//! `sidecar.batchDecisions: false`, every call goes alone and wakes a thread, as before.
+//!
 //! Failure is what a callout's is: a call that gets no whole answer within its timeout (the
 //! sidecar down, hung, or the connection lost or frozen) is answered "failed" and the core applies
 //! the failure mode. The connection it was on is closed (a late answer would be read as the next
@@ -26,7 +34,11 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+use crate::ffi;
+use crate::host::Ids;
+use tollgate_filter_core::call_batch;
 use tollgate_filter_core::host::CallSpec;
+use tollgate_filter_core::stats::Metric;
 use tollgate_filter_core::sidecar::SidecarAddress;
 use tollgate_filter_core::sidecar_http1::{read_response, request};
 
@@ -37,15 +49,25 @@ const IDLE: Duration = Duration::from_secs(5);
 
 pub use tollgate_filter_core::sidecar_http1::Answer;
 
+/// How a call's answer came: alone, or in a batch (`first`: the batch's first call, which counts
+/// the batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rode {
+    Alone,
+    Batch { first: bool },
+}
+
 struct Job {
     call: CallSpec,
-    reply: Box<dyn FnOnce(Answer) + Send>,
+    reply: Box<dyn FnOnce(Answer, Rode) + Send>,
 }
 
 #[derive(Default)]
 struct Queue {
     jobs: Mutex<(VecDeque<Job>, bool)>,
     ready: Condvar,
+    /// Waiting decision calls leave as one batch (`sidecar.batchDecisions`, on by default).
+    batch: bool,
 }
 
 /// The connections' owner: calls are handed to its threads. Dropped (its configuration gone),
@@ -55,9 +77,10 @@ pub struct Direct {
 }
 
 impl Direct {
-    /// Starts the threads; each connects at its first call.
-    pub fn start(address: SidecarAddress) -> std::io::Result<Direct> {
-        let queue = Arc::new(Queue::default());
+    /// Starts the threads; each connects at its first call. `batch`: decision calls that wait
+    /// together leave as one batch.
+    pub fn start(address: SidecarAddress, batch: bool) -> std::io::Result<Direct> {
+        let queue = Arc::new(Queue { batch, ..Queue::default() });
         for i in 0..THREADS {
             let (queue, address) = (queue.clone(), address.clone());
             std::thread::Builder::new().name(format!("tollgate-sc-{i}")).spawn(move || serve(&queue, &address))?;
@@ -65,12 +88,17 @@ impl Direct {
         Ok(Direct { queue })
     }
 
-    /// Queues `call`; `reply` gets its answer on one of the connections' threads.
-    pub fn send(&self, call: CallSpec, reply: impl FnOnce(Answer) + Send + 'static) {
+    /// Queues `call`; `reply` gets its answer on one of the connections' threads. A thread is
+    /// woken only for a call that finds the queue empty: the calls after it, until a thread
+    /// takes them, are taken with it.
+    pub fn send(&self, call: CallSpec, reply: impl FnOnce(Answer, Rode) + Send + 'static) {
         let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let wake = jobs.0.is_empty() || !self.queue.batch;
         jobs.0.push_back(Job { call, reply: Box::new(reply) });
         drop(jobs);
-        self.queue.ready.notify_one();
+        if wake {
+            self.queue.ready.notify_one();
+        }
     }
 }
 
@@ -151,22 +179,41 @@ fn serve(queue: &Queue, address: &SidecarAddress) {
     // the thread's read buffer, zeroed once (zeroing 8 KiB per call was a sixth of its cost)
     let mut scratch = vec![0u8; 8192];
     loop {
-        let job = {
+        let (taken, more) = {
             let mut jobs = queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                if let Some(job) = jobs.0.pop_front() {
-                    break Some(job);
+                let taken = match queue.batch {
+                    true => call_batch::take(&mut jobs.0, |j: &Job| &j.call),
+                    false => jobs.0.pop_front().into_iter().collect(),
+                };
+                if !taken.is_empty() {
+                    break (taken, !jobs.0.is_empty());
                 }
                 if jobs.1 {
-                    break None;
+                    return;
                 }
                 jobs = queue.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let Some(job) = job else { return };
-        let deadline = Instant::now() + job.call.timeout;
-        let answer = call(&mut conn, address, &job.call, deadline, &mut scratch);
-        (job.reply)(answer.unwrap_or((None, Vec::new())));
+        if more {
+            // what this thread left (calls that do not join its batch) is another's
+            queue.ready.notify_one();
+        }
+        let n = taken.len();
+        let calls: Vec<&CallSpec> = if n > 1 { taken.iter().map(|j| &j.call).collect() } else { Vec::new() };
+        let Some(batch) = call_batch::join(&calls) else {
+            for job in taken {
+                let deadline = Instant::now() + job.call.timeout;
+                let answer = call(&mut conn, address, &job.call, deadline, &mut scratch);
+                (job.reply)(answer.unwrap_or((None, Vec::new())), Rode::Alone);
+            }
+            continue;
+        };
+        let deadline = Instant::now() + batch.timeout;
+        let answer = call(&mut conn, address, &batch, deadline, &mut scratch).unwrap_or((None, Vec::new()));
+        for (i, (job, answer)) in taken.into_iter().zip(call_batch::split(answer, n)).enumerate() {
+            (job.reply)(answer, Rode::Batch { first: i == 0 });
+        }
     }
 }
 
@@ -194,7 +241,7 @@ fn call(slot: &mut Option<(Conn, Instant)>, address: &SidecarAddress, spec: &Cal
 /// for them. Shared by the stream and its calls in flight; the last one drops the scheduler.
 pub struct Link {
     scheduler: StreamScheduler,
-    answers: Mutex<Vec<(u32, Answer)>>,
+    answers: Mutex<Vec<(u32, Answer, Rode)>>,
     next: AtomicU32,
 }
 
@@ -212,13 +259,28 @@ impl Link {
     }
 
     /// The answer to call `id` is in: kept, and the stream woken (on its worker thread).
-    pub fn answer(&self, id: u32, answer: Answer) {
-        self.answers.lock().unwrap_or_else(|p| p.into_inner()).push((id, answer));
+    pub fn answer(&self, id: u32, answer: Answer, rode: Rode) {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).push((id, answer, rode));
         self.scheduler.commit(0);
     }
 
-    /// The answers in since the last take.
-    pub fn take(&self) -> Vec<(u32, Answer)> {
-        std::mem::take(&mut *self.answers.lock().unwrap_or_else(|p| p.into_inner()))
+    /// The answers in since the last take, in stream `filter`'s hook: the batches they rode are
+    /// counted as the core counts its own (`decisions.batched`, `decision_batches`).
+    pub fn take(&self, filter: Filter, ids: &Ids) -> Vec<(u32, Answer, Rode)> {
+        let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|p| p.into_inner()));
+        let count = |metric| {
+            if let Some(&id) = ids.metrics.get(&metric) {
+                ffi::increment_counter(filter, id, 1);
+            }
+        };
+        for rode in answers.iter().map(|a| a.2) {
+            if let Rode::Batch { first } = rode {
+                count(Metric::DecisionsBatched);
+                if first {
+                    count(Metric::DecisionBatches);
+                }
+            }
+        }
+        answers
     }
 }

@@ -166,7 +166,7 @@ impl Host for NativeHost<'_> {
                 }
             };
             let id = link.next_id();
-            direct.send(call, move |answer| link.answer(id, answer));
+            direct.send(call, move |answer, rode| link.answer(id, answer, rode));
             return Ok(id);
         }
         let timeout = u64::try_from(call.timeout.as_millis()).unwrap_or(u64::MAX);

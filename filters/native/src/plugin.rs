@@ -232,7 +232,7 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
             return std::ptr::null();
         }
     };
-    let address = parsed.sidecar.address.clone();
+    let (address, batch) = (parsed.sidecar.address.clone(), parsed.sidecar.batch_decisions);
     let first = Slot::new(config, parsed);
     let define = |name: &str| ffi::define_counter(config, name);
     let defined = first.locked(|s| {
@@ -243,7 +243,7 @@ pub fn config_new(config: Config, bytes: &[u8]) -> ModulePtr {
         (ids, s.worker.tick_period())
     });
     let Some((ids, period)) = defined else { return std::ptr::null() };
-    let direct = match address.map(Direct::start) {
+    let direct = match address.map(|a| Direct::start(a, batch)) {
         Some(Ok(d)) => Some(d),
         Some(Err(e)) => {
             ffi::log(Level::Error, &format!("tollgate: cannot start the sidecar connection's thread: {e}"));
@@ -555,8 +555,8 @@ pub fn stream_call_done(filter: Filter, module: ModulePtr, id: u64, status: Opti
 pub fn stream_scheduled(filter: Filter, module: ModulePtr) {
     // SAFETY: Envoy calls a stream's hooks while the stream lives.
     let stream = unsafe { stream(module) };
-    let answers = stream.link.borrow().as_ref().map(|l| l.take()).unwrap_or_default();
-    for (id, (status, body)) in answers {
+    let answers = stream.link.borrow().as_ref().map(|l| l.take(filter, &stream.plugin.ids)).unwrap_or_default();
+    for (id, (status, body), _) in answers {
         stream_call_done(filter, module, u64::from(id), status, body);
     }
 }
