@@ -427,6 +427,9 @@ case "${1:-build}" in
     cargo build -q --release --target wasm32-wasip1 -p tollgate-bench-floor-sdk -p tollgate-bench-floor-minimal
     export TOLLGATE_FLOOR_SDK_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_sdk.wasm"
     export TOLLGATE_FLOOR_MINIMAL_WASM="$ROOT/target/wasm32-wasip1/release/tollgate_bench_floor_minimal.wasm"
+    # The native host's floor (instructions path floor-native): a dynamic module that does nothing.
+    cargo build -q --release -p tollgate-bench-floor-native
+    export TOLLGATE_FLOOR_NATIVE_MODULE="$ROOT/target/release/libtollgate_bench_floor_native.so"
     # The peer (configurations envoy+limitador-*): Envoy's rate limit service on Limitador's
     # library, its own workspace (RocksDB inside: bindgen needs libclang, its Redis client
     # OpenSSL; ~18 min the first time). Built only when the run measures it.

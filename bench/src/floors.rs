@@ -5,6 +5,7 @@
 //! request headers (two entries). What a filter can cost at the least, with and without the
 //! response and log phases (docs/benchmarks.md, "The Wasm floors").
 
+use std::path::{Path, PathBuf};
 use tollgate_tests::{get, Envoy, EnvoyOptions};
 
 pub struct Floor {
@@ -38,4 +39,18 @@ pub fn start(base: &EnvoyOptions, selected: impl Fn(&str) -> bool) -> Vec<Floor>
         floors.push(Floor { name, what, envoy });
     }
     floors
+}
+
+/// The native host's floor (bench/floors/native, `TOLLGATE_FLOOR_NATIVE_MODULE`) where the
+/// harness can load it: copied into `dir`/floor-native as `libtollgate_native.so`, the name
+/// Envoy loads. `None`, with a note, when `./build.sh bench` did not name it.
+pub fn native_module(dir: &Path) -> Option<PathBuf> {
+    let Some(built) = std::env::var_os("TOLLGATE_FLOOR_NATIVE_MODULE") else {
+        eprintln!("floor-native: not measured (TOLLGATE_FLOOR_NATIVE_MODULE unset; `./build.sh bench` builds and names it)");
+        return None;
+    };
+    let copy = dir.join("floor-native-module").join("libtollgate_native.so");
+    std::fs::create_dir_all(copy.parent()?).ok()?;
+    std::fs::copy(&built, &copy).map_err(|e| eprintln!("floor-native: not measured (copying {}: {e})", Path::new(&built).display())).ok()?;
+    Some(copy)
 }

@@ -29,64 +29,8 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use crate::hosts::Host;
 use tollgate_tests::{root, start_echo, Envoy, EnvoyOptions, Redis, Sidecar};
-
-/// Where the filter runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Host {
-    /// The proxy-wasm filter in V8 (the default host).
-    Wasm,
-    /// The same core as an Envoy dynamic module (issue 41 parts 1–2, `filters/native`). The
-    /// harness starts it when `TOLLGATE_HOST=native` and `TOLLGATE_NATIVE_MODULE` names the
-    /// module: [`Host::prepare`] sets the first; a run without the second skips the host.
-    Native,
-    /// The native host with its calls on the module's own connection to the sidecar
-    /// (`sidecar.address`, decision 219) instead of Envoy callouts: the harness adds the address
-    /// when `TOLLGATE_NATIVE_CALLS=direct`.
-    NativeDirect,
-}
-
-impl Host {
-    fn name(self) -> &'static str {
-        match self {
-            Host::Wasm => "wasm",
-            Host::Native => "native",
-            Host::NativeDirect => "native-direct",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Host> {
-        match s {
-            "wasm" => Some(Host::Wasm),
-            "native" => Some(Host::Native),
-            "native-direct" => Some(Host::NativeDirect),
-            _ => None,
-        }
-    }
-
-    /// Makes the next Envoys the harness starts run this host; `Err` says why it cannot.
-    /// NATIVE HOST HOOK: the harness reads `TOLLGATE_HOST` when it renders an Envoy.
-    fn prepare(self) -> Result<(), String> {
-        match self {
-            Host::Wasm => {
-                std::env::remove_var("TOLLGATE_HOST");
-                std::env::remove_var("TOLLGATE_NATIVE_CALLS");
-                Ok(())
-            }
-            Host::Native | Host::NativeDirect => {
-                if std::env::var_os("TOLLGATE_NATIVE_MODULE").is_none() {
-                    return Err("TOLLGATE_NATIVE_MODULE unset: no native module built in this tree".into());
-                }
-                std::env::set_var("TOLLGATE_HOST", "native");
-                match self {
-                    Host::NativeDirect => std::env::set_var("TOLLGATE_NATIVE_CALLS", "direct"),
-                    _ => std::env::remove_var("TOLLGATE_NATIVE_CALLS"),
-                }
-                Ok(())
-            }
-        }
-    }
-}
 
 /// Which key a path's requests carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,8 +61,9 @@ struct Case {
 
 enum Setup {
     Baseline,
-    /// The no-op SDK filter (bench/floors/sdk) in `template`.
-    Floor { template: &'static str },
+    /// A filter that does nothing in `template`: the SDK's (bench/floors/sdk) on the Wasm host,
+    /// or (`native`) a dynamic module's (bench/floors/native) on the native host.
+    Floor { template: &'static str, native: bool },
     Filter { extra: fn() -> Value },
 }
 
@@ -142,8 +87,9 @@ fn paths() -> Vec<Case> {
     let p = |name, what, key, envoy, before, goal| Case { name, what, key, envoy, before, goal };
     vec![
         p("envoy-alone", "router only (envoy/baseline.yaml.tmpl)", KeyOf::None, Setup::Baseline, Some(1.0), (None, None)),
-        p("floor-sdk-minimal-template", "a no-op filter on the SDK, minimal template", KeyOf::None, Setup::Floor { template: FLOOR_MINIMAL_TEMPLATE }, Some(1.11), (None, None)),
-        p("floor-sdk", "the same no-op filter in envoy/tollgate.yaml.tmpl", KeyOf::None, Setup::Floor { template: "envoy/tollgate.yaml.tmpl" }, Some(1.20), (None, None)),
+        p("floor-sdk-minimal-template", "a no-op filter on the SDK, minimal template", KeyOf::None, Setup::Floor { template: FLOOR_MINIMAL_TEMPLATE, native: false }, Some(1.11), (None, None)),
+        p("floor-sdk", "the same no-op filter in envoy/tollgate.yaml.tmpl", KeyOf::None, Setup::Floor { template: "envoy/tollgate.yaml.tmpl", native: false }, Some(1.20), (None, None)),
+        p("floor-native", "a no-op dynamic module in envoy/tollgate.yaml.tmpl", KeyOf::None, Setup::Floor { template: "envoy/tollgate.yaml.tmpl", native: true }, None, (None, None)),
         p("auth", "auth only (the auth cache answers)", KeyOf::Auth, Setup::Filter { extra: none }, Some(1.59), (Some(1.30), Some(1.10))),
         p("leased", "one leased limit", KeyOf::Leased, Setup::Filter { extra: none }, Some(1.71), (Some(1.40), Some(1.15))),
         p("exact", "one exact limit (a decision per request)", KeyOf::Exact, Setup::Filter { extra: none }, Some(2.75), (Some(2.00), Some(1.40))),
@@ -485,15 +431,25 @@ pub fn run() {
             continue;
         }
         for path in paths().iter().filter(|p| selected(p.name)) {
-            // Envoy alone is no host's: measured once, with the first host; the floors are Wasm
-            // filters (the Wasm host's references).
+            // Envoy alone is no host's: measured once, with the first host; a floor, with its own
+            // host (the native one on `native`, not again on `native-direct`)
             let hostless = matches!(path.envoy, Setup::Baseline);
-            if (hostless && results.iter().any(|r| r.path == path.name)) || (matches!(path.envoy, Setup::Floor { .. }) && *host != Host::Wasm) {
+            let other_hosts_floor = matches!(path.envoy, Setup::Floor { native, .. } if native != (*host == Host::Native) || *host == Host::NativeDirect);
+            if (hostless && results.iter().any(|r| r.path == path.name)) || other_hosts_floor {
                 continue;
             }
+            // the harness loads the native module named by TOLLGATE_NATIVE_MODULE: the floor's
+            // for its path only
+            let mut swapped = None;
             let opts = match &path.envoy {
                 Setup::Baseline => EnvoyOptions::new(upstream.port, 0).baseline(),
-                Setup::Floor { template } => {
+                Setup::Floor { template, native: true } => {
+                    let Some(module) = crate::floors::native_module(&dumps) else { continue };
+                    swapped = std::env::var_os("TOLLGATE_NATIVE_MODULE");
+                    std::env::set_var("TOLLGATE_NATIVE_MODULE", module);
+                    EnvoyOptions { template, ..EnvoyOptions::new(upstream.port, sidecar.port) }
+                }
+                Setup::Floor { template, native: false } => {
                     let Some(floor) = &floor else {
                         eprintln!("{}: not measured (TOLLGATE_FLOOR_SDK_WASM unset; `./build.sh bench` builds it)", path.name);
                         continue;
@@ -522,6 +478,9 @@ pub fn run() {
             }
             let started = Instant::now();
             let envoy = Envoy::start(opts);
+            if let Some(module) = swapped {
+                std::env::set_var("TOLLGATE_NATIVE_MODULE", module);
+            }
             eprint!("{label:<36} Envoy up in {:>4.1}s  ", started.elapsed().as_secs_f64());
             match measure(&envoy, &out, &mut keys, path.key, &w) {
                 Ok(f) => {

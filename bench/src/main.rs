@@ -13,6 +13,7 @@
 mod cache;
 mod compare;
 mod floors;
+mod hosts;
 mod instructions;
 mod limitador;
 mod load;

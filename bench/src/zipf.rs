@@ -4,9 +4,8 @@
 //! weight `r^-s`), so a few keys are hot and most are seen rarely: the auth cache and the leases
 //! meet what a real population of clients gives them instead of one key warm all along.
 
-use sha2::{Digest, Sha256};
-use std::fmt::Write as _;
 use std::path::PathBuf;
+use tollgate_tests::fixtures::key_hash;
 use tollgate_tests::{root, Redis};
 
 /// Writes `n` active keys of `tenant` on `plan` into Redis and their raw values, most popular
@@ -19,10 +18,7 @@ pub fn seed_keys(redis: &Redis, n: usize, tenant: &str, plan: &str) -> PathBuf {
         let mut pipe = redis::pipe();
         for &i in chunk {
             let raw = format!("tgz_{i:07}_{:08x}", (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32);
-            let hash = Sha256::digest(raw.as_bytes()).iter().fold(String::with_capacity(64), |mut s, b| {
-                let _ = write!(s, "{b:02x}");
-                s
-            });
+            let hash = key_hash(&raw);
             let id = format!("key_z{i}");
             pipe.cmd("HSET")
                 .arg(format!("apikey:{hash}"))
