@@ -14,30 +14,41 @@
 
 use crate::flush::{Delivery, Outbox};
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 use tollgate_wire::usage::UsageEvent;
 use tollgate_wire::Completion;
 #[cfg(doc)]
 use tollgate_wire::{usage::UsageBatch, CompletionBatch};
 
-/// What a queue carries: how a batch of items becomes a request body (the JSON of
-/// [`CompletionBatch`] or [`UsageBatch`]).
+/// What a queue carries: an item's JSON in a batch body (of [`CompletionBatch`] or
+/// [`UsageBatch`]), and the body's field that holds the items.
 pub trait BatchItem: Sized + serde::Serialize {
     /// The batch body's field holding the items.
     const FIELD: &'static str;
-    fn encode(batch: &[Self]) -> Option<Vec<u8>> {
-        Self::encode_refs(&batch.iter().collect::<Vec<_>>())
+}
+
+/// An item as it stands in a batch body: its JSON, written once when it is queued (None: it
+/// cannot be encoded, which a derived `Serialize` of these types never is).
+pub(crate) fn encode_item<T: serde::Serialize>(item: &T) -> Option<Box<[u8]>> {
+    serde_json::to_vec(item).ok().map(Vec::into_boxed_slice)
+}
+
+/// `{"FIELD":[item,item,...]}`: the items' JSON as they were queued, byte for byte what
+/// serializing the batch whole writes (FIELD is a plain identifier, nothing to escape).
+fn batch_body(field: &str, items: &[Box<[u8]>]) -> Vec<u8> {
+    let len = items.iter().map(|i| i.len() + 1).sum::<usize>();
+    let mut body = Vec::with_capacity(field.len() + len + 8);
+    body.extend_from_slice(b"{\"");
+    body.extend_from_slice(field.as_bytes());
+    body.extend_from_slice(b"\":[");
+    for (n, item) in items.iter().enumerate() {
+        if n > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(item);
     }
-    fn encode_refs(batch: &[&Self]) -> Option<Vec<u8>> {
-        // `{"FIELD":[...]}` written straight out (no intermediate JSON value of the batch);
-        // FIELD is a plain identifier, nothing to escape
-        let mut body = Vec::with_capacity(16 + batch.len() * 256);
-        body.extend_from_slice(b"{\"");
-        body.extend_from_slice(Self::FIELD.as_bytes());
-        body.extend_from_slice(b"\":");
-        serde_json::to_writer(&mut body, batch).ok()?;
-        body.push(b'}');
-        Some(body)
-    }
+    body.extend_from_slice(b"]}");
+    body
 }
 
 impl BatchItem for Completion {
@@ -48,26 +59,9 @@ impl BatchItem for UsageEvent {
     const FIELD: &'static str = "events";
 }
 
-/// Bytes `item` takes in a batch body (its JSON, exactly).
-pub(crate) fn encoded_len<T: serde::Serialize>(item: &T) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut n = Count(0);
-    match serde_json::to_writer(&mut n, item) {
-        Ok(()) => n.0,
-        Err(_) => 0,
-    }
-}
-
-/// A bounded queue of items sent in batches, one batch in flight at a time.
+/// A bounded queue of items sent in batches, one batch in flight at a time. An item is kept as
+/// its JSON, encoded once when it is queued (decision 227): a batch body is those bytes joined,
+/// and a batch sent again is not encoded again.
 ///
 /// Bounds: at most `max_queued` items and `max_bytes` bytes (of their JSON) wait; past either
 /// the oldest are dropped and counted. A batch holds at most the flusher's item bound and
@@ -77,10 +71,11 @@ pub(crate) fn encoded_len<T: serde::Serialize>(item: &T) -> usize {
 /// batch is ever resent whole forever.
 #[derive(Debug)]
 pub struct BatchQueue<T> {
-    pending: VecDeque<(T, usize)>,
+    /// Each item's JSON (its length is its size in a batch body, the comma aside).
+    pending: VecDeque<Box<[u8]>>,
     /// Bytes of `pending`.
     bytes: usize,
-    in_flight: Option<Vec<(T, usize)>>,
+    in_flight: Option<Vec<Box<[u8]>>>,
     max_queued: usize,
     max_bytes: usize,
     max_batch_bytes: usize,
@@ -88,6 +83,7 @@ pub struct BatchQueue<T> {
     split_cap: Option<usize>,
     /// Items dropped because the queue was full (or refused for good by the sidecar).
     pub dropped: u64,
+    item: PhantomData<fn(T)>,
 }
 
 /// Completion reports (settle reservations, free slots).
@@ -116,25 +112,28 @@ impl<T: BatchItem> BatchQueue<T> {
             max_batch_bytes: max_batch_bytes.max(1),
             split_cap: None,
             dropped: 0,
+            item: PhantomData,
         }
     }
 
     pub fn push(&mut self, c: T) {
-        let size = encoded_len(&c);
-        self.push_sized(c, size);
+        match encode_item(&c) {
+            Some(json) => self.push_encoded(json),
+            None => self.dropped += 1,
+        }
     }
 
-    /// [`Self::push`] of an item whose [`encoded_len`] is known.
-    pub(crate) fn push_sized(&mut self, c: T, size: usize) {
-        self.bytes += size;
-        self.pending.push_back((c, size));
+    /// [`Self::push`] of an item already encoded ([`encode_item`]).
+    pub(crate) fn push_encoded(&mut self, json: Box<[u8]>) {
+        self.bytes += json.len();
+        self.pending.push_back(json);
         self.trim();
     }
 
     fn trim(&mut self) {
         while self.pending.len() > self.max_queued || self.bytes > self.max_bytes {
-            let Some((_, size)) = self.pending.pop_front() else { break };
-            self.bytes -= size;
+            let Some(json) = self.pending.pop_front() else { break };
+            self.bytes -= json.len();
             self.dropped += 1;
         }
     }
@@ -176,26 +175,18 @@ impl<T: BatchItem> BatchQueue<T> {
         }
         let max_items = max_batch.min(self.split_cap.unwrap_or(usize::MAX)).max(1);
         let (mut n, mut size) = (0, 0);
-        for (_, s) in self.pending.iter().take(max_items) {
-            if n > 0 && size + s + 1 > max_batch_bytes {
+        for json in self.pending.iter().take(max_items) {
+            if n > 0 && size + json.len() + 1 > max_batch_bytes {
                 break;
             }
-            size += s + 1;
+            size += json.len() + 1;
             n += 1;
         }
-        let batch: Vec<(T, usize)> = self.pending.drain(..n).collect();
-        self.bytes -= batch.iter().map(|(_, s)| s).sum::<usize>();
-        let items: Vec<&T> = batch.iter().map(|(t, _)| t).collect();
-        match T::encode_refs(&items) {
-            Some(bytes) => {
-                self.in_flight = Some(batch);
-                Some(bytes)
-            }
-            None => {
-                self.dropped += batch.len() as u64;
-                None
-            }
-        }
+        let batch: Vec<Box<[u8]>> = self.pending.drain(..n).collect();
+        self.bytes -= batch.iter().map(|j| j.len()).sum::<usize>();
+        let body = batch_body(T::FIELD, &batch);
+        self.in_flight = Some(batch);
+        Some(body)
     }
 
     /// Whether no batch is in flight and a whole one waits: `max_batch` items (or the split
@@ -237,10 +228,10 @@ impl<T: BatchItem> BatchQueue<T> {
         self.requeue(batch);
     }
 
-    fn requeue(&mut self, batch: Vec<(T, usize)>) {
-        for (c, size) in batch.into_iter().rev() {
-            self.bytes += size;
-            self.pending.push_front((c, size));
+    fn requeue(&mut self, batch: Vec<Box<[u8]>>) {
+        for json in batch.into_iter().rev() {
+            self.bytes += json.len();
+            self.pending.push_front(json);
         }
         self.trim();
     }
@@ -385,8 +376,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_batch_body_is_what_serializing_the_batch_whole_writes() {
+        // the items' JSON as queued, joined: byte for byte the derived encoding of the batch, for
+        // a batch sent at once and for one sent again after a failure
+        let events: Vec<UsageEvent> = (0..5).map(|i| ev(i, 3 + i)).collect();
+        let mut q = UsageQueue::new(100);
+        for e in &events {
+            q.push(e.clone());
+        }
+        let whole = |events: &[UsageEvent]| serde_json::to_vec(&UsageBatch { events: events.to_vec() }).unwrap();
+        let first = q.begin_flush(3).unwrap();
+        assert_eq!(first, whole(&events[..3]));
+        q.end_flush(false);
+        assert_eq!(q.begin_flush(10).unwrap(), whole(&events));
+        let mut one = UsageQueue::new(1);
+        one.push(events[4].clone());
+        assert_eq!(one.begin_flush(1).unwrap(), whole(&events[4..]));
+        let mut q = CompletionQueue::new(10);
+        q.push(c("r"));
+        assert_eq!(q.begin_flush(1).unwrap(), serde_json::to_vec(&CompletionBatch { completions: vec![c("r")] }).unwrap());
+    }
+
+    #[test]
     fn the_queue_is_bounded_in_bytes_dropping_the_oldest() {
-        let one = encoded_len(&ev(0, 1_000));
+        let one = encode_item(&ev(0, 1_000)).unwrap().len();
         let mut q = UsageQueue::bounded(1_000, one * 3, 1 << 20);
         for i in 0..5 {
             q.push(ev(i, 1_000));
@@ -400,7 +413,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_batch_is_bounded_in_bytes_but_takes_at_least_one_item() {
-        let one = encoded_len(&ev(0, 1_000));
+        let one = encode_item(&ev(0, 1_000)).unwrap().len();
         let mut q = UsageQueue::bounded(1_000, 1 << 30, (one + 1) * 4 + 20);
         for i in 0..10 {
             q.push(ev(i, 1_000));

@@ -22,6 +22,16 @@ pub fn random_seed() -> [u8; 32] {
     seed
 }
 
+/// Appends `bytes` to `out` as lowercase hex, two characters a byte (API key hashes, decision
+/// and usage event ids).
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 0xf)] as char);
+    }
+}
+
 /// A worker's source of decision ids.
 #[derive(Debug)]
 pub struct DecisionIds {
@@ -37,14 +47,10 @@ impl DecisionIds {
 
     /// The next id: 32 lowercase hex characters.
     pub fn next_id(&mut self) -> String {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         self.next = self.next.wrapping_add(1);
         let digest = Sha256::new().chain_update(self.seed).chain_update(self.next.to_le_bytes()).finalize();
         let mut out = String::with_capacity(32);
-        for b in digest.iter().take(16) {
-            out.push(HEX[(b >> 4) as usize] as char);
-            out.push(HEX[(b & 0xf) as usize] as char);
-        }
+        push_hex(&mut out, &digest[..16]);
         out
     }
 }
@@ -61,6 +67,16 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn hex_is_lowercase_two_characters_a_byte() {
+        let mut out = String::from("x");
+        push_hex(&mut out, &[0x00, 0x0f, 0xa0, 0xff]);
+        assert_eq!(out, "x000fa0ff");
+        let mut n = String::new();
+        push_hex(&mut n, &0x0123_4567_89ab_cdefu64.to_be_bytes());
+        assert_eq!(n, format!("{:016x}", 0x0123_4567_89ab_cdefu64));
+    }
 
     #[test]
     fn ids_are_unique_hex_and_depend_on_the_seed() {

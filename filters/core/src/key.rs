@@ -69,13 +69,9 @@ impl RawKey {
 
 /// Lowercase hex sha256 of `key`.
 pub fn hash_key(key: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(key.as_bytes());
     let mut out = String::with_capacity(64);
-    for b in digest.iter() {
-        out.push(HEX[(b >> 4) as usize] as char);
-        out.push(HEX[(b & 0xf) as usize] as char);
-    }
+    crate::ids::push_hex(&mut out, &digest);
     out
 }
 

@@ -156,7 +156,11 @@ impl Meter {
     /// A new event id, unique per VM and (with a random seed) across VMs.
     pub fn next_id(&mut self) -> String {
         self.next = self.next.wrapping_add(1);
-        format!("{:016x}{:016x}", self.seed, self.next)
+        // `{seed:016x}{next:016x}`, without the formatting machinery (once per metered request)
+        let mut id = String::with_capacity(32);
+        crate::ids::push_hex(&mut id, &self.seed.to_be_bytes());
+        crate::ids::push_hex(&mut id, &self.next.to_be_bytes());
+        id
     }
 
     pub fn record(&mut self, event: UsageEvent) {

@@ -1,7 +1,7 @@
 //! The per-worker queue of responses to store, and what a request keeps of its response until
 //! it is complete ([`PendingStore`]).
 
-use crate::completions::{encoded_len, BatchItem, BatchQueue};
+use crate::completions::{encode_item, BatchItem, BatchQueue};
 use crate::flush::{Delivery, Outbox};
 use tollgate_wire::responses::StoreItem;
 #[cfg(doc)]
@@ -45,13 +45,16 @@ impl ResponseQueue {
     }
 
     pub fn push(&mut self, item: StoreItem) {
-        let size = encoded_len(&item);
+        let Some(json) = encode_item(&item) else {
+            self.batches.dropped += 1;
+            return;
+        };
         // its JSON and the comma before it
-        if self.len() >= self.max_items || self.bytes() + size + 1 > self.max_bytes {
+        if self.len() >= self.max_items || self.bytes() + json.len() + 1 > self.max_bytes {
             self.batches.dropped += 1;
             return;
         }
-        self.batches.push_sized(item, size);
+        self.batches.push_encoded(json);
     }
 
     pub fn len(&self) -> usize {
