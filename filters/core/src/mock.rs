@@ -145,6 +145,12 @@ impl Host for MockHost {
         self.remove_request_header(name);
         self.request_headers.push((name.to_string(), value.as_bytes().to_vec()));
     }
+    /// Adds as Envoy adds (a second value beside any first), after checking the filter's promise
+    /// that the request does not carry the name.
+    fn add_request_header(&mut self, name: &str, value: &str) {
+        assert!(!self.request_headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)), "the filter added {name}, which the request carries");
+        self.request_headers.push((name.to_string(), value.as_bytes().to_vec()));
+    }
     fn remove_request_header(&mut self, name: &str) {
         self.request_headers.retain(|(n, _)| n != name);
     }

@@ -4,7 +4,65 @@
 //!
 //! Invariant: names never change — dashboards and the functional tests read them.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use tollgate_wire::codes;
+
+/// The hosts' counter ids, by [`Metric`] or by a configured name: looked up for every event
+/// counted, so hashed with [`IdHasher`] rather than the standard SipHash (decision 227).
+pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// A multiply-rotate hash (the scheme of rustc's FxHasher) for keys the configuration chose,
+/// never a client: nothing to resist flooding with, so a lookup costs a few instructions instead
+/// of SipHash's rounds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl IdHasher {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // the product's high bits are its best mixed; the table indexes by the low ones
+        self.0.rotate_left(26)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(c);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+    fn write_u16(&mut self, n: u16) {
+        self.add(u64::from(n));
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+    fn write_isize(&mut self, n: isize) {
+        self.add(n as u64);
+    }
+}
 
 /// Counters the filter exports as Envoy stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -187,6 +245,25 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn an_id_map_finds_every_metric_and_name_as_a_standard_map_does() {
+        use std::hash::BuildHasher;
+        let metrics = Metric::all();
+        let ids: IdMap<Metric, usize> = metrics.iter().enumerate().map(|(i, m)| (*m, i)).collect();
+        assert_eq!(ids.len(), metrics.len());
+        assert!(metrics.iter().enumerate().all(|(i, m)| ids.get(m) == Some(&i)));
+        let names: IdMap<String, usize> = metrics.iter().enumerate().map(|(i, m)| (m.name(), i)).collect();
+        assert!(metrics.iter().enumerate().all(|(i, m)| names.get(&m.name()) == Some(&i)));
+        assert!(!names.contains_key("tollgate.nothing"));
+        // distinct keys, distinct hashes (bytes of every length, and the same bytes shorter)
+        let build = BuildHasherDefault::<IdHasher>::default();
+        let hashes: std::collections::HashSet<u64> = metrics.iter().map(|m| build.hash_one(m)).collect();
+        assert_eq!(hashes.len(), metrics.len());
+        let texts: Vec<&[u8]> = vec![b"", b"a", b"a\0", b"abcdefgh", b"abcdefgh\0", b"abcdefghi"];
+        let hashes: std::collections::HashSet<u64> = texts.iter().map(|t| build.hash_one(t)).collect();
+        assert_eq!(hashes.len(), texts.len());
+    }
 
     #[test]
     fn flusher_counters_keep_their_names() {

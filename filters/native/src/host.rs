@@ -11,17 +11,16 @@
 use crate::direct::{Direct, Link};
 use crate::ffi::{self, Attribute, Caller, Config, Filter, HeaderType, Level};
 use std::cell::{Cell, OnceCell, RefCell};
-use std::collections::HashMap;
 use std::sync::Arc;
 use tollgate_filter_core::host::{CallSpec, Host, LogLevel, SharedSetError};
 use tollgate_filter_core::hostmap::HeaderMap;
-use tollgate_filter_core::stats::Metric;
+use tollgate_filter_core::stats::{IdMap, Metric};
 
 /// The counter ids the configuration defined with Envoy, by metric and by name.
 #[derive(Default)]
 pub struct Ids {
-    pub metrics: HashMap<Metric, usize>,
-    pub named: HashMap<String, usize>,
+    pub metrics: IdMap<Metric, usize>,
+    pub named: IdMap<String, usize>,
 }
 
 /// A call into Envoy made after the plugin's lock is released.
@@ -119,6 +118,12 @@ impl Host for NativeHost<'_> {
     fn set_request_header(&mut self, name: &str, value: &str) {
         if let Some(f) = self.filter() {
             ffi::set_header(f, HeaderType::Request, name, Some(value));
+            ffi::clear_route_cache(f);
+        }
+    }
+    fn add_request_header(&mut self, name: &str, value: &str) {
+        if let Some(f) = self.filter() {
+            ffi::add_header(f, HeaderType::Request, name, value);
             ffi::clear_route_cache(f);
         }
     }

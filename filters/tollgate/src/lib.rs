@@ -24,7 +24,7 @@ use tollgate_filter_core::batch::Delivery;
 use tollgate_filter_core::config::FilterConfig;
 use tollgate_filter_core::host::{Action, CallSpec, Host, LogLevel, SharedSetError};
 use tollgate_filter_core::http::HttpFilter;
-use tollgate_filter_core::stats::Metric;
+use tollgate_filter_core::stats::{IdMap, Metric};
 use tollgate_filter_core::stream::Head;
 use tollgate_filter_core::worker::{Seeds, Worker};
 use tollgate_wire::compact;
@@ -39,7 +39,7 @@ proxy_wasm::main! {{
 /// (decision 125), so a warm request makes no host call for them.
 #[derive(Default)]
 struct Counters {
-    ids: HashMap<Metric, u32>,
+    ids: IdMap<Metric, u32>,
     pending: [Cell<u64>; Metric::BATCHED.len()],
 }
 
@@ -71,7 +71,7 @@ impl Counters {
 type Metrics = Rc<Counters>;
 
 /// Per-target breaker counter ids by name, defined once per VM.
-type Named = Rc<HashMap<String, u32>>;
+type Named = Rc<IdMap<String, u32>>;
 
 /// The worker's live HTTP contexts by id, for the answers of decision batches (crate::batch in
 /// the core): the root context delivers each in its request's context.
@@ -135,8 +135,8 @@ impl Root {
 }
 
 /// A counter per name, defined with the host (a failure is logged; that counter stays silent).
-fn define<K: std::hash::Hash + Eq>(keys: impl IntoIterator<Item = (K, String)>) -> HashMap<K, u32> {
-    let mut ids = HashMap::new();
+fn define<K: std::hash::Hash + Eq>(keys: impl IntoIterator<Item = (K, String)>) -> IdMap<K, u32> {
+    let mut ids = IdMap::default();
     for (key, name) in keys {
         match hostcalls::define_metric(MetricType::Counter, &name) {
             Ok(id) => {
@@ -381,7 +381,7 @@ impl HttpContext for Http {
 /// filter and the breaker guard both ask).
 struct EnvoyHost<'a> {
     metrics: &'a Counters,
-    named: &'a HashMap<String, u32>,
+    named: &'a IdMap<String, u32>,
     now_ms: Cell<Option<u64>>,
     status: RefCell<Option<Option<String>>>,
     /// The root context's wake queue (an HTTP context's host only).
@@ -391,7 +391,7 @@ struct EnvoyHost<'a> {
 }
 
 impl<'a> EnvoyHost<'a> {
-    fn new(metrics: &'a Counters, named: &'a HashMap<String, u32>) -> EnvoyHost<'a> {
+    fn new(metrics: &'a Counters, named: &'a IdMap<String, u32>) -> EnvoyHost<'a> {
         EnvoyHost { metrics, named, now_ms: Cell::new(None), status: RefCell::new(None), wake_queue: None, contexts: None }
     }
 }
@@ -402,6 +402,9 @@ impl Host for EnvoyHost<'_> {
     }
     fn set_request_header(&mut self, name: &str, value: &str) {
         let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value));
+    }
+    fn add_request_header(&mut self, name: &str, value: &str) {
+        let _ = hostcalls::add_map_value(MapType::HttpRequestHeaders, name, value);
     }
     fn remove_request_header(&mut self, name: &str) {
         let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, None);
@@ -548,6 +551,6 @@ fn call_body(num_headers: usize, body_size: usize) -> Vec<u8> {
 fn vm_identity() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(EnvoyHost::new(&Counters::default(), &HashMap::new()).now_ms());
+    h.write_u64(EnvoyHost::new(&Counters::default(), &IdMap::default()).now_ms());
     h.finish()
 }

@@ -429,9 +429,11 @@ impl AuthFilter {
             Source::Sidecar => {}
         }
         let Grant { who, request_headers, response_headers, source: _ } = grant;
-        host.set_request_header(TENANT_HEADER, &who.tenant);
-        host.set_request_header(KEY_ID_HEADER, &who.key_id);
-        host.set_request_header(PLAN_HEADER, &who.plan);
+        // the key stage removed every header of Tollgate's namespace the client sent, and nothing
+        // set these before: they are added, not set (decision 227)
+        host.add_request_header(TENANT_HEADER, &who.tenant);
+        host.add_request_header(KEY_ID_HEADER, &who.key_id);
+        host.add_request_header(PLAN_HEADER, &who.plan);
         for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
             host.set_request_header(&h.name, &h.value);
         }
@@ -458,7 +460,8 @@ impl AuthFilter {
     /// header (setting it clears the route cache, [`Host::set_request_header`]).
     fn steer(&self, host: &mut impl Host) {
         if let Some(r) = self.route() {
-            host.set_request_header(CLUSTER_HEADER, &r.cluster);
+            // absent as the identity headers are (a breaker's fallback later sets it)
+            host.add_request_header(CLUSTER_HEADER, &r.cluster);
         }
     }
 
