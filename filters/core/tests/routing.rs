@@ -75,6 +75,22 @@ fn a_matched_route_travels_in_the_decision_and_steers_the_request() {
 }
 
 #[test]
+fn headers_the_sidecar_asks_for_never_double_the_filters_own() {
+    // the sidecar may name headers of Tollgate's namespace for the request: set over the identity
+    // headers, and under the route's cluster, each request header with one value
+    let routes = Rc::default();
+    let mut host = host_with_table("/v1/chat/completions", Some(&table_json()));
+    let mut f = filter(ROUTED, &routes);
+    assert_eq!(f.on_request_headers(&mut host, true), Action::Pause);
+    let allow = br#"{"verdict":"allow","tenant":"acme","keyId":"k1","plan":"p","requestHeaders":[{"name":"x-tollgate-cluster","value":"elsewhere"},{"name":"x-tollgate-plan","value":"gold"}]}"#;
+    assert_eq!(f.on_sidecar_response(&mut host, 1, Some(200), allow), Action::Continue);
+    let values = |name: &str| host.request_headers.iter().filter(|(n, _)| n == name).map(|(_, v)| String::from_utf8_lossy(v).into_owned()).collect::<Vec<_>>();
+    assert_eq!(values("x-tollgate-cluster"), ["llm_a"], "the route steers");
+    assert_eq!(values("x-tollgate-plan"), ["gold"]);
+    assert_eq!(values("x-tollgate-tenant"), ["acme"]);
+}
+
+#[test]
 fn a_client_header_in_tollgates_namespace_matches_no_route() {
     // A rule on an internal name (the sidecar refuses one; a table from elsewhere could hold it)
     // must never let the client choose the route: the client's x-tollgate-* headers are removed

@@ -181,7 +181,7 @@ impl AuthFilter {
                 host.log(LogLevel::Warn, &format!("tollgate: sidecar failed ({why}); failing open"));
                 host.count(Metric::FailedOpen);
                 host.set_request_header(DEGRADED_HEADER, "sidecar_unavailable");
-                self.steer(host);
+                self.steer(host, false);
                 Action::Continue
             }
         }

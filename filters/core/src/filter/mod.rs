@@ -434,8 +434,10 @@ impl AuthFilter {
         host.add_request_header(TENANT_HEADER, &who.tenant);
         host.add_request_header(KEY_ID_HEADER, &who.key_id);
         host.add_request_header(PLAN_HEADER, &who.plan);
+        let mut cluster_set = false;
         for h in request_headers.iter().filter(|h| h.name.starts_with(INTERNAL_HEADER_PREFIX)) {
             host.set_request_header(&h.name, &h.value);
+            cluster_set |= h.name == CLUSTER_HEADER;
         }
         // what it keeps of its response counts against its tenant's share (decision 195)
         self.response.kept.for_tenant(&who.tenant);
@@ -450,7 +452,7 @@ impl AuthFilter {
         if reads_body && self.accepts_encoding {
             host.remove_request_header(ACCEPT_ENCODING);
         }
-        self.steer(host);
+        self.steer(host, cluster_set);
         self.response.headers = response_headers;
         host.count(Metric::Allowed);
         Action::Continue
@@ -458,10 +460,14 @@ impl AuthFilter {
 
     /// Sends a routed request to its route's cluster: Envoy's `cluster_header` route follows the
     /// header (setting it clears the route cache, [`Host::set_request_header`]).
-    fn steer(&self, host: &mut impl Host) {
+    /// `set`: the header was set on this request already (the sidecar named it), so it is
+    /// replaced; else it is absent (the key stage cleared the namespace) and added.
+    fn steer(&self, host: &mut impl Host, set: bool) {
         if let Some(r) = self.route() {
-            // absent as the identity headers are (a breaker's fallback later sets it)
-            host.add_request_header(CLUSTER_HEADER, &r.cluster);
+            match set {
+                true => host.set_request_header(CLUSTER_HEADER, &r.cluster),
+                false => host.add_request_header(CLUSTER_HEADER, &r.cluster),
+            }
         }
     }
 
