@@ -105,6 +105,10 @@ pub fn run() {
     let fixed_rate: Option<f64> = arg_str("--rate").and_then(|v| v.parse().ok());
     let cpu_split = args().iter().any(|a| a == "--cpu-split");
     let only: Option<Vec<String>> = arg_str("--only").map(|v| v.split(',').map(str::to_string).collect());
+    if !args().iter().any(|a| a == "--saturation-only") {
+        // before minutes of saturation rounds, not after them
+        crate::load::require_oha();
+    }
 
     let upstream = start_echo();
     let redis = Redis::start();
@@ -458,7 +462,7 @@ pub fn run() {
         let achieved = mean(o, |x| x.achieved_rps);
         // Cannot sustain the rate: saturation throughput below it, or the run fell short of it.
         let overloaded = rps < rate || (!o.is_empty() && achieved < 0.95 * rate);
-        let row = json!({
+        let mut row = json!({
             "name": c.name,
             "what": c.what,
             "throughput_rps": rps,
@@ -515,8 +519,16 @@ pub fn run() {
             row["non_2xx"]
         ));
         if c.zipf {
+            row["latency"] = Value::Null;
             summary.push(row);
             continue; // saturation only
+        }
+        if o.is_empty() || open[0].is_empty() {
+            // no open-loop round of it (or of Envoy alone) measured: never a row of zeros
+            row["latency"] = Value::Null;
+            lat_table.push(format!("| {} | – | – | – | – | – | – | not measured (see the rounds' errors above) |", c.name));
+            summary.push(row);
+            continue;
         }
         lat_table.push(format!(
             "| {}{} | {:.3} | {:.3} | {:.3} | {:+.3} | {:+.3} | {:+.3} | {:.0} |",

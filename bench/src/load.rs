@@ -76,6 +76,16 @@ fn oha_bin() -> std::path::PathBuf {
         .unwrap_or_else(|| root().join(".tollgate/tools/oha/bin/oha"))
 }
 
+/// Exits with how to get oha when it is not there (`./build.sh bench` installs it; a
+/// `tollgate-bench` run by hand does not).
+pub fn require_oha() {
+    let bin = oha_bin();
+    if !bin.is_file() {
+        eprintln!("tollgate-bench: no oha at {} (run ./build.sh bench, which installs it, set TOLLGATE_OHA_BIN, or pass --saturation-only)", bin.display());
+        std::process::exit(2);
+    }
+}
+
 /// oha, open loop at `rate` requests/s with latency correction. `None` if oha failed.
 pub fn oha(url: &str, key: Option<&str>, secs: u64, conns: u64, rate: f64) -> Option<OpenLoop> {
     let bin = oha_bin();
