@@ -194,6 +194,11 @@ fn while_open_the_fallback_target_serves_and_the_response_names_it() {
     let spoofed = get(&r.url("/"), &[("x-api-key", key.raw.as_str()), ("x-tollgate-cluster", "upstream_b")]);
     assert_eq!(spoofed.header("x-served-by"), Some("a"), "{:?}", spoofed);
     assert_eq!(spoofed.header("x-tollgate-target"), Some("primary"));
+    // repeated, in other cases: every value goes, and the filter's own header is the only one
+    let repeated = [("x-api-key", key.raw.as_str()), ("X-Tollgate-Cluster", "upstream_b"), ("x-TOLLGATE-cluster", "upstream_b")];
+    let spoofed = get(&r.url("/"), &repeated);
+    assert_eq!(spoofed.header("x-served-by"), Some("a"), "{:?}", spoofed);
+    assert_eq!(spoofed.header("x-tollgate-target"), Some("primary"));
 
     a.fail_with(502);
     trip(r, &key, 3, 502);
